@@ -1,0 +1,1 @@
+"""The aggregation wire protocol: constants, the Scapy layer and the vectorized packer."""

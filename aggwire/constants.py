@@ -1,0 +1,69 @@
+"""Wire constants of the aggregation protocol; p4src/include/constants.p4 is the source,
+and tests/aggwire/test_constants.py checks that the two agree."""
+
+import os
+from enum import IntEnum
+
+# A compile-time constant of the P4 program (64 unless built with `make p4 CELLS=...`);
+# the environment variable only serves benchmarks that run a program built otherwise.
+CELLS_PER_PKT = int(os.environ.get("HOMAGG_CELLS_PER_PKT", "64"))
+if CELLS_PER_PKT not in (64, 128, 256):
+    raise ValueError(f"HOMAGG_CELLS_PER_PKT must be 64, 128 or 256, not {CELLS_PER_PKT}")
+AGG_UDP_PORT = 40700
+AGG_VERSION = 1
+AGG_HEADER_BYTES = 16
+AGG_UDP_LENGTH = 8 + AGG_HEADER_BYTES + 4 * CELLS_PER_PKT
+AGG_IPV4_LENGTH = 20 + AGG_UDP_LENGTH
+AGG_FRAME_BYTES = 14 + AGG_IPV4_LENGTH
+NUM_SLOTS = 4096
+MAX_WORKERS_PER_JOB = 32  # one bit each in the slot's 32-bit seen bitmap
+RESULT_TTL = 64
+
+
+class Flag(IntEnum):
+    """Bits of the header's flags byte."""
+
+    RESULT = 0x01
+    RETX = 0x02
+
+
+class Op(IntEnum):
+    """How the switch combines the cells of a slot (and the exponent is always MAX)."""
+
+    ADD = 1
+    OR = 2
+    MAX = 3
+
+
+class DropReason(IntEnum):
+    """Index of the drop_counter cell counting packets dropped for that reason."""
+
+    NONE = 0
+    TRUNCATED = 1
+    BAD_HEADER = 2
+    BAD_LENGTH = 3
+    BAD_OP = 4
+    UNKNOWN_JOB = 5
+    BAD_RANK = 6
+    WRONG_PORT = 7
+    SLOT_OUT_OF_POOL = 8
+    DUPLICATE = 9
+    STALE = 10
+    NO_ROUTE = 11
+    TTL_EXPIRED = 12
+    UNSUPPORTED = 13
+    NO_RECIPIENT = 14
+
+
+NUM_DROP_REASONS = 16
+
+
+class Event(IntEnum):
+    """Index of the event_counter cell."""
+
+    CONTRIBUTION = 0
+    RESULT = 1
+    RESENT = 2
+
+
+NUM_EVENTS = 4

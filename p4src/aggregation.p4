@@ -1,0 +1,190 @@
+/* Aggregation: validates a contribution, finds the job's pool and the worker's bit, and
+ * combines the cells into the slot copy (SwitchML-style shadow copies). The data plane
+ * resets itself: a contribution of a newer chunk (or of another job) overwrites the slot
+ * copy, so no register ever needs a control-plane write (BMv2 cannot do one over
+ * P4Runtime). Each register's read-modify-write stays inside one action, which BMv2
+ * executes atomically. */
+#include "include/headers.p4"
+
+/* Per-lane int32 arithmetic on 8-lane groups: wraps per lane, no carry between lanes. */
+bit<256> lanes_add(in bit<256> a, in bit<256> b) {
+    return (a[255:224] + b[255:224]) ++ (a[223:192] + b[223:192])
+        ++ (a[191:160] + b[191:160]) ++ (a[159:128] + b[159:128])
+        ++ (a[127:96] + b[127:96]) ++ (a[95:64] + b[95:64])
+        ++ (a[63:32] + b[63:32]) ++ (a[31:0] + b[31:0]);
+}
+
+/* Signed max: flipping the sign bit maps int32 order onto unsigned order. */
+bit<32> max_i32(in bit<32> a, in bit<32> b) {
+    return ((a ^ 0x80000000) > (b ^ 0x80000000)) ? a : b;
+}
+
+bit<256> lanes_max(in bit<256> a, in bit<256> b) {
+    return max_i32(a[255:224], b[255:224]) ++ max_i32(a[223:192], b[223:192])
+        ++ max_i32(a[191:160], b[191:160]) ++ max_i32(a[159:128], b[159:128])
+        ++ max_i32(a[127:96], b[127:96]) ++ max_i32(a[95:64], b[95:64])
+        ++ max_i32(a[63:32], b[63:32]) ++ max_i32(a[31:0], b[31:0]);
+}
+
+bit<8> max_u8(in bit<8> a, in bit<8> b) {
+    return a > b ? a : b;
+}
+
+#define CELL_REGISTER(i) register<bit<256>>(NUM_SLOT_COPIES) cells_g##i;
+#define STORE_GROUP(i) cells_g##i.write(meta.slot_index, hdr.cells.g##i);
+#define LOAD_GROUP(i) cells_g##i.read(hdr.cells.g##i, meta.slot_index);
+#define COMBINE_GROUP(i, COMBINE) \
+    bit<256> v##i; \
+    cells_g##i.read(v##i, meta.slot_index); \
+    v##i = COMBINE(v##i, hdr.cells.g##i); \
+    cells_g##i.write(meta.slot_index, v##i); \
+    hdr.cells.g##i = v##i;
+#define ADD_GROUP(i) COMBINE_GROUP(i, lanes_add)
+#define MAX_GROUP(i) COMBINE_GROUP(i, lanes_max)
+#define OR_GROUP(i) \
+    bit<256> v##i; \
+    cells_g##i.read(v##i, meta.slot_index); \
+    v##i = v##i | hdr.cells.g##i; \
+    cells_g##i.write(meta.slot_index, v##i); \
+    hdr.cells.g##i = v##i;
+
+control Aggregation(inout headers_t hdr, inout metadata_t meta,
+                    inout standard_metadata_t std) {
+    register<bit<SLOT_STATE_BITS>>(NUM_SLOT_COPIES) slot_state;
+    FOR_EACH_GROUP(CELL_REGISTER)
+    counter(NUM_EVENTS, CounterType.packets) event_counter;
+    direct_counter(CounterType.packets_and_bytes) job_packets;
+    direct_counter(CounterType.packets_and_bytes) worker_packets;
+
+    action set_job(bit<32> pool_base, bit<16> pool_size, bit<8> num_workers,
+                   bit<16> mcast_grp) {
+        meta.pool_base = pool_base;
+        meta.pool_size = pool_size;
+        meta.num_workers = num_workers;
+        meta.mcast_grp = mcast_grp;
+    }
+
+    action unknown_job() {
+        meta.drop_reason = DROP_UNKNOWN_JOB;
+    }
+
+    table job_table {
+        key = { hdr.agg.job_id: exact; }
+        actions = { set_job; @defaultonly unknown_job; }
+        const default_action = unknown_job();
+        counters = job_packets;
+        size = MAX_JOBS;
+    }
+
+    action set_worker(port_t port, bit<32> worker_bit) {
+        meta.worker_port = port;
+        meta.worker_bit = worker_bit;
+    }
+
+    action unknown_rank() {
+        meta.drop_reason = DROP_BAD_RANK;
+    }
+
+    table worker_table {
+        key = { hdr.agg.job_id: exact; hdr.agg.rank: exact; }
+        actions = { set_worker; @defaultonly unknown_rank; }
+        const default_action = unknown_rank();
+        counters = worker_packets;
+        size = MAX_WORKERS;
+    }
+
+    /* Classify the contribution against its slot copy and record it; one access to
+     * the state register. Chunk numbers compare as serial numbers (RFC 1982). */
+    action update_slot() {
+        bit<SLOT_STATE_BITS> st;
+        slot_state.read(st, meta.slot_index);
+        bit<16> st_job = st[95:80];
+        bit<32> st_chunk = st[79:48];
+        bit<32> seen = st[47:16];
+        bit<8> count = st[15:8];
+        bit<8> exp = st[7:0];
+        bit<32> age = hdr.agg.chunk - st_chunk;
+        bool other_job = st_job != hdr.agg.job_id;
+        bool older = age[31:31] == 1;
+        bool fresh = other_job || (age != 0 && !older);
+        bool combine = !fresh && !older && (seen & meta.worker_bit) == 0;
+        meta.verdict = fresh ? VERDICT_FRESH
+            : (older ? VERDICT_STALE
+            : (combine ? VERDICT_COMBINE
+            : (count == meta.num_workers ? VERDICT_RESEND : VERDICT_DUPLICATE)));
+        bit<16> new_job = fresh ? hdr.agg.job_id : st_job;
+        bit<32> new_chunk = fresh ? hdr.agg.chunk : st_chunk;
+        bit<32> new_seen = fresh ? meta.worker_bit : (combine ? seen | meta.worker_bit : seen);
+        bit<8> new_count = fresh ? 8w1 : (combine ? count + 1 : count);
+        bit<8> new_exp = fresh ? hdr.agg.exp : (combine ? max_u8(exp, hdr.agg.exp) : exp);
+        slot_state.write(meta.slot_index, new_job ++ new_chunk ++ new_seen ++ new_count ++ new_exp);
+        meta.count = new_count;
+        hdr.agg.exp = new_exp;
+    }
+
+    action store_cells() { FOR_EACH_GROUP(STORE_GROUP) }
+    action load_cells() { FOR_EACH_GROUP(LOAD_GROUP) }
+    action add_cells() { FOR_EACH_GROUP(ADD_GROUP) }
+    action or_cells() { FOR_EACH_GROUP(OR_GROUP) }
+    action max_cells() { FOR_EACH_GROUP(MAX_GROUP) }
+
+    apply {
+        if (!hdr.agg.isValid()) {
+            /* Routed to the service address but not the aggregation protocol. */
+            meta.drop_reason = DROP_BAD_HEADER;
+        } else if (hdr.agg.version != AGG_VERSION || hdr.agg.shadow > 1
+                || (hdr.agg.flags & AGG_FLAG_RESULT) != 0) {
+            meta.drop_reason = DROP_BAD_HEADER;
+        } else if (hdr.agg.ncells == 0 || hdr.agg.ncells > CELLS_PER_PKT
+                || hdr.udp.length != AGG_UDP_LENGTH || hdr.ipv4.total_len != AGG_IPV4_LENGTH) {
+            meta.drop_reason = DROP_BAD_LENGTH;
+        } else if (hdr.agg.op < AGG_OP_ADD || hdr.agg.op > AGG_OP_MAX) {
+            meta.drop_reason = DROP_BAD_OP;
+        } else if (job_table.apply().hit) {
+            if (worker_table.apply().hit) {
+                if (meta.worker_port != std.ingress_port) {
+                    meta.drop_reason = DROP_WRONG_PORT;
+                } else if (hdr.agg.slot >= meta.pool_size
+                        || meta.pool_base + (bit<32>)hdr.agg.slot >= NUM_SLOTS) {
+                    meta.drop_reason = DROP_SLOT_OUT_OF_POOL;
+                } else {
+                    meta.slot_index = ((meta.pool_base + (bit<32>)hdr.agg.slot) << 1)
+                        | (bit<32>)hdr.agg.shadow;
+                    update_slot();
+                    if (meta.verdict == VERDICT_FRESH) {
+                        store_cells();
+                    } else if (meta.verdict == VERDICT_COMBINE) {
+                        if (hdr.agg.op == AGG_OP_ADD) {
+                            add_cells();
+                        } else if (hdr.agg.op == AGG_OP_OR) {
+                            or_cells();
+                        } else {
+                            max_cells();
+                        }
+                    } else if (meta.verdict == VERDICT_RESEND) {
+                        load_cells();
+                    }
+
+                    if (meta.verdict == VERDICT_FRESH || meta.verdict == VERDICT_COMBINE) {
+                        event_counter.count(EVENT_CONTRIBUTION);
+                        if (meta.count == meta.num_workers) {
+                            hdr.agg.flags = AGG_FLAG_RESULT;
+                            std.mcast_grp = meta.mcast_grp;
+                            event_counter.count(EVENT_RESULT);
+                        } else {
+                            meta.absorbed = 1;
+                        }
+                    } else if (meta.verdict == VERDICT_RESEND) {
+                        hdr.agg.flags = AGG_FLAG_RESULT | AGG_FLAG_RETX;
+                        std.egress_spec = std.ingress_port;
+                        event_counter.count(EVENT_RESENT);
+                    } else if (meta.verdict == VERDICT_DUPLICATE) {
+                        meta.drop_reason = DROP_DUPLICATE;
+                    } else {
+                        meta.drop_reason = DROP_STALE;
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,97 @@
+/* Every size and code of the program, in one place. aggwire/constants.py mirrors the
+ * values marked "wire" and tests/aggwire/test_constants.py checks that they agree. */
+#ifndef HOMAGG_CONSTANTS_P4
+#define HOMAGG_CONSTANTS_P4
+
+/* int32 cells per aggregation packet (wire). A compile-time choice: 64, 128 or 256. */
+#ifndef CELLS_PER_PKT
+#define CELLS_PER_PKT 64
+#endif
+/* A register entry holds 8 int32 lanes: BMv2 limits shifts, and so slice positions,
+ * to 256 bits, and each register access is what costs on BMv2. */
+#define LANES_PER_GROUP 8
+#define CELL_GROUPS (CELLS_PER_PKT / LANES_PER_GROUP)
+
+/* Aggregation slots of the whole switch; each has two copies (shadow sets). */
+#define NUM_SLOTS 4096
+#define NUM_SLOT_COPIES 8192
+#define MAX_JOBS 256
+#define MAX_WORKERS 1024
+#define IPV4_TABLE_SIZE 1024
+#define ARP_TABLE_SIZE 1024
+
+typedef bit<9>  port_t;
+typedef bit<48> mac_addr_t;
+typedef bit<32> ipv4_addr_t;
+
+const bit<16> ETHERTYPE_IPV4 = 0x0800;
+const bit<16> ETHERTYPE_ARP  = 0x0806;
+const bit<8>  IP_PROTO_UDP   = 17;
+const bit<16> ARP_HTYPE_ETHERNET = 1;
+const bit<16> ARP_OPER_REQUEST = 1;
+const bit<16> ARP_OPER_REPLY   = 2;
+const bit<8>  RESULT_TTL = 64;
+
+/* Aggregation protocol (wire). */
+const bit<16> AGG_UDP_PORT = 40700;
+const bit<8>  AGG_VERSION  = 1;
+const bit<8>  AGG_FLAG_RESULT = 0x01;
+const bit<8>  AGG_FLAG_RETX   = 0x02;
+const bit<8>  AGG_OP_ADD = 1;
+const bit<8>  AGG_OP_OR  = 2;
+const bit<8>  AGG_OP_MAX = 3;
+const bit<16> AGG_HEADER_BYTES = 16;
+const bit<16> AGG_UDP_LENGTH = 8 + AGG_HEADER_BYTES + 4 * CELLS_PER_PKT;
+const bit<16> AGG_IPV4_LENGTH = 20 + AGG_UDP_LENGTH;
+
+/* Drop reasons (wire: index of the drop_counter cell). */
+const bit<8> DROP_NONE             = 0;
+const bit<8> DROP_TRUNCATED        = 1;
+const bit<8> DROP_BAD_HEADER       = 2;
+const bit<8> DROP_BAD_LENGTH       = 3;
+const bit<8> DROP_BAD_OP           = 4;
+const bit<8> DROP_UNKNOWN_JOB      = 5;
+const bit<8> DROP_BAD_RANK         = 6;
+const bit<8> DROP_WRONG_PORT       = 7;
+const bit<8> DROP_SLOT_OUT_OF_POOL = 8;
+const bit<8> DROP_DUPLICATE        = 9;
+const bit<8> DROP_STALE            = 10;
+const bit<8> DROP_NO_ROUTE         = 11;
+const bit<8> DROP_TTL_EXPIRED      = 12;
+const bit<8> DROP_UNSUPPORTED      = 13;
+const bit<8> DROP_NO_RECIPIENT     = 14;
+#define NUM_DROP_REASONS 16
+
+/* Aggregation events (wire: index of the event_counter cell). */
+const bit<32> EVENT_CONTRIBUTION = 0;
+const bit<32> EVENT_RESULT       = 1;
+const bit<32> EVENT_RESENT       = 2;
+#define NUM_EVENTS 4
+
+/* Verdicts of a contribution against its slot copy. */
+const bit<8> VERDICT_FRESH     = 1;  /* first of a newer round (or another job): overwrite */
+const bit<8> VERDICT_COMBINE   = 2;  /* same round, new worker: combine with op */
+const bit<8> VERDICT_RESEND    = 3;  /* same round, worker seen, round complete: result back */
+const bit<8> VERDICT_DUPLICATE = 4;  /* same round, worker seen, round open: drop */
+const bit<8> VERDICT_STALE     = 5;  /* an older round of the same job: drop */
+
+/* Per slot copy state, packed in one register entry so one access reads it all:
+ * job id 16 | chunk 32 | seen bitmap 32 | count 8 | exponent 8. */
+#define SLOT_STATE_BITS 96
+
+/* FOR_EACH_GROUP(M) expands M(i) for every 8-lane group of the cells. */
+#define GROUPS_0_7(M) M(0) M(1) M(2) M(3) M(4) M(5) M(6) M(7)
+#define GROUPS_8_15(M) M(8) M(9) M(10) M(11) M(12) M(13) M(14) M(15)
+#define GROUPS_16_31(M) M(16) M(17) M(18) M(19) M(20) M(21) M(22) M(23) \
+    M(24) M(25) M(26) M(27) M(28) M(29) M(30) M(31)
+#if CELLS_PER_PKT == 64
+#define FOR_EACH_GROUP(M) GROUPS_0_7(M)
+#elif CELLS_PER_PKT == 128
+#define FOR_EACH_GROUP(M) GROUPS_0_7(M) GROUPS_8_15(M)
+#elif CELLS_PER_PKT == 256
+#define FOR_EACH_GROUP(M) GROUPS_0_7(M) GROUPS_8_15(M) GROUPS_16_31(M)
+#else
+#error "CELLS_PER_PKT must be 64, 128 or 256"
+#endif
+
+#endif

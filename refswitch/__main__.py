@@ -1,0 +1,7 @@
+"""python -m refswitch"""
+
+import sys
+
+from refswitch.cli import main
+
+sys.exit(main())

@@ -1,0 +1,142 @@
+"""Aggregation (p4src/aggregation.p4): validate a contribution, find the job's pool and
+the worker's bit, classify it against its slot copy and combine the cells.
+
+The registers are plain arrays here; every branch below corresponds line for line to
+the P4 control, and the packet suite runs the same expectations against both.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from aggwire import p4names
+from aggwire.constants import (AGG_IPV4_LENGTH, AGG_UDP_LENGTH, AGG_VERSION, CELLS_PER_PKT,
+                               NUM_SLOTS, DropReason, Event, Flag, Op)
+from refswitch.device import Device
+from refswitch.packet import Headers, Metadata, StandardMetadata
+
+NUM_SLOT_COPIES = 2 * NUM_SLOTS
+
+VERDICT_FRESH = 1      # first of a newer round (or another job): overwrite
+VERDICT_COMBINE = 2    # same round, new worker: combine with op
+VERDICT_RESEND = 3     # same round, worker seen, round complete: result back to sender
+VERDICT_DUPLICATE = 4  # same round, worker seen, round open: drop
+VERDICT_STALE = 5      # an older round of the same job: drop
+
+
+class AggregationRegisters:
+    """slot_state (split into its packed fields) and the cell groups, per slot copy."""
+
+    def __init__(self) -> None:
+        self.job = [0] * NUM_SLOT_COPIES
+        self.chunk = [0] * NUM_SLOT_COPIES
+        self.seen = [0] * NUM_SLOT_COPIES
+        self.count = [0] * NUM_SLOT_COPIES
+        self.exp = [0] * NUM_SLOT_COPIES
+        self.cells = np.zeros((NUM_SLOT_COPIES, CELLS_PER_PKT), np.int32)
+
+
+def update_slot(regs: AggregationRegisters, hdr: Headers, meta: Metadata) -> None:
+    """The update_slot action: one read-modify-write of the slot copy's state."""
+    i = meta.slot_index
+    agg = hdr.agg
+    st_job, st_chunk, seen = regs.job[i], regs.chunk[i], regs.seen[i]
+    count, exp = regs.count[i], regs.exp[i]
+    age = (agg.chunk - st_chunk) & 0xFFFFFFFF  # serial-number arithmetic (RFC 1982)
+    other_job = st_job != agg.job_id
+    older = age >> 31 == 1
+    fresh = other_job or (age != 0 and not older)
+    combine = not fresh and not older and (seen & meta.worker_bit) == 0
+    if fresh:
+        meta.verdict = VERDICT_FRESH
+    elif older:
+        meta.verdict = VERDICT_STALE
+    elif combine:
+        meta.verdict = VERDICT_COMBINE
+    else:
+        meta.verdict = VERDICT_RESEND if count == meta.num_workers else VERDICT_DUPLICATE
+    if fresh:
+        regs.job[i], regs.chunk[i], regs.seen[i] = agg.job_id, agg.chunk, meta.worker_bit
+        regs.count[i], regs.exp[i] = 1, agg.exp
+    elif combine:
+        regs.seen[i] = seen | meta.worker_bit
+        regs.count[i] = (count + 1) & 0xFF
+        regs.exp[i] = max(exp, agg.exp)
+    meta.count = regs.count[i]
+    hdr.agg.exp = regs.exp[i]
+
+
+def _combine_cells(regs: AggregationRegisters, hdr: Headers, meta: Metadata) -> None:
+    """add_cells / or_cells / max_cells: per-lane int32, wrapping, written back and into the packet."""
+    stored = regs.cells[meta.slot_index]
+    op = hdr.agg.op
+    if op == Op.ADD:
+        np.add(stored, hdr.cells, out=stored)
+    elif op == Op.OR:
+        np.bitwise_or(stored, hdr.cells, out=stored)
+    else:
+        np.maximum(stored, hdr.cells, out=stored)
+    hdr.cells = stored.copy()
+
+
+def aggregation(device: Device, regs: AggregationRegisters, hdr: Headers, meta: Metadata,
+                std: StandardMetadata) -> None:
+    """Aggregation.apply()."""
+    agg = hdr.agg
+    if agg is None:
+        meta.drop_reason = DropReason.BAD_HEADER
+        return
+    if agg.version != AGG_VERSION or agg.shadow > 1 or agg.flags & Flag.RESULT:
+        meta.drop_reason = DropReason.BAD_HEADER
+        return
+    if (agg.ncells == 0 or agg.ncells > CELLS_PER_PKT or hdr.udp.length != AGG_UDP_LENGTH
+            or hdr.ipv4.total_len != AGG_IPV4_LENGTH):
+        meta.drop_reason = DropReason.BAD_LENGTH
+        return
+    if agg.op < Op.ADD or agg.op > Op.MAX:
+        meta.drop_reason = DropReason.BAD_OP
+        return
+    hit, _, params = device.table(p4names.JOB_TABLE).lookup((agg.job_id,), std.packet_length)
+    if not hit:
+        meta.drop_reason = DropReason.UNKNOWN_JOB
+        return
+    meta.pool_base, meta.pool_size = params["pool_base"], params["pool_size"]
+    meta.num_workers, meta.mcast_grp = params["num_workers"], params["mcast_grp"]
+    hit, _, params = device.table(p4names.WORKER_TABLE).lookup((agg.job_id, agg.rank),
+                                                                 std.packet_length)
+    if not hit:
+        meta.drop_reason = DropReason.BAD_RANK
+        return
+    meta.worker_port, meta.worker_bit = params["port"], params["worker_bit"]
+    if meta.worker_port != std.ingress_port:
+        meta.drop_reason = DropReason.WRONG_PORT
+        return
+    if agg.slot >= meta.pool_size or (meta.pool_base + agg.slot) & 0xFFFFFFFF >= NUM_SLOTS:
+        meta.drop_reason = DropReason.SLOT_OUT_OF_POOL
+        return
+    meta.slot_index = ((((meta.pool_base + agg.slot) & 0xFFFFFFFF) << 1) | agg.shadow) & 0xFFFFFFFF
+    update_slot(regs, hdr, meta)
+    events = device.counter(p4names.EVENT_COUNTER)
+    if meta.verdict == VERDICT_FRESH:
+        regs.cells[meta.slot_index] = hdr.cells
+    elif meta.verdict == VERDICT_COMBINE:
+        _combine_cells(regs, hdr, meta)
+    elif meta.verdict == VERDICT_RESEND:
+        hdr.cells = regs.cells[meta.slot_index].copy()
+
+    if meta.verdict in (VERDICT_FRESH, VERDICT_COMBINE):
+        events.count(Event.CONTRIBUTION, std.packet_length)
+        if meta.count == meta.num_workers:
+            agg.flags = Flag.RESULT
+            std.mcast_grp = meta.mcast_grp
+            events.count(Event.RESULT, std.packet_length)
+        else:
+            meta.absorbed = 1
+    elif meta.verdict == VERDICT_RESEND:
+        agg.flags = Flag.RESULT | Flag.RETX
+        std.egress_spec = std.ingress_port
+        events.count(Event.RESENT, std.packet_length)
+    elif meta.verdict == VERDICT_DUPLICATE:
+        meta.drop_reason = DropReason.DUPLICATE
+    else:
+        meta.drop_reason = DropReason.STALE

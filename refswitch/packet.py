@@ -1,0 +1,139 @@
+"""Headers, metadata and standard metadata of one packet in the reference pipeline,
+field for field as declared in p4src/include/headers.p4 and v1model."""
+
+from __future__ import annotations
+
+import copy
+import struct
+from dataclasses import dataclass
+
+import numpy as np
+
+DROP_PORT = 511  # v1model: mark_to_drop sets egress_spec to this port
+
+# Wire layouts of the headers (big-endian, as the P4 parser extracts them).
+ETH_STRUCT = struct.Struct("!6s6sH")
+ARP_STRUCT = struct.Struct("!HHBBH6s4s6s4s")
+IPV4_STRUCT = struct.Struct("!BBHHHBBH4s4s")
+UDP_STRUCT = struct.Struct("!HHHH")
+AGG_STRUCT = struct.Struct("!BBBBHHBBHI")
+CELLS_DTYPE = np.dtype(">i4")
+
+
+@dataclass(slots=True)
+class Ethernet:
+    dst_addr: int
+    src_addr: int
+    ether_type: int
+
+
+@dataclass(slots=True)
+class Arp:
+    htype: int
+    ptype: int
+    hlen: int
+    plen: int
+    oper: int
+    sha: int
+    spa: int
+    tha: int
+    tpa: int
+
+
+@dataclass(slots=True)
+class Ipv4:
+    version: int
+    ihl: int
+    diffserv: int
+    total_len: int
+    identification: int
+    flags: int
+    frag_offset: int
+    ttl: int
+    protocol: int
+    hdr_checksum: int
+    src_addr: int
+    dst_addr: int
+
+
+@dataclass(slots=True)
+class Udp:
+    src_port: int
+    dst_port: int
+    length: int
+    checksum: int
+
+
+@dataclass(slots=True)
+class AggH:
+    version: int
+    flags: int
+    op: int
+    rank: int
+    job_id: int
+    slot: int
+    shadow: int
+    exp: int
+    ncells: int
+    chunk: int
+
+
+@dataclass(slots=True)
+class Headers:
+    """headers_t: None stands for an invalid header; payload is what the parser left."""
+
+    ethernet: Ethernet | None = None
+    arp: Arp | None = None
+    ipv4: Ipv4 | None = None
+    udp: Udp | None = None
+    agg: AggH | None = None
+    cells: np.ndarray | None = None  # int32 (CELLS_PER_PKT,)
+    payload: bytes = b""
+
+    def clone(self) -> "Headers":
+        """A deep copy, as the replication engine makes for each multicast replica."""
+        out = copy.copy(self)
+        for name in ("ethernet", "arp", "ipv4", "udp", "agg"):
+            value = getattr(self, name)
+            if value is not None:
+                setattr(out, name, copy.copy(value))
+        if self.cells is not None:
+            out.cells = self.cells.copy()
+        return out
+
+
+@dataclass(slots=True)
+class Metadata:
+    """metadata_t."""
+
+    drop_reason: int = 0
+    to_aggregation: int = 0
+    absorbed: int = 0
+    pool_base: int = 0
+    pool_size: int = 0
+    num_workers: int = 0
+    mcast_grp: int = 0
+    worker_port: int = 0
+    worker_bit: int = 0
+    slot_index: int = 0
+    verdict: int = 0
+    count: int = 0
+
+
+@dataclass(slots=True)
+class StandardMetadata:
+    """The v1model standard_metadata fields the program uses."""
+
+    ingress_port: int
+    packet_length: int
+    egress_spec: int = 0
+    egress_port: int = 0
+    egress_rid: int = 0
+    mcast_grp: int = 0
+    parser_error: str = "NoError"
+
+
+def mark_to_drop(std: StandardMetadata) -> None:
+    """v1model mark_to_drop: drop port, no multicast."""
+    std.egress_spec = DROP_PORT
+    std.mcast_grp = 0

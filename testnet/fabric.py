@@ -1,0 +1,115 @@
+"""A switch (BMv2 or the reference switch) with hosts in network namespaces around it,
+its pipeline pushed and its forwarding entries installed: the stage of the packet tests
+and of the benchmarks. Everything it makes carries a tag of ours and goes in close()."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import re
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from controller.artifacts import BMV2_JSON_PATH, P4INFO_PATH
+from controller.forwarding import Host, add_host, add_service_address
+from controller.switch_connection import SwitchConnection
+from testnet.namespace import add_namespace, add_veth, delete_link, delete_namespace, in_namespace, ip
+from testnet.rawsock import RawPort, disable_offloads
+from testnet.switch_process import SwitchProcess
+
+SWITCH_MAC = "02:00:00:00:00:fe"
+PID_DIR = Path(tempfile.gettempdir()) / "homagg-fabrics"  # switch PIDs, for `make stop`
+SERVICE_IP = "10.0.0.254"
+_fabric_ids = itertools.count()
+TAG_PATTERN = re.compile(r"^hg(\d+)x(\d+)[hs]\d+$")  # hg<owner pid>x<n>{h|s}<host>
+
+
+def fabric_tag(owner_pid: int, n: int) -> str:
+    """Prefix of every name a fabric makes; interface names stay within 15 characters."""
+    return f"hg{owner_pid}x{n}"
+
+
+@dataclass
+class FabricHost:
+    """A host namespace with one link to the switch and a raw socket on it."""
+
+    index: int
+    namespace: str
+    iface: str
+    switch_iface: str
+    port: int
+    mac: str
+    ip: str
+    raw: RawPort | None = field(default=None, repr=False)
+
+    def enable_ip_stack(self) -> None:
+        """Give the host's kernel its address, for tests that use ordinary sockets."""
+        ip("addr", "add", f"{self.ip}/24", "dev", self.iface, netns=self.namespace)
+
+
+class Fabric:
+    """num_hosts hosts on ports 1..num_hosts of one switch of kind `target`, running the
+    program in `artifacts` (P4Info, BMv2 JSON)."""
+
+    def __init__(self, target: str, num_hosts: int, workdir: Path | None = None,
+                 artifacts: tuple[Path, Path] = (P4INFO_PATH, BMV2_JSON_PATH)) -> None:
+        self.target = target
+        self.artifacts = artifacts
+        self.tag = fabric_tag(os.getpid(), next(_fabric_ids))
+        self.workdir = workdir or Path(tempfile.mkdtemp(prefix=f"{self.tag}-"))
+        self.hosts: list[FabricHost] = []
+        self.switch: SwitchProcess | None = None
+        self.conn: SwitchConnection | None = None
+        try:
+            self._build(num_hosts)
+        except BaseException:
+            self.close()
+            raise
+
+    def _build(self, num_hosts: int) -> None:
+        for i in range(num_hosts):
+            host = FabricHost(index=i, namespace=f"{self.tag}h{i}", iface=f"{self.tag}h{i}",
+                              switch_iface=f"{self.tag}s{i}", port=i + 1,
+                              mac=f"02:00:00:00:01:{i + 1:02x}", ip=f"10.0.0.{i + 1}")
+            self.hosts.append(host)
+            add_namespace(host.namespace)
+            add_veth(host.switch_iface, host.iface, host.namespace)
+            ip("link", "set", "dev", host.iface, "address", host.mac, netns=host.namespace)
+            with in_namespace(host.namespace):
+                disable_offloads(host.iface)
+                host.raw = RawPort(host.iface)
+        self.switch = SwitchProcess(self.target, {h.port: h.switch_iface for h in self.hosts},
+                                    self.workdir / "switch.log")
+        PID_DIR.mkdir(exist_ok=True)
+        (PID_DIR / f"{self.tag}.pid").write_text(str(self.switch.proc.pid))
+        self.conn = SwitchConnection(self.switch.address)
+        self.conn.connect()
+        self.conn.set_pipeline(*self.artifacts)
+        for h in self.hosts:
+            add_host(self.conn, Host(ip=h.ip, mac=h.mac, port=h.port), SWITCH_MAC)
+        add_service_address(self.conn, SERVICE_IP, SWITCH_MAC)
+
+    def drain(self) -> None:
+        """Discard frames queued at every host."""
+        for h in self.hosts:
+            h.raw.drain()
+
+    def close(self) -> None:
+        """Stop the switch and remove every namespace and link this fabric made."""
+        if self.conn is not None:
+            self.conn.close()
+        if self.switch is not None:
+            self.switch.stop()
+            (PID_DIR / f"{self.tag}.pid").unlink(missing_ok=True)
+        for h in self.hosts:
+            if h.raw is not None:
+                h.raw.close()
+            delete_namespace(h.namespace)
+            delete_link(h.switch_iface)
+
+    def __enter__(self) -> "Fabric":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,96 @@
+"""Raw Ethernet sockets and NIC offload settings, for switch ports and test hosts."""
+
+from __future__ import annotations
+
+import ctypes
+import fcntl
+import select
+import socket
+import struct
+import time
+
+ETH_P_ALL = 0x0003
+PACKET_OUTGOING = 4
+SIOCETHTOOL = 0x8946
+# ethtool "set" commands for checksum and segmentation offloads (linux/ethtool.h)
+ETHTOOL_STXCSUM = 0x17
+ETHTOOL_SSG = 0x19
+ETHTOOL_STSO = 0x1F
+ETHTOOL_SGSO = 0x24
+ETHTOOL_SGRO = 0x2C
+
+
+def disable_offloads(iface: str) -> None:
+    """Turn off tx checksum and segmentation offloads, as Mininet's P4 hosts do.
+
+    On veth, offloaded packets reach a raw-socket switch with partial checksums or as
+    one oversized segment; a software switch must see the frames a wire would carry.
+    """
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        for cmd in (ETHTOOL_STXCSUM, ETHTOOL_SSG, ETHTOOL_STSO, ETHTOOL_SGSO, ETHTOOL_SGRO):
+            value = ctypes.create_string_buffer(struct.pack("II", cmd, 0))
+            ifreq = struct.pack("16sP", iface.encode(), ctypes.addressof(value))
+            try:
+                fcntl.ioctl(sock, SIOCETHTOOL, ifreq)
+            except OSError:
+                pass  # the driver lacks this offload: nothing to turn off
+
+
+def open_raw(iface: str, rcvbuf: int = 4 << 20) -> socket.socket:
+    """A non-blocking raw socket sending and receiving every frame on iface."""
+    sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ETH_P_ALL))
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+        sock.bind((iface, 0))
+        sock.setblocking(False)
+    except OSError:
+        sock.close()
+        raise
+    recv_frames(sock, limit=100000)  # frames of other links caught before bind()
+    return sock
+
+
+def recv_frames(sock: socket.socket, limit: int = 256) -> list[bytes]:
+    """Every frame waiting on sock (up to limit), leaving out our own outgoing ones."""
+    frames = []
+    for _ in range(limit):
+        try:
+            data, addr = sock.recvfrom(65535)
+        except (BlockingIOError, InterruptedError):
+            break
+        if addr[2] != PACKET_OUTGOING:
+            frames.append(data)
+    return frames
+
+
+class RawPort:
+    """A test host's view of a link: send frames, wait for frames that match."""
+
+    def __init__(self, iface: str) -> None:
+        self.iface = iface
+        self.sock = open_raw(iface)
+
+    def send(self, frame: bytes) -> None:
+        """Transmit one frame."""
+        self.sock.send(frame)
+
+    def receive(self, timeout: float, count: int | None = None) -> list[bytes]:
+        """Frames arriving within timeout seconds, returning early once `count` arrived."""
+        deadline = time.monotonic() + timeout
+        frames: list[bytes] = []
+        while count is None or len(frames) < count:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            ready, _, _ = select.select([self.sock], [], [], left)
+            if ready:
+                frames.extend(recv_frames(self.sock))
+        return frames
+
+    def drain(self) -> None:
+        """Discard whatever is queued."""
+        recv_frames(self.sock, limit=100000)
+
+    def close(self) -> None:
+        """Close the socket."""
+        self.sock.close()

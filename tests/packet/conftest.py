@@ -1,0 +1,30 @@
+"""The packet suite runs every test against each switch target with the same
+expectations: the reference switch always, BMv2 when simple_switch_grpc is installed."""
+
+from __future__ import annotations
+
+import pytest
+
+from testnet.namespace import have_privileges
+from testnet.switch_process import bmv2_available
+
+NEEDS_ROOT = pytest.mark.skipif(not have_privileges(),
+                                reason="packet tests need root and iproute2 (network namespaces)")
+TARGETS = [
+    pytest.param("refswitch", id="refswitch"),
+    pytest.param("bmv2", id="bmv2", marks=pytest.mark.skipif(
+        not bmv2_available(), reason="simple_switch_grpc is not installed (BMv2 is built by "
+                                     "hand, see docs/bmv2.md); the reference switch ran instead")),
+]
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if "tests/packet/" in str(item.fspath):
+            item.add_marker(NEEDS_ROOT)
+
+
+@pytest.fixture(scope="module", params=TARGETS)
+def target(request) -> str:
+    """The switch kind a packet test module runs against."""
+    return request.param

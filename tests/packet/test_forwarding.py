@@ -1,0 +1,93 @@
+"""Ordinary traffic: proxy ARP, IPv4 routing with neighbor rewriting, counted drops."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+from scapy.layers.inet import IP, UDP
+from scapy.layers.l2 import ARP, Ether
+from scapy.packet import Raw
+
+from aggwire.constants import DropReason
+from testnet.fabric import SERVICE_IP, SWITCH_MAC, Fabric
+from testnet.namespace import in_namespace
+
+from testnet.aggjob import CounterDelta
+
+QUIET = 0.3
+
+
+@pytest.fixture(scope="module")
+def fabric(target, tmp_path_factory):
+    with Fabric(target, 3, tmp_path_factory.mktemp(target)) as f:
+        for h in f.hosts:
+            h.enable_ip_stack()
+        yield f
+
+
+def _udp_frame(src, dst_ip: str, ttl: int = 64) -> bytes:
+    return bytes(Ether(src=src.mac, dst=SWITCH_MAC) / IP(src=src.ip, dst=dst_ip, ttl=ttl)
+                 / UDP(sport=1234, dport=5678) / Raw(b"hello"))
+
+
+@pytest.mark.parametrize("target_ip", ["10.0.0.2", SERVICE_IP])
+def test_arp_requests_are_answered_with_the_switch_mac(fabric, target_ip):
+    h0 = fabric.hosts[0]
+    fabric.drain()
+    h0.raw.send(bytes(Ether(src=h0.mac, dst="ff:ff:ff:ff:ff:ff")
+                      / ARP(op=1, hwsrc=h0.mac, psrc=h0.ip, pdst=target_ip)))
+    replies = [Ether(f) for f in h0.raw.receive(2.0, count=1)]
+    assert len(replies) == 1
+    arp = replies[0][ARP]
+    assert (arp.op, arp.hwsrc, arp.psrc, arp.hwdst, arp.pdst) == (2, SWITCH_MAC, target_ip, h0.mac, h0.ip)
+    assert replies[0][Ether].dst == h0.mac
+
+
+def test_ipv4_is_routed_with_neighbor_rewrite(fabric):
+    h0, h1, h2 = fabric.hosts
+    fabric.drain()
+    h0.raw.send(_udp_frame(h0, h1.ip))
+    # h1's kernel answers with ICMP and ARPs for it: keep only our datagram.
+    got = [p for p in map(Ether, h1.raw.receive(1.0)) if UDP in p and p[UDP].sport == 1234]
+    assert len(got) == 1
+    pkt = got[0]
+    assert (pkt.src, pkt.dst) == (SWITCH_MAC, h1.mac)
+    assert pkt[IP].ttl == 63 and pkt[Raw].load == b"hello"
+    ip_copy = pkt[IP].copy()
+    del ip_copy.chksum
+    assert IP(bytes(ip_copy)).chksum == pkt[IP].chksum
+    assert [p for p in map(Ether, h2.raw.receive(QUIET)) if UDP in p] == []
+
+
+@pytest.mark.parametrize(("frame", "reason"), [
+    (lambda h: _udp_frame(h, "192.0.2.9"), DropReason.NO_ROUTE),
+    (lambda h: _udp_frame(h, "10.0.0.2", ttl=1), DropReason.TTL_EXPIRED),
+    (lambda h: bytes(Ether(src=h.mac, dst=SWITCH_MAC, type=0x86DD) / Raw(b"\x60" + b"\x00" * 39)),
+     DropReason.UNSUPPORTED),
+    (lambda h: bytes(Ether(src=h.mac, dst=SWITCH_MAC) / IP(src=h.ip, dst=SERVICE_IP)
+                     / UDP(sport=1, dport=9) / Raw(b"x")), DropReason.BAD_HEADER),
+    (lambda h: bytes(Ether(src=h.mac, dst=SWITCH_MAC) / ARP(op=1, psrc=h.ip, pdst="10.9.9.9")),
+     DropReason.NO_ROUTE),
+], ids=["no-route", "ttl", "ipv6", "not-aggregation-to-service", "arp-unknown"])
+def test_unroutable_traffic_is_dropped_by_reason(fabric, frame, reason):
+    h0 = fabric.hosts[0]
+    counters = CounterDelta(fabric)
+    h0.raw.send(frame(h0))
+    h0.raw.receive(QUIET)
+    assert counters.drops() == {reason: 1}
+
+
+def test_kernel_udp_between_hosts(fabric):
+    """Ordinary sockets work across the switch: ARP through proxy ARP, then routing."""
+    h0, h1 = fabric.hosts[0], fabric.hosts[1]
+    with in_namespace(h1.namespace):
+        rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    with in_namespace(h0.namespace):
+        tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    with rx, tx:
+        rx.bind((h1.ip, 7000))
+        rx.settimeout(3.0)
+        tx.sendto(b"through the switch", (h1.ip, 7000))
+        data, peer = rx.recvfrom(100)
+    assert data == b"through the switch" and peer[0] == h0.ip

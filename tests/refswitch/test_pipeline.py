@@ -1,0 +1,102 @@
+"""The reference pipeline in-process (no root, no sockets): frames in, frames out, with the
+forwarding state written over real P4Runtime by the controller's own code."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from scapy.layers.inet import IP, UDP
+from scapy.layers.l2 import ARP, Ether
+
+from aggwire.constants import AGG_UDP_PORT, CELLS_PER_PKT, DropReason, Flag, Op
+from aggwire.packer import AggHeader, FrameTemplate, pack_payload
+from aggwire.scapy_layer import Agg
+from controller.aggregation import JobEntries, Worker, install_job
+from controller.artifacts import BMV2_JSON_PATH, P4INFO_PATH
+from controller.forwarding import Host, add_host, add_service_address
+from controller.switch_connection import SwitchConnection
+from refswitch.homagg import Pipeline
+from refswitch.switch import ReferenceSwitch
+
+SWITCH_MAC = "02:00:00:00:00:fe"
+SERVICE_IP = "10.0.0.254"
+HOSTS = [Host(ip=f"10.0.0.{i + 1}", mac=f"02:00:00:00:01:{i + 1:02x}", port=i + 1) for i in range(4)]
+
+
+@pytest.fixture(scope="module")
+def switch():
+    sw = ReferenceSwitch({}, "127.0.0.1:0")
+    port = sw.start()
+    conn = SwitchConnection(f"127.0.0.1:{port}")
+    conn.connect()
+    conn.set_pipeline(P4INFO_PATH, BMV2_JSON_PATH)
+    for h in HOSTS:
+        add_host(conn, h, SWITCH_MAC)
+    add_service_address(conn, SERVICE_IP, SWITCH_MAC)
+    install_job(conn, JobEntries(job_id=5, pool_base=100, pool_size=4, mcast_grp=5, workers=tuple(
+        Worker(rank=i, port=h.port, mac=h.mac, ip=h.ip, udp_port=41000 + i) for i, h in enumerate(HOSTS[:3]))))
+    yield sw, conn
+    conn.close()
+    sw.close()
+
+
+def agg_frame(rank: int, cells: np.ndarray, **kw) -> bytes:
+    h = HOSTS[rank]
+    fields = dict(job_id=5, slot=0, shadow=0, rank=rank, op=Op.ADD, chunk=1) | kw
+    return FrameTemplate(h.mac, SWITCH_MAC, h.ip, SERVICE_IP, 41000 + rank).frame(
+        pack_payload(AggHeader(**fields), cells))
+
+
+def drops(conn) -> dict[int, int]:
+    return {i: pk for i, (pk, _) in conn.read_counter("SwitchIngress.drop_counter").items() if pk}
+
+
+def test_round_multicasts_the_sum_as_unicast_datagrams(switch):
+    sw, _ = switch
+    pipe = Pipeline(sw.device)
+    parts = [np.full(CELLS_PER_PKT, 10 * (r + 1), np.int32) for r in range(3)]
+    assert pipe.process(1, agg_frame(0, parts[0], chunk=11)) == []
+    assert pipe.process(2, agg_frame(1, parts[1], chunk=11)) == []
+    out = pipe.process(3, agg_frame(2, parts[2], chunk=11))
+    assert sorted(port for port, _ in out) == [1, 2, 3]
+    for port, frame in out:
+        pkt = Ether(frame)
+        rank = port - 1
+        assert pkt[Ether].dst == HOSTS[rank].mac and pkt[IP].dst == HOSTS[rank].ip
+        assert pkt[IP].src == SERVICE_IP and pkt[UDP].sport == AGG_UDP_PORT
+        assert pkt[UDP].dport == 41000 + rank and pkt[Agg].rank == rank
+        assert pkt[Agg].flags == Flag.RESULT and pkt[Agg].cells == [60] * CELLS_PER_PKT
+
+
+def test_truncated_and_unknown_job_are_counted(switch):
+    sw, conn = switch
+    pipe = Pipeline(sw.device)
+    before = drops(conn)
+    cells = np.zeros(CELLS_PER_PKT, np.int32)
+    assert pipe.process(1, agg_frame(0, cells)[:100]) == []
+    assert pipe.process(1, agg_frame(0, cells, job_id=9)) == []
+    after = drops(conn)
+    assert after.get(DropReason.TRUNCATED, 0) - before.get(DropReason.TRUNCATED, 0) == 1
+    assert after.get(DropReason.UNKNOWN_JOB, 0) - before.get(DropReason.UNKNOWN_JOB, 0) == 1
+
+
+def test_arp_and_routing(switch):
+    sw, _ = switch
+    pipe = Pipeline(sw.device)
+    h0, h1 = HOSTS[0], HOSTS[1]
+    [(port, frame)] = pipe.process(1, bytes(Ether(src=h0.mac, dst="ff:ff:ff:ff:ff:ff")
+                                            / ARP(op=1, hwsrc=h0.mac, psrc=h0.ip, pdst=SERVICE_IP)))
+    assert port == 1 and Ether(frame)[ARP].hwsrc == SWITCH_MAC
+    [(port, frame)] = pipe.process(1, bytes(Ether(src=h0.mac, dst=SWITCH_MAC)
+                                            / IP(src=h0.ip, dst=h1.ip, ttl=9) / UDP() / b"x"))
+    assert port == 2 and Ether(frame)[IP].ttl == 8 and Ether(frame).dst == h1.mac
+
+
+def test_pipeline_push_resets_registers(switch):
+    """A new pipeline starts with empty slots, as BMv2 does after SetForwardingPipelineConfig."""
+    sw, _ = switch
+    pipe = Pipeline(sw.device)
+    pipe.registers.seen[7] = 1
+    sw.device.config_generation += 1
+    pipe.process(1, b"\x00" * 20)
+    assert pipe.registers.seen[7] == 0
