@@ -24,7 +24,7 @@ control Forwarding(inout headers_t hdr, inout metadata_t meta,
     table arp_responder {
         key = { hdr.arp.tpa: exact; }
         actions = { arp_reply; no_route; }
-        default_action = no_route();
+        const default_action = no_route();
         size = ARP_TABLE_SIZE;
     }
 
@@ -42,7 +42,7 @@ control Forwarding(inout headers_t hdr, inout metadata_t meta,
     table ipv4_lpm {
         key = { hdr.ipv4.dst_addr: lpm; }
         actions = { route; aggregate; no_route; }
-        default_action = no_route();
+        const default_action = no_route();
         size = IPV4_TABLE_SIZE;
     }
 

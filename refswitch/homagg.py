@@ -3,7 +3,6 @@ SwitchEgress and deparser, over the forwarding state of one Device."""
 
 from __future__ import annotations
 
-import copy
 import logging
 from collections import Counter
 
@@ -14,7 +13,7 @@ from refswitch.delivery import result_delivery
 from refswitch.deparser import compute_checksum, deparse
 from refswitch.device import Device
 from refswitch.forwarding import forwarding
-from refswitch.packet import DROP_PORT, Headers, Metadata, StandardMetadata, mark_to_drop
+from refswitch.packet import DROP_PORT, Headers, Metadata, StandardMetadata, dup, mark_to_drop
 from refswitch.parser import parse
 
 log = logging.getLogger(__name__)
@@ -46,9 +45,9 @@ class Pipeline:
             if std.mcast_grp:
                 out = []
                 for port, rid in device.multicast_groups.get(std.mcast_grp, ()):
-                    replica_std = copy.copy(std)
+                    replica_std = dup(std)
                     replica_std.egress_port, replica_std.egress_rid = port, rid
-                    sent = self._egress(hdr.clone(), copy.copy(meta), replica_std)
+                    sent = self._egress(hdr.clone(), dup(meta), replica_std)
                     if sent is not None:
                         out.append((port, sent))
                 return out
