@@ -10,8 +10,17 @@ from __future__ import annotations
 import numpy as np
 
 from aggwire import p4names
-from aggwire.constants import (AGG_IPV4_LENGTH, AGG_UDP_LENGTH, AGG_VERSION, CELLS_PER_PKT,
-                               NUM_SLOTS, DropReason, Event, Flag, Op)
+from aggwire.constants import (
+    AGG_IPV4_LENGTH,
+    AGG_UDP_LENGTH,
+    AGG_VERSION,
+    CELLS_PER_PKT,
+    NUM_SLOTS,
+    DropReason,
+    Event,
+    Flag,
+    Op,
+)
 from refswitch.device import Device
 from refswitch.packet import Headers, Metadata, StandardMetadata
 

@@ -5,11 +5,7 @@ from __future__ import annotations
 
 import struct
 
-import numpy as np
-
-from refswitch.packet import (AGG_STRUCT, ARP_STRUCT, CELLS_DTYPE, ETH_STRUCT, IPV4_STRUCT,
-                              UDP_STRUCT, Headers)
-
+from refswitch.packet import AGG_STRUCT, ARP_STRUCT, CELLS_DTYPE, ETH_STRUCT, IPV4_STRUCT, UDP_STRUCT, Headers
 
 
 def ipv4_checksum(raw: bytes) -> int:

@@ -5,8 +5,7 @@ should hold the same lock while it processes a packet so it sees one consistent 
 Everything is keyed by P4Info names (full names; aliases are accepted too).
 
 Action names: Table.lookup() returns the action's full P4Info name (preamble.name,
-e.g. "SwitchIngress.forwarding.route"); Table.lookup_alias() returns its alias
-("route"). Both are plain dict reads, equally fast.
+e.g. "SwitchIngress.forwarding.route"), as aggwire.p4names spells them.
 """
 
 from __future__ import annotations

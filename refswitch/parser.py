@@ -4,13 +4,23 @@ PacketTooShort and stays invalid; the packet still goes to ingress, as on BMv2."
 
 from __future__ import annotations
 
-import struct
-
 import numpy as np
 
 from aggwire.constants import AGG_UDP_PORT, CELLS_PER_PKT
-from refswitch.packet import (AGG_STRUCT, ARP_STRUCT, CELLS_DTYPE, ETH_STRUCT, IPV4_STRUCT,
-                              UDP_STRUCT, AggH, Arp, Ethernet, Headers, Ipv4, Udp)
+from refswitch.packet import (
+    AGG_STRUCT,
+    ARP_STRUCT,
+    CELLS_DTYPE,
+    ETH_STRUCT,
+    IPV4_STRUCT,
+    UDP_STRUCT,
+    AggH,
+    Arp,
+    Ethernet,
+    Headers,
+    Ipv4,
+    Udp,
+)
 
 ETHERTYPE_IPV4 = 0x0800
 ETHERTYPE_ARP = 0x0806

@@ -36,7 +36,7 @@ class DeviceError(Exception):
 class Entry:
     """A table entry (or a table's default entry): decoded match, action and direct counter."""
 
-    __slots__ = ("match", "priority", "action", "action_name", "action_alias", "params", "packets",
+    __slots__ = ("match", "priority", "action", "action_name", "params", "packets",
                  "bytes", "controller_metadata", "metadata", "idle_timeout_ns", "seq", "masked", "ranges")
 
     def __init__(self, match: tuple[FieldMatch, ...], priority: int, action: ActionInfo,
@@ -57,7 +57,6 @@ class Entry:
         """Replace the action (and its parameters) of this entry."""
         self.action = action
         self.action_name = action.name
-        self.action_alias = action.alias or action.name
         self.params = dict(params)
 
     @property
@@ -118,17 +117,6 @@ class Table:
             entry.packets += 1
             entry.bytes += nbytes
         return True, entry.action_name, entry.params
-
-    def lookup_alias(self, key: tuple[int, ...], nbytes: int) -> tuple[bool, str, dict[str, int]]:
-        """Like lookup() but returns the action's P4Info alias (e.g. "route") instead of its full name."""
-        entry = self._match(key)
-        if entry is None:
-            d = self.default
-            return False, d.action_alias, d.params
-        if self.has_counter:
-            entry.packets += 1
-            entry.bytes += nbytes
-        return True, entry.action_alias, entry.params
 
     def _match(self, key: tuple[int, ...]) -> Entry | None:
         if self.kind == "exact":

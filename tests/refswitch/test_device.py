@@ -38,8 +38,6 @@ def test_exact_lookup_and_default(device: Device, test_p4info: P4InfoIndex) -> N
     assert arp.lookup((0x0a000001,), 60) == (False, "SwitchIngress.forwarding.no_route", {})
     arp.insert(((0x0a000001, FULL32),), test_p4info.action("arp_reply"), {"mac": 0xaa})
     assert arp.lookup((0x0a000001,), 60) == (True, "SwitchIngress.forwarding.arp_reply", {"mac": 0xaa})
-    assert arp.lookup_alias((0x0a000001,), 60) == (True, "arp_reply", {"mac": 0xaa})
-    assert arp.lookup_alias((0x0a000002,), 60) == (False, "no_route", {})
     arp.modify(((0x0a000001, FULL32),), test_p4info.action("arp_reply"), {"mac": 0xbb})
     assert arp.lookup((0x0a000001,), 60)[2] == {"mac": 0xbb}
     arp.delete(((0x0a000001, FULL32),))
