@@ -4,7 +4,7 @@ SHELL := /bin/bash
 SYSTEM_PYTHON ?= $(shell test -x /usr/bin/python3 && echo /usr/bin/python3 || command -v python3)
 VENV ?= .venv
 PY := $(VENV)/bin/python
-CELLS ?= 64
+CELLS ?= 256
 P4C ?= p4c
 P4_BUILD ?= p4src/build
 PYTEST_ARGS ?=
@@ -42,6 +42,10 @@ $(P4_BUILD)/homagg.json: $(wildcard p4src/*.p4 p4src/include/*.p4)
 	mkdir -p $(P4_BUILD)
 	$(P4C) --target bmv2 --arch v1model -DCELLS_PER_PKT=$(CELLS) \
 	  --p4runtime-files $(P4_BUILD)/homagg.p4info.txtpb -o $(P4_BUILD) p4src/homagg.p4
+	@# p4c indents its JSON four-fold; the compact form is what gets committed and pushed.
+	$(SYSTEM_PYTHON) -c 'import json, sys; p = sys.argv[1]; d = json.load(open(p)); \
+	  open(p, "w").write(json.dumps(d, separators=(",", ":")) + "\n")' $(P4_BUILD)/homagg.json
+	rm -f $(P4_BUILD)/homagg.p4i
 
 clean:  ## remove the virtual environment and caches
 	rm -rf $(VENV) p4rtproto/gen .pytest_cache

@@ -4,9 +4,9 @@ and tests/aggwire/test_constants.py checks that the two agree."""
 import os
 from enum import IntEnum
 
-# A compile-time constant of the P4 program (64 unless built with `make p4 CELLS=...`);
+# A compile-time constant of the P4 program (256 unless built with `make p4 CELLS=...`);
 # the environment variable only serves benchmarks that run a program built otherwise.
-CELLS_PER_PKT = int(os.environ.get("HOMAGG_CELLS_PER_PKT", "64"))
+CELLS_PER_PKT = int(os.environ.get("HOMAGG_CELLS_PER_PKT", "256"))
 if CELLS_PER_PKT not in (64, 128, 256):
     raise ValueError(f"HOMAGG_CELLS_PER_PKT must be 64, 128 or 256, not {CELLS_PER_PKT}")
 AGG_UDP_PORT = 40700

@@ -13,8 +13,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from aggwire.constants import (AGG_HEADER_BYTES, AGG_IPV4_LENGTH, AGG_UDP_LENGTH,
-                               AGG_UDP_PORT, AGG_VERSION, CELLS_PER_PKT)
+from aggwire.constants import (
+    AGG_HEADER_BYTES,
+    AGG_IPV4_LENGTH,
+    AGG_UDP_LENGTH,
+    AGG_UDP_PORT,
+    AGG_VERSION,
+    CELLS_PER_PKT,
+)
 
 HEADER_DTYPE = np.dtype([
     ("version", "u1"), ("flags", "u1"), ("op", "u1"), ("rank", "u1"),

@@ -3,8 +3,15 @@
 For tests, fuzzing and debugging; the hot path uses aggwire.packer.
 """
 
-from scapy.fields import (ByteEnumField, ByteField, FieldListField, FlagsField, IntField,
-                          ShortField, SignedIntField)
+from scapy.fields import (
+    ByteEnumField,
+    ByteField,
+    FieldListField,
+    FlagsField,
+    IntField,
+    ShortField,
+    SignedIntField,
+)
 from scapy.layers.inet import UDP
 from scapy.packet import Packet, bind_layers
 
@@ -27,7 +34,7 @@ class Agg(Packet):
         ShortField("ncells", CELLS_PER_PKT),
         IntField("chunk", 0),
         FieldListField("cells", [0] * CELLS_PER_PKT, SignedIntField("cell", 0),
-                       count_from=lambda pkt: CELLS_PER_PKT),
+                       count_from=lambda pkt: CELLS_PER_PKT, max_count=CELLS_PER_PKT),
     ]
 
 

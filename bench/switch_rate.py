@@ -31,6 +31,7 @@ def _measure(job, window: int, batches: int, first_chunk: int) -> tuple[float, i
     """Contributions per second over `batches` full windows (sending and awaiting only),
     and the number of results that did not arrive."""
     import numpy as np
+
     from testnet.aggjob import random_cells
 
     rng = np.random.default_rng(first_chunk)

@@ -19,7 +19,7 @@ import grpc
 from google.rpc import code_pb2, status_pb2
 
 from controller.p4runtime_entities import MatchValue, TableEntry, WriteBatch, decode_table_entry, replica_port
-from p4rtproto.api import p4runtime_pb2, p4runtime_pb2_grpc
+from p4rtproto.api import GRPC_OPTIONS, p4runtime_pb2, p4runtime_pb2_grpc
 from p4rtproto.p4info import P4InfoIndex
 
 __all__ = ["ArbitrationError", "P4RuntimeWriteError", "SwitchConnection", "SwitchError", "TableEntry",
@@ -123,7 +123,7 @@ class SwitchConnection:
         if self._channel is not None:
             raise SwitchError(f"already connected to {self.address}")
         self._closing, self.stream_error = False, None
-        self._channel = grpc.insecure_channel(self.address)
+        self._channel = grpc.insecure_channel(self.address, options=GRPC_OPTIONS)
         try:
             grpc.channel_ready_future(self._channel).result(timeout=self.timeout)
         except grpc.FutureTimeoutError:

@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     try:
         port = switch.start()
-    except RuntimeError as exc:
+    except (OSError, RuntimeError) as exc:
         log.error("cannot start the P4Runtime server on %s: %s", args.grpc_server_addr, exc)
         switch.close()
         return 1

@@ -35,7 +35,7 @@ import grpc
 from google.protobuf import any_pb2
 from google.rpc import code_pb2, status_pb2
 
-from p4rtproto.api import p4info_pb2, p4runtime_pb2, p4runtime_pb2_grpc
+from p4rtproto.api import GRPC_OPTIONS, p4info_pb2, p4runtime_pb2, p4runtime_pb2_grpc
 from p4rtproto.p4info import P4InfoIndex
 from refswitch.device import Device, DeviceError
 from refswitch.p4runtime_read import read_entities
@@ -405,7 +405,8 @@ class P4RuntimeServer:
         if self._server is not None:
             raise RuntimeError("P4Runtime server already started")
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=self._max_workers,
-                                                        thread_name_prefix="p4rt"))
+                                                        thread_name_prefix="p4rt"),
+                             options=GRPC_OPTIONS)
         p4runtime_pb2_grpc.add_P4RuntimeServicer_to_server(self.servicer, server)
         try:
             port = server.add_insecure_port(self.address)

@@ -3,9 +3,10 @@
 #ifndef HOMAGG_CONSTANTS_P4
 #define HOMAGG_CONSTANTS_P4
 
-/* int32 cells per aggregation packet (wire). A compile-time choice: 64, 128 or 256. */
+/* int32 cells per aggregation packet (wire). A compile-time choice: 64, 128 or 256;
+ * 256 gives BMv2 2.1x the cells per second of 64 (docs/performance.md). */
 #ifndef CELLS_PER_PKT
-#define CELLS_PER_PKT 64
+#define CELLS_PER_PKT 256
 #endif
 /* A register entry holds 8 int32 lanes: BMv2 limits shifts, and so slice positions,
  * to 256 bits, and each register access is what costs on BMv2. */

@@ -8,8 +8,16 @@ from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import Ether
 
 from aggwire.constants import AGG_FRAME_BYTES, AGG_UDP_PORT, CELLS_PER_PKT
-from aggwire.packer import (HEADER_DTYPE, PAYLOAD_BYTES, AggHeader, FrameTemplate, pack_payload,
-                            pack_payloads, parse_payload, parse_payloads)
+from aggwire.packer import (
+    HEADER_DTYPE,
+    PAYLOAD_BYTES,
+    AggHeader,
+    FrameTemplate,
+    pack_payload,
+    pack_payloads,
+    parse_payload,
+    parse_payloads,
+)
 from aggwire.scapy_layer import Agg
 
 N_PACKETS = 3000

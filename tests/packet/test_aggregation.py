@@ -6,14 +6,12 @@ import zlib
 
 import numpy as np
 import pytest
+from packet_checks import assert_result_frame
 
 from aggwire.constants import CELLS_PER_PKT, DropReason, Event, Flag, Op
 from aggwire.scapy_layer import Agg
-from testnet.fabric import Fabric
-
 from testnet.aggjob import CounterDelta, Job, random_cells, result_cells, wrapped_sum
-
-from packet_checks import assert_result_frame
+from testnet.fabric import Fabric
 
 QUIET = 0.3  # seconds to wait before concluding that nothing more arrives
 

@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import Ether
 from scapy.packet import Raw
 
 from aggwire.constants import DropReason, Flag
-from testnet.fabric import Fabric
-
 from testnet.aggjob import CounterDelta, Job, random_cells, result_cells, wrapped_sum
+from testnet.fabric import Fabric
 
 QUIET = 0.3
 

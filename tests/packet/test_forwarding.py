@@ -10,10 +10,9 @@ from scapy.layers.l2 import ARP, Ether
 from scapy.packet import Raw
 
 from aggwire.constants import DropReason
+from testnet.aggjob import CounterDelta
 from testnet.fabric import SERVICE_IP, SWITCH_MAC, Fabric
 from testnet.namespace import in_namespace
-
-from testnet.aggjob import CounterDelta
 
 QUIET = 0.3
 
