@@ -1,0 +1,166 @@
+"""The worker transport through a real switch (reference switch in namespaces): exact
+sums, a window of slots reused across calls, and loss, duplication and reordering
+survived by retransmission."""
+
+from __future__ import annotations
+
+import socket
+import threading
+
+import numpy as np
+import pytest
+
+from aggwire.constants import AGG_UDP_PORT, CELLS_PER_PKT, Op
+from testnet.aggjob import WORKER_UDP_BASE, Job
+from testnet.fabric import SERVICE_IP, Fabric
+from testnet.namespace import have_privileges, in_namespace
+from worker.channel import FaultyChannel, UdpChannel
+from worker.transport import SwitchTransport, TransportConfig, TransportError
+
+pytestmark = pytest.mark.skipif(not have_privileges(),
+                                reason="transport tests need root and iproute2 (network namespaces)")
+WORLD = 4
+
+
+@pytest.fixture(scope="module")
+def fabric(tmp_path_factory):
+    with Fabric("refswitch", WORLD, tmp_path_factory.mktemp("transport")) as f:
+        for h in f.hosts:
+            h.enable_ip_stack()
+        yield f
+
+
+def open_channels(job: Job) -> list[UdpChannel]:
+    chans = []
+    for r, h in enumerate(job.hosts):
+        with in_namespace(h.namespace):
+            sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        sock.bind((h.ip, WORKER_UDP_BASE + r))
+        chans.append(UdpChannel(sock, (SERVICE_IP, AGG_UDP_PORT)))
+    return chans
+
+
+def run_workers(transports, work) -> list:
+    """Run work(rank, transport) in one thread per worker; re-raise the first error."""
+    results, errors = [None] * len(transports), []
+
+    def target(r):
+        try:
+            results[r] = work(r, transports[r])
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=target, args=(r,)) for r in range(len(transports))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not any(t.is_alive() for t in threads), "a worker hung"
+    if errors:
+        raise errors[0]
+    return results
+
+
+def make_transports(fabric, window=8, faults=None, max_retries=12):
+    job = Job(fabric, fabric.hosts, pool_size=window)
+    chans = open_channels(job)
+    if faults:
+        chans = [FaultyChannel(c, seed=r, **faults) for r, c in enumerate(chans)]
+    cfgs = [TransportConfig(job_id=job.job_id, rank=r, world_size=WORLD, window=window,
+                            max_retries=max_retries) for r in range(WORLD)]
+    return [SwitchTransport(c, ch) for c, ch in zip(cfgs, chans)]
+
+
+def close(transports):
+    for t in transports:
+        t.channel.close()
+
+
+@pytest.mark.parametrize("length", [1, CELLS_PER_PKT, 10 * CELLS_PER_PKT + 3])
+def test_allreduce_is_exact(fabric, length):
+    transports = make_transports(fabric)
+    rng = np.random.default_rng(length)
+    parts = [rng.integers(-2**28, 2**28, length).astype(np.int32) for _ in range(WORLD)]
+    try:
+        got = run_workers(transports, lambda r, t: t.allreduce(Op.ADD, parts[r]))
+    finally:
+        close(transports)
+    expected = np.sum(parts, axis=0, dtype=np.int64).astype(np.int32)
+    for g in got:
+        np.testing.assert_array_equal(g, expected)
+    assert all(t.stats.retransmissions == 0 for t in transports)
+
+
+def test_many_calls_reuse_the_window_and_mix_ops(fabric):
+    transports = make_transports(fabric, window=4)
+    rng = np.random.default_rng(7)
+    calls = []
+    for op in [Op.ADD, Op.OR, Op.MAX] * 5:
+        length = int(rng.integers(1, 3000))  # the same on every worker, as codecs guarantee
+        calls.append((op, [rng.integers(-2**20, 2**20, length).astype(np.int32) for _ in range(WORLD)]))
+    try:
+        got = run_workers(transports, lambda r, t: [t.allreduce(op, parts[r]) for op, parts in calls])
+    finally:
+        close(transports)
+    for i, (op, parts) in enumerate(calls):
+        expected = {Op.ADD: lambda p: np.sum(p, axis=0, dtype=np.int64).astype(np.int32),
+                    Op.OR: np.bitwise_or.reduce, Op.MAX: np.maximum.reduce}[op](parts)
+        for r in range(WORLD):
+            np.testing.assert_array_equal(got[r][i], expected)
+
+
+@pytest.mark.parametrize("faults", [{"loss": 0.05}, {"duplicate": 0.1, "reorder": 0.1},
+                                    {"loss": 0.01, "duplicate": 0.05, "reorder": 0.05}],
+                         ids=["loss5", "dup-reorder", "mixed"])
+def test_faults_are_survived_exactly(fabric, faults):
+    transports = make_transports(fabric, faults=faults)
+    rng = np.random.default_rng(11)
+    parts = [rng.integers(-2**28, 2**28, 40 * CELLS_PER_PKT).astype(np.int32) for _ in range(WORLD)]
+    try:
+        got = run_workers(transports, lambda r, t: [t.allreduce(Op.ADD, parts[r]) for _ in range(3)])
+    finally:
+        close(transports)
+    expected = np.sum(parts, axis=0, dtype=np.int64).astype(np.int32)
+    for per_worker in got:
+        for g in per_worker:
+            np.testing.assert_array_equal(g, expected)
+    injected = sum(sum(t.channel.injected.values()) for t in transports)
+    assert injected > 0
+    if "loss" in faults:
+        assert sum(t.stats.retransmissions for t in transports) > 0
+
+
+def test_unanswered_chunks_raise_instead_of_hanging(fabric):
+    """A worker alone (the others never send) gets a TransportError within its retry budget."""
+    transports = make_transports(fabric, max_retries=3)
+    try:
+        with pytest.raises(TransportError, match="no result for chunk"):
+            transports[0].allreduce(Op.ADD, np.ones(10, np.int32))
+    finally:
+        close(transports)
+
+
+@pytest.mark.parametrize("codec", ["lossless", "fixed_point"])
+def test_codec_through_the_switch_equals_the_simulation(fabric, codec):
+    """The phases of a codec driven through the switch decode exactly as simulate() says."""
+    from worker.codecs.fixed_point import FixedPoint
+    from worker.codecs.lossless import LosslessSparse
+    from worker.codecs.simulate import simulate
+
+    make = {"lossless": lambda: LosslessSparse(WORLD), "fixed_point": lambda: FixedPoint(WORLD)}[codec]
+    rng = np.random.default_rng(3)
+    xs = []
+    for _ in range(WORLD):
+        x = np.zeros(50_000, np.float32)
+        idx = rng.choice(x.size, 500, replace=False)
+        x[idx] = rng.normal(size=idx.size).astype(np.float32)
+        xs.append(x)
+    expected = simulate([make() for _ in range(WORLD)], xs)
+    transports = make_transports(fabric)
+    codecs = [make() for _ in range(WORLD)]
+    try:
+        got = run_workers(transports, lambda r, t: t.run(codecs[r].aggregate(xs[r])))
+    finally:
+        close(transports)
+    for r in range(WORLD):
+        np.testing.assert_array_equal(got[r], expected[r])

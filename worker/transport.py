@@ -1,0 +1,172 @@
+"""The worker's transport to the switch: a self-clocked window of slots in flight.
+
+Chunk k of the job's stream goes to slot k mod S, shadow copy (k div S) mod 2, where S is
+the window; chunk k + S is sent only once chunk k's result is back (SwitchML's pool
+rule, docs/protocol.md), so every worker numbers chunks alike as long as all of them
+call `allreduce` with the same lengths in the same order (what the codecs guarantee).
+Lost packets are retransmitted after a timeout that doubles per try; duplicate, stray,
+late and reordered results are recognised by job and chunk and ignored.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Generator
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from aggwire.constants import CELLS_PER_PKT, Flag, Op
+from aggwire.packer import HEADER_DTYPE, PAYLOAD_BYTES, pack_payloads, parse_payloads
+from worker.channel import Channel
+
+
+class TransportError(RuntimeError):
+    """The switch did not answer a chunk within the retry budget (the caller falls back)."""
+
+
+@dataclass(frozen=True)
+class TransportConfig:
+    """What a worker needs to aggregate through the switch (from the controller's assignment)."""
+
+    job_id: int
+    rank: int
+    world_size: int
+    window: int
+    initial_timeout: float = 0.02
+    max_timeout: float = 0.5
+    max_retries: int = 12
+
+
+@dataclass
+class TransportStats:
+    """Counts and latencies since the transport was made."""
+
+    chunks: int = 0
+    packets_sent: int = 0
+    retransmissions: int = 0
+    results: int = 0
+    ignored: int = 0
+    latencies: list[float] = field(default_factory=list)
+
+    def latency_percentiles(self) -> dict[str, float]:
+        """p50/p99 of chunk round-trip times in milliseconds (first send to result)."""
+        if not self.latencies:
+            return {}
+        lat = np.asarray(self.latencies) * 1e3
+        return {"p50_ms": float(np.percentile(lat, 50)), "p99_ms": float(np.percentile(lat, 99))}
+
+
+class SwitchTransport:
+    """All-reduce of int32 cells through the switch under one op, chunk by chunk."""
+
+    def __init__(self, config: TransportConfig, channel: Channel, first_chunk: int = 0) -> None:
+        if not 1 <= config.window:
+            raise ValueError("window must be at least 1")
+        self.config = config
+        self.channel = channel
+        self.next_chunk = first_chunk  # the job-wide number of this worker's next chunk
+        self.stats = TransportStats()
+
+    def allreduce(self, op: Op, cells: np.ndarray) -> np.ndarray:
+        """The element-wise combination under op of every worker's `cells` (int32, 1-D)."""
+        cells = np.ascontiguousarray(cells, np.int32).reshape(-1)
+        n = cells.size
+        count = max(1, -(-n // CELLS_PER_PKT))
+        first = self.next_chunk
+        self.next_chunk += count
+        padded = np.zeros(count * CELLS_PER_PKT, np.int32)
+        padded[:n] = cells
+        payloads = self._pack(op, first, padded.reshape(count, CELLS_PER_PKT), n)
+        out = np.empty(count * CELLS_PER_PKT, np.int32)
+        self._exchange(first, payloads, out)
+        self.stats.chunks += count
+        return out[:n]
+
+    def run(self, gen: Generator) -> np.ndarray:
+        """Drive a codec's phase generator through the switch; returns what it returns."""
+        try:
+            phase = next(gen)
+            while True:
+                phase = gen.send(self.allreduce(phase.op, phase.cells))
+        except StopIteration as done:
+            return done.value
+
+    def _pack(self, op: Op, first: int, cells: np.ndarray, n: int) -> np.ndarray:
+        cfg = self.config
+        count = cells.shape[0]
+        headers = np.zeros(count, HEADER_DTYPE)
+        headers["version"] = 1
+        headers["op"] = int(op)
+        headers["rank"] = cfg.rank
+        headers["job_id"] = cfg.job_id
+        chunks = (first + np.arange(count, dtype=np.int64)) & 0xFFFFFFFF
+        headers["chunk"] = chunks
+        headers["slot"] = chunks % cfg.window
+        headers["shadow"] = (chunks // cfg.window) % 2
+        headers["ncells"] = CELLS_PER_PKT
+        headers["ncells"][-1] = n - (count - 1) * CELLS_PER_PKT if n else CELLS_PER_PKT
+        return pack_payloads(headers, cells)
+
+    def _exchange(self, first: int, payloads: np.ndarray, out: np.ndarray) -> None:
+        """Keep up to `window` chunks in flight until every result is in `out`."""
+        cfg, stats = self.config, self.stats
+        count = payloads.shape[0]
+        sent_at = np.zeros(count)
+        deadline = np.zeros(count)
+        tries = np.zeros(count, np.int64)
+        done = np.zeros(count, bool)
+        next_to_send, remaining = 0, count
+        while remaining:
+            now = time.monotonic()
+            # Self-clocking: chunk i may go once chunk i - window is done (or belongs to an earlier call).
+            while next_to_send < count and (next_to_send < cfg.window or done[next_to_send - cfg.window]):
+                self.channel.send(payloads[next_to_send].tobytes())
+                sent_at[next_to_send] = now
+                deadline[next_to_send] = now + cfg.initial_timeout
+                stats.packets_sent += 1
+                next_to_send += 1
+            inflight = np.flatnonzero(~done[:next_to_send])
+            expired = inflight[deadline[inflight] <= now]
+            for i in expired:
+                if tries[i] >= cfg.max_retries:
+                    raise TransportError(f"no result for chunk {first + i} of job {cfg.job_id} "
+                                         f"after {tries[i]} retransmissions")
+                tries[i] += 1
+                self.channel.send(_with_retx(payloads[i]))
+                stats.packets_sent += 1
+                stats.retransmissions += 1
+                deadline[i] = now + min(cfg.max_timeout, cfg.initial_timeout * 2.0 ** tries[i])
+            wait = max(0.0, float(deadline[inflight].min()) - time.monotonic()) if inflight.size else 0.0
+            data = self.channel.recv(wait)
+            while data is not None:
+                i = self._accept(data, first, count, done, out)
+                if i is not None:
+                    done[i] = True
+                    remaining -= 1
+                    stats.results += 1
+                    stats.latencies.append(time.monotonic() - sent_at[i])
+                data = self.channel.recv(0.0)
+
+    def _accept(self, data: bytes, first: int, count: int, done: np.ndarray,
+                out: np.ndarray) -> int | None:
+        """Place a result; returns its index in this call, or None for anything to ignore."""
+        if len(data) != PAYLOAD_BYTES:
+            self.stats.ignored += 1
+            return None
+        headers, cells = parse_payloads(data)
+        h = headers[0]
+        i = (int(h["chunk"]) - first) & 0xFFFFFFFF
+        if (not int(h["flags"]) & Flag.RESULT or int(h["job_id"]) != self.config.job_id
+                or int(h["rank"]) != self.config.rank or i >= count or done[i]):
+            self.stats.ignored += 1  # stray, late (an earlier call) or duplicate
+            return None
+        out[i * CELLS_PER_PKT:(i + 1) * CELLS_PER_PKT] = cells[0]
+        return i
+
+
+def _with_retx(payload: np.ndarray) -> bytes:
+    """The same contribution, marked as a retransmission."""
+    out = payload.copy()
+    out[1] |= Flag.RETX
+    return out.tobytes()
