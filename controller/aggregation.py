@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from aggwire import p4names
 from aggwire.constants import MAX_WORKERS_PER_JOB, NUM_SLOTS
+from controller.entries import EntrySpec
 from controller.switch_connection import SwitchConnection
 from p4rtproto.codec import ipv4_to_int, mac_to_int
 
@@ -47,20 +48,33 @@ class JobEntries:
             raise ValueError(f"multicast group {self.mcast_grp} outside 1..65535")
 
 
+def job_group(job: JobEntries) -> tuple[int, list[tuple[int, int]]]:
+    """The job's multicast group: (group id, [(port, instance)])."""
+    # Replica instance rank + 1: egress tells replicas apart by egress_rid, and 0 means unicast.
+    return job.mcast_grp, [(w.port, w.rank + 1) for w in job.workers]
+
+
+def job_entries(job: JobEntries) -> list[EntrySpec]:
+    """The job's table entries in install order: per worker its rewrite and worker entry, then the job."""
+    out = []
+    for w in job.workers:
+        key = {"hdr.agg.job_id": job.job_id, "hdr.agg.rank": w.rank}
+        out.append(EntrySpec.of(p4names.RESULT_REWRITE, key, p4names.TO_WORKER,
+                                {"mac": mac_to_int(w.mac), "ip": ipv4_to_int(w.ip), "udp_port": w.udp_port}))
+        out.append(EntrySpec.of(p4names.WORKER_TABLE, key, p4names.SET_WORKER,
+                                {"port": w.port, "worker_bit": 1 << w.rank}))
+    out.append(EntrySpec.of(p4names.JOB_TABLE, {"hdr.agg.job_id": job.job_id}, p4names.SET_JOB,
+                            {"pool_base": job.pool_base, "pool_size": job.pool_size,
+                             "num_workers": len(job.workers), "mcast_grp": job.mcast_grp}))
+    return out
+
+
 def install_job(conn: SwitchConnection, job: JobEntries) -> None:
     """Install the job: group first and job entry last, so no packet finds it half built."""
     job.validate()
-    # Replica instance rank + 1: egress tells replicas apart by egress_rid, and 0 means unicast.
-    conn.write_multicast_group(job.mcast_grp, [(w.port, w.rank + 1) for w in job.workers])
-    for w in job.workers:
-        conn.insert_entry(p4names.RESULT_REWRITE, {"hdr.agg.job_id": job.job_id, "hdr.agg.rank": w.rank},
-                          p4names.TO_WORKER, {"mac": mac_to_int(w.mac), "ip": ipv4_to_int(w.ip),
-                                              "udp_port": w.udp_port})
-        conn.insert_entry(p4names.WORKER_TABLE, {"hdr.agg.job_id": job.job_id, "hdr.agg.rank": w.rank},
-                          p4names.SET_WORKER, {"port": w.port, "worker_bit": 1 << w.rank})
-    conn.insert_entry(p4names.JOB_TABLE, {"hdr.agg.job_id": job.job_id}, p4names.SET_JOB,
-                      {"pool_base": job.pool_base, "pool_size": job.pool_size,
-                       "num_workers": len(job.workers), "mcast_grp": job.mcast_grp})
+    conn.write_multicast_group(*job_group(job))
+    for e in job_entries(job):
+        conn.insert_entry(e.table, dict(e.match), e.action, dict(e.params))
 
 
 def remove_job(conn: SwitchConnection, job: JobEntries) -> None:

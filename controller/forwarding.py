@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from aggwire import p4names
+from controller.entries import EntrySpec
 from controller.switch_connection import SwitchConnection
 from p4rtproto.codec import ipv4_to_int, mac_to_int
 
@@ -33,3 +34,26 @@ def add_service_address(conn: SwitchConnection, service_ip: str, switch_mac: str
                       p4names.ARP_REPLY, {"mac": mac_to_int(switch_mac)})
     conn.insert_entry(p4names.IPV4_LPM, {"hdr.ipv4.dst_addr": (ipv4_to_int(service_ip), 32)},
                       p4names.AGGREGATE, {})
+
+
+def host_entries(host: Host, switch_mac: str) -> list[EntrySpec]:
+    """The entries add_host installs (proxy ARP, /32 route), as values."""
+    return [EntrySpec.of(p4names.ARP_RESPONDER, {"hdr.arp.tpa": ipv4_to_int(host.ip)},
+                         p4names.ARP_REPLY, {"mac": mac_to_int(switch_mac)}),
+            EntrySpec.of(p4names.IPV4_LPM, {"hdr.ipv4.dst_addr": (ipv4_to_int(host.ip), 32)},
+                         p4names.ROUTE, {"port": host.port, "src_mac": mac_to_int(switch_mac),
+                                         "dst_mac": mac_to_int(host.mac)})]
+
+
+def service_entries(service_ip: str, switch_mac: str) -> list[EntrySpec]:
+    """The entries add_service_address installs, as values."""
+    return [EntrySpec.of(p4names.ARP_RESPONDER, {"hdr.arp.tpa": ipv4_to_int(service_ip)},
+                         p4names.ARP_REPLY, {"mac": mac_to_int(switch_mac)}),
+            EntrySpec.of(p4names.IPV4_LPM, {"hdr.ipv4.dst_addr": (ipv4_to_int(service_ip), 32)},
+                         p4names.AGGREGATE, {})]
+
+
+def remove_host(conn: SwitchConnection, host: Host) -> None:
+    """Undo add_host: the host's route first, then its proxy ARP entry."""
+    conn.delete_entry(p4names.IPV4_LPM, {"hdr.ipv4.dst_addr": (ipv4_to_int(host.ip), 32)})
+    conn.delete_entry(p4names.ARP_RESPONDER, {"hdr.arp.tpa": ipv4_to_int(host.ip)})

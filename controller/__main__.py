@@ -1,0 +1,7 @@
+"""`python -m controller` is `aggctl`."""
+
+import sys
+
+from controller.cli import main
+
+sys.exit(main())

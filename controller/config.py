@@ -1,0 +1,202 @@
+"""The controller's configuration file (TOML): where it listens and stores its state, its
+lease timing, and the switches it manages with the hosts attached to each. The format is
+documented with an example in docs/controller.md; every mistake is a ConfigError that
+names the offending key."""
+
+from __future__ import annotations
+
+import math
+import re
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from aggwire.constants import NUM_SLOTS
+from controller.forwarding import Host
+from p4rtproto.codec import ipv4_to_int, mac_to_int
+
+DEFAULT_LISTEN = "127.0.0.1:50051"
+NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,31}$")
+MAX_PORT = 511  # switch ports are bit<9>
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot be used; the message names the file and the key."""
+
+
+@dataclass(frozen=True)
+class SwitchConfig:
+    """One switch: how to reach its P4Runtime server and what to install on it."""
+
+    name: str
+    address: str
+    mac: str
+    service_ip: str
+    hosts: tuple[Host, ...] = ()
+    device_id: int = 0
+    election_id: int = 10
+    timeout: float = 5.0
+
+    def host_by_ip(self, ip: str) -> Host | None:
+        """The configured host with this IPv4 address, if any."""
+        return next((h for h in self.hosts if h.ip == ip), None)
+
+
+@dataclass(frozen=True)
+class ControllerConfig:
+    """Everything `aggctl serve` needs."""
+
+    switches: tuple[SwitchConfig, ...]
+    database: Path
+    listen: str = DEFAULT_LISTEN
+    heartbeat_interval: float = 2.0
+    lease: float = 10.0
+    join_timeout: float = 60.0
+    default_window: int = 64
+    rpc_threads: int = 128
+
+    def switch(self, name: str) -> SwitchConfig | None:
+        """The switch with this name, if configured."""
+        return next((s for s in self.switches if s.name == name), None)
+
+
+class _Reader:
+    """Typed access to one TOML table, with errors that say where they are."""
+
+    def __init__(self, data: Mapping[str, Any], where: str) -> None:
+        if not isinstance(data, Mapping):
+            raise ConfigError(f"{where}: expected a table, got {type(data).__name__}")
+        self.data, self.where = data, where
+        self.used: set[str] = set()
+
+    def _get(self, key: str, kind: type | tuple[type, ...], default: Any) -> Any:
+        self.used.add(key)
+        if key not in self.data:
+            if default is _REQUIRED:
+                raise ConfigError(f"{self.where}: missing key '{key}'")
+            return default
+        value = self.data[key]
+        if isinstance(value, bool) or not isinstance(value, kind):
+            names = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
+            raise ConfigError(f"{self.where}.{key}: expected {names}, got {value!r}")
+        return value
+
+    def string(self, key: str, default: Any = None) -> str:
+        return self._get(key, str, _REQUIRED if default is None else default)
+
+    def integer(self, key: str, default: Any, low: int, high: int) -> int:
+        value = self._get(key, int, default)
+        if not low <= value <= high:
+            raise ConfigError(f"{self.where}.{key}: {value} outside {low}..{high}")
+        return value
+
+    def seconds(self, key: str, default: float) -> float:
+        value = float(self._get(key, (int, float), default))
+        if not math.isfinite(value) or value <= 0:
+            raise ConfigError(f"{self.where}.{key}: expected a positive number of seconds, got {value}")
+        return value
+
+    def tables(self, key: str) -> list[Any]:
+        return self._get(key, list, [])
+
+    def finish(self) -> None:
+        unknown = sorted(set(self.data) - self.used)
+        if unknown:
+            raise ConfigError(f"{self.where}: unknown key(s) {', '.join(unknown)}")
+
+
+_REQUIRED = object()
+
+
+def check_address(address: str, where: str, any_port: bool = False) -> str:
+    """'host:port' with a port in 1..65535 (0 too with any_port: the OS picks one)."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit() or not int(not any_port) <= int(port) <= 65535:
+        raise ConfigError(f"{where}: expected HOST:PORT, got {address!r}")
+    return address
+
+
+def _check(fn: Any, value: str, where: str) -> str:
+    try:
+        fn(value)
+    except ValueError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+    return value
+
+
+def _host(data: Any, where: str) -> Host:
+    r = _Reader(data, where)
+    host = Host(ip=_check(ipv4_to_int, r.string("ip"), f"{where}.ip"),
+                mac=_check(mac_to_int, r.string("mac"), f"{where}.mac"),
+                port=r.integer("port", _REQUIRED, 0, MAX_PORT))
+    r.finish()
+    return host
+
+
+def _switch(data: Any, where: str) -> SwitchConfig:
+    r = _Reader(data, where)
+    name = r.string("name")
+    if not NAME_PATTERN.match(name):
+        raise ConfigError(f"{where}.name: {name!r} is not 1..32 of [A-Za-z0-9_.-]")
+    hosts = tuple(_host(h, f"{where}.hosts[{i}]") for i, h in enumerate(r.tables("hosts")))
+    sw = SwitchConfig(
+        name=name,
+        address=check_address(r.string("address"), f"{where}.address"),
+        mac=_check(mac_to_int, r.string("mac"), f"{where}.mac"),
+        service_ip=_check(ipv4_to_int, r.string("service_ip"), f"{where}.service_ip"),
+        hosts=hosts,
+        device_id=r.integer("device_id", 0, 0, 2**64 - 1),
+        election_id=r.integer("election_id", 10, 1, 2**63 - 1),
+        timeout=r.seconds("timeout", 5.0))
+    r.finish()
+    ips = [h.ip for h in hosts]
+    for ip in ips:
+        if ips.count(ip) > 1:
+            raise ConfigError(f"{where}.hosts: {ip} is listed twice")
+    if sw.service_ip in ips:
+        raise ConfigError(f"{where}.service_ip: {sw.service_ip} is also a host's address")
+    return sw
+
+
+def parse_config(data: Mapping[str, Any], base_dir: Path, where: str = "config") -> ControllerConfig:
+    """Validate a parsed TOML document; relative paths are taken from base_dir."""
+    top = _Reader(data, where)
+    ctl = _Reader(top._get("controller", Mapping, {}), f"{where}: controller")
+    switches = tuple(_switch(s, f"{where}: switch[{i}]") for i, s in enumerate(top.tables("switch")))
+    top.finish()
+    if not switches:
+        raise ConfigError(f"{where}: no [[switch]] configured")
+    for key in ("name", "address"):
+        values = [getattr(s, key) for s in switches]
+        dup = next((v for v in values if values.count(v) > 1), None)
+        if dup is not None:
+            raise ConfigError(f"{where}: two switches have {key} {dup!r}")
+    database = Path(ctl.string("database", "homagg-controller.db"))
+    config = ControllerConfig(
+        switches=switches,
+        database=database if database.is_absolute() else base_dir / database,
+        listen=check_address(ctl.string("listen", DEFAULT_LISTEN), f"{where}: controller.listen", any_port=True),
+        heartbeat_interval=ctl.seconds("heartbeat_interval", 2.0),
+        lease=ctl.seconds("lease", 10.0),
+        join_timeout=ctl.seconds("join_timeout", 60.0),
+        default_window=ctl.integer("default_window", 64, 1, NUM_SLOTS),
+        rpc_threads=ctl.integer("rpc_threads", 128, 4, 4096))
+    ctl.finish()
+    if config.lease < 2 * config.heartbeat_interval:
+        raise ConfigError(f"{where}: controller.lease ({config.lease} s) must be at least twice "
+                          f"heartbeat_interval ({config.heartbeat_interval} s)")
+    return config
+
+
+def load_config(path: Path | str) -> ControllerConfig:
+    """Read and validate a TOML configuration file."""
+    path = Path(path)
+    try:
+        data = tomllib.loads(path.read_text())
+    except OSError as exc:
+        raise ConfigError(f"cannot read {path}: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    return parse_config(data, path.resolve().parent, str(path))

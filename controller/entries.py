@@ -1,0 +1,47 @@
+"""Table entries as values: what the controller wants on a switch, comparable with what
+it reads back, so that recovery installs exactly the difference."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from controller.p4runtime_entities import MatchValue, TableEntry, WriteBatch
+
+
+@dataclass(frozen=True)
+class EntrySpec:
+    """One table entry by full P4Info names; hashable, ordered fields."""
+
+    table: str
+    match: tuple[tuple[str, MatchValue], ...]
+    action: str
+    params: tuple[tuple[str, int], ...]
+
+    @classmethod
+    def of(cls, table: str, match: Mapping[str, MatchValue], action: str,
+           params: Mapping[str, int]) -> EntrySpec:
+        """Build from dicts (the form SwitchConnection takes)."""
+        return cls(table, tuple(sorted(match.items())), action, tuple(sorted(params.items())))
+
+    @classmethod
+    def read(cls, entry: TableEntry) -> EntrySpec:
+        """The spec of an entry read back from a switch."""
+        return cls.of(entry.table, entry.match, entry.action, entry.params)
+
+    @property
+    def key(self) -> tuple[str, tuple[tuple[str, MatchValue], ...]]:
+        """What identifies the entry in its table."""
+        return self.table, self.match
+
+    def insert(self, batch: WriteBatch) -> WriteBatch:
+        """Add an INSERT of this entry to a batch."""
+        return batch.insert_entry(self.table, dict(self.match), self.action, dict(self.params))
+
+    def modify(self, batch: WriteBatch) -> WriteBatch:
+        """Add a MODIFY (same key, this action) to a batch."""
+        return batch.modify_entry(self.table, dict(self.match), self.action, dict(self.params))
+
+    def delete(self, batch: WriteBatch) -> WriteBatch:
+        """Add a DELETE of this entry's key to a batch."""
+        return batch.delete_entry(self.table, dict(self.match))

@@ -1,0 +1,107 @@
+"""The controller's view of jobs: what is persisted (ids, pools, ranks) and what only lives
+while the controller runs (leases, whether the entries are on the switch)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+from controller.aggregation import JobEntries, Worker
+
+
+class JobState(str, Enum):
+    """What a job is doing, as operators and workers see it."""
+
+    WAITING = "waiting"        # some ranks have not joined
+    INSTALLING = "installing"  # every rank joined; the entries are not (yet, or no longer known to be) on the switch
+    READY = "ready"            # installed: the data plane aggregates it
+    ENDED = "ended"            # entries removed and pool freed (left, expired or released)
+
+
+@dataclass
+class JobWorker:
+    """One joined rank: where its packets come from and where results go."""
+
+    rank: int
+    mac: str
+    ip: str
+    udp_port: int
+    switch_port: int
+    left: bool = False
+    deadline: float = 0.0  # monotonic time its lease runs out (not persisted)
+
+    def same_endpoint(self, other: JobWorker) -> bool:
+        """True when both describe the same worker (a retried join)."""
+        return (self.mac, self.ip, self.udp_port, self.switch_port) == \
+            (other.mac, other.ip, other.udp_port, other.switch_port)
+
+
+@dataclass
+class Job:
+    """A job and its ranks; `switch`/`pool_base` are None until the switch is chosen."""
+
+    job_id: int
+    name: str
+    token_hash: str
+    world_size: int
+    codec: str
+    window: int
+    created: float
+    switch: str | None = None
+    pool_base: int | None = None
+    ended: float | None = None
+    end_reason: str = ""
+    workers: dict[int, JobWorker] = field(default_factory=dict)
+    installed: bool = False     # entries verified or written since the switch (re)connected
+    idle_deadline: float = 0.0  # monotonic; ends a job that no live rank holds
+
+    @property
+    def complete(self) -> bool:
+        """Every rank joined: the job's entries belong on its switch."""
+        return len(self.workers) == self.world_size
+
+    @property
+    def pool_size(self) -> int:
+        """Slots of the pool (0 until it is allocated)."""
+        return self.window if self.pool_base is not None else 0
+
+    @property
+    def state(self) -> JobState:
+        """The state derived from the persisted facts and `installed`."""
+        if self.ended is not None:
+            return JobState.ENDED
+        if self.installed:
+            return JobState.READY
+        return JobState.INSTALLING if self.complete else JobState.WAITING
+
+    def live_ranks(self) -> list[JobWorker]:
+        """Joined ranks that have not left: each holds a lease."""
+        return [w for w in self.workers.values() if not w.left]
+
+    def entries(self) -> JobEntries:
+        """The data-plane view (only for a complete job with a pool)."""
+        if self.pool_base is None or not self.complete:
+            raise ValueError(f"job {self.job_id} has no pool or missing ranks")
+        workers = tuple(Worker(rank=w.rank, port=w.switch_port, mac=w.mac, ip=w.ip, udp_port=w.udp_port)
+                        for w in sorted(self.workers.values(), key=lambda w: w.rank))
+        # The multicast group id is the job id: both are unique per switch and never reused early.
+        return JobEntries(job_id=self.job_id, pool_base=self.pool_base, pool_size=self.window,
+                          mcast_grp=self.job_id, workers=workers)
+
+
+@dataclass(frozen=True)
+class Assignment:
+    """What a worker needs once its job is ready (see Assignment in p4rtproto/jobs.proto)."""
+
+    job_id: int
+    rank: int
+    world_size: int
+    switch: str
+    service_ip: str
+    udp_port: int
+    switch_mac: str
+    pool_size: int
+    cells_per_packet: int
+    codec: str
+    heartbeat_interval: float
+    lease: float

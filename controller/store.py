@@ -1,0 +1,127 @@
+"""Jobs and pools persisted in sqlite, so a restarted controller rebuilds its view: each job
+row carries its switch and pool (the pools are rebuilt from them), each rank its addresses,
+and the meta table the next job id (ids grow across restarts and are reused only after
+wrapping past 65535, so no switch still holds slots under a reused id)."""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from collections.abc import Iterable
+from pathlib import Path
+
+from controller.model import Job, JobWorker
+
+MAX_JOB_ID = 65535
+SCHEMA_VERSION = 1
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS jobs (
+    job_id INTEGER PRIMARY KEY, name TEXT NOT NULL, token_hash TEXT NOT NULL,
+    world_size INTEGER NOT NULL, codec TEXT NOT NULL, window INTEGER NOT NULL,
+    created REAL NOT NULL, switch TEXT, pool_base INTEGER, ended REAL, end_reason TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS workers (
+    job_id INTEGER NOT NULL REFERENCES jobs(job_id) ON DELETE CASCADE, rank INTEGER NOT NULL,
+    mac TEXT NOT NULL, ip TEXT NOT NULL, udp_port INTEGER NOT NULL, switch_port INTEGER NOT NULL,
+    left_job INTEGER NOT NULL, PRIMARY KEY (job_id, rank));
+"""
+JOB_COLUMNS = "job_id, name, token_hash, world_size, codec, window, created, switch, pool_base, ended, end_reason"
+
+
+class StoreError(RuntimeError):
+    """The database cannot be opened or is not a controller database of this version."""
+
+
+class Store:
+    """The controller's sqlite database; every method is one transaction (thread-safe)."""
+
+    def __init__(self, path: Path | str) -> None:
+        self.path = Path(path)
+        self._lock = threading.Lock()
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+            self._db.execute("PRAGMA foreign_keys = ON")
+            self._db.execute("PRAGMA journal_mode = WAL")
+            version = self._db.execute("PRAGMA user_version").fetchone()[0]
+            if version not in (0, SCHEMA_VERSION):
+                raise StoreError(f"{self.path}: database schema {version}, this controller knows "
+                                 f"{SCHEMA_VERSION}")
+            if version == 0:
+                self._db.executescript(SCHEMA)  # idempotent: every statement is IF NOT EXISTS
+                self._db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+        except (sqlite3.Error, OSError) as exc:
+            raise StoreError(f"cannot open the controller database {self.path}: {exc}") from exc
+
+    def _tx(self) -> sqlite3.Connection:
+        return _Transaction(self._db)  # type: ignore[return-value]
+
+    def close(self) -> None:
+        """Close the database."""
+        with self._lock:
+            self._db.close()
+
+    def take_job_id(self, in_use: Iterable[int]) -> int:
+        """The next job id (1..65535, increasing, wrapping), skipping ids still in use."""
+        busy = set(in_use)
+        with self._lock, self._tx():
+            row = self._db.execute("SELECT value FROM meta WHERE key = 'next_job_id'").fetchone()
+            candidate = int(row[0]) if row else 1
+            for _ in range(MAX_JOB_ID):
+                if candidate not in busy:
+                    break
+                candidate = candidate % MAX_JOB_ID + 1
+            else:
+                raise OverflowError("all 65535 job ids are in use")
+            self._db.execute("INSERT OR REPLACE INTO meta VALUES ('next_job_id', ?)",
+                             (str(candidate % MAX_JOB_ID + 1),))
+        return candidate
+
+    def save_job(self, job: Job) -> None:
+        """Insert or replace a job and its ranks."""
+        with self._lock, self._tx():
+            self._db.execute(f"INSERT OR REPLACE INTO jobs ({JOB_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+                             (job.job_id, job.name, job.token_hash, job.world_size, job.codec, job.window,
+                              job.created, job.switch, job.pool_base, job.ended, job.end_reason))
+            self._db.execute("DELETE FROM workers WHERE job_id = ?", (job.job_id,))
+            self._db.executemany("INSERT INTO workers VALUES (?,?,?,?,?,?,?)",
+                                 [(job.job_id, w.rank, w.mac, w.ip, w.udp_port, w.switch_port, int(w.left))
+                                  for w in job.workers.values()])
+
+    def _jobs(self, where: str, args: tuple) -> list[Job]:
+        with self._lock:
+            rows = self._db.execute(f"SELECT {JOB_COLUMNS} FROM jobs WHERE {where}", args).fetchall()
+            jobs = {r[0]: Job(*r) for r in rows}
+            if jobs:
+                marks = ",".join("?" * len(jobs))
+                for job_id, rank, mac, ip, udp_port, port, left in self._db.execute(
+                        f"SELECT * FROM workers WHERE job_id IN ({marks})", tuple(jobs)):
+                    jobs[job_id].workers[rank] = JobWorker(rank, mac, ip, udp_port, port, bool(left))
+        return list(jobs.values())
+
+    def active_jobs(self) -> list[Job]:
+        """Jobs that have not ended, by id."""
+        return self._jobs("ended IS NULL ORDER BY job_id", ())
+
+    def ended_jobs(self, limit: int = 100) -> list[Job]:
+        """The most recently ended jobs, newest first."""
+        return self._jobs("ended IS NOT NULL ORDER BY ended DESC LIMIT ?", (limit,))
+
+    def job(self, job_id: int) -> Job | None:
+        """One job, running or ended."""
+        found = self._jobs("job_id = ?", (job_id,))
+        return found[0] if found else None
+
+
+class _Transaction:
+    """BEGIN IMMEDIATE ... COMMIT, or ROLLBACK on an exception (autocommit connection)."""
+
+    def __init__(self, db: sqlite3.Connection) -> None:
+        self.db = db
+
+    def __enter__(self) -> sqlite3.Connection:
+        self.db.execute("BEGIN IMMEDIATE")
+        return self.db
+
+    def __exit__(self, exc_type: type[BaseException] | None, *_: object) -> None:
+        self.db.execute("ROLLBACK" if exc_type else "COMMIT")

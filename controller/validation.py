@@ -1,0 +1,114 @@
+"""Checks of request fields, each raising InvalidArgument with a message that names the
+field, and the job tokens (random, stored only as a hash, compared in constant time)."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import math
+import re
+import secrets
+
+from aggwire.constants import MAX_WORKERS_PER_JOB, NUM_SLOTS
+from controller.errors import InvalidArgument
+from p4rtproto.codec import int_to_mac, ipv4_to_int, mac_to_int
+
+CODEC_PATTERN = re.compile(r"^[A-Za-z0-9_.+-]{1,64}$")
+MAX_SWITCH_PORT = 511  # bit<9>
+DEFAULT_WAIT = 30.0
+MAX_WAIT = 300.0
+
+
+def check_name(name: str) -> str:
+    """A job name: 1..64 printable characters."""
+    if not 1 <= len(name) <= 64 or not name.isprintable():
+        raise InvalidArgument(f"name: expected 1..64 printable characters, got {name!r}")
+    return name
+
+
+def check_codec(codec: str) -> str:
+    """A codec name: 1..64 of [A-Za-z0-9_.+-]."""
+    if not CODEC_PATTERN.match(codec):
+        raise InvalidArgument(f"codec: expected 1..64 of [A-Za-z0-9_.+-], got {codec!r}")
+    return codec
+
+
+def check_world_size(world_size: int) -> int:
+    """Ranks in a job: 1..32 (one bit each in the slot's seen bitmap)."""
+    if not 1 <= world_size <= MAX_WORKERS_PER_JOB:
+        raise InvalidArgument(f"world_size: {world_size} outside 1..{MAX_WORKERS_PER_JOB}")
+    return world_size
+
+
+def check_window(window: int, default: int) -> int:
+    """Slots requested: 0 means the default, else 1..NUM_SLOTS."""
+    if window == 0:
+        return default
+    if not 1 <= window <= NUM_SLOTS:
+        raise InvalidArgument(f"window: {window} slots outside 1..{NUM_SLOTS} (0: the default, {default})")
+    return window
+
+
+def check_rank(rank: int, world_size: int = MAX_WORKERS_PER_JOB) -> int:
+    """A rank of the job: 0..world_size-1."""
+    if not 0 <= rank < world_size:
+        raise InvalidArgument(f"rank: {rank} outside the job's ranks 0..{world_size - 1}")
+    return rank
+
+
+def check_mac(mac: str) -> str:
+    """A MAC address, returned in canonical lower-case colon form."""
+    try:
+        return int_to_mac(mac_to_int(mac))
+    except ValueError:
+        raise InvalidArgument(f"mac: not a MAC address: {mac!r}") from None
+
+
+def check_ip(ip: str) -> str:
+    """A dotted-quad IPv4 unicast address."""
+    try:
+        value = ipv4_to_int(ip)
+    except ValueError:
+        raise InvalidArgument(f"ip: not an IPv4 address: {ip!r}") from None
+    if value == 0 or value == 0xFFFFFFFF or value >> 28 == 0xE:
+        raise InvalidArgument(f"ip: {ip} is not a unicast host address")
+    return ip
+
+
+def check_udp_port(port: int) -> int:
+    """The worker's UDP port: 1..65535."""
+    if not 1 <= port <= 65535:
+        raise InvalidArgument(f"udp_port: {port} outside 1..65535")
+    return port
+
+
+def check_switch_port(port: int) -> int:
+    """A switch port: 0..511."""
+    if not 0 <= port <= MAX_SWITCH_PORT:
+        raise InvalidArgument(f"switch_port: {port} outside 0..{MAX_SWITCH_PORT}")
+    return port
+
+
+def check_timeout(timeout: float) -> float:
+    """WaitReady's timeout: 0 means 30 s, else (0, 300] seconds."""
+    if timeout == 0:
+        return DEFAULT_WAIT
+    if not math.isfinite(timeout) or not 0 < timeout <= MAX_WAIT:
+        raise InvalidArgument(f"timeout_s: {timeout} outside (0, {MAX_WAIT:g}] (0: {DEFAULT_WAIT:g} s)")
+    return timeout
+
+
+def new_token() -> tuple[str, str]:
+    """A fresh job token and the hash that is stored instead of it."""
+    token = secrets.token_urlsafe(24)
+    return token, hash_token(token)
+
+
+def hash_token(token: str) -> str:
+    """SHA-256 of the token, hex."""
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def token_matches(token: str, token_hash: str) -> bool:
+    """Constant-time comparison of a presented token with the stored hash."""
+    return hmac.compare_digest(hash_token(token), token_hash)

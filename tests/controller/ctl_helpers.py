@@ -1,0 +1,162 @@
+"""Helpers of the controller tests: a switch target (the reference switch in-process, always;
+BMv2 as a subprocess when simple_switch_grpc is installed) that can be restarted on the same
+port, controller configurations, an in-process controller with its client, and readers of
+what a switch really holds."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from aggwire import p4names
+from controller.client import ControllerClient
+from controller.config import ControllerConfig, parse_config
+from controller.service import ControllerServer
+from controller.switch_connection import SwitchConnection
+from refswitch.switch import ReferenceSwitch
+from testnet.switch_process import bmv2_available, free_port, switch_command
+
+SWITCH_MAC = "02:00:00:00:00:fe"
+SERVICE_IP = "10.0.0.254"
+HOSTS = [{"ip": f"10.0.0.{i + 1}", "mac": f"02:00:00:00:01:{i + 1:02x}", "port": i + 1} for i in range(4)]
+TIMING = {"heartbeat_interval": 0.5, "lease": 3.0, "join_timeout": 10.0}
+TARGETS = [
+    pytest.param("refswitch", id="refswitch"),
+    pytest.param("bmv2", id="bmv2", marks=pytest.mark.skipif(
+        not bmv2_available(), reason="simple_switch_grpc is not installed (BMv2 is built by hand, "
+                                     "see docs/bmv2.md); the reference switch ran instead")),
+]
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float = 10.0, what: str = "condition") -> Any:
+    """Poll until predicate() is truthy; its value, or AssertionError after timeout."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.05)
+
+
+class SwitchUnderTest:
+    """A switch on a fixed P4Runtime port that can be stopped and started again (losing its state)."""
+
+    def __init__(self, target: str, workdir: Path) -> None:
+        self.target, self.workdir = target, workdir
+        self.port = free_port()
+        self.address = f"127.0.0.1:{self.port}"
+        self.refswitch: ReferenceSwitch | None = None
+        self.proc: subprocess.Popen | None = None
+        self.starts = 0
+        self.start()
+
+    def start(self) -> None:
+        """Start the switch without a pipeline."""
+        self.starts += 1
+        if self.target == "refswitch":
+            self.refswitch = ReferenceSwitch({}, self.address)
+            self.refswitch.start()
+            return
+        log = open(self.workdir / f"bmv2-{self.starts}.log", "wb")
+        self.proc = subprocess.Popen(switch_command("bmv2", {}, self.port), stdout=log, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, start_new_session=True)
+        log.close()
+
+        def listening() -> bool:
+            assert self.proc is not None and self.proc.poll() is None, "simple_switch_grpc exited"
+            try:
+                grpc.channel_ready_future(grpc.insecure_channel(self.address)).result(timeout=0.2)
+                return True
+            except grpc.FutureTimeoutError:
+                return False
+        wait_for(listening, 20, "simple_switch_grpc to listen")
+
+    @property
+    def running(self) -> bool:
+        """True while the switch process (or in-process server) runs."""
+        return self.refswitch is not None or (self.proc is not None and self.proc.poll() is None)
+
+    def stop(self) -> None:
+        """Stop the switch (by PID for BMv2)."""
+        if self.refswitch is not None:
+            self.refswitch.close()
+            self.refswitch = None
+        if self.proc is not None:
+            if self.proc.poll() is None:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
+            self.proc = None
+
+    def restart(self) -> None:
+        """A switch reboot: same address, no pipeline, no entries."""
+        self.stop()
+        self.start()
+
+
+def config_dict(switches: list[tuple[str, str, list[dict]]], tmp_path: Path, **controller: Any) -> dict:
+    """A configuration document: (name, address, hosts) per switch, 10.0.<i>.254 service IPs."""
+    ctl = {"listen": "127.0.0.1:0", "database": str(tmp_path / "controller.db"), **TIMING, **controller}
+    return {"controller": ctl, "switch": [
+        {"name": name, "address": address, "mac": SWITCH_MAC, "service_ip": f"10.0.{100 + i}.254", "timeout": 1.0,
+         "hosts": hosts} for i, (name, address, hosts) in enumerate(switches)]}
+
+
+def make_config(address: str, tmp_path: Path, **controller: Any) -> ControllerConfig:
+    """One switch 's1' at address with HOSTS, short leases."""
+    doc = config_dict([("s1", address, HOSTS)], tmp_path, **controller)
+    doc["switch"][0]["service_ip"] = SERVICE_IP
+    return parse_config(doc, tmp_path)
+
+
+class RunningController:
+    """An in-process controller and a client of it."""
+
+    def __init__(self, config: ControllerConfig) -> None:
+        self.config = config
+        self.server = ControllerServer(config, poll_interval=0.05, max_backoff=0.3)
+        self.port = self.server.start()
+        self.address = f"127.0.0.1:{self.port}"
+        self.client = ControllerClient(self.address, timeout=5.0)
+        self.manager = self.server.manager
+
+    def wait_synced(self, timeout: float = 10.0) -> None:
+        """Until every switch is connected and reconciled."""
+        wait_for(lambda: all(s.connected for s in self.client.status().switches), timeout, "switches to sync")
+
+    def stop(self) -> None:
+        self.client.close()
+        self.server.stop(0)
+
+
+def job_state(conn: SwitchConnection) -> dict[str, Any]:
+    """What the switch holds for jobs: job_table by job id, worker/rewrite keys, multicast groups."""
+    def ranks(table: str) -> list[tuple]:
+        return sorted((e.match["hdr.agg.job_id"], e.match["hdr.agg.rank"]) for e in conn.read_entries(table))
+
+    jobs = {e.match["hdr.agg.job_id"]: e.params for e in conn.read_entries(p4names.JOB_TABLE)}
+    return {"jobs": jobs, "workers": ranks(p4names.WORKER_TABLE), "rewrites": ranks(p4names.RESULT_REWRITE),
+            "groups": conn.read_multicast_groups()}
+
+
+def join_all(client: ControllerClient, job: Any, hosts: list[dict], udp_base: int = 41000) -> list[Any]:
+    """Join every rank of a job from hosts[rank]; returns the JoinJob responses."""
+    return [client.join(job.job_id, job.token, rank, h["mac"], h["ip"], udp_base + rank, h["port"])
+            for rank, h in enumerate(hosts)]
+
+
+def rpc_code(call: Callable[[], Any]) -> tuple[grpc.StatusCode, str]:
+    """Run a call that must fail; its status code and details."""
+    with pytest.raises(grpc.RpcError) as info:
+        call()
+    return info.value.code(), info.value.details()
+

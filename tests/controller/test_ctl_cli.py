@@ -1,0 +1,106 @@
+"""aggctl against a running controller: every command with --json (what scripts rely on) and as
+a table, its errors, and --help with an example for each command."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from ctl_helpers import HOSTS, make_config
+
+from controller.cli import COMMANDS, main
+from testnet.switch_process import free_port
+
+
+@pytest.fixture
+def running(refswitch, tmp_path, start_controller):
+    ctl = start_controller(make_config(refswitch.address, tmp_path, lease=30.0, heartbeat_interval=5.0))
+    job = ctl.client.create_job("cli-job", 2, "dense", window=32)
+    for rank, h in enumerate(HOSTS[:2]):
+        ctl.client.join(job.job_id, job.token, rank, h["mac"], h["ip"], 41000 + rank, h["port"])
+    return ctl, job
+
+
+def run(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def run_json(capsys, ctl, *argv: str):
+    code, out, err = run(capsys, "--controller", ctl.address, *argv, "--json")
+    assert code == 0, err
+    return json.loads(out)
+
+
+def test_json_output(running, capsys):
+    ctl, job = running
+    status = run_json(capsys, ctl, "status")
+    assert status["active_jobs"] == 1 and status["listen"] == ctl.address
+    [sw] = status["switches"]
+    assert sw["name"] == "s1" and sw["connected"] is True and sw["slots_used"] == 32
+    [j] = run_json(capsys, ctl, "jobs")["jobs"]
+    assert (j["job_id"], j["name"], j["state"], j["joined"]) == (job.job_id, "cli-job", "ready", 2)
+    assert [w["rank"] for w in j["workers"]] == [0, 1]
+    ranges = run_json(capsys, ctl, "pools")["ranges"]
+    assert [(r["base"], r["size"], r["job_id"]) for r in ranges] == [(0, 32, job.job_id), (32, 4064, 0)]
+    [counters] = run_json(capsys, ctl, "counters", "--job", str(job.job_id))["switches"]
+    assert counters["jobs"][0]["job_id"] == job.job_id and len(counters["jobs"][0]["workers"]) == 2
+    assert counters["jobs"][0]["packets"] == 0  # a number, not proto3 JSON's string
+    assert {d["name"] for d in counters["ingress_drops"]} >= {"UNKNOWN_JOB", "WRONG_PORT"}
+    released = run_json(capsys, ctl, "release", str(job.job_id))
+    assert released["state"] == "ended" and released["end_reason"] == "released by the operator"
+    assert run_json(capsys, ctl, "jobs")["jobs"] == []
+    assert run_json(capsys, ctl, "jobs", "--all")["jobs"][0]["job_id"] == job.job_id
+
+
+def test_tables(running, capsys):
+    ctl, job = running
+    code, out, _ = run(capsys, "--controller", ctl.address, "status")
+    assert code == 0 and "SWITCH" in out and "CONNECTED" in out and "32/4096" in out
+    code, out, _ = run(capsys, "jobs", "--ranks", "--controller", ctl.address)  # options after the command too
+    assert code == 0 and "cli-job" in out and "ready" in out and "0..31" in out and "LEASE LEFT" in out
+    code, out, _ = run(capsys, "--controller", ctl.address, "pools")
+    assert code == 0 and f"job {job.job_id} (cli-job)" in out and "32..4095" in out and "free" in out
+    code, out, _ = run(capsys, "--controller", ctl.address, "counters", "--zero")
+    assert code == 0 and "UNKNOWN_JOB" in out and "CONTRIBUTION" in out and "cli-job" in out
+    code, out, _ = run(capsys, "--controller", ctl.address, "release", str(job.job_id))
+    assert code == 0 and f"released job {job.job_id}" in out
+
+
+def test_errors_are_one_line(running, capsys):
+    ctl, _ = running
+    code, out, err = run(capsys, "--controller", ctl.address, "release", "999")
+    assert code == 1 and out == "" and err.strip() == "aggctl: NOT_FOUND: no job 999"
+    code, _, err = run(capsys, "--controller", f"127.0.0.1:{free_port()}", "--timeout", "0.5", "status")
+    assert code == 1 and "UNAVAILABLE" in err and "no controller answers" in err
+
+
+def test_serve_refuses_a_bad_config(tmp_path, capsys):
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[controller]\nlease = 1.0\nheartbeat_interval = 1.0\n[[switch]]\nname = "s1"\n')
+    assert main(["serve", "--config", str(bad)]) == 2
+    assert "missing key 'address'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", list(COMMANDS))
+def test_help_explains_each_command_with_an_example(command, capsys):
+    with pytest.raises(SystemExit) as info:
+        main([command, "--help"])
+    assert info.value.code == 0
+    out = capsys.readouterr().out
+    assert "Example" in out and f"aggctl {command}" in out.replace("aggctl --controller 10.0.0.5:50051", "aggctl")
+
+
+def test_installed_script_and_module(refswitch):
+    script = Path(sys.executable).with_name("aggctl")
+    out = subprocess.run([str(script), "--help"], capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0 and "serve" in out.stdout and "counters" in out.stdout
+    shell = subprocess.run([sys.executable, "-m", "controller", "shell", "--switch", refswitch.address],
+                           input="print('PUSHED', push())\nprint('ROUTES', len(entries(p4names.IPV4_LPM)))\n",
+                           capture_output=True, text=True, timeout=30)
+    assert shell.returncode == 0, shell.stderr
+    assert "PUSHED None" in shell.stdout and "ROUTES 0" in shell.stdout and "P4Runtime shell" in shell.stderr

@@ -1,0 +1,103 @@
+"""The configuration file: the shipped example parses, and each kind of mistake is an error that
+names the key."""
+
+from __future__ import annotations
+
+import copy
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from controller.config import ConfigError, load_config, parse_config
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "controller" / "example.toml"
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "controller.md"
+
+
+def test_example_parses():
+    cfg = load_config(EXAMPLE)
+    assert cfg.listen == "127.0.0.1:50051" and cfg.lease == 10.0 and cfg.heartbeat_interval == 2.0
+    [sw] = cfg.switches
+    assert (sw.name, sw.address, sw.election_id, sw.service_ip) == ("s1", "127.0.0.1:9559", 10, "10.0.0.254")
+    assert [(h.ip, h.port) for h in sw.hosts] == [("10.0.0.1", 1), ("10.0.0.2", 2)]
+    assert sw.host_by_ip("10.0.0.2").mac == "02:00:00:00:01:02" and sw.host_by_ip("10.0.0.3") is None
+    assert cfg.switch("s1") is sw and cfg.switch("s2") is None
+
+
+def test_docs_show_the_example():
+    assert EXAMPLE.read_text().split("\n", 2)[2] in DOCS.read_text()
+
+
+def test_relative_database_is_next_to_the_file(tmp_path):
+    doc = tomllib.loads(EXAMPLE.read_text())
+    doc["controller"]["database"] = "state/ctl.db"
+    assert parse_config(doc, tmp_path).database == tmp_path / "state" / "ctl.db"
+    del doc["controller"]
+    cfg = parse_config(doc, tmp_path)
+    assert cfg.database == tmp_path / "homagg-controller.db" and cfg.default_window == 64
+
+
+def _set(path: str, value):
+    def mutate(doc):
+        node = doc
+        *parents, last = path.split(".")
+        for p in parents:
+            node = node[int(p)] if p.isdigit() else node[p]
+        if value is KeyError:
+            del node[last]
+        else:
+            node[last] = value
+    return mutate
+
+
+BAD = {
+    "no switch": (_set("switch", []), "no [[switch]]"),
+    "missing address": (_set("switch.0.address", KeyError), "missing key 'address'"),
+    "unknown key": (_set("controller.leese", 3.0), "unknown key(s) leese"),
+    "bad mac": (_set("switch.0.mac", "02:00:00"), "switch[0].mac"),
+    "bad service ip": (_set("switch.0.service_ip", "10.0.0.300"), "switch[0].service_ip"),
+    "bad host ip": (_set("switch.0.hosts.1.ip", "nope"), "hosts[1].ip"),
+    "host port range": (_set("switch.0.hosts.0.port", 512), "hosts[0].port: 512 outside 0..511"),
+    "host port missing": (_set("switch.0.hosts.0.port", KeyError), "missing key 'port'"),
+    "duplicate host": (_set("switch.0.hosts.1.ip", "10.0.0.1"), "10.0.0.1 is listed twice"),
+    "service ip is a host": (_set("switch.0.service_ip", "10.0.0.2"), "also a host's address"),
+    "bad address": (_set("switch.0.address", "localhost"), "expected HOST:PORT"),
+    "port 0 for a switch": (_set("switch.0.address", "127.0.0.1:0"), "expected HOST:PORT"),
+    "bad name": (_set("switch.0.name", "s 1"), "is not 1..32"),
+    "wrong type": (_set("controller.lease", "10"), "controller.lease: expected int or float"),
+    "bool is not a number": (_set("switch.0.device_id", True), "device_id: expected int"),
+    "negative seconds": (_set("controller.heartbeat_interval", -1), "positive number of seconds"),
+    "lease too short": (_set("controller.lease", 3.0), "at least twice"),
+    "window too big": (_set("controller.default_window", 5000), "default_window: 5000 outside 1..4096"),
+    "election id 0": (_set("switch.0.election_id", 0), "election_id: 0 outside"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD))
+def test_mistakes_name_the_key(case, tmp_path):
+    mutate, fragment = BAD[case]
+    doc = copy.deepcopy(tomllib.loads(EXAMPLE.read_text()))
+    mutate(doc)
+    with pytest.raises(ConfigError) as info:
+        parse_config(doc, tmp_path)
+    assert fragment in str(info.value)
+
+
+def test_two_switches_need_distinct_names_and_addresses(tmp_path):
+    doc = tomllib.loads(EXAMPLE.read_text())
+    doc["switch"].append(copy.deepcopy(doc["switch"][0]))
+    with pytest.raises(ConfigError, match="two switches have name 's1'"):
+        parse_config(doc, tmp_path)
+    doc["switch"][1]["name"] = "s2"
+    with pytest.raises(ConfigError, match="two switches have address"):
+        parse_config(doc, tmp_path)
+
+
+def test_unreadable_and_invalid_files(tmp_path):
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_config(tmp_path / "missing.toml")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[controller\n")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_config(bad)

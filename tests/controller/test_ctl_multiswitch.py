@@ -1,0 +1,73 @@
+"""Several switches under one controller: a job lives on the switch of its workers; a job
+whose workers sit on different switches is refused (multi-switch jobs are out of scope)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import grpc
+import pytest
+from ctl_helpers import HOSTS, SwitchUnderTest, config_dict, job_state, rpc_code
+
+from controller.config import parse_config
+from controller.switch_connection import SwitchConnection
+
+S1_HOSTS, S2_HOSTS = HOSTS[:2], HOSTS[2:]
+
+
+@pytest.fixture
+def two(tmp_path: Path, start_controller):
+    switches = [SwitchUnderTest("refswitch", tmp_path), SwitchUnderTest("refswitch", tmp_path)]
+    doc = config_dict([("s1", switches[0].address, S1_HOSTS), ("s2", switches[1].address, S2_HOSTS)], tmp_path)
+    ctl = start_controller(parse_config(doc, tmp_path))
+    readers = []
+    for i, sw in enumerate(switches):
+        conn = SwitchConnection(sw.address, election_id=1, timeout=3.0)
+        conn.connect(require_primary=False)
+        readers.append(conn)
+    yield ctl, readers
+    for conn in readers:
+        conn.close()
+    for sw in switches:
+        sw.stop()
+
+
+def join(c, job, rank, host, udp=41000):
+    return c.join(job.job_id, job.token, rank, host["mac"], host["ip"], udp + rank, host["port"])
+
+
+def test_job_goes_to_the_switch_of_its_workers(two):
+    ctl, (r1, r2) = two
+    c = ctl.client
+    job = c.create_job("on-s2", 2, "dense", window=32)
+    assert job.switch == "" and job.pool_size == 0  # not known until a worker joins
+    join(c, job, 0, S2_HOSTS[0])
+    join(c, job, 1, S2_HOSTS[1])
+    [info] = c.list_jobs().jobs
+    assert (info.switch, info.state, info.pool_size) == ("s2", "ready", 32)
+    assert list(job_state(r2)["jobs"]) == [job.job_id] and job_state(r1)["jobs"] == {}
+    pinned = c.create_job("pinned", 1, "dense", window=8, switch="s1")
+    assert pinned.switch == "s1" and pinned.pool_size == 8
+    assert {(s.name, s.slots_used, s.jobs) for s in c.status().switches} == {("s1", 8, 1), ("s2", 32, 1)}
+
+
+def test_workers_on_two_switches_are_refused(two):
+    ctl, (r1, r2) = two
+    c = ctl.client
+    job = c.create_job("split", 2, "dense")
+    join(c, job, 0, S1_HOSTS[0])
+    code, details = rpc_code(lambda: join(c, job, 1, S2_HOSTS[0]))
+    assert code == grpc.StatusCode.FAILED_PRECONDITION and "several switches" in details
+    assert c.list_jobs().jobs[0].joined == 1
+
+
+def test_unknown_host_cannot_choose_the_switch(two):
+    ctl, _ = two
+    c = ctl.client
+    job = c.create_job("where", 1, "dense")
+    stranger = {"mac": "02:00:00:00:0a:0a", "ip": "10.9.9.9", "port": 7}
+    code, details = rpc_code(lambda: join(c, job, 0, stranger))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "name the switch" in details
+    assert c.list_jobs().jobs[0].switch == ""
+    pinned = c.create_job("there", 1, "dense", switch="s2")
+    assert join(c, pinned, 0, stranger).ready  # hosts outside the topology are fine once the switch is known
