@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import Any
 
 from controller.aggregation import JobEntries, Worker
 
@@ -103,5 +104,10 @@ class Assignment:
     pool_size: int
     cells_per_packet: int
     codec: str
-    heartbeat_interval: float
-    lease: float
+    heartbeat_interval_s: float
+    lease_s: float
+
+    @classmethod
+    def from_message(cls, msg: Any) -> "Assignment":
+        """From the protobuf Assignment (same field names), e.g. on the worker's side."""
+        return cls(**{f: getattr(msg, f) for f in cls.__dataclass_fields__})

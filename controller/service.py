@@ -4,6 +4,8 @@ own code, anything unexpected as INTERNAL (logged here with its traceback, never
 
 from __future__ import annotations
 
+import dataclasses
+
 import functools
 import importlib.metadata
 import logging
@@ -106,10 +108,7 @@ class ControllerService(jobs_pb2_grpc.ControllerServicer):
         if remaining is not None and 0 < remaining - 0.2 < timeout:
             timeout = remaining - 0.2  # answer DEADLINE_EXCEEDED ourselves, naming the missing ranks
         a = self.m.wait_ready(request.job_id, request.token, request.rank, timeout, context.is_active)
-        return pb.Assignment(job_id=a.job_id, rank=a.rank, world_size=a.world_size, switch=a.switch,
-                             service_ip=a.service_ip, udp_port=a.udp_port, switch_mac=a.switch_mac,
-                             pool_size=a.pool_size, cells_per_packet=a.cells_per_packet, codec=a.codec,
-                             heartbeat_interval_s=a.heartbeat_interval, lease_s=a.lease)
+        return pb.Assignment(**dataclasses.asdict(a))
 
     @_guard
     def Heartbeat(self, request: Any, context: grpc.ServicerContext) -> Any:

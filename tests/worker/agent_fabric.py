@@ -1,0 +1,117 @@
+"""Helpers of the agent, hook and training tests: an in-process controller managing either a
+port-less in-process reference switch (control plane only, no privileges) or a fabric's
+switch with hosts in namespaces (data plane), and agent configurations for its hosts."""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from controller.client import ControllerClient
+from controller.config import ControllerConfig, parse_config
+from controller.service import ControllerServer
+from refswitch.switch import ReferenceSwitch
+from testnet.fabric import SERVICE_IP, SWITCH_MAC, Fabric
+from testnet.namespace import in_namespace
+from testnet.switch_process import free_port
+from worker.agent import AgentConfig
+
+TIMING = {"heartbeat_interval": 0.2, "lease": 3.0, "join_timeout": 60.0}
+UDP_BASE = 41000
+
+
+def hosts(n: int) -> list[dict[str, Any]]:
+    """The fabric's host addressing (testnet.fabric): 10.0.0.<i+1>, port i+1."""
+    return [{"ip": f"10.0.0.{i + 1}", "mac": f"02:00:00:00:01:{i + 1:02x}", "port": i + 1} for i in range(n)]
+
+
+def controller_config(switch_address: str, tmp_path: Path, n: int) -> ControllerConfig:
+    """One switch s1 with n hosts, short heartbeats."""
+    doc = {"controller": {"listen": "127.0.0.1:0", "database": str(tmp_path / "controller.db"), **TIMING},
+           "switch": [{"name": "s1", "address": switch_address, "mac": SWITCH_MAC, "service_ip": SERVICE_IP,
+                       "timeout": 1.0, "hosts": hosts(n)}]}
+    return parse_config(doc, tmp_path)
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
+    """Poll until truthy; AssertionError after timeout."""
+    deadline = time.monotonic() + timeout
+    while not (value := predicate()):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.05)
+    return value
+
+
+def free_port_udp() -> int:
+    """A UDP port on 127.0.0.1 that nobody uses right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Controlled:
+    """An in-process controller over one switch; `fabric` is set for data-plane setups."""
+
+    def __init__(self, tmp_path: Path, n: int, fabric: bool) -> None:
+        self.fabric: Fabric | None = None
+        self.refswitch: ReferenceSwitch | None = None
+        self.server: ControllerServer | None = None
+        try:
+            if fabric:
+                self.fabric = Fabric("refswitch", n, tmp_path)
+                for h in self.fabric.hosts:
+                    h.enable_ip_stack()
+                self.fabric.conn.close()  # the controller becomes the primary
+                self.fabric.conn = None
+                address = self.fabric.switch.address
+            else:
+                address = f"127.0.0.1:{free_port()}"
+                self.refswitch = ReferenceSwitch({}, address)
+                self.refswitch.start()
+            self.server = ControllerServer(controller_config(address, tmp_path, n), poll_interval=0.05,
+                                           max_backoff=0.3)
+            self.address = f"127.0.0.1:{self.server.start()}"
+            self.client = ControllerClient(self.address, timeout=5.0)
+            wait_for(lambda: all(s.connected for s in self.client.status().switches), 15, "the switch to sync")
+        except BaseException:
+            self.close()
+            raise
+
+    def create(self, world: int, codec: str = "lossless", window: int = 16) -> Any:
+        """A new job."""
+        return self.client.create_job("t", world_size=world, codec=codec, window=window)
+
+    def agent_config(self, job: Any, rank: int, **kw: Any) -> AgentConfig:
+        """Rank `rank` on host `rank` of the fabric."""
+        h = hosts(rank + 1)[rank]
+        fields = dict(controller=self.address, job_id=job.job_id, token=job.token, rank=rank, ip=h["ip"],
+                      udp_port=UDP_BASE + rank, switch_port=h["port"], mac=h["mac"], ready_timeout=15.0)
+        if self.fabric is None:  # no namespaces: a loopback socket (the data plane is not used)
+            fields.update(ip="127.0.0.1", udp_port=free_port_udp())
+        fields.update(kw)
+        return AgentConfig(**fields)
+
+    def socket_factory(self, rank: int) -> Callable[[], socket.socket]:
+        """Makes rank's UDP socket inside its host namespace (fabric) or here."""
+        ns = self.fabric.hosts[rank].namespace if self.fabric is not None else None
+
+        def make() -> socket.socket:
+            if ns is None:
+                return socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            with in_namespace(ns):
+                return socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        return make
+
+    def close(self) -> None:
+        """Stop the controller and the switch, remove the fabric."""
+        if self.server is not None:
+            self.client.close()
+            self.server.stop(0)
+        if self.refswitch is not None:
+            self.refswitch.close()
+        if self.fabric is not None:
+            self.fabric.close()

@@ -1,0 +1,132 @@
+"""The worker agent against an in-process controller: join, assignment, heartbeats, leave,
+clear errors; and through a fabric's switch (namespaces), exact sums with the transport
+built from the assignment."""
+
+from __future__ import annotations
+
+import threading
+
+import grpc
+import numpy as np
+import pytest
+from agent_fabric import Controlled, wait_for
+
+from aggwire.constants import AGG_UDP_PORT, Op
+from testnet.namespace import have_privileges
+from worker.agent import AgentConfig, AgentError, WorkerAgent, open_agent
+
+needs_root = pytest.mark.skipif(not have_privileges(), reason="needs root and iproute2 (network namespaces)")
+
+
+@pytest.fixture(scope="module")
+def ctl(tmp_path_factory):
+    c = Controlled(tmp_path_factory.mktemp("agent-ctl"), 2, fabric=False)
+    yield c
+    c.close()
+
+
+@pytest.fixture(scope="module")
+def fab(tmp_path_factory):
+    if not have_privileges():
+        pytest.skip("needs root and iproute2 (network namespaces)")
+    c = Controlled(tmp_path_factory.mktemp("agent-fabric"), 2, fabric=True)
+    yield c
+    c.close()
+
+
+def open_all(c: Controlled, job, world: int, **kw) -> list[WorkerAgent]:
+    """Open one agent per rank concurrently (WaitReady blocks until all joined)."""
+    agents: list = [None] * world
+    errors: list = []
+
+    def run(r: int) -> None:
+        try:
+            agents[r] = WorkerAgent(c.agent_config(job, r, **kw), c.socket_factory(r))
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+    threads = [threading.Thread(target=run, args=(r,)) for r in range(world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    if errors or any(t.is_alive() for t in threads):
+        for a in agents:
+            if a is not None:
+                a.close()
+        raise errors[0] if errors else AssertionError("an agent hung")
+    return agents
+
+
+def test_join_assignment_heartbeat_and_leave(ctl):
+    job = ctl.create(2, codec="lossless", window=8)
+    agents = open_all(ctl, job, 2)
+    try:
+        for r, a in enumerate(agents):
+            asg = a.assignment
+            assert (asg.job_id, asg.rank, asg.world_size, asg.pool_size) == (job.job_id, r, 2, 8)
+            assert asg.service_ip == "10.0.0.254" and asg.udp_port == AGG_UDP_PORT and asg.codec == "lossless"
+            cfg = a.transport.config
+            assert (cfg.job_id, cfg.rank, cfg.world_size, cfg.window) == (job.job_id, r, 2, 8)
+            assert a.healthy
+        wait_for(lambda: all(a.heartbeats >= 2 for a in agents), 5, "two heartbeats per rank")
+    finally:
+        for a in agents:
+            a.close()
+    assert not any(j.job_id == job.job_id for j in ctl.client.list_jobs().jobs)  # every rank left
+    assert all(not a.healthy for a in agents)
+
+
+def test_released_job_marks_the_agent_unhealthy_without_crashing(ctl):
+    job = ctl.create(1, window=4)
+    with WorkerAgent(ctl.agent_config(job, 0)) as agent:
+        assert agent.healthy
+        ctl.client.release(job.job_id)
+        wait_for(lambda: not agent.healthy, 5, "the agent to notice")
+        assert "FAILED_PRECONDITION" in agent.unhealthy_reason
+        failures = agent.heartbeat_failures
+        wait_for(lambda: agent.heartbeat_failures > failures, 5, "the heartbeat thread to keep running")
+        assert not agent.healthy  # a job that ended does not come back
+
+
+def test_bad_token_is_a_clear_error(ctl):
+    job = ctl.create(1)
+    cfg = ctl.agent_config(job, 0, token="not-the-token")
+    with pytest.raises(AgentError, match="JoinJob failed .*UNAUTHENTICATED") as info:
+        WorkerAgent(cfg)
+    assert info.value.code == grpc.StatusCode.UNAUTHENTICATED
+    ctl.client.release(job.job_id)
+
+
+def test_unreachable_controller_is_a_clear_error():
+    cfg = AgentConfig(controller="127.0.0.1:1", job_id=1, token="x", rank=0, ip="127.0.0.1", udp_port=1,
+                      switch_port=1, mac="02:00:00:00:01:01", rpc_timeout=2.0)
+    agent, reason = open_agent(cfg)
+    assert agent is None and ("UNAVAILABLE" in reason or "DEADLINE_EXCEEDED" in reason)
+
+
+def test_missing_ranks_time_out_clearly(ctl):
+    job = ctl.create(2)
+    agent, reason = open_agent(ctl.agent_config(job, 0, ready_timeout=0.5))
+    assert agent is None and "WaitReady failed" in reason and "DEADLINE_EXCEEDED" in reason
+    ctl.client.release(job.job_id)
+
+
+@needs_root
+def test_agents_aggregate_through_the_switch(fab):
+    job = fab.create(2, window=8)
+    agents = open_all(fab, job, 2)
+    rng = np.random.default_rng(1)
+    parts = [rng.integers(-2**20, 2**20, 3000).astype(np.int32) for _ in range(2)]
+    out: list = [None, None]
+    try:
+        threads = [threading.Thread(target=lambda r=r: out.__setitem__(
+            r, agents[r].transport.allreduce(Op.ADD, parts[r]))) for r in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(20)
+    finally:
+        for a in agents:
+            a.close()
+    for r in range(2):
+        np.testing.assert_array_equal(out[r], parts[0] + parts[1])

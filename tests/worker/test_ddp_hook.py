@@ -1,0 +1,175 @@
+"""The DDP hook in one process (gloo, world size 1) with fake buckets and a fake agent whose
+transport simulates the switch: switch path, averaging, bucket rebuilds, the fallback (warned
+once, counted, chunks realigned, retried after the cool-down) and pickling."""
+
+from __future__ import annotations
+
+import pickle
+import warnings
+from dataclasses import dataclass, field
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+
+from worker.codecs.simulate import drive
+from worker.ddp_hook import SwitchHookState, switch_allreduce_hook
+from worker.transport import TransportError, TransportStats
+
+
+@pytest.fixture(scope="module", autouse=True)
+def gloo(tmp_path_factory):
+    store = dist.FileStore(str(tmp_path_factory.mktemp("gloo") / "store"), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+class FakeTransport:
+    """Drives codec generators like a switch with one worker; fails while `broken`."""
+
+    def __init__(self) -> None:
+        self.next_chunk = 0
+        self.stats = TransportStats()
+        self.broken = False
+        self.runs = 0
+
+    def run(self, gen):
+        self.runs += 1
+        if self.broken:
+            self.next_chunk += 3  # it got somewhere before timing out
+            gen.close()
+            raise TransportError("no result for chunk 3 of job 1 after 12 retransmissions")
+        self.next_chunk += 1
+        self.stats.packets_sent += 1
+        return drive([gen])[0]
+
+
+@dataclass
+class FakeAgent:
+    transport: FakeTransport = field(default_factory=FakeTransport)
+    healthy: bool = True
+    unhealthy_reason: str = ""
+
+
+class Bucket:
+    """What the hook uses of dist.GradBucket."""
+
+    def __init__(self, tensor: torch.Tensor, index: int = 0, last: bool = True) -> None:
+        self._t, self._i, self._last = tensor, index, last
+
+    def buffer(self) -> torch.Tensor:
+        return self._t
+
+    def index(self) -> int:
+        return self._i
+
+    def is_last(self) -> bool:
+        return self._last
+
+
+def sparse_grad(n: int, seed: int) -> torch.Tensor:
+    rng = np.random.default_rng(seed)
+    x = np.zeros(n, np.float32)
+    idx = rng.choice(n, max(1, n // 20), replace=False)
+    x[idx] = rng.normal(size=idx.size)
+    return torch.from_numpy(x)
+
+
+@pytest.mark.parametrize("codec", ["lossless", "fixed_point"])
+def test_switch_path_returns_the_sum_divided_by_world(codec):
+    state = SwitchHookState(FakeAgent(), codec=codec, world_size=1)
+    g = sparse_grad(5000, 1)
+    out = switch_allreduce_hook(state, Bucket(g.clone())).wait()
+    assert out.shape == g.shape and out.dtype == g.dtype
+    torch.testing.assert_close(out, g, rtol=1e-6, atol=1e-7)
+    assert state.stats.switch_buckets == 1 and state.stats.fallback_buckets == 0
+    assert state.stats.agreements == 2  # the first agreement, then the bucket's outcome
+
+
+def test_world_size_divides_and_shapes_dtypes_are_kept():
+    state = SwitchHookState(FakeAgent(), codec="fixed_point", world_size=4)
+    g = torch.linspace(-1, 1, 300, dtype=torch.float64).reshape(3, 100)
+    out = switch_allreduce_hook(state, Bucket(g.clone())).wait()
+    assert out.shape == (3, 100) and out.dtype == torch.float64
+    torch.testing.assert_close(out, g / 4, rtol=1e-6, atol=1e-7)
+
+
+def test_rebuilt_buckets_get_new_codecs():
+    agent = FakeAgent()
+    state = SwitchHookState(agent, codec="lossless", world_size=1)
+    for n in (100, 100, 250):
+        switch_allreduce_hook(state, Bucket(sparse_grad(n, n), index=0)).wait()
+        assert state.codecs[0][0] == n
+    assert agent.transport.runs == 3
+
+
+def test_no_agent_falls_back_to_gloo_and_warns_once():
+    state = SwitchHookState(None, unavailable_reason="pool exhausted: RESOURCE_EXHAUSTED")
+    g = sparse_grad(1000, 2)
+    with pytest.warns(RuntimeWarning, match="pool exhausted"):
+        out = switch_allreduce_hook(state, Bucket(g.clone())).wait()
+    torch.testing.assert_close(out, g)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for _ in range(12):
+            switch_allreduce_hook(state, Bucket(g.clone())).wait()
+    assert state.stats.fallback_buckets == 13 and state.stats.switch_buckets == 0
+
+
+def test_timeout_falls_back_realigns_and_retries_after_cooldown():
+    agent = FakeAgent()
+    state = SwitchHookState(agent, codec="fixed_point", cooldown_steps=2)
+    g = sparse_grad(800, 3)
+    switch_allreduce_hook(state, Bucket(g.clone())).wait()
+    agent.transport.broken = True
+    with pytest.warns(RuntimeWarning, match="timed out"):
+        out = switch_allreduce_hook(state, Bucket(g.clone())).wait()
+    torch.testing.assert_close(out, g)  # the bucket was redone by gloo
+    assert agent.transport.next_chunk == 4  # the agreed (max) counter
+    runs = agent.transport.runs
+    for _ in range(2):  # the cool-down: no switch attempt
+        switch_allreduce_hook(state, Bucket(g.clone())).wait()
+    assert agent.transport.runs == runs
+    agent.transport.broken = False
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # warned once only
+        out = switch_allreduce_hook(state, Bucket(g.clone())).wait()
+    assert agent.transport.runs == runs + 1
+    torch.testing.assert_close(out, g, rtol=1e-6, atol=1e-7)
+    assert state.stats.fallbacks == 1 and state.stats.fallback_buckets == 3
+    assert state.stats.fallback_reasons["the switch timed out (TransportError)"] == 1
+
+
+def test_unhealthy_agent_is_not_used_and_healthy_again_is():
+    agent = FakeAgent(healthy=False, unhealthy_reason="Heartbeat failed: UNAVAILABLE")
+    state = SwitchHookState(agent, codec="lossless", cooldown_steps=0)
+    g = sparse_grad(500, 4)
+    with pytest.warns(RuntimeWarning, match="UNAVAILABLE"):
+        switch_allreduce_hook(state, Bucket(g.clone())).wait()
+    assert agent.transport.runs == 0
+    agent.healthy = True  # cooldown_steps=0: agreed again from the next step
+    switch_allreduce_hook(state, Bucket(g.clone())).wait()
+    assert agent.transport.runs == 1 and state.stats.switch_buckets == 1
+
+
+def test_codec_error_falls_back():
+    state = SwitchHookState(FakeAgent(), codec="fixed_point")
+    g = sparse_grad(500, 5)
+    g[7] = float("nan")
+    with pytest.warns(RuntimeWarning, match="codec error"):
+        out = switch_allreduce_hook(state, Bucket(g.clone())).wait()
+    assert torch.isnan(out[7]) and state.stats.fallbacks == 1
+
+
+def test_state_pickles_without_agent():
+    state = SwitchHookState(FakeAgent(), codec="lossless", world_size=1)
+    switch_allreduce_hook(state, Bucket(sparse_grad(100, 6))).wait()
+    copy = pickle.loads(pickle.dumps(state))
+    assert copy.agent is None and copy.codecs == {} and copy.stats.switch_buckets == 1
+    with pytest.warns(RuntimeWarning, match="unpickled"):
+        switch_allreduce_hook(copy, Bucket(sparse_grad(100, 6))).wait()
+    copy.attach(FakeAgent())
+    switch_allreduce_hook(copy, Bucket(sparse_grad(100, 6))).wait()
+    assert copy.stats.switch_buckets == 2

@@ -1,0 +1,1 @@
+"""The worker agent: gradient codecs and (later) the transport through the switch."""

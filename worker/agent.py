@@ -1,0 +1,195 @@
+"""The worker agent: registers one rank of a job with the controller, opens the UDP channel
+to the switch, builds the transport from the assignment, and keeps the rank's lease alive
+with a heartbeat thread until it leaves (docs/worker.md)."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+
+import grpc
+
+from controller.client import ControllerClient
+from controller.model import Assignment
+from worker.channel import Channel, UdpChannel
+from worker.transport import SwitchTransport, TransportConfig
+
+log = logging.getLogger(__name__)
+
+# Heartbeat answers after which the job cannot come back: the agent stays unhealthy.
+_FATAL_CODES = (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.NOT_FOUND,
+                grpc.StatusCode.UNAUTHENTICATED)
+
+
+class AgentError(RuntimeError):
+    """The controller refused or could not be reached; `code` is the gRPC status (or None)."""
+
+    def __init__(self, message: str, code: grpc.StatusCode | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+
+    @property
+    def pool_exhausted(self) -> bool:
+        """True when the switch had no room for the job's pool (the worker falls back)."""
+        return self.code == grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    """Where the controller is, which job and rank, and this worker's addresses."""
+
+    controller: str
+    job_id: int
+    token: str
+    rank: int
+    ip: str
+    udp_port: int
+    switch_port: int
+    mac: str = ""              # empty: read from /sys/class/net/<iface>/address
+    iface: str = ""
+    ready_timeout: float = 30.0
+    rpc_timeout: float = 5.0
+    initial_timeout: float = 0.02   # transport retransmission timing (TransportConfig)
+    max_timeout: float = 0.5
+    max_retries: int = 12
+
+
+def interface_mac(iface: str) -> str:
+    """The MAC address of a network interface of this namespace, from sysfs."""
+    try:
+        return Path(f"/sys/class/net/{iface}/address").read_text().strip()
+    except OSError as exc:
+        raise AgentError(f"cannot read the MAC of interface {iface!r}: {exc}") from exc
+
+
+def _rpc_error(what: str, exc: grpc.RpcError, address: str) -> AgentError:
+    code = exc.code() if hasattr(exc, "code") else None
+    details = exc.details() if hasattr(exc, "details") else str(exc)
+    name = code.name if code is not None else "UNKNOWN"
+    return AgentError(f"{what} failed at controller {address}: {name}: {details}", code)
+
+
+class WorkerAgent:
+    """One rank of a job: joined, assigned, heartbeating; `transport` aggregates through the switch.
+
+    `socket_factory` makes the UDP socket (e.g. inside a network namespace); the agent binds
+    it to (ip, udp_port). Use as a context manager: close() stops the heartbeat and leaves."""
+
+    def __init__(self, config: AgentConfig,
+                 socket_factory: Callable[[], socket.socket] | None = None) -> None:
+        self.config = config
+        self.healthy = False
+        self.unhealthy_reason = "not started"
+        self.heartbeats = 0
+        self.heartbeat_failures = 0
+        self.assignment: Assignment | None = None
+        self.transport: SwitchTransport | None = None
+        self._stop = threading.Event()
+        self._fatal = False
+        self._thread: threading.Thread | None = None
+        self._left = False
+        self.client = ControllerClient(config.controller, timeout=config.rpc_timeout)
+        try:
+            self._register()
+            self._open_transport(socket_factory or (lambda: socket.socket(socket.AF_INET, socket.SOCK_DGRAM)))
+        except BaseException:
+            self.close()
+            raise
+        self._thread = threading.Thread(target=self._heartbeat_loop, name=f"heartbeat-r{config.rank}",
+                                        daemon=True)
+        self._thread.start()
+
+    @property
+    def mac(self) -> str:
+        """The MAC this rank registers (configured, or read from its interface)."""
+        if self.config.mac:
+            return self.config.mac
+        if not self.config.iface:
+            raise AgentError("neither a MAC nor an interface to read it from was given")
+        return interface_mac(self.config.iface)
+
+    def _register(self) -> None:
+        cfg = self.config
+        try:
+            self.client.join(cfg.job_id, cfg.token, cfg.rank, self.mac, cfg.ip, cfg.udp_port, cfg.switch_port)
+        except grpc.RpcError as exc:
+            raise _rpc_error("JoinJob", exc, cfg.controller) from exc
+        try:
+            msg = self.client.wait_ready(cfg.job_id, cfg.token, cfg.rank, timeout_s=cfg.ready_timeout)
+        except grpc.RpcError as exc:
+            raise _rpc_error("WaitReady", exc, cfg.controller) from exc
+        self.assignment = Assignment.from_message(msg)
+        self.healthy, self.unhealthy_reason = True, ""
+
+    def _open_transport(self, socket_factory: Callable[[], socket.socket]) -> None:
+        cfg, a = self.config, self.assignment
+        assert a is not None
+        sock = socket_factory()
+        try:
+            sock.bind((cfg.ip, cfg.udp_port))
+        except OSError as exc:
+            sock.close()
+            raise AgentError(f"cannot bind UDP {cfg.ip}:{cfg.udp_port}: {exc}") from exc
+        channel: Channel = UdpChannel(sock, (a.service_ip, a.udp_port))
+        tcfg = TransportConfig(job_id=a.job_id, rank=a.rank, world_size=a.world_size, window=a.pool_size,
+                               initial_timeout=cfg.initial_timeout, max_timeout=cfg.max_timeout,
+                               max_retries=cfg.max_retries)
+        self.transport = SwitchTransport(tcfg, channel)
+
+    def _heartbeat_loop(self) -> None:
+        assert self.assignment is not None
+        interval = max(0.05, self.assignment.heartbeat_interval_s)
+        cfg = self.config
+        while not self._stop.wait(interval):
+            try:
+                self.client.heartbeat(cfg.job_id, cfg.token, cfg.rank)
+            except grpc.RpcError as exc:
+                self.heartbeat_failures += 1
+                err = _rpc_error("Heartbeat", exc, cfg.controller)
+                self._fatal = self._fatal or err.code in _FATAL_CODES
+                if self.healthy:
+                    log.warning("rank %d unhealthy: %s", cfg.rank, err)
+                self.healthy, self.unhealthy_reason = False, str(err)
+                continue
+            self.heartbeats += 1
+            if not self._fatal and not self.healthy:
+                log.info("rank %d healthy again (heartbeat answered)", cfg.rank)
+                self.healthy, self.unhealthy_reason = True, ""
+
+    def close(self) -> None:
+        """Stop the heartbeat, leave the job (best effort) and close the socket and channel."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(self.config.rpc_timeout + 1)
+        if self.assignment is not None and not self._left:
+            self._left = True
+            try:
+                self.client.leave(self.config.job_id, self.config.token, self.config.rank)
+            except grpc.RpcError as exc:
+                log.info("LeaveJob of rank %d: %s", self.config.rank, _rpc_error("LeaveJob", exc, "").args[0])
+        self.healthy = False
+        self.unhealthy_reason = "closed"
+        if self.transport is not None:
+            self.transport.channel.close()
+        self.client.close()
+
+    def __enter__(self) -> WorkerAgent:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+
+def open_agent(config: AgentConfig, socket_factory: Callable[[], socket.socket] | None = None
+               ) -> tuple[WorkerAgent | None, str]:
+    """(agent, "") or (None, reason): for training scripts that fall back instead of failing."""
+    try:
+        return WorkerAgent(config, socket_factory), ""
+    except AgentError as exc:
+        return None, str(exc)

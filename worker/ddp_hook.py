@@ -1,0 +1,250 @@
+"""A PyTorch DDP communication hook that aggregates each gradient bucket through the switch
+with a homomorphic codec, and falls back to the process group's all_reduce, collectively,
+when the switch cannot be used (docs/worker.md: the decision protocol and its cost).
+
+    state = SwitchHookState(agent, codec="lossless")
+    ddp_model.register_comm_hook(state, switch_allreduce_hook)
+"""
+
+
+# No `from __future__ import annotations`: DDP checks the hook's annotations at runtime.
+import logging
+import time
+import warnings
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from aggwire.constants import AGG_FRAME_BYTES
+from worker.agent import WorkerAgent
+from worker.codecs import CLTK, Codec, CodecError, ErrorFeedback, FixedPoint, LosslessSparse
+from worker.transport import TransportError
+
+log = logging.getLogger(__name__)
+
+CODECS = ("lossless", "fixed_point", "cltk", "ef_fixed_point")
+
+# Failure kinds, exchanged as MAX over ranks: the highest one names the agreed reason.
+OK, UNHEALTHY, CODEC_FAILED, SWITCH_TIMEOUT, ERROR = 0, 1, 2, 3, 4
+_KIND_TEXT = {UNHEALTHY: "an agent is missing or unhealthy", CODEC_FAILED: "a codec error",
+              SWITCH_TIMEOUT: "the switch timed out (TransportError)", ERROR: "an unexpected error"}
+
+
+def make_codec(name: str, world: int, rank: int, **options: Any) -> Codec:
+    """A fresh codec object by name (one per bucket): lossless, fixed_point, cltk, ef_fixed_point."""
+    if name == "lossless":
+        return LosslessSparse(world, **options)
+    if name == "fixed_point":
+        return FixedPoint(world, **options)
+    if name == "cltk":
+        return CLTK(world, rank, **options)
+    if name == "ef_fixed_point":
+        return ErrorFeedback(FixedPoint(world, **options))
+    raise ValueError(f"unknown codec {name!r}; expected one of {CODECS}")
+
+
+@dataclass
+class HookStats:
+    """What the hook did since it was made: buckets per path, agreements, bytes, time."""
+
+    switch_buckets: int = 0
+    fallback_buckets: int = 0
+    fallbacks: int = 0              # switch -> fallback transitions
+    agreements: int = 0             # tiny all_reduces of the decision protocol
+    dense_bytes: int = 0            # float32 bytes of the buckets sent through the switch
+    wire_bytes: int = 0             # aggregation frames sent for them (retransmissions included)
+    retransmissions: int = 0
+    switch_seconds: float = 0.0
+    agreement_seconds: float = 0.0
+    fallback_reasons: Counter = field(default_factory=Counter)
+
+
+class SwitchHookState:
+    """The hook's state: the agent (or why there is none), one codec per bucket index, the
+    collective decision between switch and fallback, and stats. Picklable (without the
+    agent and process group, like PowerSGDState): `attach()` an agent after unpickling."""
+
+    def __init__(self, agent: WorkerAgent | None, codec: str = "lossless", *,
+                 process_group: dist.ProcessGroup | None = None, world_size: int | None = None,
+                 cooldown_steps: int = 5, unavailable_reason: str = "",
+                 codec_options: dict[str, Any] | None = None) -> None:
+        if codec not in CODECS:
+            raise ValueError(f"unknown codec {codec!r}; expected one of {CODECS}")
+        self.agent = agent
+        self.unavailable_reason = unavailable_reason or ("" if agent else "no worker agent")
+        self.codec_name = codec
+        self.codec_options = dict(codec_options or {})
+        self.process_group = process_group
+        self.world_size = world_size or dist.get_world_size(process_group)
+        self.rank = dist.get_rank(process_group)
+        self.cooldown_steps = cooldown_steps
+        self.codecs: dict[int, tuple[int, Codec]] = {}
+        self.stats = HookStats()
+        self.warned = False
+        self.steps = 0
+        self._use_switch: bool | None = None   # None: agree before the next bucket
+        self._cooldown_left = 0
+        self._fell_back_in_step = -1
+
+    def attach(self, agent: WorkerAgent) -> None:
+        """Use this agent from the next agreement on (e.g. after unpickling)."""
+        self.agent, self.unavailable_reason = agent, ""
+        self._use_switch = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = {k: v for k, v in self.__dict__.items() if k not in ("agent", "process_group", "codecs")}
+        if self.process_group is not None:
+            log.warning("SwitchHookState pickled without its non-default process group")
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self.agent, self.process_group, self.codecs = None, None, {}
+        self.unavailable_reason = "state was unpickled without its agent"
+        self._use_switch = None
+
+    # -- the local view -------------------------------------------------------------
+
+    def local_health(self) -> int:
+        """OK when this rank could use the switch now, else UNHEALTHY."""
+        a = self.agent
+        return OK if a is not None and a.healthy and a.transport is not None else UNHEALTHY
+
+    def local_reason(self) -> str:
+        """Why this rank cannot use the switch (empty when it can)."""
+        if self.agent is None:
+            return self.unavailable_reason
+        return "" if self.local_health() == OK else self.agent.unhealthy_reason
+
+    def next_chunk(self) -> int:
+        """This rank's transport chunk counter (0 without a transport)."""
+        a = self.agent
+        return a.transport.next_chunk if a is not None and a.transport is not None else 0
+
+    def codec_for(self, index: int, numel: int) -> Codec:
+        """The codec of bucket `index`, re-created when the bucket's size changed (rebuilds)."""
+        held = self.codecs.get(index)
+        if held is None or held[0] != numel:
+            held = (numel, make_codec(self.codec_name, self.world_size, self.rank, **self.codec_options))
+            self.codecs[index] = held
+        return held[1]
+
+    # -- the collective decision ----------------------------------------------------
+
+    def agree(self, failure: int, health: int) -> tuple[int, int, int]:
+        """MAX over ranks of (failure kind, health kind, next chunk): one tiny all_reduce."""
+        start = time.perf_counter()
+        t = torch.tensor([failure, health, self.next_chunk()], dtype=torch.int64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.process_group)
+        self.stats.agreements += 1
+        self.stats.agreement_seconds += time.perf_counter() - start
+        f, h, c = (int(v) for v in t.tolist())
+        return f, h, c
+
+    def _realign(self, chunk: int) -> None:
+        # Every rank resumes at the largest counter any rank reached: each new chunk is newer
+        # than whatever a failed round left in the slots, so the switch starts it FRESH.
+        if self.agent is not None and self.agent.transport is not None:
+            self.agent.transport.next_chunk = chunk
+
+    def fall_back(self, kind: int, local_reason: str, chunk: int) -> None:
+        """Switch -> fallback for `cooldown_steps` steps; warn once, count, realign chunks."""
+        reason = _KIND_TEXT.get(kind, "unknown")
+        if local_reason:
+            reason += f" ({local_reason})"
+        self.stats.fallbacks += 1
+        self.stats.fallback_reasons[_KIND_TEXT.get(kind, "unknown")] += 1
+        self._use_switch = False
+        self._cooldown_left = self.cooldown_steps
+        self._fell_back_in_step = self.steps
+        self._realign(chunk)
+        if not self.warned:
+            self.warned = True
+            warnings.warn(f"homagg: rank {self.rank} falls back to the process group's all_reduce: "
+                          f"{reason}; retrying the switch every {self.cooldown_steps} step(s)",
+                          RuntimeWarning, stacklevel=3)
+        log.info("rank %d: fallback (%s)", self.rank, reason)
+
+    def use_switch(self) -> bool:
+        """The agreed path for the next bucket (agreeing first when it is not known)."""
+        if self._use_switch is None:
+            _, health, chunk = self.agree(OK, self.local_health())
+            if health == OK:
+                self._use_switch = True
+                self._realign(chunk)
+            else:
+                self.fall_back(health, self.local_reason(), chunk)
+        return bool(self._use_switch)
+
+    def end_step(self) -> None:
+        """After a step's last bucket: count down the cool-down (whole steps after the one
+        that fell back), then agree again."""
+        if self._use_switch is False:
+            if self._fell_back_in_step != self.steps:
+                self._cooldown_left -= 1
+            if self._cooldown_left <= 0:
+                self._use_switch = None
+        self.steps += 1
+
+
+def _through_switch(state: SwitchHookState, index: int, flat: np.ndarray) -> tuple[np.ndarray | None, int, str]:
+    """(decoded sum, OK, "") or (None, failure kind, reason) for one bucket on this rank."""
+    agent = state.agent
+    if agent is None or agent.transport is None or not agent.healthy:
+        return None, UNHEALTHY, state.local_reason()
+    transport = agent.transport
+    before = (transport.stats.packets_sent, transport.stats.retransmissions)
+    start = time.perf_counter()
+    try:
+        out = transport.run(state.codec_for(index, flat.size).aggregate(flat))
+    except TransportError as exc:
+        return None, SWITCH_TIMEOUT, str(exc)
+    except CodecError as exc:
+        return None, CODEC_FAILED, f"{type(exc).__name__}: {exc}"
+    except Exception as exc:  # noqa: BLE001 - every rank must reach the agreement
+        log.exception("rank %d: switch aggregation failed", state.rank)
+        return None, ERROR, f"{type(exc).__name__}: {exc}"
+    finally:
+        state.stats.switch_seconds += time.perf_counter() - start
+        state.stats.wire_bytes += (transport.stats.packets_sent - before[0]) * AGG_FRAME_BYTES
+        state.stats.retransmissions += transport.stats.retransmissions - before[1]
+    return out, OK, ""
+
+
+def _completed(tensor: torch.Tensor) -> torch.futures.Future[torch.Tensor]:
+    fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+    fut.set_result(tensor)
+    return fut
+
+
+def switch_allreduce_hook(state: SwitchHookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """DDP comm hook: the bucket's gradients summed through the switch (or, agreed by every
+    rank, by the process group's all_reduce) and divided by the world size."""
+    buf = bucket.buffer()
+    result: torch.Tensor | None = None
+    if state.use_switch():
+        flat = buf.detach().reshape(-1).to("cpu", torch.float32).numpy()
+        out, failure, reason = _through_switch(state, bucket.index(), flat)
+        failed, health, chunk = state.agree(failure, state.local_health())
+        if failed != OK:
+            state.fall_back(failed, reason, chunk)
+        else:
+            assert out is not None
+            result = torch.from_numpy(np.ascontiguousarray(out, np.float32)).reshape(buf.shape)
+            result = result.to(buf.device, buf.dtype)
+            state.stats.switch_buckets += 1
+            state.stats.dense_bytes += flat.size * 4
+            if health != OK:  # this result is good; the next bucket takes the fallback
+                state.fall_back(health, state.local_reason(), chunk)
+    if bucket.is_last():
+        state.end_step()
+    if result is not None:
+        return _completed(result.div_(state.world_size))
+    state.stats.fallback_buckets += 1
+    work = dist.all_reduce(buf, group=state.process_group, async_op=True)
+    world = state.world_size
+    return work.get_future().then(lambda fut: fut.value()[0].div_(world))
