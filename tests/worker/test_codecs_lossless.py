@@ -1,0 +1,302 @@
+"""Lossless sparse codec: bit-exact agreement with the dense fixed-point sum over thousands
+of random cases, the phase structure, peeling retries, corruption detection."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from aggwire.constants import Op
+from worker.codecs import (CorruptResultError, FixedPoint, LosslessSparse, PeelingError,
+                           SparseGrad, simulate)
+from worker.codecs.count_sketch import FINGERPRINT_CELLS, SketchShape, encode, plan_peeling
+from worker.codecs.fixed_point import headroom_bits
+from worker.codecs.lossless import sketch_rows
+
+
+def random_inputs(rng: np.random.Generator, world: int, n: int) -> list[np.ndarray]:
+    """Sparse float32 gradients with a random support pattern and value distribution."""
+    density = math.exp(rng.uniform(math.log(0.001), math.log(0.2)))
+    pattern = rng.choice(["independent", "overlapping", "disjoint", "single", "zero", "rows"])
+    masks = []
+    if pattern == "independent":
+        masks = [rng.random(n) < density for _ in range(world)]
+    elif pattern == "overlapping":
+        shared = rng.random(n) < density
+        masks = [shared | (rng.random(n) < density / 4) for _ in range(world)]
+    elif pattern == "disjoint":
+        owner = rng.integers(0, world, n)
+        chosen = rng.random(n) < density * world
+        masks = [chosen & (owner == w) for w in range(world)]
+    elif pattern == "single":
+        masks = [np.zeros(n, bool) for _ in range(world)]
+        masks[int(rng.integers(world))][int(rng.integers(n))] = True
+    elif pattern == "zero":
+        masks = [np.zeros(n, bool) for _ in range(world)]
+    else:  # row-sparse, like an embedding gradient
+        d = int(rng.integers(2, 17))
+        rows = rng.random(-(-n // d)) < density * 4
+        masks = [np.repeat(rows & (rng.random(rows.size) < 0.7), d)[:n] for _ in range(world)]
+    values = rng.choice(["normal", "equal", "negative", "wide", "integers"])
+    xs = []
+    for mask in masks:
+        x = np.zeros(n, np.float32)
+        k = int(mask.sum())
+        if values == "normal":
+            v = rng.standard_normal(k) * 10.0 ** rng.uniform(-8, 8)
+        elif values == "equal":
+            v = np.full(k, rng.standard_normal())
+        elif values == "negative":
+            v = -np.abs(rng.standard_normal(k))
+        elif values == "wide":
+            v = rng.standard_normal(k) * 10.0 ** rng.uniform(-30, 30, k)
+        else:
+            v = rng.integers(-3, 4, k).astype(np.float64)  # duplicates, and explicit zeros
+        x[mask] = v
+        xs.append(x)
+    return xs
+
+
+def assert_same_bits(a: np.ndarray, b: np.ndarray) -> None:
+    assert a.shape == b.shape and a.dtype == b.dtype == np.float32
+    assert np.array_equal(a.view(np.int32), b.view(np.int32))
+
+
+def test_bit_exact_against_dense_fixed_point_sweep():
+    rng = np.random.default_rng(2024)
+    cases = 0
+    for trial in range(2000):
+        world = (2, 4, 8)[trial % 3]
+        n = int(rng.integers(1, 2500))
+        xs = random_inputs(rng, world, n)
+        exp_block = int(rng.choice([64, 1000, 16384]))
+        dense = simulate([FixedPoint(world, block=exp_block) for _ in xs], xs)[0]
+        support = int(rng.choice([1, 1, 1, 5, 16]))
+        mode = "ranked" if trial % 5 == 0 else "sketch"
+        codecs = [LosslessSparse(world, support_block=support, exp_block=exp_block, values=mode)
+                  for _ in xs]
+        for out in simulate(codecs, xs):
+            assert_same_bits(out, dense)
+        true = np.sum(np.array(xs, np.float64), axis=0)
+        scale = np.max(np.abs(np.array(xs)), initial=0.0)
+        assert np.all(np.abs(dense - true) <= world * scale * 2.0 ** (1 - headroom_bits(world))
+                      + np.abs(true) * 2.0**-23)
+        cases += 1
+    assert cases == 2000
+
+
+def test_large_tensor_is_exact():
+    rng = np.random.default_rng(7)
+    n, world = 2_000_000, 4
+    xs = []
+    for _ in range(world):
+        x = np.zeros(n, np.float32)
+        idx = rng.choice(n, n // 100, replace=False)
+        x[idx] = rng.standard_normal(idx.size)
+        xs.append(x)
+    dense = simulate([FixedPoint(world) for _ in xs], xs)[0]
+    out = simulate([LosslessSparse(world) for _ in xs], xs)
+    for o in out:
+        assert_same_bits(o, dense)
+
+
+def test_phases_and_lengths():
+    rng = np.random.default_rng(3)
+    n, world = 10_000, 3
+    xs = random_inputs(rng, world, n)
+    xs[0][5] = 1.0  # a non-empty union
+    log = []
+    codecs = [LosslessSparse(world, exp_block=1000) for _ in xs]
+    simulate(codecs, xs, phases_log=log)
+    union = np.flatnonzero(np.any(np.array(xs) != 0, axis=0))
+    rows = sketch_rows(union.size, codecs[0].last_attempts - 1)
+    assert [p.op for p in log] == [Op.MAX, Op.OR, Op.ADD]
+    assert [p.cells.size for p in log] == [10, math.ceil(n / 32) + 1, rows + FINGERPRINT_CELLS]
+    log = []
+    simulate([LosslessSparse(world, values="ranked") for _ in xs], xs, phases_log=log)
+    assert [p.cells.size for p in log] == [1, math.ceil(n / 32) + 1, union.size + FINGERPRINT_CELLS]
+
+
+def test_block_granular_support_row_sparse():
+    rng = np.random.default_rng(4)
+    rows, dim, world = 1000, 37, 4  # n = 37000; sketch keys are rows
+    xs = []
+    for _ in range(world):
+        x = np.zeros((rows, dim), np.float32)
+        touched = rng.choice(rows, 20, replace=False)
+        x[touched] = rng.standard_normal((20, dim))
+        x[touched[0], 3] = 0  # a zero inside a nonzero row
+        xs.append(x)
+    log = []
+    dense = simulate([FixedPoint(world) for _ in xs], xs)[0]
+    out = simulate([LosslessSparse(world, support_block=dim) for _ in xs], xs, phases_log=log)
+    assert out[0].shape == (rows, dim)
+    assert_same_bits(out[0], dense)
+    union_rows = np.flatnonzero(np.any(np.array(xs) != 0, axis=(0, 2))).size
+    assert log[1].cells.size == math.ceil(rows / 32) + 1  # + the status word
+    assert log[2].cells.size % dim == FINGERPRINT_CELLS
+    assert (log[2].cells.size - FINGERPRINT_CELLS) // dim < 1.5 * union_rows + 20
+    # a partial last block: n is not a multiple of the support block
+    flat = [x.reshape(-1)[:-5] for x in xs]
+    dense = simulate([FixedPoint(world) for _ in flat], flat)[0]
+    assert_same_bits(simulate([LosslessSparse(world, support_block=dim) for _ in flat], flat)[0],
+                     dense)
+
+
+def test_sparse_triple_input_matches_dense():
+    rng = np.random.default_rng(5)
+    world, n = 4, 5000
+    xs = random_inputs(rng, world, n)
+    xs[1][10] = 2.5
+    triples = []
+    for x in xs:
+        idx = np.flatnonzero(x)
+        perm = rng.permutation(idx.size)
+        # unsorted, with one index split into two duplicate halves
+        idx, vals = np.r_[idx[perm], idx[:1]], np.r_[x[idx][perm], np.float32(0)]
+        if idx.size > 1:
+            vals[-1] = vals[np.flatnonzero(idx[:-1] == idx[-1])[0]] / 2
+            vals[np.flatnonzero(idx[:-1] == idx[-1])[0]] /= 2
+        triples.append(SparseGrad(idx, vals, n))
+    a = simulate([LosslessSparse(world) for _ in xs], xs)[0]
+    b = simulate([LosslessSparse(world) for _ in xs], triples)[0]
+    assert_same_bits(a, b)
+
+
+def test_forced_peeling_failure_is_retried_exactly():
+    rng = np.random.default_rng(6)
+    world, n = 4, 20_000
+    xs = random_inputs(rng, world, n)
+    for x in xs:
+        x[rng.choice(n, 500, replace=False)] = rng.standard_normal(500)
+    dense = simulate([FixedPoint(world) for _ in xs], xs)[0]
+    # factor 0.4: loads 2.5, 1.67, 1.11 cannot peel (two seeds each); 0.74 (attempt 6) does
+    codecs = [LosslessSparse(world, factor=0.4, margin=0, extra=0, max_attempts=8) for _ in xs]
+    log = []
+    for out in simulate(codecs, xs, phases_log=log):
+        assert_same_bits(out, dense)
+    assert all(c.last_attempts == codecs[0].last_attempts >= 7 for c in codecs)
+    assert sum(p.op == Op.ADD for p in log) == 1  # retries cost no extra phase
+    with pytest.raises(PeelingError):  # every worker gives up identically
+        simulate([LosslessSparse(world, factor=0.4, max_attempts=2) for _ in xs], xs)
+
+
+def test_peeling_success_threshold():
+    rng = np.random.default_rng(8)
+    keys = np.sort(rng.choice(10**6, 3000, replace=False))
+    ok_low = sum(plan_peeling(keys, SketchShape(3 * math.ceil(3000 / 0.7 / 3), 1, s)) is not None
+                 for s in range(20))
+    ok_high = sum(plan_peeling(keys, SketchShape(3 * math.ceil(3000 / 0.95 / 3), 1, s)) is not None
+                  for s in range(20))
+    assert ok_low == 20 and ok_high == 0
+
+
+def test_corrupted_sketch_is_detected_never_wrong():
+    rng = np.random.default_rng(9)
+    world, n = 3, 3000
+    xs = random_inputs(rng, world, n)
+    for x in xs:
+        x[rng.choice(n, 60, replace=False)] = rng.standard_normal(60)
+    expected = simulate([LosslessSparse(world) for _ in xs], xs)[0]
+    cells = None
+
+    def flip(position: int, bit: int):
+        def tamper(step, phase, combined):
+            nonlocal cells
+            if phase.op == Op.ADD:
+                cells = combined.size
+                combined = combined.copy()
+                combined.view(np.uint32)[position % combined.size] ^= np.uint32(1 << bit)
+            return combined
+        return tamper
+
+    detected = 0
+    for trial in range(300):
+        position, bit = int(rng.integers(1 << 30)), int(rng.integers(32))
+        try:
+            out = simulate([LosslessSparse(world) for _ in xs], xs, tamper=flip(position, bit))
+        except CorruptResultError:
+            detected += 1
+            continue
+        assert_same_bits(out[0], expected)  # never a wrong sum
+    assert detected == 300
+    assert cells is not None
+
+    def add_noise(step, phase, combined):  # many cells at once
+        if phase.op == Op.ADD:
+            combined = combined + rng.integers(-5, 5, combined.size).astype(np.int32)
+        return combined
+
+    with pytest.raises(CorruptResultError):
+        simulate([LosslessSparse(world) for _ in xs], xs, tamper=add_noise)
+
+
+def test_corrupted_bitmap_and_exponents():
+    rng = np.random.default_rng(10)
+    world, n = 2, 4001
+    xs = [np.zeros(n, np.float32) for _ in range(world)]
+    xs[0][[3, 100, 2000]] = [1.0, -2.0, 3.0]
+    xs[1][[100, 3999]] = [0.5, 7.0]
+    expected = simulate([LosslessSparse(world) for _ in xs], xs)[0]
+
+    def tamper_or(change):
+        return lambda step, phase, c: change(c.copy()) if phase.op == Op.OR else c
+
+    def add_bit(c):
+        c.view(np.uint32)[10] |= np.uint32(1 << 7)
+        return c
+
+    def drop_bit(c):
+        c.view(np.uint32)[100 // 32] &= ~np.uint32(1 << (100 % 32))
+        return c
+
+    def beyond_end(c):
+        c.view(np.uint32)[-2] |= np.uint32(1 << 31)  # the bitmap's last word (then status)
+        return c
+
+    def status_fault(c):
+        c[-1] |= 1
+        return c
+
+    # an extra position decodes to an exact zero; a lost one is detected
+    for mode in ("sketch", "ranked"):
+        assert_same_bits(simulate([LosslessSparse(world, values=mode) for _ in xs], xs,
+                                  tamper=tamper_or(add_bit))[0], expected)
+        for change in (drop_bit, beyond_end, status_fault):
+            with pytest.raises(CorruptResultError):
+                simulate([LosslessSparse(world, values=mode) for _ in xs], xs,
+                         tamper=tamper_or(change))
+
+    def clear_all(c):
+        c[:] = 0
+        return c
+
+    with pytest.raises(CorruptResultError, match="union support is empty"):
+        simulate([LosslessSparse(world) for _ in xs], xs, tamper=tamper_or(clear_all))
+    zero = [np.zeros(n, np.float32)] * world
+    log = []
+    out = simulate([LosslessSparse(world) for _ in xs], zero, phases_log=log)
+    assert len(log) == 2 and not np.any(out[0])  # an empty union needs no value phase
+
+    def lower_exponents(step, phase, c):
+        return c - 1 if phase.op == Op.MAX else c
+
+    # only worker 1 can see it (its 7.0 sets the maximum); its status word stops everyone
+    with pytest.raises(CorruptResultError, match="below its own"):
+        simulate([LosslessSparse(world) for _ in xs], xs, tamper=lower_exponents)
+
+
+def test_wrapping_sketch_cells_still_decode():
+    # every element at the top of the range: bucket sums wrap modulo 2^32, peeling does not care
+    world, n = 8, 4096
+    top = np.float32(1.0 - 2.0**-24)
+    xs = [np.where(np.arange(n) % 3 == 0, top, 0).astype(np.float32) for _ in range(world)]
+    shape = SketchShape(sketch_rows(n // 3 + 1, 0), 1, 0)
+    keys = np.flatnonzero(xs[0]).astype(np.int64)
+    q = np.full(keys.size, 2 ** headroom_bits(world) - 1, np.int32)
+    assert np.any(encode(keys, keys * 0, q, shape) * world != encode(keys, keys * 0, q, shape)
+                  .astype(np.int64) * world)
+    dense = simulate([FixedPoint(world) for _ in xs], xs)[0]
+    assert_same_bits(simulate([LosslessSparse(world) for _ in xs], xs)[0], dense)

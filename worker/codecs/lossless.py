@@ -1,0 +1,151 @@
+"""Lossless homomorphic sparse codec (Li et al., ICML 2024): union support by an OR'd
+bitmap, values in a count sketch summed by the switch, exact decoding by peeling.
+
+Phases per step: MAX of block exponents; OR of the support bitmap plus a status word;
+ADD of the value sketch (or of the values at their ranks in the union) plus a fingerprint.
+The decoded sum equals the dense fixed-point sum bit for bit (same exponents, same
+quantization)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Generator
+
+import numpy as np
+
+from aggwire.constants import Op
+
+from . import bitmap
+from .base import CorruptResultError, GradInput, PeelingError, Phase, output_shape, to_sparse
+from .count_sketch import (FINGERPRINT_CELLS, PeelPlan, SketchShape, decode, encode,
+                           fingerprint, plan_peeling)
+from .fixed_point import (DEFAULT_BLOCK, check_agreed, decode_shifts, dequantize, headroom_bits,
+                          quantize, raise_on_status, sparse_exponents)
+
+VALUE_MODES = ("sketch", "ranked")
+_FAULT, _NONEMPTY = 1, 2  # bits of the OR phase's status word
+
+
+def sketch_rows(keys: int, attempt: int, factor: float = 1.23, margin: float = 1.0,
+                extra: int = 16, growth: float = 1.5) -> int:
+    """Rows of attempt `attempt` for `keys` union keys: (factor * keys + margin * sqrt(keys)
+    + extra) * growth^(attempt // 2), rounded up to a multiple of 3. The 3-hash peeling
+    threshold is keys/rows ~0.818; sqrt(keys) covers its finite-size window, `extra` tiny
+    unions. Odd attempts only change the seed: small stopping sets (a few keys sharing
+    rows) vanish with another seed, at no cost in cells."""
+    rows = (factor * keys + margin * math.sqrt(keys) + extra) * growth ** (attempt // 2)
+    return 3 * max(1, math.ceil(rows / 3))
+
+
+class LosslessSparse:
+    """The lossless sparse codec for one tensor on one worker. `support_block` > 1 makes
+    the support (and the sketch keys) blocks of that many consecutive elements, e.g. one
+    embedding row; `values="ranked"` sends the values at their rank in the union instead
+    of a sketch (|U| cells, no peeling)."""
+
+    def __init__(self, world: int, *, support_block: int = 1, exp_block: int = DEFAULT_BLOCK,
+                 values: str = "sketch", factor: float = 1.23, margin: float = 1.0,
+                 extra: int = 16, growth: float = 1.5, max_attempts: int = 6, seed: int = 0):
+        if values not in VALUE_MODES:
+            raise ValueError(f"values must be one of {VALUE_MODES}, not {values!r}")
+        if support_block < 1 or exp_block < 1 or max_attempts < 1:
+            raise ValueError("support_block, exp_block and max_attempts must be >= 1")
+        self.world = world
+        self.support_block = support_block
+        self.exp_block = exp_block
+        self.values = values
+        self.factor, self.margin, self.extra, self.growth = factor, margin, extra, growth
+        self.max_attempts = max_attempts
+        self.seed = seed
+        self.p = headroom_bits(world)
+        self.last_attempts = 0  # sketch attempts the last step needed (diagnostics)
+
+    def plan(self, union_keys: np.ndarray) -> PeelPlan:
+        """The first sketch geometry (from shared data only) whose peeling succeeds; the
+        same on every worker. Raises PeelingError after max_attempts."""
+        for attempt in range(self.max_attempts):
+            rows = sketch_rows(union_keys.size, attempt, self.factor, self.margin, self.extra,
+                               self.growth)
+            shape = SketchShape(rows, self.support_block, self.seed + attempt)
+            plan = plan_peeling(union_keys, shape)
+            if plan is not None:
+                self.last_attempts = attempt + 1
+                return plan
+        raise PeelingError(f"the count sketch of {union_keys.size} keys did not peel in "
+                           f"{self.max_attempts} attempts (factor {self.factor}, "
+                           f"growth {self.growth})")
+
+    def aggregate(self, x: GradInput) -> Generator[Phase, np.ndarray, np.ndarray]:
+        """Sum over workers of x, lossless up to the agreed fixed-point quantization."""
+        shape = output_shape(x)
+        idx, vals, n = to_sparse(x)
+        out = np.zeros(n, dtype=np.float32)
+        if n == 0:
+            return out.reshape(shape)
+        own = sparse_exponents(idx, vals, n, self.exp_block)
+        exps = yield Phase(Op.MAX, own)
+        ok = check_agreed(exps, own)
+
+        d = self.support_block
+        nkeys = -(-n // d)
+        keys = idx // d
+        mine = keys if d == 1 or keys.size == 0 else keys[np.r_[True, keys[1:] != keys[:-1]]]
+        # The status word rides along the OR phase: a local fault stops every worker here,
+        # and "someone has nonzeros" guards the one case no later phase can check.
+        status = (0 if ok else _FAULT) | (_NONEMPTY if idx.size else 0)
+        words = yield Phase(Op.OR, np.r_[bitmap.pack(mine, nkeys), np.int32(status)])
+        status = int(words[-1])
+        raise_on_status(status & _FAULT)
+        union = bitmap.unpack(words[:-1], nkeys)
+        if union.size == 0:
+            if idx.size or status & _NONEMPTY:
+                raise CorruptResultError("the union support is empty but a worker has nonzeros")
+            return out.reshape(shape)
+
+        q = quantize(vals, self.p - np.take(exps, idx // self.exp_block), self.p)
+        elements = (union[:, None] * d + np.arange(d)).ravel() if d > 1 else union
+        if self.values == "ranked":
+            sums = yield from self._ranked(union, keys, idx - keys * d, q, elements, idx)
+        else:
+            sums = yield from self._sketched(union, keys, idx - keys * d, q, elements, idx)
+        if d > 1:
+            beyond = elements >= n  # the last block may be partial
+            if np.any(sums[beyond]):
+                raise CorruptResultError("nonzero sum beyond the tensor's end")
+            elements, sums = elements[~beyond], sums[~beyond]
+        limit = self.world * (2**self.p - 1)
+        if np.any(np.abs(sums.astype(np.int64)) > limit):
+            raise CorruptResultError("a decoded sum exceeds what the workers can send")
+        shifts = np.take(decode_shifts(exps, self.p), elements // self.exp_block)
+        out[elements] = dequantize(sums, shifts)
+        return out.reshape(shape)
+
+    def _ranked(self, union: np.ndarray, keys: np.ndarray, cols: np.ndarray, q: np.ndarray,
+                elements: np.ndarray, idx: np.ndarray):
+        d = self.support_block
+        ranks = np.minimum(np.searchsorted(union, keys), union.size - 1)
+        # A nonzero missing from the union is left out here and caught by the fingerprint
+        # on every worker, rather than raised on this one alone.
+        there = np.take(union, ranks) == keys
+        cells = np.zeros(union.size * d + FINGERPRINT_CELLS, dtype=np.int32)
+        cells[np.compress(there, ranks * d + cols)] = np.compress(there, q)
+        cells[-FINGERPRINT_CELLS:] = fingerprint(idx, q)
+        summed = yield Phase(Op.ADD, cells)
+        if summed.size != cells.size:
+            raise CorruptResultError(f"{summed.size} cells received, {cells.size} sent")
+        sums = summed[:-FINGERPRINT_CELLS]
+        if not np.array_equal(fingerprint(elements, sums), summed[-FINGERPRINT_CELLS:]):
+            raise CorruptResultError("decoded values do not match the fingerprint")
+        return sums
+
+    def _sketched(self, union: np.ndarray, keys: np.ndarray, cols: np.ndarray, q: np.ndarray,
+                  elements: np.ndarray, idx: np.ndarray):
+        plan = self.plan(union)
+        cells = np.concatenate([encode(keys, cols, q, plan.shape), fingerprint(idx, q)])
+        summed = yield Phase(Op.ADD, cells)
+        if summed.size != cells.size:
+            raise CorruptResultError(f"{summed.size} cells received, {cells.size} sent")
+        sums = decode(plan, summed[:-FINGERPRINT_CELLS]).ravel()
+        if not np.array_equal(fingerprint(elements, sums), summed[-FINGERPRINT_CELLS:]):
+            raise CorruptResultError("decoded values do not match the sketch's fingerprint")
+        return sums
