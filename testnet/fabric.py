@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 import os
 import re
+import signal
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,7 +15,14 @@ from pathlib import Path
 from controller.artifacts import BMV2_JSON_PATH, P4INFO_PATH
 from controller.forwarding import Host, add_host, add_service_address
 from controller.switch_connection import SwitchConnection
-from testnet.namespace import add_namespace, add_veth, delete_link, delete_namespace, in_namespace, ip
+from testnet.namespace import (
+    add_namespace,
+    add_veth,
+    delete_link,
+    delete_namespace,
+    in_namespace,
+    ip,
+)
 from testnet.rawsock import RawPort, disable_offloads
 from testnet.switch_process import SwitchProcess
 
@@ -60,6 +68,7 @@ class Fabric:
         self.workdir = workdir or Path(tempfile.mkdtemp(prefix=f"{self.tag}-"))
         self.hosts: list[FabricHost] = []
         self.switch: SwitchProcess | None = None
+        self._restarts = 0
         self.conn: SwitchConnection | None = None
         try:
             self._build(num_hosts)
@@ -89,6 +98,19 @@ class Fabric:
         for h in self.hosts:
             add_host(self.conn, Host(ip=h.ip, mac=h.mac, port=h.port), SWITCH_MAC)
         add_service_address(self.conn, SERVICE_IP, SWITCH_MAC)
+
+    def restart_switch(self, kill: bool = True) -> None:
+        """Replace the switch by a fresh one (no pipeline, no entries) on the same ports and
+        P4Runtime address, as after a crash (kill) or a clean restart."""
+        old = self.switch
+        if kill and old.proc.poll() is None:
+            os.killpg(old.proc.pid, signal.SIGKILL)
+        old.stop()
+        self._restarts += 1
+        self.switch = SwitchProcess(self.target, {h.port: h.switch_iface for h in self.hosts},
+                                    self.workdir / f"switch-{self._restarts}.log",
+                                    grpc_port=old.grpc_port)
+        (PID_DIR / f"{self.tag}.pid").write_text(str(self.switch.proc.pid))
 
     def drain(self) -> None:
         """Discard frames queued at every host."""

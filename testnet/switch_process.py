@@ -45,9 +45,10 @@ class SwitchProcess:
     """A running switch; stop() ends it (SIGTERM, then SIGKILL) by its PID only."""
 
     def __init__(self, target: str, ports: dict[int, str], log_path: Path,
-                 device_id: int = 0, startup_timeout: float = 20.0) -> None:
+                 device_id: int = 0, startup_timeout: float = 20.0,
+                 grpc_port: int | None = None) -> None:
         self.target = target
-        self.grpc_port = free_port()
+        self.grpc_port = grpc_port or free_port()
         self.address = f"127.0.0.1:{self.grpc_port}"
         self.log_path = log_path
         self._log = open(log_path, "wb")

@@ -77,7 +77,7 @@ class SwitchTransport:
         self.next_chunk += count
         padded = np.zeros(count * CELLS_PER_PKT, np.int32)
         padded[:n] = cells
-        payloads = self._pack(op, first, padded.reshape(count, CELLS_PER_PKT), n)
+        payloads = self.pack_chunks(op, first, padded.reshape(count, CELLS_PER_PKT), n)
         out = np.empty(count * CELLS_PER_PKT, np.int32)
         self._exchange(first, payloads, out)
         self.stats.chunks += count
@@ -92,7 +92,8 @@ class SwitchTransport:
         except StopIteration as done:
             return done.value
 
-    def _pack(self, op: Op, first: int, cells: np.ndarray, n: int) -> np.ndarray:
+    def pack_chunks(self, op: Op, first: int, cells: np.ndarray, n: int) -> np.ndarray:
+        """The payloads of chunks first, first+1, ... carrying rows of `cells` (n valid in all)."""
         cfg = self.config
         count = cells.shape[0]
         headers = np.zeros(count, HEADER_DTYPE)

@@ -1,0 +1,204 @@
+"""Helpers of the fault tests: a fabric (switch process, hosts in namespaces) managed by a
+controller (in-process, or `aggctl serve` as a killable process), worker agents on its
+hosts, lock-step rounds over the agents' transports, and a switch restarted on its port."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from controller.client import ControllerClient
+from controller.service import ControllerServer
+from controller.switch_connection import SwitchConnection
+from testnet.fabric import SERVICE_IP, SWITCH_MAC, Fabric
+from testnet.namespace import have_privileges, in_namespace
+from testnet.switch_process import bmv2_available
+from worker.agent import AgentConfig, WorkerAgent
+
+UDP_BASE = 41000
+TIMING = {"heartbeat_interval": 0.2, "lease": 3.0, "join_timeout": 30.0}
+NEEDS_ROOT = pytest.mark.skipif(not have_privileges(), reason="needs root and iproute2 (network namespaces)")
+TARGETS = [
+    pytest.param("refswitch", id="refswitch"),
+    pytest.param("bmv2", id="bmv2", marks=pytest.mark.skipif(
+        not bmv2_available(), reason="simple_switch_grpc is not installed (see docs/bmv2.md)")),
+]
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
+    """Poll until truthy; AssertionError naming `what` after timeout."""
+    deadline = time.monotonic() + timeout
+    while not (value := predicate()):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.05)
+    return value
+
+
+def host_dicts(fabric: Fabric) -> list[dict[str, Any]]:
+    return [{"ip": h.ip, "mac": h.mac, "port": h.port} for h in fabric.hosts]
+
+
+def config_doc(fabric: Fabric, tmp: Path, listen: str = "127.0.0.1:0", **timing: Any) -> dict:
+    """A controller configuration for the fabric's switch as s1 with its hosts."""
+    return {"controller": {"listen": listen, "database": str(tmp / "controller.db"), **TIMING, **timing},
+            "switch": [{"name": "s1", "address": fabric.switch.address, "mac": SWITCH_MAC,
+                        "service_ip": SERVICE_IP, "timeout": 2.0, "hosts": host_dicts(fabric)}]}
+
+
+def write_toml(doc: dict, path: Path) -> Path:
+    """A minimal TOML writer for config_doc() documents."""
+    def value(v: object) -> str:
+        if isinstance(v, str):
+            return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+        if isinstance(v, list):
+            return "[" + ", ".join(value(x) for x in v) + "]"
+        if isinstance(v, dict):
+            return "{ " + ", ".join(f"{k} = {value(x)}" for k, x in v.items()) + " }"
+        return str(v).lower() if isinstance(v, bool) else str(v)
+    lines = ["[controller]"] + [f"{k} = {value(v)}" for k, v in doc["controller"].items()]
+    for sw in doc["switch"]:
+        lines += ["", "[[switch]]"] + [f"{k} = {value(v)}" for k, v in sw.items()]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def make_fabric(target: str, n: int, tmp: Path) -> Fabric:
+    """A fabric whose hosts have their IP stack on, the controller to become its primary."""
+    fabric = Fabric(target, n, tmp)
+    try:
+        for h in fabric.hosts:
+            h.enable_ip_stack()
+        fabric.conn.close()
+        fabric.conn = None
+    except BaseException:
+        fabric.close()
+        raise
+    return fabric
+
+
+def synced(client: ControllerClient) -> bool:
+    try:
+        return all(s.connected for s in client.status().switches)
+    except Exception:  # noqa: BLE001 - not up yet
+        return False
+
+
+class InProcessController:
+    """ControllerServer in this process, with fast reconnection."""
+
+    def __init__(self, doc: dict, tmp: Path) -> None:
+        from controller.config import parse_config
+        self.server = ControllerServer(parse_config(doc, tmp), poll_interval=0.05, max_backoff=0.3)
+        self.address = f"127.0.0.1:{self.server.start()}"
+        self.client = ControllerClient(self.address, timeout=5.0)
+        wait_for(lambda: synced(self.client), 20, "the controller to sync its switch")
+
+    def stop(self) -> None:
+        self.client.close()
+        self.server.stop(0)
+
+
+class ControllerProcess:
+    """`python -m controller serve` on a fixed port; kill() is SIGKILL by PID."""
+
+    def __init__(self, doc: dict, tmp: Path) -> None:
+        self.address = doc["controller"]["listen"]
+        self.config = write_toml(doc, tmp / "controller.toml")
+        self.log = tmp / "controller.log"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> ControllerClient:
+        with open(self.log, "ab") as log:
+            self.proc = subprocess.Popen([sys.executable, "-m", "controller", "serve", "--config", str(self.config)],
+                                         stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                         start_new_session=True)
+        client = ControllerClient(self.address, timeout=2.0)
+
+        def up() -> bool:
+            assert self.proc is not None and self.proc.poll() is None, self.log.read_text()[-3000:]
+            return synced(client)
+        wait_for(up, 30, "the controller process to serve and sync")
+        return client
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
+
+
+def agent_config(address: str, fabric: Fabric, job: Any, rank: int, host: int | None = None,
+                 **kw: Any) -> AgentConfig:
+    """Rank `rank` on fabric host `host` (default: host `rank`)."""
+    h = fabric.hosts[rank if host is None else host]
+    fields = dict(controller=address, job_id=job.job_id, token=job.token, rank=rank, ip=h.ip,
+                  udp_port=UDP_BASE + rank, switch_port=h.port, mac=h.mac, ready_timeout=20.0, rpc_timeout=2.0)
+    fields.update(kw)
+    return AgentConfig(**fields)
+
+
+def socket_factory(namespace: str) -> Callable[[], socket.socket]:
+    def make() -> socket.socket:
+        with in_namespace(namespace):
+            return socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    return make
+
+
+def run_threads(work: Callable[[int], Any], n: int, timeout: float) -> list[Any]:
+    """work(i) in n daemon threads; returns each result or the exception it raised.
+    AssertionError if any thread is still running after `timeout` (a hang)."""
+    out: list[Any] = [None] * n
+
+    def target(i: int) -> None:
+        try:
+            out[i] = work(i)
+        except BaseException as exc:  # noqa: BLE001 - handed back
+            out[i] = exc
+    threads = [threading.Thread(target=target, args=(i,), daemon=True) for i in range(n)]
+    deadline = time.monotonic() + timeout
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(max(0.0, deadline - time.monotonic()))
+    assert not any(t.is_alive() for t in threads), f"a worker hung for more than {timeout} s"
+    return out
+
+
+def open_agents(address: str, fabric: Fabric, job: Any, world: int, **kw: Any) -> list[WorkerAgent]:
+    """One agent per rank, opened concurrently (WaitReady blocks until all joined)."""
+    got = run_threads(lambda r: WorkerAgent(agent_config(address, fabric, job, r, **kw),
+                                            socket_factory(fabric.hosts[r].namespace)), world, 40)
+    errors = [g for g in got if isinstance(g, BaseException)]
+    if errors:
+        for g in got:
+            if not isinstance(g, BaseException):
+                g.close()
+        raise errors[0]
+    return got
+
+
+def round_parts(seed: int, world: int, n: int) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return [rng.integers(-2**28, 2**28, n).astype(np.int32) for _ in range(world)]
+
+
+def expected_sum(parts: list[np.ndarray]) -> np.ndarray:
+    return np.sum(parts, axis=0, dtype=np.int64).astype(np.int32)
+
+
+def backup_reader(address: str) -> SwitchConnection:
+    """A backup P4Runtime session (reads only) to a switch the controller is primary of."""
+    conn = SwitchConnection(address, election_id=2, timeout=3.0)
+    conn.connect(require_primary=False)
+    return conn
