@@ -9,11 +9,22 @@ P4C ?= p4c
 P4_BUILD ?= p4src/build
 PYTEST_ARGS ?=
 RUN_ARGS ?=
+# make run options (empty: the defaults of `python -m run --help`)
+HOSTS ?=
+SWITCH ?=
+CODEC ?=
+BW ?=
+TOPO ?=
+STEPS ?=
+RUN_OPTS := $(if $(HOSTS),--hosts $(HOSTS)) $(if $(SWITCH),--target $(SWITCH)) $(if $(CODEC),--codec $(CODEC)) \
+  $(if $(BW),--bw $(BW)) $(if $(TOPO),--topo $(TOPO)) $(if $(STEPS),--steps $(STEPS))
+# Debian packages make run needs: Mininet (no Open vSwitch: our own switch class), venv, tc, ifconfig
+RUN_DEBS := mininet python3-venv iproute2 net-tools
 
-.PHONY: help venv test run bench stop p4 clean
+.PHONY: help venv test run run-deps demo bench stop p4 clean
 
 help:  ## list the targets
-	@grep -E '^[a-z]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
+	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
 
 $(VENV)/.installed: pyproject.toml p4rtproto/generate.py $(wildcard p4rtproto/*.proto)
 	test -x $(PY) || $(SYSTEM_PYTHON) -m venv --system-site-packages $(VENV)
@@ -27,14 +38,21 @@ venv: $(VENV)/.installed  ## create the virtual environment with every dependenc
 test: venv  ## run the whole test suite (packet tests need root; BMv2 tests run when simple_switch_grpc is installed)
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-run: venv  ## the main job: hosts in namespaces aggregate through the switch (needs root)
-	$(PY) -m testnet.demo $(RUN_ARGS)
+run-deps:  ## install Debian's mininet and what it relies on, when missing (needs root)
+	@dpkg -s $(RUN_DEBS) >/dev/null 2>&1 || { apt-get update && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $(RUN_DEBS); }
+
+run: run-deps venv  ## Mininet + switch + controller + torchrun job through the switch vs gloo (needs root; HOSTS= SWITCH= CODEC= BW= TOPO= STEPS=)
+	$(PY) -m run $(RUN_OPTS) $(RUN_ARGS)
+
+demo: venv  ## the data-plane demo: int32 contributions through the switch, every sum checked (needs root)
+	$(PY) -m testnet.demo
 
 bench: venv  ## benchmarks: switch packet rate, reference switch vs BMv2 (needs root)
 	$(PY) -m bench.switch_rate
 
-stop:  ## remove namespaces, links and switches that an interrupted run left behind
-	$(PY) -m testnet.cleanup
+stop:  ## remove namespaces, links and processes that an interrupted run left behind (by names and PIDs we own)
+	$(PY) -m run.stop
 
 p4: $(P4_BUILD)/homagg.json  ## compile the P4 program (needs p4c) into the committed artifacts
 

@@ -1,0 +1,67 @@
+"""The training job of `make run`: an NCF-style recommender (user and item embedding
+tables, a small MLP) on synthetic implicit feedback, deterministic per (seed, rank, step)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+
+@dataclass(frozen=True)
+class JobShape:
+    """Sizes of the model and of each rank's batch."""
+
+    users: int = 20000
+    items: int = 4000
+    dim: int = 16
+    batch: int = 64
+    negatives: int = 1        # sampled negatives per positive
+    seed: int = 0
+
+
+class NCF(nn.Module):
+    """Neural collaborative filtering: embeddings (their gradients touch only the batch's
+    rows, so they are naturally sparse) into an MLP scoring a user-item pair."""
+
+    def __init__(self, shape: JobShape) -> None:
+        super().__init__()
+        self.user = nn.Embedding(shape.users, shape.dim)
+        self.item = nn.Embedding(shape.items, shape.dim)
+        nn.init.normal_(self.user.weight, std=0.1)
+        nn.init.normal_(self.item.weight, std=0.1)
+        self.mlp = nn.Sequential(nn.Linear(2 * shape.dim, 32), nn.ReLU(), nn.Linear(32, 1))
+
+    def forward(self, users: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
+        """Logits of the pairs."""
+        return self.mlp(torch.cat([self.user(users), self.item(items)], dim=1)).squeeze(1)
+
+
+class Feedback:
+    """Synthetic implicit feedback: hidden user and item factors and item popularity decide
+    which items a user interacts with; users and items are drawn Zipf-like (a few heavy)."""
+
+    def __init__(self, shape: JobShape) -> None:
+        g = torch.Generator().manual_seed(shape.seed + 12345)
+        self.shape = shape
+        self.u = torch.randn(shape.users, 8, generator=g)
+        self.v = torch.randn(shape.items, 8, generator=g)
+        self.pop = torch.randn(shape.items, generator=g) * 1.5
+        self.user_w = 1.0 / torch.arange(1, shape.users + 1, dtype=torch.float64) ** 0.8
+        self.item_w = 1.0 / torch.arange(1, shape.items + 1, dtype=torch.float64) ** 0.8
+
+    def batch(self, rank: int, step: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(users, items, labels) of one rank at one step: positives drawn from the hidden
+        preference, and uniformly sampled items as negatives."""
+        s = self.shape
+        g = torch.Generator().manual_seed(s.seed * 1_000_003 + rank * 10_007 + step)
+        users = torch.multinomial(self.user_w, s.batch, replacement=True, generator=g)
+        cand = torch.multinomial(self.item_w, s.batch * 8, replacement=True, generator=g).view(s.batch, 8)
+        score = (self.u[users].unsqueeze(1) * self.v[cand]).sum(-1) + self.pop[cand]
+        pos = cand.gather(1, score.argmax(1, keepdim=True)).squeeze(1)
+        neg = torch.randint(0, s.items, (s.batch * s.negatives,), generator=g)
+        all_users = torch.cat([users, users.repeat(s.negatives)])
+        items = torch.cat([pos, neg])
+        labels = torch.cat([torch.ones(s.batch), torch.zeros(s.batch * s.negatives)])
+        return all_users, items, labels

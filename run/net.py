@@ -1,0 +1,98 @@
+"""The Mininet side of `make run`: a Switch class that runs our switch process (BMv2's
+simple_switch_grpc or the reference switch) on its interfaces, as p4-utils/p4app do, and
+the star topology: N hosts and the controller's host around one switch."""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from mininet.link import Link, TCLink
+from mininet.net import Mininet
+from mininet.node import Host, Switch
+
+from run.state import CONTROLLER_HOST, SWITCH_NAME
+from testnet.rawsock import disable_offloads
+from testnet.switch_process import SwitchProcess
+
+CONTROLLER_IP = "10.0.0.100"
+
+
+@dataclass(frozen=True)
+class Topology:
+    """One switch, `hosts` workers on ports 1..hosts, the controller's host on port hosts+1;
+    `bw_mbit` > 0 shapes every link with htb (tc), 0 leaves them unshaped."""
+
+    hosts: int = 4
+    bw_mbit: float = 0.0
+
+    @staticmethod
+    def load(path: Path, **overrides: Any) -> "Topology":
+        """Read [topology] hosts / bw_mbit from a TOML file; non-None overrides win."""
+        data = tomllib.loads(path.read_text()).get("topology", {})
+        unknown = set(data) - {"hosts", "bw_mbit"}
+        if unknown:
+            raise ValueError(f"{path}: unknown key(s) in [topology]: {', '.join(sorted(unknown))}")
+        data.update({k: v for k, v in overrides.items() if v is not None})
+        return Topology(hosts=int(data.get("hosts", 4)), bw_mbit=float(data.get("bw_mbit", 0.0)))
+
+
+def host_mac(i: int) -> str:
+    """MAC of worker host i (0-based), as the controller's configuration lists it."""
+    return f"02:00:00:00:01:{i + 1:02x}"
+
+
+class P4Switch(Switch):
+    """A Mininet switch backed by a P4Runtime switch process listening on 127.0.0.1; the
+    controller pushes the pipeline (no p4c, the committed artifacts)."""
+
+    def __init__(self, name: str, target: str = "refswitch", log_path: str = "/tmp/switch.log",
+                 **params: Any) -> None:
+        super().__init__(name, **params)
+        self.target, self.log_path = target, Path(log_path)
+        self.process: SwitchProcess | None = None
+
+    def start(self, controllers: list[Any]) -> None:
+        """Start the switch process on every data interface (port = Mininet's port number)."""
+        ports = {self.ports[i]: i.name for i in self.intfList() if i.name != "lo"}
+        for iface in ports.values():
+            disable_offloads(iface)
+            Path(f"/proc/sys/net/ipv6/conf/{iface}/disable_ipv6").write_text("1")
+        self.process = SwitchProcess(self.target, ports, self.log_path)
+
+    def stop(self, deleteIntfs: bool = True) -> None:  # noqa: N803 (Mininet's name)
+        """Stop the switch process by its PID, then remove the interfaces."""
+        if self.process is not None:
+            self.process.stop()
+            self.process = None
+        super().stop(deleteIntfs)
+
+
+def build(topo: Topology, target: str, log_dir: Path) -> Mininet:
+    """Build and start the network (hosts h1..hN, controller host hgc0 in the root namespace)."""
+    link = TCLink if topo.bw_mbit > 0 else Link
+    link_opts = {"bw": topo.bw_mbit} if topo.bw_mbit > 0 else {}
+    net = Mininet(topo=None, build=False, controller=None, link=link, autoSetMacs=False,
+                  autoStaticArp=False, waitConnected=False)
+    sw = net.addSwitch(SWITCH_NAME, cls=P4Switch, target=target, log_path=str(log_dir / "switch.log"))
+    for i in range(topo.hosts):
+        h = net.addHost(f"h{i + 1}", ip=f"10.0.0.{i + 1}/24", mac=host_mac(i))
+        net.addLink(h, sw, port2=i + 1, **link_opts)
+    c = net.addHost(CONTROLLER_HOST, cls=Host, inNamespace=False, ip=f"{CONTROLLER_IP}/24",
+                    mac="02:00:00:00:01:64")
+    net.addLink(c, sw, port2=topo.hosts + 1, **link_opts)
+    net.build()
+    return net
+
+
+def prepare_hosts(net: Mininet, python: str) -> None:
+    """IPv6 off and offloads off on every interface we made (a software switch must see the
+    frames a wire would carry: no oversized TSO segments, no partial checksums)."""
+    for h in net.hosts:
+        if h.inNamespace:
+            h.cmd("sysctl -qw net.ipv6.conf.all.disable_ipv6=1 net.ipv6.conf.default.disable_ipv6=1")
+            h.cmd(f"{python} -c 'from testnet.rawsock import disable_offloads as d; d(\"{h.defaultIntf().name}\")'")
+        else:
+            disable_offloads(h.defaultIntf().name)

@@ -1,0 +1,79 @@
+"""The end of `make run`: the summary table, the parameter comparison against the
+fixed-point bound, and the PNG plot of loss and iteration time of both runs."""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+def read_steps(path: Path) -> list[dict[str, Any]]:
+    """The per-step records rank 0 wrote."""
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def fixed_point_bound(steps: list[dict[str, Any]], world: int, lr: float) -> float:
+    """First-order bound on |switch - gloo| of any parameter after the run (docs/codecs.md):
+    per step the averaged gradient is off by at most 2^(E-P-1) + ulp, with E the exponent of
+    the largest |local gradient| and P = 31 - ceil(log2 W); SGD scales it by lr, plus one
+    float32 rounding of the update. It ignores the feedback of parameter differences into
+    later gradients (exact for the rows a step touches only once)."""
+    p = 31 - math.ceil(math.log2(world))
+    total = 0.0
+    for s in steps:
+        e = math.frexp(s["grad_max"])[1] if s["grad_max"] > 0 else -126
+        total += lr * (2.0 ** (e - p - 1) + 2.0 ** (e - 24)) + 2.0 ** (math.frexp(s["param_max"])[1] - 24)
+    return total
+
+
+def compare(switch_pt: Path, gloo_pt: Path) -> float:
+    """Max |difference| over every parameter of the two runs' final models."""
+    a, b = torch.load(switch_pt), torch.load(gloo_pt)
+    return max(float((a[k] - b[k]).abs().max()) for k in a)
+
+
+def _row(name: str, steps: list[dict[str, Any]]) -> list[str]:
+    secs = [s["seconds"] for s in steps[1:]] or [steps[0]["seconds"]]
+    wire = statistics.mean(s["tx_bytes"] for s in steps)
+    dense = steps[0]["dense_bytes"]
+    retx = sum(s.get("retransmissions", 0) for s in steps)
+    fb = sum(s.get("fallback_buckets", 0) for s in steps)
+    return [name, str(len(steps)), f"{steps[0]['loss']:.4f}", f"{steps[-1]['loss']:.4f}",
+            f"{statistics.median(secs) * 1e3:.1f}", f"{sum(s['seconds'] for s in steps):.1f}",
+            f"{wire / 1e3:.1f}", f"{wire / dense:.2f}x", str(retx), str(fb)]
+
+
+def summary_table(runs: dict[str, list[dict[str, Any]]]) -> str:
+    """One line per run: losses, median iteration time, bytes per rank and step vs dense."""
+    head = ["RUN", "STEPS", "LOSS FIRST", "LOSS LAST", "MEDIAN ITER ms", "TOTAL s",
+            "WIRE kB/RANK/STEP", "VS DENSE", "RETX", "FALLBACK BUCKETS"]
+    rows = [head] + [_row(name, steps) for name, steps in runs.items()]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
+
+
+def plot(runs: dict[str, list[dict[str, Any]]], path: Path, title: str) -> None:
+    """Loss and iteration time per step of each run, side by side, as a PNG."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    for name, steps in runs.items():
+        x = [s["step"] + 1 for s in steps]
+        ax1.plot(x, [s["loss"] for s in steps], label=name)
+        ax2.plot(x, [s["seconds"] * 1e3 for s in steps], label=name)
+    ax1.set(xlabel="step", ylabel="training loss (BCE)", title="loss")
+    ax2.set(xlabel="step", ylabel="iteration time (ms)", title="iteration time", yscale="log")
+    for ax in (ax1, ax2):
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

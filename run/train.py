@@ -1,0 +1,159 @@
+"""One rank of `make run`'s job, started by torchrun inside its Mininet host: trains the NCF
+model with DDP, its gradients summed by the switch (--mode switch, the homagg DDP hook) or
+by gloo (--mode gloo), and reports each step (rank 0) as a JSON line and a progress line.
+
+Example (inside host h1 of 2, under torchrun):
+  torchrun --nnodes 2 --nproc-per-node 1 --node-rank 0 --master-addr 10.0.0.1 \\
+    -m run.train --mode switch --controller 10.0.0.100:50051 --job-id 1 --token T \\
+    --ip 10.0.0.1 --iface h1-eth0 --switch-port 1 --out /tmp/homagg-run/out
+"""
+
+# No `from __future__ import annotations`: DDP checks the hook's annotations at runtime.
+
+import argparse
+import json
+import math
+import time
+import warnings
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from run.model import NCF, Feedback, JobShape
+from worker.agent import AgentConfig, open_agent
+from worker.ddp_hook import SwitchHookState, switch_allreduce_hook
+
+
+@dataclass
+class Tracked:
+    """The hook state plus the largest |local gradient| a bucket held this step (its
+    exponent bounds every block exponent the codec agrees on: docs/codecs.md)."""
+
+    inner: SwitchHookState
+    local_max: float = 0.0
+
+
+def tracked_hook(state: Tracked, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """switch_allreduce_hook, recording the bucket's max |gradient| first."""
+    state.local_max = max(state.local_max, float(bucket.buffer().abs().max()))
+    return switch_allreduce_hook(state.inner, bucket)
+
+
+def tx_bytes(iface: str) -> int:
+    """Bytes this host sent on its interface (everything: aggregation, gloo, control)."""
+    return int(Path(f"/sys/class/net/{iface}/statistics/tx_bytes").read_text())
+
+
+def train(a: argparse.Namespace) -> None:
+    """Run the job on this rank; rank 0 writes <out>/<mode>.jsonl and <out>/<mode>.pt."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    shape = JobShape(users=a.users, items=a.items, dim=a.dim, batch=a.batch)
+    torch.manual_seed(shape.seed)
+    model = DDP(NCF(shape))
+    data = Feedback(shape)
+    tracked: Tracked | None = None
+    agent = None
+    if a.mode == "switch":
+        cfg = AgentConfig(controller=a.controller, job_id=a.job_id, token=a.token, rank=rank, ip=a.ip,
+                          udp_port=a.udp_port, switch_port=a.switch_port, iface=a.iface, ready_timeout=60)
+        agent, reason = open_agent(cfg)
+        opts = {"support_block": a.dim} if a.codec == "lossless" else {}
+        tracked = Tracked(SwitchHookState(agent, codec=a.codec, unavailable_reason=reason, codec_options=opts))
+        model.register_comm_hook(tracked, tracked_hook)
+    opt = torch.optim.SGD(model.parameters(), lr=a.lr)
+    out = Path(a.out)
+    log = open(out / f"{a.mode}.jsonl", "w") if rank == 0 else None
+    dense = sum(p.numel() for p in model.parameters()) * 4
+    try:
+        for step in range(a.steps):
+            start, sent = time.perf_counter(), tx_bytes(a.iface)
+            before = _stats(tracked)
+            users, items, labels = data.batch(rank, step)
+            opt.zero_grad()
+            loss = torch.nn.functional.binary_cross_entropy_with_logits(model(users, items), labels)
+            loss.backward()
+            opt.step()
+            seconds = time.perf_counter() - start
+            wire = tx_bytes(a.iface) - sent
+            after = _stats(tracked)
+            local_max = tracked.local_max if tracked else 0.0
+            # One tiny all_reduce for the report (not part of the timed step).
+            t = torch.tensor([loss.item(), seconds, float(wire), local_max,
+                              float(after[0] - before[0]), float(after[1] - before[1]),
+                              float(after[2] - before[2]), float(after[3] - before[3])], dtype=torch.float64)
+            dist.all_reduce(t)
+            if tracked:
+                tracked.local_max = 0.0
+                m = torch.tensor([local_max], dtype=torch.float64)
+                dist.all_reduce(m, op=dist.ReduceOp.MAX)
+                local_max = float(m)
+            if log is not None:
+                pmax = max(float(p.detach().abs().max()) for p in model.parameters())
+                rec = {"step": step, "loss": float(t[0]) / world, "seconds": float(t[1]) / world,
+                       "tx_bytes": float(t[2]) / world, "dense_bytes": dense, "agg_wire": float(t[4]) / world,
+                       "agg_dense": float(t[5]) / world, "retransmissions": int(t[6]),
+                       "fallback_buckets": int(t[7]), "grad_max": local_max, "param_max": pmax}
+                log.write(json.dumps(rec) + "\n")
+                log.flush()
+                print(_progress(a.mode, a.steps, rec), flush=True)
+        if rank == 0:
+            torch.save({k: v.detach().clone() for k, v in model.module.state_dict().items()},
+                       out / f"{a.mode}.pt")
+    finally:
+        if log is not None:
+            log.close()
+        if agent is not None:
+            agent.close()
+
+
+def _stats(tracked: Tracked | None) -> tuple[int, int, int, int]:
+    if tracked is None:
+        return 0, 0, 0, 0
+    s = tracked.inner.stats
+    return s.wire_bytes, s.dense_bytes, s.retransmissions, s.fallback_buckets
+
+
+def _progress(mode: str, steps: int, r: dict[str, Any]) -> str:
+    ratio = r["tx_bytes"] / r["dense_bytes"] if r["dense_bytes"] else math.nan
+    extra = f"  retx {r['retransmissions']}  fallback buckets {r['fallback_buckets']}" if mode == "switch" else ""
+    return (f"[{mode:6}] step {r['step'] + 1:4}/{steps}  loss {r['loss']:.4f}  {r['seconds'] * 1e3:7.1f} ms"
+            f"  wire {r['tx_bytes'] / 1e3:8.1f} kB/rank = {ratio:5.2f}x dense{extra}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Command line (one rank; torchrun sets RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT)."""
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n")[1],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--mode", choices=["switch", "gloo"], required=True)
+    p.add_argument("--codec", default="lossless")
+    p.add_argument("--steps", type=int, default=80)
+    p.add_argument("--users", type=int, default=20000)
+    p.add_argument("--items", type=int, default=4000)
+    p.add_argument("--dim", type=int, default=16)
+    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--lr", type=float, default=3.0)
+    p.add_argument("--controller", default="")
+    p.add_argument("--job-id", type=int, default=0)
+    p.add_argument("--token", default="")
+    p.add_argument("--ip", required=True)
+    p.add_argument("--iface", required=True)
+    p.add_argument("--switch-port", type=int, required=True)
+    p.add_argument("--udp-port", type=int, default=41000)
+    p.add_argument("--out", required=True)
+    a = p.parse_args(argv)
+    warnings.simplefilter("default")
+    dist.init_process_group("gloo", timeout=timedelta(seconds=120))
+    try:
+        train(a)
+        dist.barrier()  # no rank tears gloo down while a peer still talks to it
+    finally:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,68 @@
+"""End to end: a shortened `make run` (2 hosts, refswitch, a small model, 40 steps) in
+Mininet: the loss fell, every bucket went through the switch, the final parameters equal
+gloo's within the fixed-point bound, and nothing was left behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from testnet.namespace import have_privileges
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _mininet_reason() -> str:
+    if not have_privileges():
+        return "needs root and iproute2 (Mininet, network namespaces)"
+    try:
+        import mininet.net  # noqa: F401
+    except ImportError:
+        return "Debian's mininet is not installed (make run-deps installs it)"
+    if subprocess.run(["which", "mnexec"], capture_output=True).returncode != 0:
+        return "mnexec (from the mininet package) is not on PATH"
+    return ""
+
+
+pytestmark = pytest.mark.skipif(bool(_mininet_reason()), reason=_mininet_reason() or "-")
+
+
+def _cmdlines_mentioning(text: str) -> list[str]:
+    found = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit() and int(d.name) != os.getpid():
+            try:
+                cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if text in cmd:
+                found.append(f"{d.name}: {cmd}")
+    return found
+
+
+@pytest.mark.timeout(240)
+def test_shortened_make_run_trains_exactly_and_cleans_up(tmp_path):
+    from run.state import STATE_DIR, our_links
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "run", "--hosts", "2", "--target", "refswitch", "--steps", "40",
+           "--users", "2000", "--items", "500", "--lr", "2", "--out", str(out)]
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=200,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "AGREE within the bound" in done.stdout, done.stdout[-2000:]
+    assert "[switch] step   40/40" in done.stdout and "[gloo  ] step   40/40" in done.stdout
+    assert (out / "make-run.png").stat().st_size > 10_000
+    steps = [json.loads(line) for line in (out / "switch.jsonl").read_text().splitlines()]
+    losses = [s["loss"] for s in steps]
+    assert sum(losses[-5:]) / 5 < sum(losses[:5]) / 5, losses
+    assert all(s["fallback_buckets"] == 0 for s in steps)     # every bucket was summed by the switch
+    assert all(s["tx_bytes"] < s["dense_bytes"] for s in steps[1:])
+    # nothing left: interfaces, the state file, processes started with our output directory
+    assert our_links() == []
+    assert not (STATE_DIR / "state.json").exists()
+    assert _cmdlines_mentioning(str(out)) == []
