@@ -56,13 +56,13 @@ def _parser() -> argparse.ArgumentParser:
 
 def _controller_toml(switch_address: str, hosts: list[tuple[str, str, int]], out: Path) -> str:
     from run.net import CONTROLLER_IP
+    from testnet.controller_process import config_toml
     from testnet.fabric import SERVICE_IP, SWITCH_MAC
-    lines = ["[controller]", f'listen = "{CONTROLLER_IP}:{CONTROLLER_PORT}"', f'database = "{out / "controller.db"}"',
-             "heartbeat_interval = 1.0", "lease = 10.0", "join_timeout = 120.0", "",
-             "[[switch]]", 'name = "s1"', f'address = "{switch_address}"', f'mac = "{SWITCH_MAC}"',
-             f'service_ip = "{SERVICE_IP}"', "hosts = ["]
-    lines += [f'  {{ ip = "{ip}", mac = "{mac}", port = {port} }},' for ip, mac, port in hosts]
-    return "\n".join(lines + ["]", ""])
+    return config_toml({
+        "controller": {"listen": f"{CONTROLLER_IP}:{CONTROLLER_PORT}", "database": str(out / "controller.db"),
+                       "heartbeat_interval": 1.0, "lease": 10.0, "join_timeout": 120.0},
+        "switch": [{"name": "s1", "address": switch_address, "mac": SWITCH_MAC, "service_ip": SERVICE_IP,
+                    "hosts": [{"ip": ip, "mac": mac, "port": port} for ip, mac, port in hosts]}]})
 
 
 def _start_controller(net: Mininet, topo: Topology, out: Path, state: RunState) -> subprocess.Popen:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ from controller.config import ControllerConfig, parse_config
 from controller.service import ControllerServer
 from controller.switch_connection import SwitchConnection
 from refswitch.switch import ReferenceSwitch
+from testnet.poll import wait_for  # noqa: F401 (re-exported)
 from testnet.switch_process import bmv2_available, free_port, switch_command
 
 SWITCH_MAC = "02:00:00:00:00:fe"
@@ -34,18 +34,6 @@ TARGETS = [
         not bmv2_available(), reason="simple_switch_grpc is not installed (BMv2 is built by hand, "
                                      "see docs/bmv2.md); the reference switch ran instead")),
 ]
-
-
-def wait_for(predicate: Callable[[], Any], timeout: float = 10.0, what: str = "condition") -> Any:
-    """Poll until predicate() is truthy; its value, or AssertionError after timeout."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.05)
 
 
 class SwitchUnderTest:

@@ -8,7 +8,15 @@ from typing import Any
 
 import grpc
 import pytest
-from ctl_helpers import HOSTS, TARGETS, RunningController, SwitchUnderTest, job_state, make_config, rpc_code
+from ctl_helpers import (
+    HOSTS,
+    TARGETS,
+    RunningController,
+    SwitchUnderTest,
+    job_state,
+    make_config,
+    rpc_code,
+)
 
 from controller.proto import jobs_pb2
 from controller.switch_connection import SwitchConnection

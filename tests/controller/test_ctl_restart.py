@@ -4,66 +4,23 @@ disturbed (no pipeline re-push), and whatever the switch lost or gained meanwhil
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from ctl_helpers import HOSTS, TARGETS, SwitchUnderTest, config_dict, job_state, join_all, wait_for
+from ctl_helpers import (
+    HOSTS,
+    TARGETS,
+    SwitchUnderTest,
+    config_dict,
+    job_state,
+    join_all,
+)
 
 from aggwire import p4names
-from controller.client import ControllerClient
 from controller.switch_connection import SwitchConnection
+from testnet.controller_process import ControllerProcess, write_toml
 from testnet.switch_process import free_port
-
-
-def write_toml(doc: dict, path: Path) -> Path:
-    """A minimal TOML writer for config_dict() documents (tables, arrays of tables, scalars)."""
-    def value(v: object) -> str:
-        if isinstance(v, str):
-            return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
-        if isinstance(v, list):
-            return "[" + ", ".join(value(x) for x in v) + "]"
-        if isinstance(v, dict):
-            return "{ " + ", ".join(f"{k} = {value(x)}" for k, x in v.items()) + " }"
-        return str(v).lower() if isinstance(v, bool) else str(v)
-    lines = ["[controller]"] + [f"{k} = {value(v)}" for k, v in doc["controller"].items()]
-    for sw in doc["switch"]:
-        lines += ["", "[[switch]]"] + [f"{k} = {value(v)}" for k, v in sw.items()]
-    path.write_text("\n".join(lines) + "\n")
-    return path
-
-
-class ControllerProcess:
-    """`python -m controller serve` on a fixed port; kill() is SIGKILL by PID."""
-
-    def __init__(self, config: Path, address: str, log: Path) -> None:
-        self.config, self.address, self.log = config, address, log
-        self.proc: subprocess.Popen | None = None
-
-    def start(self) -> ControllerClient:
-        with open(self.log, "ab") as log:
-            self.proc = subprocess.Popen([sys.executable, "-m", "controller", "serve", "--config", str(self.config),
-                                          "--log-level", "debug"], stdout=log, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, start_new_session=True)
-        client = ControllerClient(self.address, timeout=2.0)
-
-        def synced() -> bool:
-            assert self.proc is not None and self.proc.poll() is None, self.log.read_text()[-3000:]
-            try:
-                return all(s.connected for s in client.status().switches)
-            except Exception:
-                return False
-        wait_for(synced, 20, "the controller process to serve and sync")
-        return client
-
-    def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(10)
 
 
 @pytest.fixture(params=TARGETS)
@@ -71,7 +28,8 @@ def setup(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[Swit
     switch = SwitchUnderTest(request.param, tmp_path)
     address = f"127.0.0.1:{free_port()}"
     doc = config_dict([("s1", switch.address, HOSTS)], tmp_path, listen=address, lease=3.0, heartbeat_interval=0.5)
-    proc = ControllerProcess(write_toml(doc, tmp_path / "controller.toml"), address, tmp_path / "controller.log")
+    proc = ControllerProcess(write_toml(doc, tmp_path / "controller.toml"), address, tmp_path / "controller.log",
+                             "--log-level", "debug")
     try:
         yield switch, proc
     finally:

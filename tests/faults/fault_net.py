@@ -4,11 +4,7 @@ hosts, lock-step rounds over the agents' transports, and a switch restarted on i
 
 from __future__ import annotations
 
-import os
-import signal
 import socket
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -21,8 +17,10 @@ import pytest
 from controller.client import ControllerClient
 from controller.service import ControllerServer
 from controller.switch_connection import SwitchConnection
+from testnet.controller_process import ControllerProcess, write_toml  # noqa: F401 (re-exported)
 from testnet.fabric import SERVICE_IP, SWITCH_MAC, Fabric
 from testnet.namespace import have_privileges, in_namespace
+from testnet.poll import wait_for
 from testnet.switch_process import bmv2_available
 from worker.agent import AgentConfig, WorkerAgent
 
@@ -36,16 +34,6 @@ TARGETS = [
 ]
 
 
-def wait_for(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
-    """Poll until truthy; AssertionError naming `what` after timeout."""
-    deadline = time.monotonic() + timeout
-    while not (value := predicate()):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.05)
-    return value
-
-
 def host_dicts(fabric: Fabric) -> list[dict[str, Any]]:
     return [{"ip": h.ip, "mac": h.mac, "port": h.port} for h in fabric.hosts]
 
@@ -55,23 +43,6 @@ def config_doc(fabric: Fabric, tmp: Path, listen: str = "127.0.0.1:0", **timing:
     return {"controller": {"listen": listen, "database": str(tmp / "controller.db"), **TIMING, **timing},
             "switch": [{"name": "s1", "address": fabric.switch.address, "mac": SWITCH_MAC,
                         "service_ip": SERVICE_IP, "timeout": 2.0, "hosts": host_dicts(fabric)}]}
-
-
-def write_toml(doc: dict, path: Path) -> Path:
-    """A minimal TOML writer for config_doc() documents."""
-    def value(v: object) -> str:
-        if isinstance(v, str):
-            return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
-        if isinstance(v, list):
-            return "[" + ", ".join(value(x) for x in v) + "]"
-        if isinstance(v, dict):
-            return "{ " + ", ".join(f"{k} = {value(x)}" for k, x in v.items()) + " }"
-        return str(v).lower() if isinstance(v, bool) else str(v)
-    lines = ["[controller]"] + [f"{k} = {value(v)}" for k, v in doc["controller"].items()]
-    for sw in doc["switch"]:
-        lines += ["", "[[switch]]"] + [f"{k} = {value(v)}" for k, v in sw.items()]
-    path.write_text("\n".join(lines) + "\n")
-    return path
 
 
 def make_fabric(target: str, n: int, tmp: Path) -> Fabric:
@@ -108,34 +79,6 @@ class InProcessController:
     def stop(self) -> None:
         self.client.close()
         self.server.stop(0)
-
-
-class ControllerProcess:
-    """`python -m controller serve` on a fixed port; kill() is SIGKILL by PID."""
-
-    def __init__(self, doc: dict, tmp: Path) -> None:
-        self.address = doc["controller"]["listen"]
-        self.config = write_toml(doc, tmp / "controller.toml")
-        self.log = tmp / "controller.log"
-        self.proc: subprocess.Popen | None = None
-
-    def start(self) -> ControllerClient:
-        with open(self.log, "ab") as log:
-            self.proc = subprocess.Popen([sys.executable, "-m", "controller", "serve", "--config", str(self.config)],
-                                         stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         start_new_session=True)
-        client = ControllerClient(self.address, timeout=2.0)
-
-        def up() -> bool:
-            assert self.proc is not None and self.proc.poll() is None, self.log.read_text()[-3000:]
-            return synced(client)
-        wait_for(up, 30, "the controller process to serve and sync")
-        return client
-
-    def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(10)
 
 
 def agent_config(address: str, fabric: Fabric, job: Any, rank: int, host: int | None = None,

@@ -20,6 +20,7 @@ from fault_net import (
     round_parts,
     run_threads,
     wait_for,
+    write_toml,
 )
 
 from aggwire.constants import CELLS_PER_PKT, Op
@@ -36,7 +37,9 @@ def test_aggregation_continues_while_the_controller_is_down(target, tmp_path, fa
     restart; every round's sum is exact on every rank; the restarted controller lists
     the job ready, pushes no pipeline and answers the workers' heartbeats."""
     fabric = make_fabric(target, WORLD, tmp_path)
-    ctl = ControllerProcess(config_doc(fabric, tmp_path, listen=f"127.0.0.1:{free_port()}"), tmp_path)
+    address = f"127.0.0.1:{free_port()}"
+    ctl = ControllerProcess(write_toml(config_doc(fabric, tmp_path, listen=address), tmp_path / "controller.toml"),
+                            address, tmp_path / "controller.log")
     agents = []
     try:
         client = ctl.start()

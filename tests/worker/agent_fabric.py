@@ -5,7 +5,6 @@ switch with hosts in namespaces (data plane), and agent configurations for its h
 from __future__ import annotations
 
 import socket
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -16,6 +15,7 @@ from controller.service import ControllerServer
 from refswitch.switch import ReferenceSwitch
 from testnet.fabric import SERVICE_IP, SWITCH_MAC, Fabric
 from testnet.namespace import in_namespace
+from testnet.poll import wait_for  # noqa: F401 (re-exported)
 from testnet.switch_process import free_port
 from worker.agent import AgentConfig
 
@@ -34,16 +34,6 @@ def controller_config(switch_address: str, tmp_path: Path, n: int) -> Controller
            "switch": [{"name": "s1", "address": switch_address, "mac": SWITCH_MAC, "service_ip": SERVICE_IP,
                        "timeout": 1.0, "hosts": hosts(n)}]}
     return parse_config(doc, tmp_path)
-
-
-def wait_for(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
-    """Poll until truthy; AssertionError after timeout."""
-    deadline = time.monotonic() + timeout
-    while not (value := predicate()):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.05)
-    return value
 
 
 def free_port_udp() -> int:

@@ -9,9 +9,18 @@ import numpy as np
 import pytest
 
 from aggwire.constants import Op
-from worker.codecs import (CLTK, ErrorFeedback, FixedPoint, LosslessSparse, Phase, PhaseMismatch,
-                           SparseGrad, combine, simulate)
-from worker.codecs import bitmap
+from worker.codecs import (
+    CLTK,
+    ErrorFeedback,
+    FixedPoint,
+    LosslessSparse,
+    Phase,
+    PhaseMismatch,
+    SparseGrad,
+    bitmap,
+    combine,
+    simulate,
+)
 from worker.codecs.base import CorruptResultError, to_sparse
 
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1

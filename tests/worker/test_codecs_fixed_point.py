@@ -8,8 +8,14 @@ import pytest
 
 from aggwire.constants import Op
 from worker.codecs import FixedPoint, NonFiniteError, SparseGrad, simulate
-from worker.codecs.fixed_point import (EXP_ZERO, dense_exponents, headroom_bits, num_blocks,
-                                       quantize, sparse_exponents)
+from worker.codecs.fixed_point import (
+    EXP_ZERO,
+    dense_exponents,
+    headroom_bits,
+    num_blocks,
+    quantize,
+    sparse_exponents,
+)
 
 INT32_MAX = 2**31 - 1
 

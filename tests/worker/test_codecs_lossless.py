@@ -9,9 +9,20 @@ import numpy as np
 import pytest
 
 from aggwire.constants import Op
-from worker.codecs import (CorruptResultError, FixedPoint, LosslessSparse, PeelingError,
-                           SparseGrad, simulate)
-from worker.codecs.count_sketch import FINGERPRINT_CELLS, SketchShape, encode, plan_peeling
+from worker.codecs import (
+    CorruptResultError,
+    FixedPoint,
+    LosslessSparse,
+    PeelingError,
+    SparseGrad,
+    simulate,
+)
+from worker.codecs.count_sketch import (
+    FINGERPRINT_CELLS,
+    SketchShape,
+    encode,
+    plan_peeling,
+)
 from worker.codecs.fixed_point import headroom_bits
 from worker.codecs.lossless import sketch_rows
 
