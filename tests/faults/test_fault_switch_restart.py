@@ -60,7 +60,8 @@ def test_workers_resume_after_a_switch_restart(target, tmp_path, fault_report):
         n, k, timeouts, started = 2 * CELLS_PER_PKT, 0, 0, time.monotonic()
         failed_at: float | None = None
         resumed_after = None
-        while k < BEFORE + AFTER or not restarted.is_set():
+        after_restart = 0  # exact rounds completed once the new switch was up
+        while after_restart < AFTER:
             assert time.monotonic() - started < 90, f"no progress: round {k}, {timeouts} timed-out rounds"
             parts = round_parts(k, WORLD, n)
             got = run_threads(lambda r: agents[r].transport.allreduce(Op.ADD, parts[r]), WORLD, 30)
@@ -77,6 +78,8 @@ def test_workers_resume_after_a_switch_restart(target, tmp_path, fault_report):
                 np.testing.assert_array_equal(got[r], expected_sum(parts), err_msg=f"rank {r} round {k}")
             if failed_at is not None and resumed_after is None:
                 resumed_after = time.monotonic() - failed_at
+            if restarted.is_set():
+                after_restart += 1
             k += 1
             progress["k"] = k
         chaos.join(30)
