@@ -8,7 +8,8 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -148,3 +149,43 @@ def rpc_code(call: Callable[[], Any]) -> tuple[grpc.StatusCode, str]:
         call()
     return info.value.code(), info.value.details()
 
+
+class Env:
+    """A controller on a switch with three jobs to misuse: `open` (world 2, rank 0 joined),
+    `full` (world 1, ready), `gone` (ended); snapshot() is what must not change."""
+
+    def __init__(self, ctl: RunningController, reader: SwitchConnection) -> None:
+        self.ctl, self.c, self.reader = ctl, ctl.client, reader
+        self.open = self.c.create_job("open", 2, "dense", window=8)
+        h0, h2 = HOSTS[0], HOSTS[2]
+        self.open_join = dict(rank=0, mac=h0["mac"], ip=h0["ip"], udp_port=41000, switch_port=h0["port"])
+        self.c.join(self.open.job_id, self.open.token, **self.open_join)
+        self.full = self.c.create_job("full", 1, "dense", window=8)
+        self.full_join = dict(rank=0, mac=h2["mac"], ip=h2["ip"], udp_port=41000, switch_port=h2["port"])
+        self.c.join(self.full.job_id, self.full.token, **self.full_join)
+        self.gone = self.c.create_job("gone", 1, "dense", window=8)
+        self.c.release(self.gone.job_id)
+        self.jobs = {"open": self.open, "full": self.full, "gone": self.gone}
+
+    def snapshot(self) -> Any:
+        jobs = self.c.list_jobs(include_ended=True)
+        for job in jobs.jobs:
+            for w in job.workers:
+                w.lease_remaining_s = 0  # ticks by itself
+        return jobs, self.c.list_pools(), job_state(self.reader)
+
+
+@contextmanager
+def bad_request_env(target: str, tmp: Path) -> Iterator[Env]:
+    """A switch of kind `target`, a controller on it and a read-only P4Runtime reader, with Env's jobs."""
+    switch = SwitchUnderTest(target, tmp)
+    ctl = RunningController(make_config(switch.address, tmp, lease=60.0, heartbeat_interval=5.0))
+    reader = SwitchConnection(switch.address, election_id=1, timeout=3.0)
+    try:
+        ctl.wait_synced()
+        reader.connect(require_primary=False)
+        yield Env(ctl, reader)
+    finally:
+        reader.close()
+        ctl.stop()
+        switch.stop()

@@ -11,54 +11,21 @@ import pytest
 from ctl_helpers import (
     HOSTS,
     TARGETS,
-    RunningController,
-    SwitchUnderTest,
-    job_state,
-    make_config,
+    Env,
+    bad_request_env,
     rpc_code,
 )
 
 from controller.proto import jobs_pb2
-from controller.switch_connection import SwitchConnection
 
 C = grpc.StatusCode
 H0, H1, H2 = HOSTS[0], HOSTS[1], HOSTS[2]
 
 
-class Env:
-    """Job `open` (world 2, rank 0 joined), job `full` (world 1, ready), job `gone` (ended)."""
-
-    def __init__(self, ctl: RunningController, reader: SwitchConnection) -> None:
-        self.ctl, self.c, self.reader = ctl, ctl.client, reader
-        self.open = self.c.create_job("open", 2, "dense", window=8)
-        self.c.join(self.open.job_id, self.open.token, 0, H0["mac"], H0["ip"], 41000, H0["port"])
-        self.full = self.c.create_job("full", 1, "dense", window=8)
-        self.c.join(self.full.job_id, self.full.token, 0, H2["mac"], H2["ip"], 41000, H2["port"])
-        self.gone = self.c.create_job("gone", 1, "dense", window=8)
-        self.c.release(self.gone.job_id)
-
-    def snapshot(self) -> Any:
-        jobs = self.c.list_jobs(include_ended=True)
-        for job in jobs.jobs:
-            for w in job.workers:
-                w.lease_remaining_s = 0  # ticks by itself
-        return jobs, self.c.list_pools(), job_state(self.reader)
-
-
 @pytest.fixture(scope="module", params=TARGETS)
 def env(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
-    tmp = tmp_path_factory.mktemp("bad")
-    switch = SwitchUnderTest(request.param, tmp)
-    ctl = RunningController(make_config(switch.address, tmp, lease=60.0, heartbeat_interval=5.0))
-    reader = SwitchConnection(switch.address, election_id=1, timeout=3.0)
-    try:
-        ctl.wait_synced()
-        reader.connect(require_primary=False)
-        yield Env(ctl, reader)
-    finally:
-        reader.close()
-        ctl.stop()
-        switch.stop()
+    with bad_request_env(request.param, tmp_path_factory.mktemp("bad")) as e:
+        yield e
 
 
 def create(**kw: Any) -> Any:

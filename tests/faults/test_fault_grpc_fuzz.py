@@ -18,14 +18,11 @@ import grpc
 import pytest
 from ctl_helpers import (
     HOSTS,
-    RunningController,
-    SwitchUnderTest,
-    job_state,
-    make_config,
+    Env,
+    bad_request_env,
 )
 
 from controller.proto import jobs_pb2
-from controller.switch_connection import SwitchConnection
 
 C = grpc.StatusCode
 DOCUMENTED = {C.INVALID_ARGUMENT, C.NOT_FOUND, C.UNAUTHENTICATED, C.ALREADY_EXISTS, C.FAILED_PRECONDITION,
@@ -38,43 +35,10 @@ METHODS = ["CreateJob", "JoinJob", "WaitReady", "Heartbeat", "LeaveJob", "Status
            "GetCounters", "ReleaseJob"]
 
 
-class Env:
-    """Job `open` (world 2, rank 0 joined), `full` (world 1, ready), `gone` (released)."""
-
-    def __init__(self, ctl: RunningController, reader: SwitchConnection) -> None:
-        self.ctl, self.c, self.reader = ctl, ctl.client, reader
-        self.open = self.c.create_job("open", 2, "dense", window=8)
-        self.open_join = dict(rank=0, mac=H0["mac"], ip=H0["ip"], udp_port=41000, switch_port=H0["port"])
-        self.c.join(self.open.job_id, self.open.token, **self.open_join)
-        self.full = self.c.create_job("full", 1, "dense", window=8)
-        self.full_join = dict(rank=0, mac=H2["mac"], ip=H2["ip"], udp_port=41000, switch_port=H2["port"])
-        self.c.join(self.full.job_id, self.full.token, **self.full_join)
-        self.gone = self.c.create_job("gone", 1, "dense", window=8)
-        self.c.release(self.gone.job_id)
-        self.jobs = {"open": self.open, "full": self.full, "gone": self.gone}
-
-    def snapshot(self) -> Any:
-        jobs = self.c.list_jobs(include_ended=True)
-        for job in jobs.jobs:
-            for w in job.workers:
-                w.lease_remaining_s = 0  # ticks by itself
-        return jobs, self.c.list_pools(), job_state(self.reader)
-
-
 @pytest.fixture(scope="module")
 def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
-    tmp = tmp_path_factory.mktemp("fuzz")
-    switch = SwitchUnderTest("refswitch", tmp)
-    ctl = RunningController(make_config(switch.address, tmp, lease=60.0, heartbeat_interval=5.0))
-    reader = SwitchConnection(switch.address, election_id=1, timeout=3.0)
-    try:
-        ctl.wait_synced()
-        reader.connect(require_primary=False)
-        yield Env(ctl, reader)
-    finally:
-        reader.close()
-        ctl.stop()
-        switch.stop()
+    with bad_request_env("refswitch", tmp_path_factory.mktemp("fuzz")) as e:
+        yield e
 
 
 class Fuzzer:
