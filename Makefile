@@ -48,8 +48,14 @@ run: run-deps venv  ## Mininet + switch + controller + torchrun job through the 
 demo: venv  ## the data-plane demo: int32 contributions through the switch, every sum checked (needs root)
 	$(PY) -m testnet.demo
 
-bench: venv  ## benchmarks: switch packet rate, reference switch vs BMv2 (needs root)
-	$(PY) -m bench.switch_rate
+BENCH_REPS ?= 5
+bench: venv  ## benchmarks (needs root, ~7 min on 2 cores): switch rate, codecs, aggregation throughput, training; tables and plots in bench/results/
+	@start=$$(date +%s); set -e; \
+	echo "== switch packet rate (bench.switch_rate)"; $(PY) -m bench.switch_rate --cells 256 --reps $(BENCH_REPS); \
+	echo "== codecs (bench.codecs)"; $(PY) -m bench.codecs --reps $(BENCH_REPS); \
+	echo "== aggregation throughput (bench.aggregation)"; $(PY) -m bench.aggregation; \
+	echo "== training iteration time (bench.training)"; $(PY) -m bench.training; \
+	echo; $(PY) -m bench.summary $$(( $$(date +%s) - start ))
 
 stop:  ## remove namespaces, links and processes that an interrupted run left behind (by names and PIDs we own)
 	$(PY) -m run.stop

@@ -1,0 +1,344 @@
+"""Aggregation throughput: gradient elements aggregated per second per worker, for one
+float32 tensor at several densities, W = 2 and 4, side by side in one run.
+
+Methods: torch.distributed gloo all_reduce of the dense tensor (W processes, FileStore,
+loopback; the process group stays up and is told when to run, so it alternates with the
+switch runs), and through the switch, W workers as threads of this process (one
+namespace and one UDP socket each, SwitchTransport driving the codec, as in
+tests/worker/test_transport.py): dense fixed point (FixedPoint), the lossless codec
+(LosslessSparse) and CLT-k (ratio = density). Every repetition runs every method once
+in turn (targets alternate), so the tables give the median and [min, max] over
+repetitions and ratios of medians of the same run. Fixed point and gloo send the same
+bytes whatever the density, so they are measured once per W and repetition.
+
+The reference switch gets the full tensor (--n, 25M); BMv2 is ~8x slower per packet
+(bench/switch_rate.py), so it gets --bmv2-n elements (1M) and fewer repetitions.
+
+    python -m bench.aggregation [--n 25000000] [--bmv2-n 1000000] [--reps 3] [--bmv2-reps 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import os
+import platform
+import socket
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+RESULTS = Path(__file__).resolve().parent / "results"
+DENSITIES = (0.001, 0.01, 0.1)
+WORLDS = (2, 4)
+WINDOW = 32
+JOIN_TIMEOUT = 600.0  # seconds for one aggregation step of W workers
+
+
+# ---------------------------------------------------------------- gloo baseline
+
+def _gloo_rank(rank: int, world: int, store: str, sizes: list[int], cmd, res) -> None:
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    groups = {w: (None if w == world else dist.new_group(list(range(w)))) for w in WORLDS if w <= world}
+    tensors = {n: torch.zeros(n, dtype=torch.float32) for n in sizes}
+    for t in tensors.values():
+        t[:: 100] = 1.0
+    while True:
+        msg = cmd.get()
+        if msg is None:
+            break
+        w, n = msg
+        if rank < w:
+            dist.barrier(group=groups[w])
+            start = time.perf_counter()
+            dist.all_reduce(tensors[n], group=groups[w])
+            res.put((rank, time.perf_counter() - start))
+        else:
+            res.put((rank, None))
+    dist.destroy_process_group()
+
+
+class GlooPool:
+    """max(WORLDS) gloo ranks kept up; run(w, n) times one all_reduce on the first w."""
+
+    def __init__(self, sizes: list[int]) -> None:
+        ctx = mp.get_context("spawn")
+        self.tmp = tempfile.TemporaryDirectory(prefix="homagg-gloo-")
+        world = max(WORLDS)
+        self.cmds = [ctx.Queue() for _ in range(world)]
+        self.res = ctx.Queue()
+        self.procs = [ctx.Process(target=_gloo_rank, daemon=True,
+                                  args=(r, world, f"{self.tmp.name}/store", sizes, self.cmds[r], self.res))
+                      for r in range(world)]
+        for p in self.procs:
+            p.start()
+
+    def run(self, w: int, n: int) -> float:
+        for q in self.cmds:
+            q.put((w, n))
+        times = [self.res.get(timeout=300)[1] for _ in self.cmds]
+        return max(t for t in times if t is not None)
+
+    def close(self) -> None:
+        for q in self.cmds:
+            q.put(None)
+        for p in self.procs:
+            p.join(10)
+            if p.is_alive():
+                p.kill()
+                p.join(5)
+        self.tmp.cleanup()
+
+
+# ---------------------------------------------------------------- through the switch
+
+class SwitchGroup:
+    """A job of w workers on a fabric's first w hosts, one SwitchTransport each."""
+
+    def __init__(self, fabric, w: int, initial_timeout: float) -> None:
+        from aggwire.constants import AGG_UDP_PORT
+        from testnet.aggjob import WORKER_UDP_BASE, Job
+        from testnet.fabric import SERVICE_IP
+        from testnet.namespace import in_namespace
+        from worker.channel import UdpChannel
+        from worker.transport import SwitchTransport, TransportConfig
+
+        self.w = w
+        self.job = Job(fabric, fabric.hosts[:w], pool_size=WINDOW)
+        self.transports = []
+        for r, h in enumerate(self.job.hosts):
+            with in_namespace(h.namespace):
+                sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+            sock.bind((h.ip, WORKER_UDP_BASE + r))
+            cfg = TransportConfig(job_id=self.job.job_id, rank=r, world_size=w, window=WINDOW,
+                                  initial_timeout=initial_timeout)
+            self.transports.append(SwitchTransport(cfg, UdpChannel(sock, (SERVICE_IP, AGG_UDP_PORT))))
+
+    def step(self, codecs: list, xs: list[np.ndarray]) -> tuple[float, list[np.ndarray], int]:
+        """One aggregation of xs[r] by codecs[r] on every worker: (wall s, results, retx)."""
+        results: list = [None] * self.w
+        errors: list[BaseException] = []
+        retx0 = sum(t.stats.retransmissions for t in self.transports)
+
+        def work(r: int) -> None:
+            try:
+                results[r] = self.transports[r].run(codecs[r].aggregate(xs[r]))
+            except BaseException as exc:  # noqa: BLE001 - re-raised below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=work, args=(r,), daemon=True) for r in range(self.w)]
+        start = time.perf_counter()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(max(0.0, JOIN_TIMEOUT - (time.perf_counter() - start)))
+        elapsed = time.perf_counter() - start
+        if any(t.is_alive() for t in threads):
+            raise RuntimeError(f"a worker hung for {JOIN_TIMEOUT:.0f} s (W={self.w})")
+        if errors:
+            raise errors[0]
+        return elapsed, results, sum(t.stats.retransmissions for t in self.transports) - retx0
+
+    def close(self) -> None:
+        for t in self.transports:
+            t.channel.close()
+
+
+def sparse_inputs(rng: np.random.Generator, n: int, world: int, density: float) -> list[np.ndarray]:
+    """Per worker a float32 tensor with `density` nonzeros at independent positions."""
+    k = max(1, int(n * density))
+    xs = []
+    for _ in range(world):
+        x = np.zeros(n, np.float32)
+        idx = rng.integers(0, n, k)  # with replacement: ~k distinct, much faster than choice()
+        x[idx] = rng.standard_normal(k).astype(np.float32)
+        xs.append(x)
+    return xs
+
+
+def make_codecs(method: str, w: int, density: float) -> list:
+    from worker.codecs import CLTK, FixedPoint, LosslessSparse
+
+    if method == "fixed_point":
+        return [FixedPoint(w) for _ in range(w)]
+    if method == "lossless":
+        return [LosslessSparse(w) for _ in range(w)]
+    return [CLTK(w, r, ratio=density) for r in range(w)]
+
+
+def measure_target(target: str, n: int, reps: int, gloo: GlooPool, record: dict) -> None:
+    """Alternate every method on `target` (and gloo at the same n), reps times."""
+    from testnet.fabric import Fabric
+
+    rng = np.random.default_rng(0)
+    inputs = {(w, d): sparse_inputs(rng, n, w, d) for w in WORLDS for d in DENSITIES}
+    timeout = 0.02 if target == "refswitch" else 0.2
+    # One fabric per W: a job's worker UDP ports are fixed per rank (testnet.aggjob).
+    fabrics, groups = {}, {}
+    try:
+        for w in WORLDS:
+            fabrics[w] = Fabric(target, w)
+            for h in fabrics[w].hosts:
+                h.enable_ip_stack()
+            groups[w] = SwitchGroup(fabrics[w], w, timeout)
+        for w in WORLDS:  # warm-up: one small step per method
+            for m in ("fixed_point", "lossless", "cltk"):
+                groups[w].step(make_codecs(m, w, 0.01), [x[:100_000] for x in inputs[(w, 0.01)]])
+        for rep in range(reps):
+            for w in WORLDS:
+                plan = [("gloo", None), ("fixed_point", None)] + \
+                    [(m, d) for d in DENSITIES for m in ("lossless", "cltk")]
+                for method, d in plan:
+                    if method == "gloo":
+                        secs, retx = gloo.run(w, n), 0
+                    else:
+                        xs = inputs[(w, d if d is not None else 0.01)]
+                        secs, out, retx = groups[w].step(make_codecs(method, w, d or 0.01), xs)
+                        if any(not np.array_equal(out[0], o) for o in out[1:]):
+                            raise RuntimeError(f"{method} W={w}: workers decoded different sums")
+                    key = (target, n, w, method, d)
+                    record.setdefault(key, {"secs": [], "retx": 0})
+                    record[key]["secs"].append(secs)
+                    record[key]["retx"] += retx
+                    print(f"  {target} n={n:,} rep {rep + 1}/{reps} W={w} {method}"
+                          f"{'' if d is None else f' {d:.1%}'}: {secs:.2f} s, "
+                          f"{n / secs / 1e6:.2f} M elem/s/worker, retx {retx}", flush=True)
+    finally:
+        for g in groups.values():
+            g.close()
+        for f in fabrics.values():
+            f.close()
+
+
+# ---------------------------------------------------------------- report
+
+LABELS = {"gloo": "gloo all_reduce (dense)", "fixed_point": "switch, dense fixed point",
+          "lossless": "switch, lossless", "cltk": "switch, CLT-k (ratio = density)"}
+
+
+def _rate(secs: list[float], n: int) -> str:
+    r = [n / s / 1e6 for s in secs]
+    return f"{statistics.median(r):.2f} [{min(r):.2f}, {max(r):.2f}]"
+
+
+def report(record: dict, elapsed: float, args) -> tuple[list[str], str]:
+    lines = [f"# Aggregation throughput ({platform.machine()}, {os.cpu_count()} cores, "
+             f"{time.strftime('%Y-%m-%d')})", "",
+             f"`python -m bench.aggregation --n {args.n} --bmv2-n {args.bmv2_n} --reps {args.reps} "
+             f"--bmv2-reps {args.bmv2_reps}`; ran in {elapsed:.0f} s. Plot: aggregation.png.", "",
+             "Million gradient elements aggregated per second per worker (n / wall time of one "
+             "aggregation step of all W workers, the codec's encode and decode included), "
+             "median [min, max] over repetitions; every repetition ran every row once, in turn. "
+             "Inputs: one float32 tensor per worker with the given density of nonzeros at "
+             "independent positions. Switch workers are threads of one process (one namespace "
+             f"and UDP socket each, window {WINDOW}); gloo ranks are processes on loopback. "
+             "Fixed point and gloo do not depend on the density (measured once per W and "
+             "repetition, on the 1% input).", ""]
+    summary = ""
+    for target, n in sorted({(k[0], k[1]) for k in record}, key=lambda t: t[0] != "refswitch"):
+        name = {"refswitch": "reference switch", "bmv2": "BMv2"}[target]
+        lines += [f"### {name}, n = {n:,} elements" +
+                  ("" if target == "refswitch" else " (smaller tensor: BMv2 is ~8x slower per packet)"), "",
+                  "| W | method | density | M elem/s/worker | vs gloo | vs fixed point | retx |",
+                  "|---:|---|---:|---:|---:|---:|---:|"]
+        for w in WORLDS:
+            base = {m: statistics.median(record[(target, n, w, m, None)]["secs"]) for m in ("gloo", "fixed_point")}
+            for m in ("gloo", "fixed_point"):
+                rec = record[(target, n, w, m, None)]
+                lines.append(f"| {w} | {LABELS[m]} | any | {_rate(rec['secs'], n)} | "
+                             f"{base['gloo'] / statistics.median(rec['secs']):.2f}x | "
+                             f"{base['fixed_point'] / statistics.median(rec['secs']):.2f}x | {rec['retx']} |")
+            for d in DENSITIES:
+                for m in ("lossless", "cltk"):
+                    rec = record[(target, n, w, m, d)]
+                    med = statistics.median(rec["secs"])
+                    lines.append(f"| {w} | {LABELS[m]} | {d:.1%} | {_rate(rec['secs'], n)} | "
+                                 f"{base['gloo'] / med:.2f}x | {base['fixed_point'] / med:.2f}x | {rec['retx']} |")
+        lines.append("")
+        if target == "refswitch":
+            ratios = {w: statistics.median(record[(target, n, w, "fixed_point", None)]["secs"]) /
+                      statistics.median(record[(target, n, w, "lossless", 0.01)]["secs"]) for w in WORLDS}
+            met = all(r >= 10 for r in ratios.values())
+            summary = ("lossless vs dense fixed point at 1% density, reference switch, n = "
+                       f"{n:,}: " + ", ".join(f"W={w} {r:.1f}x" for w, r in ratios.items()) +
+                       f" (target >= 10x: {'MET' if met else 'MISSED'})")
+            lines += [f"Target lossless >= 10x dense fixed point at 1% density: {summary}.", ""]
+    return lines, summary
+
+
+def plot(record: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    keys = sorted({(k[0], k[1]) for k in record}, key=lambda t: t[0] != "refswitch")
+    fig, axes = plt.subplots(len(keys), len(WORLDS), figsize=(5 * len(WORLDS), 3.6 * len(keys)),
+                             squeeze=False)
+    for i, (target, n) in enumerate(keys):
+        for j, w in enumerate(WORLDS):
+            ax = axes[i][j]
+            for m, style in (("gloo", "k--"), ("fixed_point", "b--")):
+                rate = n / statistics.median(record[(target, n, w, m, None)]["secs"]) / 1e6
+                ax.plot([d * 100 for d in DENSITIES], [rate] * len(DENSITIES), style, label=LABELS[m])
+            for m, style in (("lossless", "go-"), ("cltk", "rs-")):
+                rates = [n / statistics.median(record[(target, n, w, m, d)]["secs"]) / 1e6 for d in DENSITIES]
+                ax.plot([d * 100 for d in DENSITIES], rates, style, label=LABELS[m])
+            ax.set_xscale("log")
+            ax.set_yscale("log")
+            ax.set_xlabel("density of nonzeros per worker (%)")
+            ax.set_ylabel("M elements/s per worker")
+            ax.set_title(f"{'reference switch' if target == 'refswitch' else 'BMv2'}, n={n:,}, W={w}")
+            ax.grid(True, which="both", alpha=0.3)
+    axes[0][0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--n", type=int, default=25_000_000)
+    p.add_argument("--bmv2-n", type=int, default=1_000_000)
+    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--bmv2-reps", type=int, default=2)
+    p.add_argument("--no-bmv2", action="store_true")
+    args = p.parse_args(argv)
+    from testnet.namespace import have_privileges
+    from testnet.switch_process import bmv2_available
+
+    if not have_privileges():
+        print("bench.aggregation needs root (network namespaces)", file=sys.stderr)
+        return 1
+    start = time.perf_counter()
+    record: dict = {}
+    gloo = GlooPool([args.n, args.bmv2_n])
+    try:
+        print(f"aggregation: reference switch, n = {args.n:,}, {args.reps} reps", flush=True)
+        measure_target("refswitch", args.n, args.reps, gloo, record)
+        if bmv2_available() and not args.no_bmv2:
+            print(f"aggregation: BMv2, n = {args.bmv2_n:,}, {args.bmv2_reps} reps", flush=True)
+            measure_target("bmv2", args.bmv2_n, args.bmv2_reps, gloo, record)
+    finally:
+        gloo.close()
+    lines, summary = report(record, time.perf_counter() - start, args)
+    RESULTS.mkdir(exist_ok=True)
+    plot(record, RESULTS / "aggregation.png")
+    (RESULTS / "aggregation.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    print("SUMMARY " + summary, flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
