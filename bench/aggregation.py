@@ -6,7 +6,8 @@ loopback; the process group stays up and is told when to run, so it alternates w
 switch runs), and through the switch, W workers as threads of this process (one
 namespace and one UDP socket each, SwitchTransport driving the codec, as in
 tests/worker/test_transport.py): dense fixed point (FixedPoint), the lossless codec
-(LosslessSparse) and CLT-k (ratio = density). Every repetition runs every method once
+(LosslessSparse, its default values="ranked"; at 1% density also values="sketch", the
+count sketch with peeling) and CLT-k (ratio = density). Every repetition runs every method once
 in turn (targets alternate), so the tables give the median and [min, max] over
 repetitions and ratios of medians of the same run. Fixed point and gloo send the same
 bytes whatever the density, so they are measured once per W and repetition.
@@ -37,6 +38,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 DENSITIES = (0.001, 0.01, 0.1)
 WORLDS = (2, 4)
 WINDOW = 32
+SKETCH_DENSITY = 0.01  # the count-sketch variant is measured at this density only
 JOIN_TIMEOUT = 600.0  # seconds for one aggregation step of W workers
 
 
@@ -174,6 +176,8 @@ def make_codecs(method: str, w: int, density: float) -> list:
         return [FixedPoint(w) for _ in range(w)]
     if method == "lossless":
         return [LosslessSparse(w) for _ in range(w)]
+    if method == "lossless_sketch":
+        return [LosslessSparse(w, values="sketch") for _ in range(w)]
     return [CLTK(w, r, ratio=density) for r in range(w)]
 
 
@@ -193,12 +197,12 @@ def measure_target(target: str, n: int, reps: int, gloo: GlooPool, record: dict)
                 h.enable_ip_stack()
             groups[w] = SwitchGroup(fabrics[w], w, timeout)
         for w in WORLDS:  # warm-up: one small step per method
-            for m in ("fixed_point", "lossless", "cltk"):
+            for m in ("fixed_point", "lossless", "lossless_sketch", "cltk"):
                 groups[w].step(make_codecs(m, w, 0.01), [x[:100_000] for x in inputs[(w, 0.01)]])
         for rep in range(reps):
             for w in WORLDS:
                 plan = [("gloo", None), ("fixed_point", None)] + \
-                    [(m, d) for d in DENSITIES for m in ("lossless", "cltk")]
+                    [(m, d) for d in DENSITIES for m in ("lossless", "cltk")] + [("lossless_sketch", SKETCH_DENSITY)]
                 for method, d in plan:
                     if method == "gloo":
                         secs, retx = gloo.run(w, n), 0
@@ -224,7 +228,8 @@ def measure_target(target: str, n: int, reps: int, gloo: GlooPool, record: dict)
 # ---------------------------------------------------------------- report
 
 LABELS = {"gloo": "gloo all_reduce (dense)", "fixed_point": "switch, dense fixed point",
-          "lossless": "switch, lossless", "cltk": "switch, CLT-k (ratio = density)"}
+          "lossless": "switch, lossless", "lossless_sketch": "switch, lossless (count sketch)",
+          "cltk": "switch, CLT-k (ratio = density)"}
 
 
 def _rate(secs: list[float], n: int) -> str:
@@ -244,7 +249,10 @@ def report(record: dict, elapsed: float, args) -> tuple[list[str], str]:
              "independent positions. Switch workers are threads of one process (one namespace "
              f"and UDP socket each, window {WINDOW}); gloo ranks are processes on loopback. "
              "Fixed point and gloo do not depend on the density (measured once per W and "
-             "repetition, on the 1% input).", ""]
+             "repetition, on the 1% input). \"lossless\" is `LosslessSparse`'s default (values "
+             "sent at their rank in the union support); \"lossless (count sketch)\" sends them in "
+             "a count sketch decoded by peeling (`values=\"sketch\"`), measured at "
+             f"{SKETCH_DENSITY:.0%} only.", ""]
     summary = ""
     for target, n in sorted({(k[0], k[1]) for k in record}, key=lambda t: t[0] != "refswitch"):
         name = {"refswitch": "reference switch", "bmv2": "BMv2"}[target]
@@ -260,7 +268,9 @@ def report(record: dict, elapsed: float, args) -> tuple[list[str], str]:
                              f"{base['gloo'] / statistics.median(rec['secs']):.2f}x | "
                              f"{base['fixed_point'] / statistics.median(rec['secs']):.2f}x | {rec['retx']} |")
             for d in DENSITIES:
-                for m in ("lossless", "cltk"):
+                for m in ("lossless", "cltk", "lossless_sketch"):
+                    if (target, n, w, m, d) not in record:
+                        continue
                     rec = record[(target, n, w, m, d)]
                     med = statistics.median(rec["secs"])
                     lines.append(f"| {w} | {LABELS[m]} | {d:.1%} | {_rate(rec['secs'], n)} | "
@@ -295,6 +305,9 @@ def plot(record: dict, path: Path) -> None:
             for m, style in (("lossless", "go-"), ("cltk", "rs-")):
                 rates = [n / statistics.median(record[(target, n, w, m, d)]["secs"]) / 1e6 for d in DENSITIES]
                 ax.plot([d * 100 for d in DENSITIES], rates, style, label=LABELS[m])
+            sketch = record[(target, n, w, "lossless_sketch", SKETCH_DENSITY)]["secs"]
+            ax.plot([SKETCH_DENSITY * 100], [n / statistics.median(sketch) / 1e6], "g^",
+                    label=LABELS["lossless_sketch"])
             ax.set_xscale("log")
             ax.set_yscale("log")
             ax.set_xlabel("density of nonzeros per worker (%)")

@@ -1,13 +1,14 @@
-"""Per-iteration training time of the sparse model of `make run` (NCF), W = 4: DDP over
-gloo vs DDP with the homagg hook through the switch (lossless and dense fixed point).
+"""Per-iteration training time, W = 4, of the sparse model of `make run` (NCF) and of a
+small dense model (MLP): DDP over gloo vs DDP with the homagg hook through the switch
+(lossless and dense fixed point).
 
 It reuses `python -m run` (Mininet, controller, torchrun; see docs/run.md) with fewer
 steps and reads the per-step records rank 0 writes to {switch,gloo}.jsonl. Each round
-runs the lossless job (then, in the same Mininet, its gloo twin) and the fixed-point job;
-rounds alternate the codecs. Times are iteration times of every step but the first of
-each run: median [p10, p90] over the steps of all rounds.
+runs, per model, the lossless job (then, in the same Mininet, its gloo twin) and the
+fixed-point job; rounds alternate the codecs. Times are iteration times of every step
+but the first of each run: median [p10, p90] over the steps of all rounds.
 
-    python -m bench.training [--steps 15] [--rounds 2] [--target auto]
+    python -m bench.training [--steps 15] [--rounds 2] [--target auto] [--models ncf,mlp]
 """
 
 from __future__ import annotations
@@ -36,71 +37,126 @@ def _pct(values: list[float], q: float) -> float:
     return s[min(len(s) - 1, max(0, round(q * (len(s) - 1))))]
 
 
+DESCRIPTION = {
+    "ncf": "NCF (sparse)",
+    "mlp": "MLP (dense)",
+}
+DETAILS = {
+    "ncf": "NCF of `make run` (20,000 x 16 and 4,000 x 16 embeddings and a small MLP: 1.5 MB of "
+           "float32 gradients per step, ~1,300 rows touched by the 4 ranks together)",
+    "mlp": "the dense MLP of `python -m run --model mlp` (64-256-256-10: 85k parameters, 340 kB of "
+           "float32 gradients per step, all nonzero)",
+}
+RUNS = ("DDP over gloo", "switch, lossless", "switch, fixed_point")
+
+
+def run_round(model: str, codec: str, no_gloo: bool, args: argparse.Namespace, out: Path) -> tuple[dict, str]:
+    """One `python -m run`: {run name: step records} and the switch target it used."""
+    cmd = [sys.executable, "-m", "run", "--model", model, "--steps", str(args.steps), "--hosts", str(args.hosts),
+           "--target", args.target, "--codec", codec, "--out", str(out),
+           "--timeout", str(args.timeout)] + (["--no-gloo"] if no_gloo else [])
+    proc = subprocess.run(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True, timeout=2 * args.timeout + 120)
+    target = args.target
+    for line in proc.stdout.splitlines():
+        if line.startswith("make run:"):
+            target = line.split("switch ")[1].split(",")[0]
+    if proc.returncode not in (0, 1):  # 1: parameters differ beyond the bound (still timed)
+        print(proc.stdout[-3000:])
+        raise RuntimeError(f"python -m run --model {model} --codec {codec} failed ({proc.returncode})")
+    runs = {f"switch, {codec}": _steps(out / "switch.jsonl")}
+    if not no_gloo:
+        runs["DDP over gloo"] = _steps(out / "gloo.jsonl")
+    return runs, target
+
+
+def plot(samples: dict[tuple[str, str], list[float]], models: list[str], title: str, path: Path) -> None:
+    """Median iteration time per model and run, with p10-p90 whiskers, log scale."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 3.8))
+    width = 0.8 / len(RUNS)
+    for j, (name, color) in enumerate(zip(RUNS, ("0.4", "tab:green", "tab:blue"))):
+        xs = [i + (j - (len(RUNS) - 1) / 2) * width for i in range(len(models))]
+        med = [statistics.median(samples[(m, name)]) * 1e3 for m in models]
+        lo = [med[i] - _pct(samples[(m, name)], 0.1) * 1e3 for i, m in enumerate(models)]
+        hi = [_pct(samples[(m, name)], 0.9) * 1e3 - med[i] for i, m in enumerate(models)]
+        ax.bar(xs, med, width, yerr=[lo, hi], capsize=3, color=color, label=name)
+    ax.set_xticks(range(len(models)), [DESCRIPTION[m] for m in models])
+    ax.set_yscale("log")
+    ax.set_ylabel("ms per iteration (median, p10-p90)")
+    ax.set_title(title)
+    ax.grid(True, axis="y", which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--steps", type=int, default=15)
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--hosts", type=int, default=4)
+    p.add_argument("--models", default="ncf,mlp", help="comma-separated: ncf, mlp")
     p.add_argument("--target", default="auto", choices=["auto", "bmv2", "refswitch"])
     p.add_argument("--timeout", type=float, default=300, help="seconds per `python -m run`")
     args = p.parse_args(argv)
+    models = [m for m in args.models.split(",") if m]
+    if not models or any(m not in DESCRIPTION for m in models):
+        p.error(f"--models takes a comma-separated list of {', '.join(DESCRIPTION)}")
     start = time.perf_counter()
-    samples: dict[str, list[float]] = {}
-    wire: dict[str, list[float]] = {}
+    samples: dict[tuple[str, str], list[float]] = {}
+    wire: dict[tuple[str, str], list[float]] = {}
     target_used = args.target
     with tempfile.TemporaryDirectory(prefix="homagg-bench-train-") as tmp:
         for rnd in range(args.rounds):
-            order = [("lossless", False), ("fixed_point", True)]
-            if rnd % 2:
-                order.reverse()
-            for codec, no_gloo in order:
-                out = Path(tmp) / f"{codec}-{rnd}"
-                cmd = [sys.executable, "-m", "run", "--steps", str(args.steps), "--hosts", str(args.hosts),
-                       "--target", args.target, "--codec", codec, "--out", str(out),
-                       "--timeout", str(args.timeout)] + (["--no-gloo"] if no_gloo else [])
-                print(f"  training round {rnd + 1}/{args.rounds}: python -m run --codec {codec}"
-                      f"{' --no-gloo' if no_gloo else ''} --steps {args.steps}", flush=True)
-                t0 = time.perf_counter()
-                proc = subprocess.run(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                      text=True, timeout=2 * args.timeout + 120)
-                for line in proc.stdout.splitlines():
-                    if line.startswith("make run:"):
-                        target_used = line.split("switch ")[1].split(",")[0]
-                if proc.returncode not in (0, 1):  # 1: parameters differ beyond the bound (still timed)
-                    print(proc.stdout[-3000:])
-                    raise RuntimeError(f"python -m run --codec {codec} failed ({proc.returncode})")
-                runs = {f"switch, {codec}": out / "switch.jsonl"}
-                if not no_gloo:
-                    runs["DDP over gloo"] = out / "gloo.jsonl"
-                for name, path in runs.items():
-                    steps = _steps(path)
-                    samples.setdefault(name, []).extend(s["seconds"] for s in steps[1:])
-                    wire.setdefault(name, []).extend(s["tx_bytes"] / s["dense_bytes"] for s in steps)
-                print(f"    done in {time.perf_counter() - t0:.0f} s: " + ", ".join(
-                    f"{n} median {statistics.median(samples[n][-(args.steps - 1):]) * 1e3:.0f} ms"
-                    for n in runs), flush=True)
-    gloo = statistics.median(samples["DDP over gloo"])
+            for model in models:
+                order = [("lossless", False), ("fixed_point", True)]
+                if rnd % 2:
+                    order.reverse()
+                for codec, no_gloo in order:
+                    print(f"  training round {rnd + 1}/{args.rounds}: python -m run --model {model} --codec {codec}"
+                          f"{' --no-gloo' if no_gloo else ''} --steps {args.steps}", flush=True)
+                    t0 = time.perf_counter()
+                    runs, target_used = run_round(model, codec, no_gloo, args, Path(tmp) / f"{model}-{codec}-{rnd}")
+                    for name, steps in runs.items():
+                        samples.setdefault((model, name), []).extend(s["seconds"] for s in steps[1:])
+                        wire.setdefault((model, name), []).extend(s["tx_bytes"] / s["dense_bytes"] for s in steps)
+                    print(f"    done in {time.perf_counter() - t0:.0f} s: " + ", ".join(
+                        f"{n} median {statistics.median(s['seconds'] for s in steps[1:]) * 1e3:.0f} ms"
+                        for n, steps in runs.items()), flush=True)
     lines = [f"# Training iteration time ({platform.machine()}, {os.cpu_count()} cores, "
              f"{time.strftime('%Y-%m-%d')})", "",
-             f"`python -m bench.training --steps {args.steps} --rounds {args.rounds}`; ran in "
-             f"{time.perf_counter() - start:.0f} s. `python -m run` (Mininet, {args.hosts} hosts, switch "
-             f"{target_used}, unshaped links), NCF of `make run` (20,000 x 16 and 4,000 x 16 embeddings, "
-             "1.5 MB of float32 gradients per step, a few hundred rows touched). Iteration time of "
-             "every step but each run's first: median [p10, p90] over "
-             f"{args.rounds} x {args.steps - 1} steps; wire = bytes rank 0's host sent per step / dense "
-             "gradient bytes.", "",
-             "| W | model | run | ms/iteration | gloo / run | wire vs dense |",
-             "|---:|---|---|---:|---:|---:|"]
-    for name in ("DDP over gloo", "switch, lossless", "switch, fixed_point"):
-        s = samples[name]
-        med = statistics.median(s)
-        lines.append(f"| {args.hosts} | NCF (sparse) | {name} | {med * 1e3:.0f} [{_pct(s, 0.1) * 1e3:.0f}, "
-                     f"{_pct(s, 0.9) * 1e3:.0f}] | {gloo / med:.2f}x | {statistics.mean(wire[name]):.2f}x |")
-    summary = (f"training W={args.hosts} ({target_used}): lossless {gloo / statistics.median(samples['switch, lossless']):.2f}x, "
-               f"fixed point {gloo / statistics.median(samples['switch, fixed_point']):.2f}x the speed of DDP over gloo")
-    lines += ["", f"Summary: {summary}.", "",
-              "The small dense model of issue 6 is not measured (see docs/performance.md).", ""]
+             f"`python -m bench.training --steps {args.steps} --rounds {args.rounds} --models {','.join(models)}`; "
+             f"ran in {time.perf_counter() - start:.0f} s. `python -m run` (Mininet, {args.hosts} hosts, switch "
+             f"{target_used}, unshaped links). Iteration time of every step but each run's first: median "
+             f"[p10, p90] over {args.rounds} x {args.steps - 1} steps; wire = bytes rank 0's host sent per "
+             "step (everything: aggregation, gloo, control) / dense gradient bytes.", ""]
+    lines += [f"- {DESCRIPTION[m]}: {DETAILS[m]}." for m in models]
+    lines += ["", "| W | model | run | ms/iteration | gloo / run | wire vs dense |",
+              "|---:|---|---|---:|---:|---:|"]
+    parts = []
+    for model in models:
+        gloo = statistics.median(samples[(model, "DDP over gloo")])
+        for name in RUNS:
+            s = samples[(model, name)]
+            med = statistics.median(s)
+            lines.append(f"| {args.hosts} | {DESCRIPTION[model]} | {name} | {med * 1e3:.0f} [{_pct(s, 0.1) * 1e3:.0f}, "
+                         f"{_pct(s, 0.9) * 1e3:.0f}] | {gloo / med:.2f}x | {statistics.mean(wire[(model, name)]):.2f}x |")
+        speed = {c: gloo / statistics.median(samples[(model, f"switch, {c}")]) for c in ("lossless", "fixed_point")}
+        part = f"{model}: lossless {speed['lossless']:.2f}x, fixed point {speed['fixed_point']:.2f}x"
+        if model == "ncf":
+            part += f" (target lossless >= 4x: {'MET' if speed['lossless'] >= 4 else 'MISSED'})"
+        parts.append(part)
+    summary = (f"training W={args.hosts} ({target_used}), speed vs DDP over gloo: " + "; ".join(parts))
+    lines += ["", f"Summary: {summary}.", ""]
+    lines += ["![training iteration time](training.png)", ""]
     RESULTS.mkdir(exist_ok=True)
+    plot(samples, models, f"training, W={args.hosts}, {target_used}", RESULTS / "training.png")
     (RESULTS / "training.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     print("SUMMARY " + summary, flush=True)

@@ -18,6 +18,7 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
+from run.model import DEFAULT_LR, MODELS
 from run.state import STATE_DIR, RunState, netns_id, pids_in_netns
 from testnet.switch_process import bmv2_available
 
@@ -39,13 +40,16 @@ def _parser() -> argparse.ArgumentParser:
                    help="switch (auto: BMv2 when simple_switch_grpc is installed)")
     p.add_argument("--codec", default="lossless", choices=["lossless", "fixed_point", "cltk", "ef_fixed_point"],
                    help="homomorphic codec of the switch run (default lossless)")
+    p.add_argument("--model", choices=MODELS, default="ncf",
+                   help="ncf: sparse embedding gradients (default); mlp: a small dense classifier")
     p.add_argument("--bw", type=float, default=None, help="link bandwidth in Mbit/s, htb shaping (default: unshaped)")
     p.add_argument("--topo", type=Path, default=None, help="topology TOML file ([topology] hosts, bw_mbit)")
     p.add_argument("--steps", type=int, default=120, help="training steps per run (default 120)")
     p.add_argument("--batch", type=int, default=64, help="positives per rank and step (default 64)")
     p.add_argument("--users", type=int, default=20000, help="rows of the user embedding table (default 20000)")
     p.add_argument("--items", type=int, default=4000, help="rows of the item embedding table (default 4000)")
-    p.add_argument("--lr", type=float, default=3.0, help="SGD learning rate (default 3.0)")
+    p.add_argument("--lr", type=float, default=None,
+                   help="SGD learning rate (default: " + ", ".join(f"{m} {lr:g}" for m, lr in DEFAULT_LR.items()) + ")")
     p.add_argument("--window", type=int, default=8,
                    help="switch slots of the job: packets in flight per rank (default 8)")
     p.add_argument("--no-gloo", action="store_true", help="skip the gloo comparison run")
@@ -104,7 +108,7 @@ def _run_job(mode: str, net: Mininet, args: argparse.Namespace, job: Any | None,
         iface = h.defaultIntf().name
         cmd = [PY, "-m", "torch.distributed.run", "--nnodes", str(len(hosts)), "--nproc-per-node", "1",
                "--node-rank", str(i), "--master-addr", "10.0.0.1", "--master-port", str(port),
-               "-m", "run.train", "--mode", mode, "--codec", args.codec, "--steps", str(args.steps),
+               "-m", "run.train", "--mode", mode, "--codec", args.codec, "--model", args.model, "--steps", str(args.steps),
                "--users", str(args.users), "--items", str(args.items), "--batch", str(args.batch),
                "--lr", str(args.lr), "--ip", f"10.0.0.{i + 1}", "--iface", iface, "--switch-port", str(i + 1),
                "--out", str(args.out)]
@@ -153,6 +157,8 @@ def run(args: argparse.Namespace) -> int:
     from run import report
     from run.net import CONTROLLER_IP, Topology, build, prepare_hosts
 
+    if args.lr is None:
+        args.lr = DEFAULT_LR[args.model]
     target = args.target if args.target != "auto" else ("bmv2" if bmv2_available() else "refswitch")
     topo = (Topology.load(args.topo, hosts=args.hosts, bw_mbit=args.bw) if args.topo
             else Topology(hosts=args.hosts or 4, bw_mbit=args.bw or 0.0))
@@ -165,7 +171,7 @@ def run(args: argparse.Namespace) -> int:
         signal.signal(sig, _interrupt)
     net, ctl = None, None
     bw = f"{topo.bw_mbit:g} Mbit/s (htb)" if topo.bw_mbit else "unshaped"
-    print(f"make run: {topo.hosts} hosts, switch {target}, codec {args.codec}, links {bw}, {args.steps} steps", flush=True)
+    print(f"make run: {topo.hosts} hosts, switch {target}, model {args.model}, codec {args.codec}, links {bw}, {args.steps} steps", flush=True)
     try:
         net = build(topo, target, args.out)
         for h in net.hosts:

@@ -1,8 +1,10 @@
-"""The training job of `make run`: an NCF-style recommender (user and item embedding
-tables, a small MLP) on synthetic implicit feedback, deterministic per (seed, rank, step)."""
+"""The training jobs of `make run`, deterministic per (seed, rank, step): an NCF-style
+recommender (user and item embedding tables, a small MLP) on synthetic implicit feedback,
+whose gradients are sparse, and a small dense MLP classifier on synthetic clusters."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -19,6 +21,9 @@ class JobShape:
     batch: int = 64
     negatives: int = 1        # sampled negatives per positive
     seed: int = 0
+    features: int = 64        # dense model: inputs, hidden width and classes
+    hidden: int = 256
+    classes: int = 10
 
 
 class NCF(nn.Module):
@@ -65,3 +70,59 @@ class Feedback:
         items = torch.cat([pos, neg])
         labels = torch.cat([torch.ones(s.batch), torch.zeros(s.batch * s.negatives)])
         return all_users, items, labels
+
+
+class MLP(nn.Module):
+    """The small dense model: two hidden ReLU layers; every gradient element is nonzero."""
+
+    def __init__(self, shape: JobShape) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(shape.features, shape.hidden), nn.ReLU(),
+                                 nn.Linear(shape.hidden, shape.hidden), nn.ReLU(),
+                                 nn.Linear(shape.hidden, shape.classes))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Class logits."""
+        return self.net(x)
+
+
+class Clusters:
+    """Synthetic classification: one Gaussian cluster per class around a hidden mean."""
+
+    def __init__(self, shape: JobShape) -> None:
+        g = torch.Generator().manual_seed(shape.seed + 54321)
+        self.shape = shape
+        self.means = torch.randn(shape.classes, shape.features, generator=g)
+
+    def batch(self, rank: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(inputs, class labels) of one rank at one step."""
+        s = self.shape
+        g = torch.Generator().manual_seed(s.seed * 1_000_003 + rank * 10_007 + step)
+        labels = torch.randint(0, s.classes, (s.batch,), generator=g)
+        x = self.means[labels] + 1.5 * torch.randn(s.batch, s.features, generator=g)
+        return x, labels
+
+
+@dataclass
+class Task:
+    """A model, its data and its loss: what one training step needs."""
+
+    model: nn.Module
+    batch: Callable[[int, int], tuple[torch.Tensor, ...]]   # (rank, step) -> (*inputs, labels)
+    loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    sparse: bool                                            # gradients touch few rows
+
+
+MODELS = ("ncf", "mlp")
+DEFAULT_LR = {"ncf": 3.0, "mlp": 0.1}  # SGD; NCF's mean loss spreads over many rows
+
+
+def make_task(name: str, shape: JobShape) -> Task:
+    """The task by name: "ncf" (sparse embeddings, BCE) or "mlp" (dense, cross-entropy);
+    parameters initialised from shape.seed, alike on every rank."""
+    torch.manual_seed(shape.seed)
+    if name == "ncf":
+        return Task(NCF(shape), Feedback(shape).batch, nn.functional.binary_cross_entropy_with_logits, True)
+    if name == "mlp":
+        return Task(MLP(shape), Clusters(shape).batch, nn.functional.cross_entropy, False)
+    raise ValueError(f"unknown model {name!r}; expected one of {MODELS}")

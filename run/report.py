@@ -68,7 +68,7 @@ def plot(runs: dict[str, list[dict[str, Any]]], path: Path, title: str) -> None:
         x = [s["step"] + 1 for s in steps]
         ax1.plot(x, [s["loss"] for s in steps], label=name)
         ax2.plot(x, [s["seconds"] * 1e3 for s in steps], label=name)
-    ax1.set(xlabel="step", ylabel="training loss (BCE)", title="loss")
+    ax1.set(xlabel="step", ylabel="training loss", title="loss")
     ax2.set(xlabel="step", ylabel="iteration time (ms)", title="iteration time", yscale="log")
     for ax in (ax1, ax2):
         ax.grid(alpha=0.3)

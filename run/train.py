@@ -1,5 +1,5 @@
 """One rank of `make run`'s job, started by torchrun inside its Mininet host: trains the NCF
-model with DDP, its gradients summed by the switch (--mode switch, the homagg DDP hook) or
+model (or the small dense MLP, --model mlp) with DDP, its gradients summed by the switch (--mode switch, the homagg DDP hook) or
 by gloo (--mode gloo), and reports each step (rank 0) as a JSON line and a progress line.
 
 Example (inside host h1 of 2, under torchrun):
@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from run.model import NCF, Feedback, JobShape
+from run.model import DEFAULT_LR, MODELS, JobShape, make_task
 from worker.agent import AgentConfig, open_agent
 from worker.ddp_hook import SwitchHookState, switch_allreduce_hook
 
@@ -53,19 +53,19 @@ def train(a: argparse.Namespace) -> None:
     """Run the job on this rank; rank 0 writes <out>/<mode>.jsonl and <out>/<mode>.pt."""
     rank, world = dist.get_rank(), dist.get_world_size()
     shape = JobShape(users=a.users, items=a.items, dim=a.dim, batch=a.batch)
-    torch.manual_seed(shape.seed)
-    model = DDP(NCF(shape))
-    data = Feedback(shape)
+    task = make_task(a.model, shape)
+    model = DDP(task.model)
     tracked: Tracked | None = None
     agent = None
     if a.mode == "switch":
         cfg = AgentConfig(controller=a.controller, job_id=a.job_id, token=a.token, rank=rank, ip=a.ip,
                           udp_port=a.udp_port, switch_port=a.switch_port, iface=a.iface, ready_timeout=60)
         agent, reason = open_agent(cfg)
-        opts = {"support_block": a.dim} if a.codec == "lossless" else {}
+        # One support key per embedding row: the index phase shrinks dim-fold.
+        opts = {"support_block": a.dim} if a.codec == "lossless" and task.sparse else {}
         tracked = Tracked(SwitchHookState(agent, codec=a.codec, unavailable_reason=reason, codec_options=opts))
         model.register_comm_hook(tracked, tracked_hook)
-    opt = torch.optim.SGD(model.parameters(), lr=a.lr)
+    opt = torch.optim.SGD(model.parameters(), lr=a.lr if a.lr is not None else DEFAULT_LR[a.model])
     out = Path(a.out)
     log = open(out / f"{a.mode}.jsonl", "w") if rank == 0 else None
     dense = sum(p.numel() for p in model.parameters()) * 4
@@ -73,9 +73,9 @@ def train(a: argparse.Namespace) -> None:
         for step in range(a.steps):
             start, sent = time.perf_counter(), tx_bytes(a.iface)
             before = _stats(tracked)
-            users, items, labels = data.batch(rank, step)
+            *inputs, labels = task.batch(rank, step)
             opt.zero_grad()
-            loss = torch.nn.functional.binary_cross_entropy_with_logits(model(users, items), labels)
+            loss = task.loss(model(*inputs), labels)
             loss.backward()
             opt.step()
             seconds = time.perf_counter() - start
@@ -85,7 +85,8 @@ def train(a: argparse.Namespace) -> None:
             # One tiny all_reduce for the report (not part of the timed step).
             t = torch.tensor([loss.item(), seconds, float(wire), local_max,
                               float(after[0] - before[0]), float(after[1] - before[1]),
-                              float(after[2] - before[2]), float(after[3] - before[3])], dtype=torch.float64)
+                              float(after[2] - before[2]), float(after[3] - before[3]),
+                              after[4] - before[4], after[5] - before[5]], dtype=torch.float64)
             dist.all_reduce(t)
             if tracked:
                 tracked.local_max = 0.0
@@ -97,7 +98,8 @@ def train(a: argparse.Namespace) -> None:
                 rec = {"step": step, "loss": float(t[0]) / world, "seconds": float(t[1]) / world,
                        "tx_bytes": float(t[2]) / world, "dense_bytes": dense, "agg_wire": float(t[4]) / world,
                        "agg_dense": float(t[5]) / world, "retransmissions": int(t[6]),
-                       "fallback_buckets": int(t[7]), "grad_max": local_max, "param_max": pmax}
+                       "fallback_buckets": int(t[7]), "switch_seconds": float(t[8]) / world,
+                       "agreement_seconds": float(t[9]) / world, "grad_max": local_max, "param_max": pmax}
                 log.write(json.dumps(rec) + "\n")
                 log.flush()
                 print(_progress(a.mode, a.steps, rec), flush=True)
@@ -111,11 +113,12 @@ def train(a: argparse.Namespace) -> None:
             agent.close()
 
 
-def _stats(tracked: Tracked | None) -> tuple[int, int, int, int]:
+def _stats(tracked: Tracked | None) -> tuple[int, int, int, int, float, float]:
     if tracked is None:
-        return 0, 0, 0, 0
+        return 0, 0, 0, 0, 0.0, 0.0
     s = tracked.inner.stats
-    return s.wire_bytes, s.dense_bytes, s.retransmissions, s.fallback_buckets
+    return (s.wire_bytes, s.dense_bytes, s.retransmissions, s.fallback_buckets, s.switch_seconds,
+            s.agreement_seconds)
 
 
 def _progress(mode: str, steps: int, r: dict[str, Any]) -> str:
@@ -131,12 +134,13 @@ def main(argv: list[str] | None = None) -> None:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--mode", choices=["switch", "gloo"], required=True)
     p.add_argument("--codec", default="lossless")
+    p.add_argument("--model", choices=MODELS, default="ncf")
     p.add_argument("--steps", type=int, default=80)
     p.add_argument("--users", type=int, default=20000)
     p.add_argument("--items", type=int, default=4000)
     p.add_argument("--dim", type=int, default=16)
     p.add_argument("--batch", type=int, default=64)
-    p.add_argument("--lr", type=float, default=3.0)
+    p.add_argument("--lr", type=float, default=None, help="SGD learning rate (default: per model)")
     p.add_argument("--controller", default="")
     p.add_argument("--job-id", type=int, default=0)
     p.add_argument("--token", default="")

@@ -1,7 +1,6 @@
 """The lossless sketch decoder fed sums the switch never produced (every cell of a phase
 replaced by random words, runs of zeros, all ones, a wrapped offset): each ends in a
-CorruptResultError (a corrupted exponent at or above the inf/nan marker is reported as
-NonFiniteError, also a CodecError the DDP hook falls back on; or the exact sum, when the corruption missed what the decoder reads)
+CorruptResultError (or the exact sum, when the corruption missed what the decoder reads)
 within a bounded time: never a hang, never a wrong result returned as right.
 tests/worker/test_codecs_lossless.py already covers single bit flips, small noise, and
 corrupted bitmaps and exponents."""
@@ -15,7 +14,6 @@ import pytest
 
 from aggwire.constants import Op
 from worker.codecs import CorruptResultError, LosslessSparse
-from worker.codecs.base import CodecError
 from worker.codecs.simulate import simulate
 
 WORLD, N, TRIALS = 3, 20_000, 40
@@ -58,7 +56,7 @@ def corruptions(rng: np.random.Generator):
 @pytest.mark.parametrize("phase_op", [Op.ADD, Op.OR, Op.MAX], ids=["add", "or", "max"])
 def test_corrupted_sums_are_an_error_in_bounded_time(values, phase_op, fault_report):
     rng = np.random.default_rng(int(phase_op) * 10 + (values == "ranked"))
-    detected = exact = misread = 0
+    detected = exact = 0
     slowest = 0.0
     for trial in range(TRIALS):
         xs = inputs(rng)
@@ -76,10 +74,6 @@ def test_corrupted_sums_are_an_error_in_bounded_time(values, phase_op, fault_rep
             out = simulate([LosslessSparse(WORLD, values=values) for _ in xs], xs, tamper=tamper)
         except CorruptResultError:
             detected += 1
-        except CodecError as exc:  # a huge corrupted exponent reads as the inf/nan marker
-            assert phase_op == Op.MAX, f"trial {trial}: {exc!r}"
-            detected += 1
-            misread += 1
         else:
             np.testing.assert_array_equal(out[0].view(np.uint32), expected.view(np.uint32),
                                           err_msg=f"trial {trial}: a corrupted sum decoded to a wrong result")
@@ -87,6 +81,6 @@ def test_corrupted_sums_are_an_error_in_bounded_time(values, phase_op, fault_rep
         took = time.monotonic() - started
         slowest = max(slowest, took)
         assert took < BOUND_S, f"trial {trial} took {took:.1f} s"
-    fault_report(f"{TRIALS} corrupted {phase_op.name} phases: {detected} detected ({misread} reported as non-finite), {exact} still exact, "
+    fault_report(f"{TRIALS} corrupted {phase_op.name} phases: {detected} detected, {exact} still exact, "
                  f"slowest decode {slowest * 1e3:.0f} ms")
     assert detected > 0

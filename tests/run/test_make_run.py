@@ -66,3 +66,19 @@ def test_shortened_make_run_trains_exactly_and_cleans_up(tmp_path):
     assert our_links() == []
     assert not (STATE_DIR / "state.json").exists()
     assert _cmdlines_mentioning(str(out)) == []
+
+
+@pytest.mark.timeout(200)
+def test_dense_model_trains_exactly_through_the_switch(tmp_path):
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "run", "--hosts", "2", "--target", "refswitch", "--model", "mlp",
+           "--steps", "15", "--out", str(out)]
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=170,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "model mlp" in done.stdout and "AGREE within the bound" in done.stdout, done.stdout[-2000:]
+    steps = [json.loads(line) for line in (out / "switch.jsonl").read_text().splitlines()]
+    assert steps[-1]["loss"] < steps[0]["loss"]
+    assert all(s["fallback_buckets"] == 0 for s in steps)
+    # dense gradients: the lossless codec sends about the dense size (bitmap + every value)
+    assert all(1.0 <= s["agg_wire"] / s["agg_dense"] < 1.3 for s in steps[1:])

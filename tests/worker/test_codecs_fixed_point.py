@@ -187,3 +187,16 @@ def test_low_precision_lanes_never_carry(bits, world):
 
 def test_num_blocks():
     assert num_blocks(0, 64) == 1 and num_blocks(64, 64) == 1 and num_blocks(65, 64) == 2
+
+
+def test_corrupted_huge_exponent_is_corrupt_not_non_finite():
+    from aggwire.constants import Op
+    from worker.codecs import CorruptResultError
+    from worker.codecs.fixed_point import EXP_NONFINITE
+
+    xs = [np.ones(50, np.float32) for _ in range(3)]
+    for corrupt in (EXP_NONFINITE + 1, 2**31 - 1, 5000):
+        def tamper(step, phase, combined, corrupt=corrupt):
+            return np.full_like(combined, corrupt) if phase.op == Op.MAX else combined
+        with pytest.raises(CorruptResultError, match="impossible exponents"):
+            simulate([FixedPoint(3) for _ in range(3)], xs, tamper=tamper)

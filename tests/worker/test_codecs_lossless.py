@@ -119,14 +119,14 @@ def test_phases_and_lengths():
     xs = random_inputs(rng, world, n)
     xs[0][5] = 1.0  # a non-empty union
     log = []
-    codecs = [LosslessSparse(world, exp_block=1000) for _ in xs]
+    codecs = [LosslessSparse(world, exp_block=1000, values="sketch") for _ in xs]
     simulate(codecs, xs, phases_log=log)
     union = np.flatnonzero(np.any(np.array(xs) != 0, axis=0))
     rows = sketch_rows(union.size, codecs[0].last_attempts - 1)
     assert [p.op for p in log] == [Op.MAX, Op.OR, Op.ADD]
     assert [p.cells.size for p in log] == [10, math.ceil(n / 32) + 1, rows + FINGERPRINT_CELLS]
     log = []
-    simulate([LosslessSparse(world, values="ranked") for _ in xs], xs, phases_log=log)
+    simulate([LosslessSparse(world) for _ in xs], xs, phases_log=log)  # the default: ranked
     assert [p.cells.size for p in log] == [1, math.ceil(n / 32) + 1, union.size + FINGERPRINT_CELLS]
 
 
@@ -184,14 +184,15 @@ def test_forced_peeling_failure_is_retried_exactly():
         x[rng.choice(n, 500, replace=False)] = rng.standard_normal(500)
     dense = simulate([FixedPoint(world) for _ in xs], xs)[0]
     # factor 0.4: loads 2.5, 1.67, 1.11 cannot peel (two seeds each); 0.74 (attempt 6) does
-    codecs = [LosslessSparse(world, factor=0.4, margin=0, extra=0, max_attempts=8) for _ in xs]
+    codecs = [LosslessSparse(world, factor=0.4, margin=0, extra=0, max_attempts=8, values="sketch")
+              for _ in xs]
     log = []
     for out in simulate(codecs, xs, phases_log=log):
         assert_same_bits(out, dense)
     assert all(c.last_attempts == codecs[0].last_attempts >= 7 for c in codecs)
     assert sum(p.op == Op.ADD for p in log) == 1  # retries cost no extra phase
     with pytest.raises(PeelingError):  # every worker gives up identically
-        simulate([LosslessSparse(world, factor=0.4, max_attempts=2) for _ in xs], xs)
+        simulate([LosslessSparse(world, factor=0.4, max_attempts=2, values="sketch") for _ in xs], xs)
 
 
 def test_peeling_success_threshold():
@@ -204,13 +205,14 @@ def test_peeling_success_threshold():
     assert ok_low == 20 and ok_high == 0
 
 
-def test_corrupted_sketch_is_detected_never_wrong():
+@pytest.mark.parametrize("mode", ["sketch", "ranked"])
+def test_corrupted_value_phase_is_detected_never_wrong(mode):
     rng = np.random.default_rng(9)
     world, n = 3, 3000
     xs = random_inputs(rng, world, n)
     for x in xs:
         x[rng.choice(n, 60, replace=False)] = rng.standard_normal(60)
-    expected = simulate([LosslessSparse(world) for _ in xs], xs)[0]
+    expected = simulate([LosslessSparse(world, values=mode) for _ in xs], xs)[0]
     cells = None
 
     def flip(position: int, bit: int):
@@ -227,7 +229,7 @@ def test_corrupted_sketch_is_detected_never_wrong():
     for trial in range(300):
         position, bit = int(rng.integers(1 << 30)), int(rng.integers(32))
         try:
-            out = simulate([LosslessSparse(world) for _ in xs], xs, tamper=flip(position, bit))
+            out = simulate([LosslessSparse(world, values=mode) for _ in xs], xs, tamper=flip(position, bit))
         except CorruptResultError:
             detected += 1
             continue
@@ -241,7 +243,7 @@ def test_corrupted_sketch_is_detected_never_wrong():
         return combined
 
     with pytest.raises(CorruptResultError):
-        simulate([LosslessSparse(world) for _ in xs], xs, tamper=add_noise)
+        simulate([LosslessSparse(world, values=mode) for _ in xs], xs, tamper=add_noise)
 
 
 def test_corrupted_bitmap_and_exponents():
@@ -310,4 +312,4 @@ def test_wrapping_sketch_cells_still_decode():
     assert np.any(encode(keys, keys * 0, q, shape) * world != encode(keys, keys * 0, q, shape)
                   .astype(np.int64) * world)
     dense = simulate([FixedPoint(world) for _ in xs], xs)[0]
-    assert_same_bits(simulate([LosslessSparse(world) for _ in xs], xs)[0], dense)
+    assert_same_bits(simulate([LosslessSparse(world, values="sketch") for _ in xs], xs)[0], dense)

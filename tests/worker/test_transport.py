@@ -140,14 +140,15 @@ def test_unanswered_chunks_raise_instead_of_hanging(fabric):
         close(transports)
 
 
-@pytest.mark.parametrize("codec", ["lossless", "fixed_point"])
+@pytest.mark.parametrize("codec", ["lossless", "lossless_sketch", "fixed_point"])
 def test_codec_through_the_switch_equals_the_simulation(fabric, codec):
     """The phases of a codec driven through the switch decode exactly as simulate() says."""
     from worker.codecs.fixed_point import FixedPoint
     from worker.codecs.lossless import LosslessSparse
     from worker.codecs.simulate import simulate
 
-    make = {"lossless": lambda: LosslessSparse(WORLD), "fixed_point": lambda: FixedPoint(WORLD)}[codec]
+    make = {"lossless": lambda: LosslessSparse(WORLD), "fixed_point": lambda: FixedPoint(WORLD),
+            "lossless_sketch": lambda: LosslessSparse(WORLD, values="sketch")}[codec]
     rng = np.random.default_rng(3)
     xs = []
     for _ in range(WORLD):

@@ -75,7 +75,8 @@ def check_agreed(agreed: np.ndarray, own: np.ndarray) -> bool:
     worker can see: it then reports it in its next phase's status cell (see STATUS_*)."""
     if own.size != agreed.size:
         raise CorruptResultError(f"{agreed.size} exponents received, {own.size} expected")
-    if np.any(agreed >= EXP_NONFINITE):
+    # Exactly the marker: a corrupted exponent above the limit is not an inf/nan report.
+    if np.any(agreed == EXP_NONFINITE):
         raise NonFiniteError("a worker's gradient holds inf or nan; no worker can aggregate it")
     if np.any(agreed > _EXP_LIMIT) or np.any((agreed < -149) & (agreed != EXP_ZERO)):
         raise CorruptResultError("exponent phase result holds impossible exponents")

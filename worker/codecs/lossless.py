@@ -44,7 +44,7 @@ class LosslessSparse:
     of a sketch (|U| cells, no peeling)."""
 
     def __init__(self, world: int, *, support_block: int = 1, exp_block: int = DEFAULT_BLOCK,
-                 values: str = "sketch", factor: float = 1.23, margin: float = 1.0,
+                 values: str = "ranked", factor: float = 1.23, margin: float = 1.0,
                  extra: int = 16, growth: float = 1.5, max_attempts: int = 6, seed: int = 0):
         if values not in VALUE_MODES:
             raise ValueError(f"values must be one of {VALUE_MODES}, not {values!r}")
