@@ -146,7 +146,8 @@ def main(argv: list[str] | None = None) -> int:
             s = samples[(model, name)]
             med = statistics.median(s)
             lines.append(f"| {args.hosts} | {DESCRIPTION[model]} | {name} | {med * 1e3:.0f} [{_pct(s, 0.1) * 1e3:.0f}, "
-                         f"{_pct(s, 0.9) * 1e3:.0f}] | {gloo / med:.2f}x | {statistics.mean(wire[(model, name)]):.2f}x |")
+                         f"{_pct(s, 0.9) * 1e3:.0f}] | {gloo / med:.2f}x | "
+                         f"{statistics.mean(wire[(model, name)]):.2f}x |")
         speed = {c: gloo / statistics.median(samples[(model, f"switch, {c}")]) for c in ("lossless", "fixed_point")}
         part = f"{model}: lossless {speed['lossless']:.2f}x, fixed point {speed['fixed_point']:.2f}x"
         if model == "ncf":

@@ -108,7 +108,8 @@ def _run_job(mode: str, net: Mininet, args: argparse.Namespace, job: Any | None,
         iface = h.defaultIntf().name
         cmd = [PY, "-m", "torch.distributed.run", "--nnodes", str(len(hosts)), "--nproc-per-node", "1",
                "--node-rank", str(i), "--master-addr", "10.0.0.1", "--master-port", str(port),
-               "-m", "run.train", "--mode", mode, "--codec", args.codec, "--model", args.model, "--steps", str(args.steps),
+               "-m", "run.train", "--mode", mode, "--codec", args.codec, "--model", args.model,
+               "--steps", str(args.steps),
                "--users", str(args.users), "--items", str(args.items), "--batch", str(args.batch),
                "--lr", str(args.lr), "--ip", f"10.0.0.{i + 1}", "--iface", iface, "--switch-port", str(i + 1),
                "--out", str(args.out)]

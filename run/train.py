@@ -1,6 +1,6 @@
 """One rank of `make run`'s job, started by torchrun inside its Mininet host: trains the NCF
-model (or the small dense MLP, --model mlp) with DDP, its gradients summed by the switch (--mode switch, the homagg DDP hook) or
-by gloo (--mode gloo), and reports each step (rank 0) as a JSON line and a progress line.
+model (or the small dense MLP, --model mlp) with DDP, its gradients summed by the switch
+(--mode switch, the homagg DDP hook) or by gloo (--mode gloo), and reports each step (rank 0) as a JSON line and a progress line.
 
 Example (inside host h1 of 2, under torchrun):
   torchrun --nnodes 2 --nproc-per-node 1 --node-rank 0 --master-addr 10.0.0.1 \\
