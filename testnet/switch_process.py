@@ -28,15 +28,19 @@ def free_port() -> int:
 
 
 def switch_command(target: str, ports: dict[int, str], grpc_port: int, device_id: int = 0,
-                   log_level: str = "info") -> list[str]:
-    """The command line that starts `target` with the given PORT -> interface map."""
+                   log_level: str | None = None) -> list[str]:
+    """The command line that starts `target` with the given PORT -> interface map; the log
+    level defaults to info (reference switch) or warn (BMv2)."""
     ifaces = [arg for port, iface in sorted(ports.items()) for arg in ("-i", f"{port}@{iface}")]
     addr = f"127.0.0.1:{grpc_port}"
     if target == "refswitch":
         return [sys.executable, "-m", "refswitch", *ifaces, "--device-id", str(device_id),
-                "--grpc-server-addr", addr, "--log-level", log_level]
+                "--grpc-server-addr", addr, "--log-level", log_level or "info"]
     if target == "bmv2":
+        # BMv2 evaluates its per-packet log calls at its default level (trace) even with no
+        # log sink: that halves its packet rate (docs/performance.md). Warn keeps them out.
         return ["simple_switch_grpc", *ifaces, "--device-id", str(device_id), "--no-p4",
+                "--log-console", "--log-level", log_level or "warn",
                 "--thrift-port", str(free_port()), "--", "--grpc-server-addr", addr]
     raise ValueError(f"unknown switch target {target!r}; expected one of {TARGETS}")
 

@@ -215,6 +215,16 @@ def _through_switch(state: SwitchHookState, index: int, flat: np.ndarray) -> tup
     return out, OK, ""
 
 
+def _into_bucket(buf: torch.Tensor, out: np.ndarray) -> torch.Tensor:
+    """The decoded sum written into the bucket's own buffer (codecs may return a buffer
+    they reuse, so nothing may keep referring to it)."""
+    if buf.device.type == "cpu" and buf.dtype == torch.float32 and buf.is_contiguous():
+        np.copyto(buf.detach().numpy().reshape(-1), out.reshape(-1))
+    else:
+        buf.copy_(torch.from_numpy(np.array(out, np.float32)).reshape(buf.shape))
+    return buf
+
+
 def _completed(tensor: torch.Tensor) -> torch.futures.Future[torch.Tensor]:
     fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
     fut.set_result(tensor)
@@ -234,8 +244,7 @@ def switch_allreduce_hook(state: SwitchHookState, bucket: dist.GradBucket) -> to
             state.fall_back(failed, reason, chunk)
         else:
             assert out is not None
-            result = torch.from_numpy(np.ascontiguousarray(out, np.float32)).reshape(buf.shape)
-            result = result.to(buf.device, buf.dtype)
+            result = _into_bucket(buf, out)
             state.stats.switch_buckets += 1
             state.stats.dense_bytes += flat.size * 4
             if health != OK:  # this result is good; the next bucket takes the fallback
