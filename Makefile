@@ -50,9 +50,9 @@ demo: venv  ## the data-plane demo: int32 contributions through the switch, ever
 	$(PY) -m testnet.demo
 
 BENCH_REPS ?= 5
-bench: venv  ## benchmarks (needs root, ~7 min on 2 cores): switch rate, codecs, aggregation throughput, training; tables and plots in bench/results/
+bench: venv  ## benchmarks (needs root, ~10 min on 2 cores): switch rate, codecs, aggregation throughput, training; tables and plots in bench/results/
 	@start=$$(date +%s); set -e; \
-	echo "== switch packet rate (bench.switch_rate)"; $(PY) -m bench.switch_rate --cells 256 --reps $(BENCH_REPS); \
+	echo "== switch packet rate (bench.switch_rate)"; $(PY) -m bench.switch_rate --cells 64 128 256 --reps $(BENCH_REPS); \
 	echo "== codecs (bench.codecs)"; $(PY) -m bench.codecs --reps $(BENCH_REPS); \
 	echo "== aggregation throughput (bench.aggregation)"; $(PY) -m bench.aggregation; \
 	echo "== training iteration time (bench.training)"; $(PY) -m bench.training; \

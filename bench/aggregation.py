@@ -16,7 +16,7 @@ bytes whatever the density, so they are measured once per W and repetition.
 The reference switch gets the full tensor (--n, 25M); BMv2 is ~8x slower per packet
 (bench/switch_rate.py), so it gets --bmv2-n elements (1M) and fewer repetitions.
 
-    python -m bench.aggregation [--n 25000000] [--bmv2-n 1000000] [--reps 3] [--bmv2-reps 2]
+    python -m bench.aggregation [--n 25000000] [--bmv2-n 1000000] [--reps 5] [--bmv2-reps 2]
 """
 
 from __future__ import annotations
@@ -328,7 +328,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--n", type=int, default=25_000_000)
     p.add_argument("--bmv2-n", type=int, default=1_000_000)
-    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--reps", type=int, default=5)
     p.add_argument("--bmv2-reps", type=int, default=2)
     p.add_argument("--no-bmv2", action="store_true")
     args = p.parse_args(argv)

@@ -4,9 +4,11 @@ Each target runs in its own fabric (4 hosts in namespaces); batches of a full wi
 (32 slots x 4 workers) are sent as fast as the hosts can, then every result is awaited.
 Targets alternate batch by batch so that a noisy neighbour hits both alike; the table
 gives the median and spread of contributions absorbed per second, per cells-per-packet
-setting (the 256-cell program is compiled on the fly, so it needs p4c).
+setting (settings other than the committed program's are compiled on the fly:
+they need p4c).
+Writes bench/results/switch_rate.md and switch_rate.png.
 
-    python -m bench.switch_rate [--cells 64 256] [--reps 7]
+    python -m bench.switch_rate [--cells 64 128 256] [--reps 7]
 """
 
 from __future__ import annotations
@@ -94,10 +96,41 @@ def _compile(cells: int, out: Path) -> tuple[Path, Path] | None:
     return out / "homagg.p4info.txtpb", out / "homagg.json"
 
 
+def plot(rows: list[dict], path: Path) -> None:
+    """Packets/s and cells/s (median, min-max bars) by cells per packet, per target."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+    for t, style in (("refswitch", "o-"), ("bmv2", "s-")):
+        pts = [(r["cells"], r["rates"][t]) for r in rows if t in r["rates"]]
+        if not pts:
+            continue
+        for ax, scale in ((axes[0], lambda c: 1), (axes[1], lambda c: c)):
+            xs = [c for c, _ in pts]
+            med = [statistics.median(v) * scale(c) for c, v in pts]
+            err = [[m - min(v) * scale(c) for (c, v), m in zip(pts, med)],
+                   [max(v) * scale(c) - m for (c, v), m in zip(pts, med)]]
+            ax.errorbar(xs, med, yerr=err, fmt=style, capsize=3,
+                        label={"refswitch": "reference switch", "bmv2": "BMv2"}[t])
+    for ax, label in zip(axes, ("packets/s", "cells/s")):
+        ax.set(xlabel="cells per packet", ylabel=label, xscale="log", yscale="log")
+        ax.set_xticks(sorted({r["cells"] for r in rows}), [str(c) for c in sorted({r["cells"] for r in rows})])
+        ax.tick_params(axis="x", which="minor", labelbottom=False)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle("switch packet rate, 4 workers, window 32")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark and write bench/results/switch_rate.md."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--cells", type=int, nargs="+", default=[64, 256], choices=[64, 128, 256])
+    p.add_argument("--cells", type=int, nargs="+", default=[64, 128, 256], choices=[64, 128, 256])
     p.add_argument("--reps", type=int, default=7)
     p.add_argument("--child", type=str, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -136,7 +169,9 @@ def main(argv: list[str] | None = None) -> int:
         if "bmv2" in row["rates"]:
             ratio = statistics.median(row["rates"]["refswitch"]) / statistics.median(row["rates"]["bmv2"])
             lines.append(f"| {row['cells']} | refswitch / bmv2 | {ratio:.2f}x | | |")
+    lines += ["", "![switch packet rate](switch_rate.png)"]
     RESULTS.mkdir(exist_ok=True)
+    plot(rows, RESULTS / "switch_rate.png")
     (RESULTS / "switch_rate.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0

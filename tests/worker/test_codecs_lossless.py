@@ -335,3 +335,85 @@ def test_reused_codecs_stay_exact_step_after_step(mode):
             assert not out.flags.writeable
         with pytest.raises(ValueError, match="read-only"):
             outs[0][0] = 1.0
+
+
+def _sparse(rng, world: int, n: int, k: int) -> list[np.ndarray]:
+    xs = [np.zeros(n, np.float32) for _ in range(world)]
+    for x in xs:
+        x[rng.choice(n, k, replace=False)] = rng.standard_normal(k)
+    return xs
+
+
+@pytest.mark.parametrize("mode", ["sketch", "ranked"])
+def test_two_level_index_is_exact_and_sends_only_chosen_words(mode):
+    rng = np.random.default_rng(13)
+    world, n = 4, 200_000  # 6,250 bitmap words: two levels by default
+    xs = _sparse(rng, world, n, 100)
+    dense = simulate([FixedPoint(world) for _ in xs], xs)[0]
+    log = []
+    out = simulate([LosslessSparse(world, values=mode) for _ in xs], xs, phases_log=log)
+    assert_same_bits(out[0], dense)
+    union = np.flatnonzero(np.any(np.array(xs) != 0, axis=0))
+    words = np.unique(union // 32)
+    assert [p.op for p in log] == [Op.MAX, Op.OR, Op.OR, Op.ADD]
+    assert log[1].cells.size == math.ceil(math.ceil(n / 32) / 32) + 1  # one bit per word + status
+    assert log[2].cells.size == words.size
+    one = []
+    assert_same_bits(simulate([LosslessSparse(world, values=mode, index_levels=1) for _ in xs], xs,
+                              phases_log=one)[0], dense)
+    assert [p.op for p in one] == [Op.MAX, Op.OR, Op.ADD] and one[1].cells.size == math.ceil(n / 32) + 1
+    # all zero: the first level ends the step
+    log = []
+    zero = simulate([LosslessSparse(world) for _ in xs], [np.zeros(n, np.float32)] * world, phases_log=log)
+    assert len(log) == 2 and not np.any(zero[0])
+
+
+def test_two_level_index_corruption_is_detected():
+    rng = np.random.default_rng(14)
+    world, n = 3, 100_000
+    xs = _sparse(rng, world, n, 50)
+    expected = simulate([LosslessSparse(world) for _ in xs], xs)[0]
+
+    def on_phase(number, change):
+        seen = {"or": 0}
+
+        def tamper(step, phase, c):
+            if phase.op == Op.OR:
+                seen["or"] += 1
+                if seen["or"] == number:
+                    return change(c.copy())
+            return c
+        return tamper
+
+    def set_lowest_clear_bit(c, w):
+        v = c.view(np.uint32)[w]
+        c.view(np.uint32)[w] = v | (~v & (v + np.uint32(1)))
+        return c
+
+    def extra_word(c):  # the top level names a word nobody set
+        return set_lowest_clear_bit(c, np.flatnonzero(c[:-1] != -1)[0])
+
+    def drop_word(c):  # a word somebody set is left out
+        c[np.flatnonzero(c[:-1])[0]] = 0
+        return c
+
+    def zero_a_word(c):
+        c[0] = 0
+        return c
+
+    def drop_bit(c):
+        w = np.flatnonzero(c)[0]
+        c.view(np.uint32)[w] &= c.view(np.uint32)[w] - np.uint32(1)  # clear the lowest set bit
+        return c
+
+    def add_bit(c):
+        return set_lowest_clear_bit(c, np.flatnonzero(c != -1)[0])
+
+    for number, change in ((1, extra_word), (1, drop_word), (2, zero_a_word), (2, drop_bit)):
+        with pytest.raises(CorruptResultError):
+            simulate([LosslessSparse(world) for _ in xs], xs, tamper=on_phase(number, change))
+    # an extra element in a chosen word decodes to an exact zero
+    assert_same_bits(simulate([LosslessSparse(world) for _ in xs], xs, tamper=on_phase(2, add_bit))[0],
+                     expected)
+    with pytest.raises(ValueError, match="index_levels"):
+        LosslessSparse(world, index_levels=3)

@@ -1,10 +1,11 @@
-"""Lossless homomorphic sparse codec (Li et al., ICML 2024): union support by an OR'd
-bitmap, values in a count sketch summed by the switch, exact decoding by peeling.
+"""Lossless homomorphic sparse codec (after Li et al., ICML 2024): union support by an
+OR'd bitmap, then values summed by the switch at their ranks in the union (default) or in
+a count sketch decoded exactly by peeling.
 
-Phases per step: MAX of block exponents; OR of the support bitmap plus a status word;
-ADD of the value sketch (or of the values at their ranks in the union) plus a fingerprint.
-The decoded sum equals the dense fixed-point sum bit for bit (same exponents, same
-quantization)."""
+Phases per step: MAX of block exponents; OR of the support bitmap plus a status word (a
+big bitmap in two levels: nonzero words, then those words); ADD of the values plus a
+fingerprint. The decoded sum equals the dense fixed-point sum bit for bit (same
+exponents, same quantization)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from .fixed_point import (DEFAULT_BLOCK, check_agreed, decode_shifts, dequantize
                           quantize, raise_on_status, sparse_exponents)
 
 VALUE_MODES = ("sketch", "ranked")
+TWO_LEVEL_MIN_WORDS = 1024  # bitmaps this big (4 packets of 256 cells) go in two levels
 _FAULT, _NONEMPTY = 1, 2  # bits of the OR phase's status word
 
 
@@ -41,7 +43,8 @@ class LosslessSparse:
     """The lossless sparse codec for one tensor on one worker. `support_block` > 1 makes
     the support (and the sketch keys) blocks of that many consecutive elements, e.g. one
     embedding row; `values="ranked"` sends the values at their rank in the union instead
-    of a sketch (|U| cells, no peeling). The returned sum is a read-only view of a buffer
+    of a sketch (|U| cells, no peeling). `index_levels` 1 or 2 forces the support
+    bitmap's form (default: two levels from TWO_LEVEL_MIN_WORDS words). The returned sum is a read-only view of a buffer
     the codec reuses: the next `aggregate` on the same codec overwrites it (copy it to
     keep it); only the elements written last time are cleared, so a step costs O(|U|)
     and not the page faults of a fresh n-element array (one codec per bucket, as the DDP
@@ -49,11 +52,15 @@ class LosslessSparse:
 
     def __init__(self, world: int, *, support_block: int = 1, exp_block: int = DEFAULT_BLOCK,
                  values: str = "ranked", factor: float = 1.23, margin: float = 1.0,
-                 extra: int = 16, growth: float = 1.5, max_attempts: int = 6, seed: int = 0):
+                 extra: int = 16, growth: float = 1.5, max_attempts: int = 6, seed: int = 0,
+                 index_levels: int | None = None):
         if values not in VALUE_MODES:
             raise ValueError(f"values must be one of {VALUE_MODES}, not {values!r}")
         if support_block < 1 or exp_block < 1 or max_attempts < 1:
             raise ValueError("support_block, exp_block and max_attempts must be >= 1")
+        if index_levels not in (None, 1, 2):
+            raise ValueError(f"index_levels must be 1, 2 or None (by size), not {index_levels!r}")
+        self.index_levels = index_levels
         self.world = world
         self.support_block = support_block
         self.exp_block = exp_block
@@ -96,13 +103,10 @@ class LosslessSparse:
         nkeys = -(-n // d)
         keys = idx // d
         mine = keys if d == 1 or keys.size == 0 else keys[np.r_[True, keys[1:] != keys[:-1]]]
-        # The status word rides along the OR phase: a local fault stops every worker here,
-        # and "someone has nonzeros" guards the one case no later phase can check.
+        # The status word rides along the (first) OR phase: a local fault stops every worker
+        # here, and "someone has nonzeros" guards the one case no later phase can check.
         status = (0 if ok else _FAULT) | (_NONEMPTY if idx.size else 0)
-        words = yield Phase(Op.OR, np.r_[bitmap.pack(mine, nkeys), np.int32(status)])
-        status = int(words[-1])
-        raise_on_status(status & _FAULT)
-        union = bitmap.unpack(words[:-1], nkeys)
+        union, status = yield from self._union(bitmap.pack(mine, nkeys), nkeys, status)
         if union.size == 0:
             if idx.size or status & _NONEMPTY:
                 raise CorruptResultError("the union support is empty but a worker has nonzeros")
@@ -137,6 +141,32 @@ class LosslessSparse:
         view = self._out.view()
         view.flags.writeable = False  # a caller's write would break the all-zero invariant
         return view
+
+    def _union(self, words: np.ndarray, nkeys: int, status: int):
+        """The union support (sorted keys) and the combined status word. A big bitmap goes
+        in two levels: first the OR of "word w is nonzero" (one bit per word), then only
+        the words nonzero somewhere, for one more round trip; at 1% density and W = 4
+        that skips ~27% of the words, at 0.1% ~88%."""
+        levels = self.index_levels or (2 if words.size >= TWO_LEVEL_MIN_WORDS else 1)
+        if levels == 1:
+            combined = yield Phase(Op.OR, np.r_[words, np.int32(status)])
+            status = int(combined[-1])
+            raise_on_status(status & _FAULT)
+            return bitmap.unpack(combined[:-1], nkeys), status
+        top = yield Phase(Op.OR, np.r_[bitmap.pack(np.flatnonzero(words), words.size), np.int32(status)])
+        status = int(top[-1])
+        raise_on_status(status & _FAULT)
+        chosen = bitmap.unpack(top[:-1], words.size)
+        if chosen.size == 0:
+            return chosen, status
+        picked = yield Phase(Op.OR, np.take(words, chosen))
+        if picked.size != chosen.size:
+            raise CorruptResultError(f"{picked.size} index words received, {chosen.size} sent")
+        if not np.all(picked):  # a word chosen because some worker had bits there came back empty
+            raise CorruptResultError("an index word that some worker set came back empty")
+        full = np.zeros(words.size, dtype=np.int32)
+        full[chosen] = picked
+        return bitmap.unpack(full, nkeys), status
 
     def _ranked(self, union: np.ndarray, keys: np.ndarray, cols: np.ndarray, q: np.ndarray,
                 elements: np.ndarray, idx: np.ndarray):
