@@ -13,8 +13,9 @@ repetitions and ratios of medians of the same run. Codec objects live across
 repetitions, as in training (one per bucket). Fixed point and gloo send the same
 bytes whatever the density, so they are measured once per W and repetition.
 
-The reference switch gets the full tensor (--n, 25M); BMv2 is ~8x slower per packet
-(bench/switch_rate.py), so it gets --bmv2-n elements (1M) and fewer repetitions.
+The reference switch gets the full tensor (--n, 25M); BMv2 forwards several times fewer
+packets per second (bench/switch_rate.py), so it gets --bmv2-n elements (1M) and fewer
+repetitions.
 
     python -m bench.aggregation [--n 25000000] [--bmv2-n 1000000] [--reps 5] [--bmv2-reps 2]
 """
@@ -262,7 +263,8 @@ def report(record: dict, elapsed: float, args) -> tuple[list[str], str]:
     for target, n in sorted({(k[0], k[1]) for k in record}, key=lambda t: t[0] != "refswitch"):
         name = {"refswitch": "reference switch", "bmv2": "BMv2"}[target]
         lines += [f"### {name}, n = {n:,} elements" +
-                  ("" if target == "refswitch" else " (smaller tensor: BMv2 is ~8x slower per packet)"), "",
+                  ("" if target == "refswitch"
+                   else " (smaller tensor: BMv2 forwards several times fewer packets/s)"), "",
                   "| W | method | density | M elem/s/worker | vs gloo | vs fixed point | retx |",
                   "|---:|---|---:|---:|---:|---:|---:|"]
         for w in WORLDS:

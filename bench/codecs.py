@@ -171,7 +171,7 @@ def bench_cells(n: int, world: int, densities: list[float]) -> list[str]:
             xs = sparse_inputs(rng, n, world, density, shared=shared)
             union = np.count_nonzero(np.any(np.array(xs) != 0, axis=0)) / n
             dense = simulate([FixedPoint(world) for _ in xs], xs)[0]
-            runs = [("lossless sketch", [LosslessSparse(world) for _ in xs]),
+            runs = [("lossless sketch", [LosslessSparse(world, values="sketch") for _ in xs]),
                     ("lossless ranked", [LosslessSparse(world, values="ranked") for _ in xs]),
                     (f"CLT-k ratio {density:g}", [CLTK(world, r, ratio=density)
                                                  for r in range(world)])]
