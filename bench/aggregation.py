@@ -36,7 +36,8 @@ from pathlib import Path
 
 import numpy as np
 
-RESULTS = Path(__file__).resolve().parent / "results"
+from bench.publish import plot_path, publish, pyplot
+
 DENSITIES = (0.001, 0.01, 0.1)
 WORLDS = (2, 4)
 WINDOW = 32
@@ -295,10 +296,7 @@ def report(record: dict, elapsed: float, args) -> tuple[list[str], str]:
 
 
 def plot(record: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     keys = sorted({(k[0], k[1]) for k in record}, key=lambda t: t[0] != "refswitch")
     fig, axes = plt.subplots(len(keys), len(WORLDS), figsize=(5 * len(WORLDS), 3.6 * len(keys)),
@@ -352,11 +350,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         gloo.close()
     lines, summary = report(record, time.perf_counter() - start, args)
-    RESULTS.mkdir(exist_ok=True)
-    plot(record, RESULTS / "aggregation.png")
-    (RESULTS / "aggregation.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
-    print("SUMMARY " + summary, flush=True)
+    plot(record, plot_path("aggregation.png"))
+    publish("aggregation", lines, summary)
     return 0
 
 

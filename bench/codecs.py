@@ -23,7 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
-RESULTS = Path(__file__).resolve().parent / "results"
+from bench.publish import plot_path, publish, pyplot
+
 # Pause before each timed item: torch's OpenMP threads keep spinning for a while after an
 # op returns and would steal the cores from whatever is timed next.
 SETTLE = 0.3
@@ -240,10 +241,7 @@ def bench_peeling(loads: np.ndarray, sizes: dict[int, int]) -> tuple[list[str], 
 
 def plot_peeling(loads: np.ndarray, rates: dict[int, list[float]], path: Path) -> None:
     """PNG of the success-rate curves with the threshold marked."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, ax = plt.subplots(figsize=(6, 4))
     for keys, r in rates.items():
@@ -278,8 +276,7 @@ def main(argv: list[str] | None = None) -> int:
     sizes = {1_000: 40, 10_000: 20, 100_000: 5} if args.quick else \
         {1_000: 200, 10_000: 50, 100_000: 10}
     peel, rates = bench_peeling(loads, sizes)
-    RESULTS.mkdir(exist_ok=True)
-    plot_peeling(loads, rates, RESULTS / "peel_threshold.png")
+    plot_peeling(loads, rates, plot_path("peel_threshold.png"))
     import torch
 
     lines = [f"# Codec benchmark ({platform.machine()}, {os.cpu_count()} cores, "
@@ -287,8 +284,7 @@ def main(argv: list[str] | None = None) -> int:
              "", "`python -m bench.codecs`" + (" --quick" if args.quick else "") +
              f"; ran in {time.perf_counter() - started:.0f} s. Plot: peel_threshold.png.", "",
              *speed, "", *cells, "", *row_lines, "", *peel]
-    (RESULTS / "codecs.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    publish("codecs", lines)
     return 0
 
 

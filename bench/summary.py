@@ -9,9 +9,8 @@ import os
 import platform
 import re
 import sys
-from pathlib import Path
 
-RESULTS = Path(__file__).resolve().parent / "results"
+from bench.publish import RESULTS
 
 
 def _find(name: str, pattern: str) -> str | None:

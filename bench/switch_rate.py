@@ -25,7 +25,8 @@ import tempfile
 import time
 from pathlib import Path
 
-RESULTS = Path(__file__).resolve().parent / "results"
+from bench.publish import plot_path, publish, pyplot
+
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -98,10 +99,7 @@ def _compile(cells: int, out: Path) -> tuple[Path, Path] | None:
 
 def plot(rows: list[dict], path: Path) -> None:
     """Packets/s and cells/s (median, min-max bars) by cells per packet, per target."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
     for t, style in (("refswitch", "o-"), ("bmv2", "s-")):
@@ -170,10 +168,8 @@ def main(argv: list[str] | None = None) -> int:
             ratio = statistics.median(row["rates"]["refswitch"]) / statistics.median(row["rates"]["bmv2"])
             lines.append(f"| {row['cells']} | refswitch / bmv2 | {ratio:.2f}x | | |")
     lines += ["", "![switch packet rate](switch_rate.png)"]
-    RESULTS.mkdir(exist_ok=True)
-    plot(rows, RESULTS / "switch_rate.png")
-    (RESULTS / "switch_rate.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    plot(rows, plot_path("switch_rate.png"))
+    publish("switch_rate", lines)
     return 0
 
 

@@ -24,7 +24,8 @@ import tempfile
 import time
 from pathlib import Path
 
-RESULTS = Path(__file__).resolve().parent / "results"
+from bench.publish import plot_path, publish, pyplot
+
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -72,10 +73,7 @@ def run_round(model: str, codec: str, no_gloo: bool, args: argparse.Namespace, o
 
 def plot(samples: dict[tuple[str, str], list[float]], models: list[str], title: str, path: Path) -> None:
     """Median iteration time per model and run, with p10-p90 whiskers, log scale."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, ax = plt.subplots(figsize=(7, 3.8))
     width = 0.8 / len(RUNS)
@@ -156,11 +154,8 @@ def main(argv: list[str] | None = None) -> int:
     summary = (f"training W={args.hosts} ({target_used}), speed vs DDP over gloo: " + "; ".join(parts))
     lines += ["", f"Summary: {summary}.", ""]
     lines += ["![training iteration time](training.png)", ""]
-    RESULTS.mkdir(exist_ok=True)
-    plot(samples, models, f"training, W={args.hosts}, {target_used}", RESULTS / "training.png")
-    (RESULTS / "training.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
-    print("SUMMARY " + summary, flush=True)
+    plot(samples, models, f"training, W={args.hosts}, {target_used}", plot_path("training.png"))
+    publish("training", lines, summary)
     return 0
 
 

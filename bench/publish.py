@@ -1,0 +1,33 @@
+"""Where and how the benchmarks leave their results: bench/results/<name>.md (also
+printed, with the one-line SUMMARY that `make bench` collects) and PNG plots."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def pyplot() -> Any:
+    """matplotlib.pyplot on the file-only Agg backend (no display on these machines)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_path(name: str) -> Path:
+    """bench/results/<name>, the directory made if missing."""
+    RESULTS.mkdir(exist_ok=True)
+    return RESULTS / name
+
+
+def publish(name: str, lines: list[str], summary: str | None = None) -> None:
+    """Write bench/results/<name>.md, print it, then `SUMMARY <summary>` if given."""
+    plot_path(f"{name}.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    if summary is not None:
+        print("SUMMARY " + summary, flush=True)
