@@ -11,13 +11,27 @@ if CELLS_PER_PKT not in (64, 128, 256):
     raise ValueError(f"HOMAGG_CELLS_PER_PKT must be 64, 128 or 256, not {CELLS_PER_PKT}")
 AGG_UDP_PORT = 40700
 AGG_VERSION = 1
-AGG_HEADER_BYTES = 16
+AGG_HEADER_BYTES = 16  # aggwire/header.py checks that its fields add up to this
 AGG_UDP_LENGTH = 8 + AGG_HEADER_BYTES + 4 * CELLS_PER_PKT
 AGG_IPV4_LENGTH = 20 + AGG_UDP_LENGTH
 AGG_FRAME_BYTES = 14 + AGG_IPV4_LENGTH
 NUM_SLOTS = 4096
+SHADOW_COPIES = 2  # each slot has two copies (shadow sets), chosen by the header's shadow bit
+NUM_SLOT_COPIES = SHADOW_COPIES * NUM_SLOTS
 MAX_WORKERS_PER_JOB = 32  # one bit each in the slot's 32-bit seen bitmap
 RESULT_TTL = 64
+
+# Widths of the header fields that other code computes with (P4: job_id_t, chunk_t).
+JOB_ID_BITS = 16
+MAX_JOB_ID = (1 << JOB_ID_BITS) - 1  # job ids are 1..MAX_JOB_ID; 0 is never assigned
+CHUNK_BITS = 32
+# Chunk numbers are serial numbers modulo 2^32 (RFC 1982): they wrap, and the switch
+# orders two of them by their difference masked to 32 bits.
+CHUNK_MODULUS = 1 << CHUNK_BITS
+CHUNK_MASK = CHUNK_MODULUS - 1
+# Cells are int32 lanes; a sum wraps in two's complement, i.e. modulo 2^32.
+CELL_BITS = 32
+CELL_MASK = (1 << CELL_BITS) - 1
 
 
 class Flag(IntEnum):

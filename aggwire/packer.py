@@ -1,15 +1,14 @@
 """Vectorized packing and parsing of aggregation packets with numpy (the hot path).
 
-One structured dtype describes the 16-byte header; a batch of k packets is one
-(k, 16 + 4N) uint8 array, so packing costs a few array copies, never a Python loop
-over cells. tests/aggwire/test_packer.py proves it byte-identical to the Scapy layer.
+One structured dtype (aggwire.header.HEADER_DTYPE) describes the 16-byte header; a batch
+of k packets is one (k, 16 + 4N) uint8 array, so packing costs a few array copies, never a
+Python loop over cells. tests/aggwire/test_packer.py proves it byte-identical to the Scapy layer.
 """
 
 from __future__ import annotations
 
 import ipaddress
 import struct
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -18,46 +17,12 @@ from aggwire.constants import (
     AGG_IPV4_LENGTH,
     AGG_UDP_LENGTH,
     AGG_UDP_PORT,
-    AGG_VERSION,
     CELLS_PER_PKT,
 )
+from aggwire.header import HEADER_DTYPE, AggHeader
 
-HEADER_DTYPE = np.dtype([
-    ("version", "u1"), ("flags", "u1"), ("op", "u1"), ("rank", "u1"),
-    ("job_id", ">u2"), ("slot", ">u2"), ("shadow", "u1"), ("exp", "u1"),
-    ("ncells", ">u2"), ("chunk", ">u4"),
-])
-assert HEADER_DTYPE.itemsize == AGG_HEADER_BYTES
 PAYLOAD_BYTES = AGG_HEADER_BYTES + 4 * CELLS_PER_PKT
 CELLS_DTYPE = np.dtype(">i4")
-
-
-@dataclass(frozen=True)
-class AggHeader:
-    """One aggregation header; field meanings are in docs/protocol.md."""
-
-    job_id: int
-    slot: int
-    shadow: int
-    rank: int
-    op: int
-    chunk: int
-    ncells: int = CELLS_PER_PKT
-    exp: int = 0
-    flags: int = 0
-    version: int = AGG_VERSION
-
-    def to_record(self) -> np.ndarray:
-        """This header as a one-element HEADER_DTYPE array."""
-        rec = np.zeros(1, HEADER_DTYPE)
-        for name in HEADER_DTYPE.names:
-            rec[name] = getattr(self, name)
-        return rec
-
-    @classmethod
-    def from_record(cls, rec: np.void) -> "AggHeader":
-        """The header held in one HEADER_DTYPE record."""
-        return cls(**{name: int(rec[name]) for name in HEADER_DTYPE.names})
 
 
 def pack_payloads(headers: np.ndarray, cells: np.ndarray) -> np.ndarray:
@@ -101,11 +66,14 @@ def parse_payload(data: bytes) -> tuple[AggHeader, np.ndarray]:
 
 
 def ipv4_checksum(header: bytes) -> int:
-    """The Internet checksum (RFC 1071) of an IPv4 header whose checksum field is zero."""
-    words = np.frombuffer(header, ">u2").astype(np.uint32).sum()
-    while words >> 16:
-        words = (words & 0xFFFF) + (words >> 16)
-    return int(~words & 0xFFFF)
+    """The Internet checksum (RFC 1071) of an IPv4 header whose checksum field is zero;
+    the reference switch's deparser uses it too (P4's csum16)."""
+    if len(header) % 2:
+        raise ValueError(f"an IPv4 header has an even length, not {len(header)} bytes")
+    total = sum(struct.unpack(f"!{len(header) // 2}H", header))
+    while total >> 16:
+        total = (total & 0xFFFF) + (total >> 16)
+    return ~total & 0xFFFF
 
 
 def mac_bytes(mac: str) -> bytes:

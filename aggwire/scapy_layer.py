@@ -1,11 +1,14 @@
 """The aggregation header as a Scapy layer, bound to UDP on AGG_UDP_PORT (either side).
 
-For tests, fuzzing and debugging; the hot path uses aggwire.packer.
+For tests, fuzzing and debugging; the hot path uses aggwire.packer. The header fields
+come from aggwire.header.AGG_HEADER_FIELDS; only their display (flag and op names) and
+defaults are chosen here.
 """
 
 from scapy.fields import (
     ByteEnumField,
     ByteField,
+    Field,
     FieldListField,
     FlagsField,
     IntField,
@@ -15,7 +18,24 @@ from scapy.fields import (
 from scapy.layers.inet import UDP
 from scapy.packet import Packet, bind_layers
 
-from aggwire.constants import AGG_UDP_PORT, AGG_VERSION, CELLS_PER_PKT, Op
+from aggwire.constants import AGG_UDP_PORT, AGG_VERSION, CELLS_PER_PKT, Flag, Op
+from aggwire.header import AGG_HEADER_FIELDS, HeaderField
+
+_UNSIGNED_BY_WIDTH = {8: ByteField, 16: ShortField, 32: IntField}
+_DEFAULTS = {"version": AGG_VERSION, "op": Op.ADD, "ncells": CELLS_PER_PKT}
+_FLAG_NAMES = [flag.name for flag in sorted(Flag, key=int)]
+if [int(flag) for flag in sorted(Flag, key=int)] != [1 << i for i in range(len(Flag))]:
+    raise AssertionError("Flag values must be the bits 0, 1, ... of the flags field")
+
+
+def scapy_field(field: HeaderField) -> Field:
+    """The Scapy field of one header field: same name and width, readable flags and op."""
+    default = _DEFAULTS.get(field.name, 0)
+    if field.name == "flags":
+        return FlagsField(field.name, default, field.bits, _FLAG_NAMES)
+    if field.name == "op" and field.bits == 8:
+        return ByteEnumField(field.name, default, {op.value: op.name for op in Op})
+    return _UNSIGNED_BY_WIDTH[field.bits](field.name, default)
 
 
 class Agg(Packet):
@@ -23,16 +43,7 @@ class Agg(Packet):
 
     name = "Agg"
     fields_desc = [
-        ByteField("version", AGG_VERSION),
-        FlagsField("flags", 0, 8, ["RESULT", "RETX"]),
-        ByteEnumField("op", Op.ADD, {op.value: op.name for op in Op}),
-        ByteField("rank", 0),
-        ShortField("job_id", 0),
-        ShortField("slot", 0),
-        ByteField("shadow", 0),
-        ByteField("exp", 0),
-        ShortField("ncells", CELLS_PER_PKT),
-        IntField("chunk", 0),
+        *(scapy_field(f) for f in AGG_HEADER_FIELDS),
         FieldListField("cells", [0] * CELLS_PER_PKT, SignedIntField("cell", 0),
                        count_from=lambda pkt: CELLS_PER_PKT, max_count=CELLS_PER_PKT),
     ]

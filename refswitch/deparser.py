@@ -3,17 +3,13 @@ in order, then the payload; the IPv4 checksum is recomputed for every IPv4 packe
 
 from __future__ import annotations
 
-import struct
+from operator import attrgetter
 
-from refswitch.packet import AGG_STRUCT, ARP_STRUCT, CELLS_DTYPE, ETH_STRUCT, IPV4_STRUCT, UDP_STRUCT, Headers
+from aggwire.header import FIELD_NAMES, HEADER_STRUCT
+from aggwire.packer import CELLS_DTYPE, ipv4_checksum
+from refswitch.packet import ARP_STRUCT, ETH_STRUCT, IPV4_STRUCT, UDP_STRUCT, Headers
 
-
-def ipv4_checksum(raw: bytes) -> int:
-    """csum16 over a 20-byte IPv4 header whose checksum field is zero."""
-    total = sum(struct.unpack("!10H", raw))
-    while total >> 16:
-        total = (total & 0xFFFF) + (total >> 16)
-    return ~total & 0xFFFF
+_agg_fields = attrgetter(*FIELD_NAMES)  # agg_h's field values in wire order, as a tuple
 
 
 def _ipv4_bytes(hdr: Headers, checksum: int) -> bytes:
@@ -24,7 +20,7 @@ def _ipv4_bytes(hdr: Headers, checksum: int) -> bytes:
 
 
 def compute_checksum(hdr: Headers) -> None:
-    """update_checksum(hdr.ipv4.isValid(), ..., csum16)."""
+    """update_checksum(hdr.ipv4.isValid(), ..., csum16) over the header, checksum zero."""
     if hdr.ipv4 is not None:
         hdr.ipv4.hdr_checksum = ipv4_checksum(_ipv4_bytes(hdr, 0))
 
@@ -47,9 +43,7 @@ def deparse(hdr: Headers) -> bytes:
         u = hdr.udp
         parts.append(UDP_STRUCT.pack(u.src_port, u.dst_port, u.length, u.checksum))
     if hdr.agg is not None:
-        g = hdr.agg
-        parts.append(AGG_STRUCT.pack(g.version, g.flags, g.op, g.rank, g.job_id, g.slot, g.shadow, g.exp,
-                               g.ncells, g.chunk))
+        parts.append(HEADER_STRUCT.pack(*_agg_fields(hdr.agg)))
     if hdr.cells is not None:
         parts.append(hdr.cells.astype(CELLS_DTYPE).tobytes())
     parts.append(hdr.payload)

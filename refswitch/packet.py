@@ -15,8 +15,7 @@ ETH_STRUCT = struct.Struct("!6s6sH")
 ARP_STRUCT = struct.Struct("!HHBBH6s4s6s4s")
 IPV4_STRUCT = struct.Struct("!BBHHHBBH4s4s")
 UDP_STRUCT = struct.Struct("!HHHH")
-AGG_STRUCT = struct.Struct("!BBBBHHBBHI")
-CELLS_DTYPE = np.dtype(">i4")
+# agg_h's is aggwire.header.HEADER_STRUCT and the cells' aggwire.packer.CELLS_DTYPE.
 
 
 @dataclass(slots=True)
@@ -65,6 +64,8 @@ class Udp:
 
 @dataclass(slots=True)
 class AggH:
+    """agg_h: the fields of aggwire.header.AGG_HEADER_FIELDS, in wire order (tested)."""
+
     version: int
     flags: int
     op: int

@@ -7,10 +7,10 @@ from __future__ import annotations
 import numpy as np
 
 from aggwire.constants import AGG_UDP_PORT, CELLS_PER_PKT
+from aggwire.header import HEADER_STRUCT
+from aggwire.packer import CELLS_DTYPE
 from refswitch.packet import (
-    AGG_STRUCT,
     ARP_STRUCT,
-    CELLS_DTYPE,
     ETH_STRUCT,
     IPV4_STRUCT,
     UDP_STRUCT,
@@ -70,10 +70,10 @@ def parse(frame: bytes) -> tuple[Headers, str]:
     if hdr.udp.dst_port != AGG_UDP_PORT:
         hdr.payload = frame[off:]
         return hdr, "NoError"
-    if n < off + AGG_STRUCT.size:
+    if n < off + HEADER_STRUCT.size:
         return hdr, PACKET_TOO_SHORT
-    hdr.agg = AggH(*AGG_STRUCT.unpack_from(frame, off))
-    off += AGG_STRUCT.size
+    hdr.agg = AggH(*HEADER_STRUCT.unpack_from(frame, off))
+    off += HEADER_STRUCT.size
     if n < off + _CELLS_BYTES:
         return hdr, PACKET_TOO_SHORT
     hdr.cells = np.frombuffer(frame, CELLS_DTYPE, CELLS_PER_PKT, off).astype(np.int32)

@@ -8,8 +8,9 @@ import numpy as np
 from scapy.layers.l2 import Ether
 
 from aggwire import p4names
-from aggwire.constants import CELLS_PER_PKT, NUM_SLOTS, DropReason, Event, Op
-from aggwire.packer import AggHeader, FrameTemplate, pack_payload
+from aggwire.constants import CELL_MASK, CELLS_PER_PKT, NUM_SLOTS, DropReason, Event, Op
+from aggwire.header import AggHeader
+from aggwire.packer import FrameTemplate, pack_payload
 from aggwire.scapy_layer import Agg
 from controller.aggregation import JobEntries, Worker, install_job
 from testnet.fabric import SERVICE_IP, SWITCH_MAC, Fabric, FabricHost
@@ -69,7 +70,8 @@ def random_cells(rng: np.random.Generator, low: int = -(1 << 24), high: int = 1 
 
 def wrapped_sum(parts: list[np.ndarray]) -> np.ndarray:
     """The int32 sum with two's-complement wrap, as the switch computes it."""
-    return (np.sum(np.stack(parts).astype(np.int64), axis=0) & 0xFFFFFFFF).astype(np.uint32).view(np.int32)
+    total = np.sum(np.stack(parts).astype(np.int64), axis=0) & CELL_MASK
+    return total.astype(np.uint32).view(np.int32)
 
 
 def result_cells(pkt: Ether) -> np.ndarray:

@@ -16,8 +16,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from aggwire.constants import CELLS_PER_PKT, Flag, Op
-from aggwire.packer import HEADER_DTYPE, PAYLOAD_BYTES, pack_payloads, parse_payloads
+from aggwire.constants import AGG_VERSION, CELLS_PER_PKT, CHUNK_MASK, Flag, Op
+from aggwire.header import HEADER_DTYPE, header_view
+from aggwire.packer import PAYLOAD_BYTES, pack_payloads, parse_payloads
 from worker.channel import Channel
 
 
@@ -97,11 +98,11 @@ class SwitchTransport:
         cfg = self.config
         count = cells.shape[0]
         headers = np.zeros(count, HEADER_DTYPE)
-        headers["version"] = 1
+        headers["version"] = AGG_VERSION
         headers["op"] = int(op)
         headers["rank"] = cfg.rank
         headers["job_id"] = cfg.job_id
-        chunks = (first + np.arange(count, dtype=np.int64)) & 0xFFFFFFFF
+        chunks = (first + np.arange(count, dtype=np.int64)) & CHUNK_MASK
         headers["chunk"] = chunks
         headers["slot"] = chunks % cfg.window
         headers["shadow"] = (chunks // cfg.window) % 2
@@ -169,5 +170,5 @@ class SwitchTransport:
 def _with_retx(payload: np.ndarray) -> bytes:
     """The same contribution, marked as a retransmission."""
     out = payload.copy()
-    out[1] |= Flag.RETX
+    header_view(out)["flags"] |= int(Flag.RETX)
     return out.tobytes()

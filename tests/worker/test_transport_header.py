@@ -1,0 +1,59 @@
+"""The headers the transport writes (no switch needed): the protocol's version, the job's
+fields, and a retransmission that differs from the original only by the RETX flag."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from aggwire.constants import AGG_VERSION, CELLS_PER_PKT, Flag, Op
+from aggwire.header import FIELD_NAMES, header_view
+from aggwire.packer import parse_payloads
+from worker.transport import SwitchTransport, TransportConfig
+
+
+def chunk_of(payload: bytes) -> int:
+    return int(parse_payloads(payload)[0]["chunk"][0])
+
+
+class LoseFirstSend:
+    """A one-worker switch that loses every chunk's first packet and answers the next one
+    with its cells as the result; keeps what was sent."""
+
+    def __init__(self) -> None:
+        self.sent: list[bytes] = []
+        self.replies: list[bytes] = []
+
+    def send(self, payload: bytes) -> None:
+        first_of_chunk = all(chunk_of(p) != chunk_of(payload) for p in self.sent)
+        self.sent.append(payload)
+        if not first_of_chunk:
+            reply = np.frombuffer(payload, np.uint8).copy()
+            header_view(reply)["flags"] = int(Flag.RESULT)
+            self.replies.append(reply.tobytes())
+
+    def recv(self, timeout: float) -> bytes | None:
+        return self.replies.pop(0) if self.replies else None
+
+    def close(self) -> None:
+        pass
+
+
+def test_headers_and_retransmissions():
+    channel = LoseFirstSend()
+    transport = SwitchTransport(TransportConfig(job_id=4321, rank=0, world_size=1, window=4),
+                                channel)
+    cells = np.arange(3 * CELLS_PER_PKT - 5, dtype=np.int32) - 1000
+    np.testing.assert_array_equal(transport.allreduce(Op.MAX, cells), cells)
+    headers, _ = parse_payloads(b"".join(channel.sent))
+    originals = headers[(headers["flags"] & Flag.RETX) == 0]
+    assert len(originals) == 3
+    assert set(originals["version"]) == {AGG_VERSION}
+    assert set(originals["op"]) == {Op.MAX} and set(originals["job_id"]) == {4321}
+    assert list(originals["chunk"]) == [0, 1, 2]
+    assert list(originals["ncells"]) == [CELLS_PER_PKT, CELLS_PER_PKT, CELLS_PER_PKT - 5]
+    for original in originals:
+        resent = headers[(headers["chunk"] == original["chunk"]) & (headers["flags"] != 0)]
+        assert len(resent) >= 1
+        for field in FIELD_NAMES:
+            want = int(original[field]) | (int(Flag.RETX) if field == "flags" else 0)
+            assert {int(v) for v in resent[field]} == {want}, field
