@@ -56,7 +56,7 @@ control Aggregation(inout headers_t hdr, inout metadata_t meta,
     direct_counter(CounterType.packets_and_bytes) job_packets;
     direct_counter(CounterType.packets_and_bytes) worker_packets;
 
-    action set_job(bit<32> pool_base, bit<16> pool_size, bit<8> num_workers,
+    action set_job(slot_index_t pool_base, bit<16> pool_size, bit<8> num_workers,
                    bit<16> mcast_grp) {
         meta.pool_base = pool_base;
         meta.pool_size = pool_size;
@@ -98,12 +98,12 @@ control Aggregation(inout headers_t hdr, inout metadata_t meta,
     action update_slot() {
         bit<SLOT_STATE_BITS> st;
         slot_state.read(st, meta.slot_index);
-        bit<16> st_job = st[95:80];
-        bit<32> st_chunk = st[79:48];
-        bit<32> seen = st[47:16];
-        bit<8> count = st[15:8];
-        bit<8> exp = st[7:0];
-        bit<32> age = hdr.agg.chunk - st_chunk;
+        job_id_t st_job = st[SLOT_STATE_JOB];
+        chunk_t st_chunk = st[SLOT_STATE_CHUNK];
+        bit<32> seen = st[SLOT_STATE_SEEN];
+        bit<8> count = st[SLOT_STATE_COUNT];
+        bit<8> exp = st[SLOT_STATE_EXP];
+        chunk_t age = hdr.agg.chunk - st_chunk;
         bool other_job = st_job != hdr.agg.job_id;
         bool older = age[31:31] == 1;
         bool fresh = other_job || (age != 0 && !older);
@@ -112,11 +112,12 @@ control Aggregation(inout headers_t hdr, inout metadata_t meta,
             : (older ? VERDICT_STALE
             : (combine ? VERDICT_COMBINE
             : (count == meta.num_workers ? VERDICT_RESEND : VERDICT_DUPLICATE)));
-        bit<16> new_job = fresh ? hdr.agg.job_id : st_job;
-        bit<32> new_chunk = fresh ? hdr.agg.chunk : st_chunk;
+        job_id_t new_job = fresh ? hdr.agg.job_id : st_job;
+        chunk_t new_chunk = fresh ? hdr.agg.chunk : st_chunk;
         bit<32> new_seen = fresh ? meta.worker_bit : (combine ? seen | meta.worker_bit : seen);
         bit<8> new_count = fresh ? 8w1 : (combine ? count + 1 : count);
         bit<8> new_exp = fresh ? hdr.agg.exp : (combine ? max_u8(exp, hdr.agg.exp) : exp);
+        /* The fields in SLOT_STATE_* order, highest bits first. */
         slot_state.write(meta.slot_index, new_job ++ new_chunk ++ new_seen ++ new_count ++ new_exp);
         meta.count = new_count;
         hdr.agg.exp = new_exp;
@@ -144,12 +145,15 @@ control Aggregation(inout headers_t hdr, inout metadata_t meta,
             if (worker_table.apply().hit) {
                 if (meta.worker_port != std.ingress_port) {
                     meta.drop_reason = DROP_WRONG_PORT;
-                } else if (hdr.agg.slot >= meta.pool_size
-                        || meta.pool_base + (bit<32>)hdr.agg.slot >= NUM_SLOTS) {
+                } else if (meta.pool_base >= NUM_SLOTS || hdr.agg.slot >= meta.pool_size
+                        || (slot_index_t)hdr.agg.slot >= NUM_SLOTS - meta.pool_base) {
+                    /* Never pool_base + slot in 32 bits: a job entry's pool_base near 2^32
+                     * would wrap it round into another job's slots. */
                     meta.drop_reason = DROP_SLOT_OUT_OF_POOL;
                 } else {
-                    meta.slot_index = ((meta.pool_base + (bit<32>)hdr.agg.slot) << 1)
-                        | (bit<32>)hdr.agg.shadow;
+                    /* Below NUM_SLOT_COPIES: shifting by one is times SHADOW_COPIES (2). */
+                    meta.slot_index = ((meta.pool_base + (slot_index_t)hdr.agg.slot) << 1)
+                        | (slot_index_t)hdr.agg.shadow;
                     update_slot();
                     if (meta.verdict == VERDICT_FRESH) {
                         store_cells();

@@ -15,6 +15,8 @@ from aggwire.constants import (
     AGG_UDP_LENGTH,
     AGG_VERSION,
     CELLS_PER_PKT,
+    CHUNK_MASK,
+    NUM_SLOT_COPIES,
     NUM_SLOTS,
     DropReason,
     Event,
@@ -23,8 +25,6 @@ from aggwire.constants import (
 )
 from refswitch.device import Device
 from refswitch.packet import Headers, Metadata, StandardMetadata
-
-NUM_SLOT_COPIES = 2 * NUM_SLOTS
 
 VERDICT_FRESH = 1      # first of a newer round (or another job): overwrite
 VERDICT_COMBINE = 2    # same round, new worker: combine with op
@@ -51,7 +51,7 @@ def update_slot(regs: AggregationRegisters, hdr: Headers, meta: Metadata) -> Non
     agg = hdr.agg
     st_job, st_chunk, seen = regs.job[i], regs.chunk[i], regs.seen[i]
     count, exp = regs.count[i], regs.exp[i]
-    age = (agg.chunk - st_chunk) & 0xFFFFFFFF  # serial-number arithmetic (RFC 1982)
+    age = (agg.chunk - st_chunk) & CHUNK_MASK  # serial-number arithmetic (RFC 1982)
     other_job = st_job != agg.job_id
     older = age >> 31 == 1
     fresh = other_job or (age != 0 and not older)
@@ -73,6 +73,13 @@ def update_slot(regs: AggregationRegisters, hdr: Headers, meta: Metadata) -> Non
         regs.exp[i] = max(exp, agg.exp)
     meta.count = regs.count[i]
     hdr.agg.exp = regs.exp[i]
+
+
+def slot_in_pool(pool_base: int, pool_size: int, slot: int) -> bool:
+    """Whether slot (relative to the pool) is in the job's pool and in the switch: the
+    P4 check, which never computes pool_base + slot in 32 bits (it could wrap round into
+    another job's slots); the entry's pool_base is not trusted to be below NUM_SLOTS."""
+    return pool_base < NUM_SLOTS and slot < pool_size and slot < NUM_SLOTS - pool_base
 
 
 def _combine_cells(regs: AggregationRegisters, hdr: Headers, meta: Metadata) -> None:
@@ -120,10 +127,10 @@ def aggregation(device: Device, regs: AggregationRegisters, hdr: Headers, meta: 
     if meta.worker_port != std.ingress_port:
         meta.drop_reason = DropReason.WRONG_PORT
         return
-    if agg.slot >= meta.pool_size or (meta.pool_base + agg.slot) & 0xFFFFFFFF >= NUM_SLOTS:
+    if not slot_in_pool(meta.pool_base, meta.pool_size, agg.slot):
         meta.drop_reason = DropReason.SLOT_OUT_OF_POOL
         return
-    meta.slot_index = ((((meta.pool_base + agg.slot) & 0xFFFFFFFF) << 1) | agg.shadow) & 0xFFFFFFFF
+    meta.slot_index = ((meta.pool_base + agg.slot) << 1) | agg.shadow  # < NUM_SLOT_COPIES
     update_slot(regs, hdr, meta)
     events = device.counter(p4names.EVENT_COUNTER)
     if meta.verdict == VERDICT_FRESH:

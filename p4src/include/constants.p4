@@ -13,9 +13,11 @@
 #define LANES_PER_GROUP 8
 #define CELL_GROUPS (CELLS_PER_PKT / LANES_PER_GROUP)
 
-/* Aggregation slots of the whole switch; each has two copies (shadow sets). */
+/* Aggregation slots of the whole switch; each has two copies (shadow sets), so a slot
+ * copy's index is slot * SHADOW_COPIES + shadow. */
 #define NUM_SLOTS 4096
-#define NUM_SLOT_COPIES 8192
+#define SHADOW_COPIES 2
+#define NUM_SLOT_COPIES (SHADOW_COPIES * NUM_SLOTS)
 #define MAX_JOBS 256
 #define MAX_WORKERS 1024
 #define IPV4_TABLE_SIZE 1024
@@ -24,6 +26,9 @@
 typedef bit<9>  port_t;
 typedef bit<48> mac_addr_t;
 typedef bit<32> ipv4_addr_t;
+typedef bit<16> job_id_t;      /* wire: a job, 1..65535 (aggwire JOB_ID_BITS) */
+typedef bit<32> chunk_t;       /* wire: a chunk number, a serial number (aggwire CHUNK_BITS) */
+typedef bit<32> slot_index_t;  /* a slot or slot copy of the whole switch (register index) */
 
 const bit<16> ETHERTYPE_IPV4 = 0x0800;
 const bit<16> ETHERTYPE_ARP  = 0x0806;
@@ -76,9 +81,16 @@ const bit<8> VERDICT_RESEND    = 3;  /* same round, worker seen, round complete:
 const bit<8> VERDICT_DUPLICATE = 4;  /* same round, worker seen, round open: drop */
 const bit<8> VERDICT_STALE     = 5;  /* an older round of the same job: drop */
 
-/* Per slot copy state, packed in one register entry so one access reads it all:
- * job id 16 | chunk 32 | seen bitmap 32 | count 8 | exponent 8. */
+/* Per slot copy state, packed in one register entry so one access reads it all, highest
+ * bits first: job id 16 | chunk 32 | seen bitmap 32 | count 8 | exponent 8. The slices
+ * below name each field's bits (hi:lo); tests/p4src/test_source.py checks they tile the
+ * entry and match the widths of job_id_t, chunk_t and the header's exp. */
 #define SLOT_STATE_BITS 96
+#define SLOT_STATE_JOB   95:80
+#define SLOT_STATE_CHUNK 79:48
+#define SLOT_STATE_SEEN  47:16
+#define SLOT_STATE_COUNT 15:8
+#define SLOT_STATE_EXP   7:0
 
 /* FOR_EACH_GROUP(M) expands M(i) for every 8-lane group of the cells. */
 #define GROUPS_0_7(M) M(0) M(1) M(2) M(3) M(4) M(5) M(6) M(7)

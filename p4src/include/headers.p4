@@ -44,18 +44,19 @@ header udp_h {
     bit<16> checksum;
 }
 
-/* The aggregation header, 16 bytes; docs/protocol.md describes each field. */
+/* The aggregation header, 16 bytes; docs/protocol.md describes each field and
+ * aggwire/header.py mirrors it (tests/aggwire/test_header.py compares the two). */
 header agg_h {
-    bit<8>  version;
-    bit<8>  flags;
-    bit<8>  op;
-    bit<8>  rank;
-    bit<16> job_id;
-    bit<16> slot;    /* relative to the job's pool */
-    bit<8>  shadow;  /* which of the slot's two copies (shadow sets), 0 or 1 */
-    bit<8>  exp;     /* biased exponent, combined with MAX whatever the op */
-    bit<16> ncells;
-    bit<32> chunk;   /* the job's chunk sequence number; orders rounds in a slot */
+    bit<8>   version;
+    bit<8>   flags;
+    bit<8>   op;
+    bit<8>   rank;
+    job_id_t job_id;
+    bit<16>  slot;    /* relative to the job's pool */
+    bit<8>   shadow;  /* which of the slot's two copies (shadow sets), 0 or 1 */
+    bit<8>   exp;     /* biased exponent, combined with MAX whatever the op */
+    bit<16>  ncells;
+    chunk_t  chunk;   /* the job's chunk sequence number; orders rounds in a slot */
 }
 
 #define CELL_FIELD(i) bit<256> g##i;
@@ -77,13 +78,13 @@ struct metadata_t {
     bit<8>  drop_reason;
     bit<1>  to_aggregation;
     bit<1>  absorbed;        /* contribution kept in the slot, nothing to send */
-    bit<32> pool_base;
+    slot_index_t pool_base;  /* from the job entry: not trusted to be below NUM_SLOTS */
     bit<16> pool_size;
     bit<8>  num_workers;
     bit<16> mcast_grp;
     port_t  worker_port;
     bit<32> worker_bit;
-    bit<32> slot_index;      /* (pool_base + slot) * 2 + shadow */
+    slot_index_t slot_index; /* (pool_base + slot) * SHADOW_COPIES + shadow */
     bit<8>  verdict;
     bit<8>  count;
 }

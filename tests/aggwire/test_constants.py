@@ -2,29 +2,17 @@
 
 from __future__ import annotations
 
-import re
-from pathlib import Path
+from p4source import constant_values, typedef_widths
 
 from aggwire import constants as c
 
-CONSTANTS_P4 = Path(__file__).resolve().parents[2] / "p4src" / "include" / "constants.p4"
-
-
-def p4_values() -> dict[str, int]:
-    """NAME -> value for every `const bit<N> NAME = V;` and numeric `#define NAME V`."""
-    text = CONSTANTS_P4.read_text()
-    values: dict[str, int] = {}
-    for name, expr in re.findall(r"#define\s+(\w+)\s+(\d+)\s*$", text, re.M):
-        values[name] = int(expr)
-    for name, expr in re.findall(r"const\s+bit<\d+>\s+(\w+)\s*=\s*([^;]+);", text):
-        values[name] = eval(expr, {"__builtins__": {}}, dict(values))  # arithmetic on constants
-    return values
-
 
 def test_wire_constants_match_the_p4_program():
-    p4 = p4_values()
+    p4 = constant_values()
     assert p4["CELLS_PER_PKT"] == c.CELLS_PER_PKT
     assert p4["NUM_SLOTS"] == c.NUM_SLOTS
+    assert p4["SHADOW_COPIES"] == c.SHADOW_COPIES
+    assert p4["NUM_SLOT_COPIES"] == c.NUM_SLOT_COPIES == c.SHADOW_COPIES * c.NUM_SLOTS
     assert p4["AGG_UDP_PORT"] == c.AGG_UDP_PORT
     assert p4["AGG_VERSION"] == c.AGG_VERSION
     assert p4["AGG_HEADER_BYTES"] == c.AGG_HEADER_BYTES
@@ -45,6 +33,24 @@ def test_wire_constants_match_the_p4_program():
 
 
 def test_every_p4_drop_reason_is_known_to_python():
-    p4 = p4_values()
+    p4 = constant_values()
     names = {k[len("DROP_"):] for k in p4 if k.startswith("DROP_")}
     assert names == {r.name for r in c.DropReason}
+
+
+def test_widths_match_the_p4_typedefs():
+    widths = typedef_widths()
+    assert widths["job_id_t"] == c.JOB_ID_BITS
+    assert widths["chunk_t"] == c.CHUNK_BITS
+    # The switch's registers and the pool base are indexed with 32 bits (v1model).
+    assert (1 << widths["slot_index_t"]) > c.NUM_SLOT_COPIES
+
+
+def test_named_limits_follow_from_the_widths():
+    assert c.MAX_JOB_ID == 0xFFFF == (1 << c.JOB_ID_BITS) - 1
+    assert c.CHUNK_MODULUS == 2**32 and c.CHUNK_MASK == 0xFFFFFFFF == c.CHUNK_MODULUS - 1
+    assert c.CELL_MASK == 0xFFFFFFFF and c.CELL_BITS == 32
+    # A register entry holds LANES_PER_GROUP cells of CELL_BITS in a bit<256>.
+    p4 = constant_values()
+    assert p4["LANES_PER_GROUP"] * c.CELL_BITS == 256
+    assert p4["CELL_GROUPS"] * p4["LANES_PER_GROUP"] == c.CELLS_PER_PKT
