@@ -1,1 +1,2 @@
-"""The aggregation wire protocol: constants, the Scapy layer and the vectorized packer."""
+"""The aggregation wire protocol: constants, the header (defined once), the Scapy layer and
+the vectorized packer."""
