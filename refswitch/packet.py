@@ -15,7 +15,7 @@ ETH_STRUCT = struct.Struct("!6s6sH")
 ARP_STRUCT = struct.Struct("!HHBBH6s4s6s4s")
 IPV4_STRUCT = struct.Struct("!BBHHHBBH4s4s")
 UDP_STRUCT = struct.Struct("!HHHH")
-# agg_h's is aggwire.header.HEADER_STRUCT and the cells' aggwire.packer.CELLS_DTYPE.
+# agg_h and the cells: aggwire.header.HEADER_STRUCT and aggwire.packer.CELLS_DTYPE.
 
 
 @dataclass(slots=True)
