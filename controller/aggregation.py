@@ -9,7 +9,7 @@ from aggwire import p4names
 from aggwire.constants import MAX_WORKERS_PER_JOB, NUM_SLOTS
 from controller.entries import EntrySpec
 from controller.switch_connection import SwitchConnection
-from p4rtproto.codec import ipv4_to_int, mac_to_int
+from p4rtproto.bytestrings import ipv4_to_int, mac_to_int
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from typing import Any
 import grpc
 
 from controller.config import DEFAULT_LISTEN, ConfigError, check_address, load_config
-from controller.tables import render_counters, render_jobs, render_pools, render_status
+from controller.text_table import render_counters, render_jobs, render_pools, render_status
 
 DESCRIPTION = """\
 Control plane of homagg: in-network gradient aggregation on P4 switches.

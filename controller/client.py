@@ -9,7 +9,7 @@ from typing import Any
 import grpc
 
 from controller.config import DEFAULT_LISTEN
-from controller.proto import jobs_pb2, jobs_pb2_grpc
+from controller.api import jobs_pb2, jobs_pb2_grpc
 
 pb = jobs_pb2
 

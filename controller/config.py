@@ -15,7 +15,7 @@ from typing import Any
 
 from aggwire.constants import NUM_SLOTS
 from controller.forwarding import Host
-from p4rtproto.codec import ipv4_to_int, mac_to_int
+from p4rtproto.bytestrings import ipv4_to_int, mac_to_int
 
 DEFAULT_LISTEN = "127.0.0.1:50051"
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,31}$")

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from aggwire import p4names
 from controller.entries import EntrySpec
 from controller.switch_connection import SwitchConnection
-from p4rtproto.codec import ipv4_to_int, mac_to_int
+from p4rtproto.bytestrings import ipv4_to_int, mac_to_int
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from controller.model import Assignment, Job, JobState, JobWorker
 from controller.pools import PoolExhausted
 from controller.store import Store
 from controller.switches import ManagedSwitch, SwitchRejected
-from p4rtproto.codec import mac_to_int
+from p4rtproto.bytestrings import mac_to_int
 
 log = logging.getLogger(__name__)
 

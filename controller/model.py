@@ -92,7 +92,7 @@ class Job:
 
 @dataclass(frozen=True)
 class Assignment:
-    """What a worker needs once its job is ready (see Assignment in p4rtproto/jobs.proto)."""
+    """What a worker needs once its job is ready (see Assignment in controller/api/jobs.proto)."""
 
     job_id: int
     rank: int

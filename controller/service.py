@@ -1,4 +1,4 @@
-"""The controller's gRPC service (p4rtproto/jobs.proto) over a JobManager, and the server
+"""The controller's gRPC service (controller/api/jobs.proto) over a JobManager, and the server
 that runs it. Every error leaves as a gRPC status with a message: ControllerError with its
 own code, anything unexpected as INTERNAL (logged here with its traceback, never sent)."""
 
@@ -21,7 +21,7 @@ from controller.counters import CounterValue, SwitchCounters
 from controller.errors import ControllerError
 from controller.jobs import JobManager
 from controller.model import Job
-from controller.proto import jobs_pb2, jobs_pb2_grpc
+from controller.api import jobs_pb2, jobs_pb2_grpc
 from controller.store import Store
 from controller.validation import check_timeout
 from controller.views import controller_status, job_counters, pool_ranges

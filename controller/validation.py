@@ -11,7 +11,7 @@ import secrets
 
 from aggwire.constants import MAX_WORKERS_PER_JOB, NUM_SLOTS
 from controller.errors import InvalidArgument
-from p4rtproto.codec import int_to_mac, ipv4_to_int, mac_to_int
+from p4rtproto.bytestrings import int_to_mac, ipv4_to_int, mac_to_int
 
 CODEC_PATTERN = re.compile(r"^[A-Za-z0-9_.+-]{1,64}$")
 MAX_SWITCH_PORT = 511  # bit<9>

@@ -16,7 +16,7 @@ from ctl_helpers import (
     rpc_code,
 )
 
-from controller.proto import jobs_pb2
+from controller.api import jobs_pb2
 
 C = grpc.StatusCode
 H0, H1, H2 = HOSTS[0], HOSTS[1], HOSTS[2]

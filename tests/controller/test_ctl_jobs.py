@@ -23,7 +23,7 @@ from ctl_helpers import (
 from aggwire import p4names
 from aggwire.constants import AGG_UDP_PORT, CELLS_PER_PKT, NUM_SLOTS
 from controller.artifacts import P4INFO_PATH
-from p4rtproto.codec import ipv4_to_int
+from p4rtproto.bytestrings import ipv4_to_int
 from p4rtproto.p4info import P4InfoIndex
 
 OK_JOIN = dict(rank=0, mac=HOSTS[0]["mac"], ip=HOSTS[0]["ip"], udp_port=41000, switch_port=HOSTS[0]["port"])

@@ -22,7 +22,7 @@ from ctl_helpers import (
     bad_request_env,
 )
 
-from controller.proto import jobs_pb2
+from controller.api import jobs_pb2
 
 C = grpc.StatusCode
 DOCUMENTED = {C.INVALID_ARGUMENT, C.NOT_FOUND, C.UNAUTHENTICATED, C.ALREADY_EXISTS, C.FAILED_PRECONDITION,
