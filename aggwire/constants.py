@@ -19,6 +19,10 @@ NUM_SLOTS = 4096
 MAX_WORKERS_PER_JOB = 32  # one bit each in the slot's 32-bit seen bitmap
 RESULT_TTL = 64
 
+# Widths of the header fields that other code computes with (P4: job_id_t, chunk_t).
+JOB_ID_BITS = 16
+MAX_JOB_ID = (1 << JOB_ID_BITS) - 1  # job ids are 1..MAX_JOB_ID; 0 is never assigned
+
 
 class Flag(IntEnum):
     """Bits of the header's flags byte."""

@@ -15,11 +15,11 @@ from typing import Any
 
 from aggwire.constants import NUM_SLOTS
 from controller.forwarding import Host
+from controller.validation import MAX_SWITCH_PORT
 from p4rtproto.bytestrings import ipv4_to_int, mac_to_int
 
 DEFAULT_LISTEN = "127.0.0.1:50051"
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,31}$")
-MAX_PORT = 511  # switch ports are bit<9>
 
 
 class ConfigError(ValueError):
@@ -130,7 +130,7 @@ def _host(data: Any, where: str) -> Host:
     r = _Reader(data, where)
     host = Host(ip=_check(ipv4_to_int, r.string("ip"), f"{where}.ip"),
                 mac=_check(mac_to_int, r.string("mac"), f"{where}.mac"),
-                port=r.integer("port", _REQUIRED, 0, MAX_PORT))
+                switch_port=r.integer("switch_port", _REQUIRED, 0, MAX_SWITCH_PORT))
     r.finish()
     return host
 

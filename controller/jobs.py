@@ -305,8 +305,10 @@ class JobManager:
             host = sw.config.host_by_ip(worker.ip)
             if host is None:
                 continue
-            if mac_to_int(host.mac) != mac_to_int(worker.mac) or host.port != worker.switch_port:
-                raise InvalidArgument(f"per the topology {worker.ip} is {host.mac} on port {host.port} of switch "
+            if (mac_to_int(host.mac) != mac_to_int(worker.mac)
+                    or host.switch_port != worker.switch_port):
+                raise InvalidArgument(f"per the topology {worker.ip} is {host.mac} on port "
+                                      f"{host.switch_port} of switch "
                                       f"{sw.name}, not {worker.mac} on port {worker.switch_port}")
             if job.switch is not None and job.switch != sw.name:
                 raise FailedPrecondition(f"job {job.job_id} runs on switch {job.switch} but {worker.ip} is attached "

@@ -83,7 +83,8 @@ class Job:
         """The data-plane view (only for a complete job with a pool)."""
         if self.pool_base is None or not self.complete:
             raise ValueError(f"job {self.job_id} has no pool or missing ranks")
-        workers = tuple(Worker(rank=w.rank, port=w.switch_port, mac=w.mac, ip=w.ip, udp_port=w.udp_port)
+        workers = tuple(Worker(rank=w.rank, switch_port=w.switch_port, mac=w.mac, ip=w.ip,
+                               udp_port=w.udp_port)
                         for w in sorted(self.workers.values(), key=lambda w: w.rank))
         # The multicast group id is the job id: both are unique per switch and never reused early.
         return JobEntries(job_id=self.job_id, pool_base=self.pool_base, pool_size=self.window,

@@ -14,7 +14,7 @@ from controller.errors import InvalidArgument
 from p4rtproto.bytestrings import int_to_mac, ipv4_to_int, mac_to_int
 
 CODEC_PATTERN = re.compile(r"^[A-Za-z0-9_.+-]{1,64}$")
-MAX_SWITCH_PORT = 511  # bit<9>
+MAX_SWITCH_PORT = 511  # switch ports are bit<9> (v1model's port_t)
 DEFAULT_WAIT = 30.0
 MAX_WAIT = 300.0
 

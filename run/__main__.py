@@ -66,7 +66,8 @@ def _controller_toml(switch_address: str, hosts: list[tuple[str, str, int]], out
         "controller": {"listen": f"{CONTROLLER_IP}:{CONTROLLER_PORT}", "database": str(out / "controller.db"),
                        "heartbeat_interval": 1.0, "lease": 10.0, "join_timeout": 120.0},
         "switch": [{"name": "s1", "address": switch_address, "mac": SWITCH_MAC, "service_ip": SERVICE_IP,
-                    "hosts": [{"ip": ip, "mac": mac, "port": port} for ip, mac, port in hosts]}]})
+                    "hosts": [{"ip": ip, "mac": mac, "switch_port": port}
+                              for ip, mac, port in hosts]}]})
 
 
 def _start_controller(net: Mininet, topo: Topology, out: Path, state: RunState) -> subprocess.Popen:

@@ -33,11 +33,6 @@ class AgentError(RuntimeError):
         super().__init__(message)
         self.code = code
 
-    @property
-    def pool_exhausted(self) -> bool:
-        """True when the switch had no room for the job's pool (the worker falls back)."""
-        return self.code == grpc.StatusCode.RESOURCE_EXHAUSTED
-
 
 @dataclass(frozen=True)
 class AgentConfig:

@@ -36,7 +36,8 @@ def create(**kw: Any) -> Any:
 def join(job: str = "open", token: str | None = None, job_id: int | None = None, **kw: Any) -> Any:
     def call(e: Env) -> Any:
         j = getattr(e, job)
-        args = dict(rank=1, mac=H1["mac"], ip=H1["ip"], udp_port=41001, switch_port=H1["port"]) | kw
+        args = dict(rank=1, mac=H1["mac"], ip=H1["ip"], udp_port=41001,
+                    switch_port=H1["switch_port"]) | kw
         return e.c.join(j.job_id if job_id is None else job_id, token or j.token, **args)
     return call
 
@@ -56,7 +57,8 @@ CASES = {
     "join/rank outside world": (join(rank=2), C.INVALID_ARGUMENT, "rank"),
     "join/rank beyond 31": (join(rank=40), C.INVALID_ARGUMENT, "rank"),
     "join/duplicate rank": (join(rank=0), C.ALREADY_EXISTS, "rank 0"),
-    "join/same endpoint as rank 0": (join(ip=H0["ip"], mac=H0["mac"], switch_port=H0["port"], udp_port=41000),
+    "join/same endpoint as rank 0": (join(ip=H0["ip"], mac=H0["mac"], switch_port=H0["switch_port"],
+                                          udp_port=41000),
                                      C.ALREADY_EXISTS, "already receives"),
     "join/rank of a ready job": (join("full", rank=0), C.ALREADY_EXISTS, "rank 0"),
     "join/bad mac": (join(mac="02:00:00:00:01"), C.INVALID_ARGUMENT, "mac"),
@@ -100,6 +102,7 @@ def test_rejected_without_side_effects(env: Env, case: str) -> None:
 
 def test_retried_join_is_idempotent(env: Env) -> None:
     before = env.snapshot()
-    again = env.c.join(env.open.job_id, env.open.token, 0, H0["mac"], H0["ip"], 41000, H0["port"])
+    again = env.c.join(env.open.job_id, env.open.token, 0, H0["mac"], H0["ip"], 41000,
+                       H0["switch_port"])
     assert again.joined == 1 and not again.ready
     assert env.snapshot() == before

@@ -20,7 +20,8 @@ def running(refswitch, tmp_path, start_controller):
     ctl = start_controller(make_config(refswitch.address, tmp_path, lease=30.0, heartbeat_interval=5.0))
     job = ctl.client.create_job("cli-job", 2, "dense", window=32)
     for rank, h in enumerate(HOSTS[:2]):
-        ctl.client.join(job.job_id, job.token, rank, h["mac"], h["ip"], 41000 + rank, h["port"])
+        ctl.client.join(job.job_id, job.token, rank, h["mac"], h["ip"], 41000 + rank,
+                        h["switch_port"])
     return ctl, job
 
 

@@ -26,7 +26,8 @@ from controller.artifacts import P4INFO_PATH
 from p4rtproto.bytestrings import ipv4_to_int
 from p4rtproto.p4info import P4InfoIndex
 
-OK_JOIN = dict(rank=0, mac=HOSTS[0]["mac"], ip=HOSTS[0]["ip"], udp_port=41000, switch_port=HOSTS[0]["port"])
+OK_JOIN = dict(rank=0, mac=HOSTS[0]["mac"], ip=HOSTS[0]["ip"], udp_port=41000,
+               switch_port=HOSTS[0]["switch_port"])
 
 
 def test_pipeline_and_forwarding_are_pushed(switch, reader, tmp_path, start_controller):
@@ -54,7 +55,8 @@ def test_create_join_ready_leave(controller, reader):
     waiter: dict = {}
     thread = threading.Thread(target=lambda: waiter.update(a=c.wait_ready(job.job_id, job.token, 0, 10)))
     thread.start()
-    last = c.join(job.job_id, job.token, 2, HOSTS[2]["mac"], HOSTS[2]["ip"], 41002, HOSTS[2]["port"])
+    last = c.join(job.job_id, job.token, 2, HOSTS[2]["mac"], HOSTS[2]["ip"], 41002,
+                  HOSTS[2]["switch_port"])
     assert last.ready and last.joined == 3
     thread.join(10)
     a = waiter["a"]
@@ -191,7 +193,8 @@ def test_unreachable_switch_is_unavailable_until_it_returns(switch, controller, 
     c.join(job.job_id, job.token, **OK_JOIN)
     switch.stop()
     wait_for(lambda: not c.status().switches[0].connected, 5, "the controller to notice")
-    last = c.join(job.job_id, job.token, 1, HOSTS[1]["mac"], HOSTS[1]["ip"], 41001, HOSTS[1]["port"])
+    last = c.join(job.job_id, job.token, 1, HOSTS[1]["mac"], HOSTS[1]["ip"], 41001,
+                  HOSTS[1]["switch_port"])
     assert last.joined == 2 and not last.ready  # the join stands
     start = time.monotonic()
     code, details = rpc_code(lambda: c.wait_ready(job.job_id, job.token, 0, 0.5))

@@ -33,7 +33,8 @@ def two(tmp_path: Path, start_controller):
 
 
 def join(c, job, rank, host, udp=41000):
-    return c.join(job.job_id, job.token, rank, host["mac"], host["ip"], udp + rank, host["port"])
+    return c.join(job.job_id, job.token, rank, host["mac"], host["ip"], udp + rank,
+                  host["switch_port"])
 
 
 def test_job_goes_to_the_switch_of_its_workers(two):
@@ -65,7 +66,7 @@ def test_unknown_host_cannot_choose_the_switch(two):
     ctl, _ = two
     c = ctl.client
     job = c.create_job("where", 1, "dense")
-    stranger = {"mac": "02:00:00:00:0a:0a", "ip": "10.9.9.9", "port": 7}
+    stranger = {"mac": "02:00:00:00:0a:0a", "ip": "10.9.9.9", "switch_port": 7}
     code, details = rpc_code(lambda: join(c, job, 0, stranger))
     assert code == grpc.StatusCode.INVALID_ARGUMENT and "name the switch" in details
     assert c.list_jobs().jobs[0].switch == ""

@@ -105,7 +105,7 @@ class Fuzzer:
         token = self.token(job) if job is not None else self.string()
         f = dict(rank=r.choice([1, self.number()]), mac=r.choice([H1["mac"], self.string()]),
                  ip=r.choice([H1["ip"], self.string()]), udp_port=r.choice([41001, self.number()]),
-                 switch_port=r.choice([H1["port"], self.number()]))
+                 switch_port=r.choice([H1["switch_port"], self.number()]))
         if job is e.open and token == job.token:  # must not complete the open job: break a field
             field = r.choice(["rank", "mac", "ip", "udp_port", "switch_port"])
             f[field] = {"rank": lambda: r.choice([0, 2, U32]), "mac": lambda: r.choice(["", "zz", "ff:ff:ff:ff:ff:ff"]),

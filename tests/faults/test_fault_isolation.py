@@ -63,7 +63,8 @@ def test_a_worker_cannot_write_into_another_jobs_slots(target, tmp_path, fault_r
 
         code = None
         try:
-            c.join(b.job_id, a.token, 0, fabric.hosts[0].mac, fabric.hosts[0].ip, 41000, fabric.hosts[0].port)
+            c.join(b.job_id, a.token, 0, fabric.hosts[0].mac, fabric.hosts[0].ip, 41000,
+                   fabric.hosts[0].switch_port)
         except grpc.RpcError as exc:
             code = exc.code()
         assert code == grpc.StatusCode.UNAUTHENTICATED
