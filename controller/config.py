@@ -54,7 +54,7 @@ class ControllerConfig:
     heartbeat_interval: float = 2.0
     lease: float = 10.0
     join_timeout: float = 60.0
-    default_window: int = 64
+    default_pool_size: int = 64
     rpc_threads: int = 128
 
     def switch(self, name: str) -> SwitchConfig | None:
@@ -181,7 +181,7 @@ def parse_config(data: Mapping[str, Any], base_dir: Path, where: str = "config")
         heartbeat_interval=ctl.seconds("heartbeat_interval", 2.0),
         lease=ctl.seconds("lease", 10.0),
         join_timeout=ctl.seconds("join_timeout", 60.0),
-        default_window=ctl.integer("default_window", 64, 1, NUM_SLOTS),
+        default_pool_size=ctl.integer("default_pool_size", 64, 1, NUM_SLOTS),
         rpc_threads=ctl.integer("rpc_threads", 128, 4, 4096))
     ctl.finish()
     if config.lease < 2 * config.heartbeat_interval:

@@ -55,7 +55,7 @@ def _guard(method: Callable) -> Callable:
 def job_info(m: JobManager, job: Job) -> Any:
     """A Job as the JobInfo message."""
     info = pb.JobInfo(job_id=job.job_id, name=job.name, state=job.state.value, switch=job.switch or "",
-                      world_size=job.world_size, joined=len(job.workers), codec=job.codec, window=job.window,
+                      world_size=job.world_size, joined=len(job.workers), codec=job.codec,
                       pool_base=job.pool_base or 0, pool_size=job.pool_size, created=job.created,
                       ended=job.ended or 0.0, end_reason=job.end_reason)
     for w in sorted(job.workers.values(), key=lambda w: w.rank):
@@ -87,7 +87,8 @@ class ControllerService(jobs_pb2_grpc.ControllerServicer):
 
     @_guard
     def CreateJob(self, request: Any, context: grpc.ServicerContext) -> Any:
-        job, token = self.m.create(request.name, request.world_size, request.codec, request.window, request.switch)
+        job, token = self.m.create(request.name, request.world_size, request.codec,
+                                   request.pool_size, request.switch)
         cfg = self.m.config
         return pb.CreateJobResponse(job_id=job.job_id, token=token, switch=job.switch or "",
                                     pool_size=job.pool_size, heartbeat_interval_s=cfg.heartbeat_interval,

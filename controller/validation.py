@@ -40,13 +40,14 @@ def check_world_size(world_size: int) -> int:
     return world_size
 
 
-def check_window(window: int, default: int) -> int:
+def check_pool_size(pool_size: int, default: int) -> int:
     """Slots requested: 0 means the default, else 1..NUM_SLOTS."""
-    if window == 0:
+    if pool_size == 0:
         return default
-    if not 1 <= window <= NUM_SLOTS:
-        raise InvalidArgument(f"window: {window} slots outside 1..{NUM_SLOTS} (0: the default, {default})")
-    return window
+    if not 1 <= pool_size <= NUM_SLOTS:
+        raise InvalidArgument(f"pool_size: {pool_size} slots outside 1..{NUM_SLOTS} "
+                              f"(0: the default, {default})")
+    return pool_size
 
 
 def check_rank(rank: int, world_size: int = MAX_WORKERS_PER_JOB) -> int:

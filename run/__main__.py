@@ -50,8 +50,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--items", type=int, default=4000, help="rows of the item embedding table (default 4000)")
     p.add_argument("--lr", type=float, default=None,
                    help="SGD learning rate (default: " + ", ".join(f"{m} {lr:g}" for m, lr in DEFAULT_LR.items()) + ")")
-    p.add_argument("--window", type=int, default=8,
-                   help="switch slots of the job: packets in flight per rank (default 8)")
+    p.add_argument("--pool-size", type=int, default=8,
+                   help="switch slots of the job's pool: packets in flight per rank (default 8)")
     p.add_argument("--no-gloo", action="store_true", help="skip the gloo comparison run")
     p.add_argument("--timeout", type=float, default=900, help="seconds per training run (default 900)")
     p.add_argument("--out", type=Path, default=STATE_DIR / "out", help="logs, results and the plot")
@@ -187,7 +187,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"controller on {CONTROLLER_IP}:{CONTROLLER_PORT} (host hgc0), switch P4Runtime on "
               f"{net.switches[0].process.address}; logs in {args.out}", flush=True)
         with ControllerClient(f"{CONTROLLER_IP}:{CONTROLLER_PORT}", timeout=10.0) as client:
-            job = client.create_job("make-run", world_size=topo.hosts, codec=args.codec, window=args.window)
+            job = client.create_job("make-run", world_size=topo.hosts, codec=args.codec,
+                                    pool_size=args.pool_size)
             _run_job("switch", net, args, job, state, 29500)
             done = subprocess.run([PY, "-m", "controller", "--controller", f"{CONTROLLER_IP}:{CONTROLLER_PORT}",
                                    "counters"], capture_output=True, text=True, timeout=30,

@@ -40,7 +40,8 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--name", default="job")
     c.add_argument("--world-size", type=int, required=True)
     c.add_argument("--codec", default="lossless")
-    c.add_argument("--window", type=int, default=0, help="slots (0: the controller's default)")
+    c.add_argument("--pool-size", type=int, default=0,
+                   help="slots of the job's pool (0: the controller's default)")
     c.add_argument("--json", action="store_true")
     for name, help_text in (("join", "join a job, wait until ready, print the assignment"),
                             ("bench", "synthetic aggregation rounds through the switch")):
@@ -90,7 +91,7 @@ def _agent(a: argparse.Namespace) -> WorkerAgent:
 def cmd_create(a: argparse.Namespace) -> int:
     """Create a job and print job_id, token and pool."""
     with ControllerClient(a.controller) as c:
-        job = c.create_job(a.name, world_size=a.world_size, codec=a.codec, window=a.window)
+        job = c.create_job(a.name, world_size=a.world_size, codec=a.codec, pool_size=a.pool_size)
     out = {"job_id": job.job_id, "token": job.token, "switch": job.switch, "pool_size": job.pool_size}
     print(json.dumps(out) if a.json else "  ".join(f"{k}={v}" for k, v in out.items()))
     return 0

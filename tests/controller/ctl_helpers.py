@@ -158,16 +158,16 @@ class Env:
 
     def __init__(self, ctl: RunningController, reader: SwitchConnection) -> None:
         self.ctl, self.c, self.reader = ctl, ctl.client, reader
-        self.open = self.c.create_job("open", 2, "dense", window=8)
+        self.open = self.c.create_job("open", 2, "dense", pool_size=8)
         h0, h2 = HOSTS[0], HOSTS[2]
         self.open_join = dict(rank=0, mac=h0["mac"], ip=h0["ip"], udp_port=41000,
                               switch_port=h0["switch_port"])
         self.c.join(self.open.job_id, self.open.token, **self.open_join)
-        self.full = self.c.create_job("full", 1, "dense", window=8)
+        self.full = self.c.create_job("full", 1, "dense", pool_size=8)
         self.full_join = dict(rank=0, mac=h2["mac"], ip=h2["ip"], udp_port=41000,
                               switch_port=h2["switch_port"])
         self.c.join(self.full.job_id, self.full.token, **self.full_join)
-        self.gone = self.c.create_job("gone", 1, "dense", window=8)
+        self.gone = self.c.create_job("gone", 1, "dense", pool_size=8)
         self.c.release(self.gone.job_id)
         self.jobs = {"open": self.open, "full": self.full, "gone": self.gone}
 

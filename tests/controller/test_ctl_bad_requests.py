@@ -29,7 +29,7 @@ def env(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 
 
 def create(**kw: Any) -> Any:
-    args = dict(name="j", world_size=2, codec="dense", window=0) | kw
+    args = dict(name="j", world_size=2, codec="dense", pool_size=0) | kw
     return lambda e: e.c.create_job(**args)
 
 
@@ -45,7 +45,7 @@ def join(job: str = "open", token: str | None = None, job_id: int | None = None,
 CASES = {
     "create/world_size 0": (create(world_size=0), C.INVALID_ARGUMENT, "world_size"),
     "create/world_size 33": (create(world_size=33), C.INVALID_ARGUMENT, "world_size"),
-    "create/window too big": (create(window=4097), C.INVALID_ARGUMENT, "window"),
+    "create/pool_size too big": (create(pool_size=4097), C.INVALID_ARGUMENT, "pool_size"),
     "create/bad codec": (create(codec="two words"), C.INVALID_ARGUMENT, "codec"),
     "create/empty name": (create(name=""), C.INVALID_ARGUMENT, "name"),
     "create/unknown switch": (create(switch="s9"), C.INVALID_ARGUMENT, "s9"),

@@ -35,7 +35,7 @@ def test_relative_database_is_next_to_the_file(tmp_path):
     assert parse_config(doc, tmp_path).database == tmp_path / "state" / "ctl.db"
     del doc["controller"]
     cfg = parse_config(doc, tmp_path)
-    assert cfg.database == tmp_path / "homagg-controller.db" and cfg.default_window == 64
+    assert cfg.database == tmp_path / "homagg-controller.db" and cfg.default_pool_size == 64
 
 
 def _set(path: str, value):
@@ -71,7 +71,8 @@ BAD = {
     "bool is not a number": (_set("switch.0.device_id", True), "device_id: expected int"),
     "negative seconds": (_set("controller.heartbeat_interval", -1), "positive number of seconds"),
     "lease too short": (_set("controller.lease", 3.0), "at least twice"),
-    "window too big": (_set("controller.default_window", 5000), "default_window: 5000 outside 1..4096"),
+    "pool size too big": (_set("controller.default_pool_size", 5000),
+                          "default_pool_size: 5000 outside 1..4096"),
     "election id 0": (_set("switch.0.election_id", 0), "election_id: 0 outside"),
 }
 

@@ -40,14 +40,15 @@ def join(c, job, rank, host, udp=41000):
 def test_job_goes_to_the_switch_of_its_workers(two):
     ctl, (r1, r2) = two
     c = ctl.client
-    job = c.create_job("on-s2", 2, "dense", window=32)
-    assert job.switch == "" and job.pool_size == 0  # not known until a worker joins
+    job = c.create_job("on-s2", 2, "dense", pool_size=32)
+    assert job.switch == "" and job.pool_size == 32  # the switch is not known until a worker joins,
+    assert {s.slots_used for s in c.status().switches} == {0}  # so no pool is allocated yet
     join(c, job, 0, S2_HOSTS[0])
     join(c, job, 1, S2_HOSTS[1])
     [info] = c.list_jobs().jobs
     assert (info.switch, info.state, info.pool_size) == ("s2", "ready", 32)
     assert list(job_state(r2)["jobs"]) == [job.job_id] and job_state(r1)["jobs"] == {}
-    pinned = c.create_job("pinned", 1, "dense", window=8, switch="s1")
+    pinned = c.create_job("pinned", 1, "dense", pool_size=8, switch="s1")
     assert pinned.switch == "s1" and pinned.pool_size == 8
     assert {(s.name, s.slots_used, s.jobs) for s in c.status().switches} == {("s1", 8, 1), ("s2", 32, 1)}
 

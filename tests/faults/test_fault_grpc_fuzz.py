@@ -80,13 +80,14 @@ class Fuzzer:
 
     # ---- one request per method; each must be refused or change nothing --------------
     def create(self) -> tuple[str, Any]:
-        f = dict(name="n", world_size=2, codec="dense", window=0, switch="")
-        corrupt = self.r.sample(["name", "world_size", "codec", "window", "switch"], self.r.randrange(1, 4))
+        f = dict(name="n", world_size=2, codec="dense", pool_size=0, switch="")
+        corrupt = self.r.sample(["name", "world_size", "codec", "pool_size", "switch"],
+                                self.r.randrange(1, 4))
         for field in corrupt:
             f[field] = {"name": lambda: self.r.choice(["", "x" * 65, "a\nb", "\x00", "tab\there"]),
                         "world_size": lambda: self.bad_number(1, 32),
                         "codec": lambda: self.r.choice(["", "two words", "x" * 65, "é", "a/b", "\x00"]),
-                        "window": lambda: self.bad_number(0, 4096),
+                        "pool_size": lambda: self.bad_number(0, 4096),
                         "switch": lambda: self.r.choice(["s2", " ", "S1", "s1\x00", "x" * 1000])}[field]()
         return "CreateJob", jobs_pb2.CreateJobRequest(**f)
 

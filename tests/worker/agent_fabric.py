@@ -72,9 +72,9 @@ class Controlled:
             self.close()
             raise
 
-    def create(self, world: int, codec: str = "lossless", window: int = 16) -> Any:
+    def create(self, world: int, codec: str = "lossless", pool_size: int = 16) -> Any:
         """A new job."""
-        return self.client.create_job("t", world_size=world, codec=codec, window=window)
+        return self.client.create_job("t", world_size=world, codec=codec, pool_size=pool_size)
 
     def agent_config(self, job: Any, rank: int, **kw: Any) -> AgentConfig:
         """Rank `rank` on host `rank` of the fabric."""
