@@ -18,7 +18,8 @@ from controller.forwarding import Host
 from controller.validation import MAX_SWITCH_PORT
 from p4rtproto.bytestrings import ipv4_to_int, mac_to_int
 
-DEFAULT_LISTEN = "127.0.0.1:50051"
+DEFAULT_PORT = 50051  # the job API's TCP port, unless configured otherwise
+DEFAULT_LISTEN = f"127.0.0.1:{DEFAULT_PORT}"
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,31}$")
 
 

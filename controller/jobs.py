@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from aggwire.constants import AGG_UDP_PORT, CELLS_PER_PKT
+from aggwire.constants import AGG_UDP_PORT, CELLS_PER_PKT, MAX_JOB_ID
 from controller import validation as check
 from controller.aggregation import JobEntries
 from controller.artifacts import BMV2_JSON_PATH, P4INFO_PATH
@@ -255,7 +255,7 @@ class JobManager:
         with self.lock:
             job = self.jobs.get(job_id)
             if job is None:
-                ended = self.store.job(job_id) if 1 <= job_id <= 0xFFFF else None
+                ended = self.store.job(job_id) if 1 <= job_id <= MAX_JOB_ID else None
                 if ended is None:
                     raise NotFound(f"no job {job_id}")
                 raise FailedPrecondition(f"job {job_id} has already ended: {ended.end_reason}")
@@ -277,7 +277,7 @@ class JobManager:
     def _authorize(self, job_id: int, token: str) -> Job:
         job = self.jobs.get(job_id)
         if job is None:
-            ended = self.store.job(job_id) if 1 <= job_id <= 0xFFFF else None
+            ended = self.store.job(job_id) if 1 <= job_id <= MAX_JOB_ID else None
             if ended is None:
                 raise NotFound(f"no job {job_id}")
             if not check.token_matches(token, ended.token_hash):

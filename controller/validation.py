@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import ipaddress
 import math
 import re
 import secrets
@@ -17,6 +18,7 @@ CODEC_PATTERN = re.compile(r"^[A-Za-z0-9_.+-]{1,64}$")
 MAX_SWITCH_PORT = 511  # switch ports are bit<9> (v1model's port_t)
 DEFAULT_WAIT = 30.0
 MAX_WAIT = 300.0
+LIMITED_BROADCAST = ipaddress.IPv4Address("255.255.255.255")
 
 
 def check_name(name: str) -> str:
@@ -66,12 +68,12 @@ def check_mac(mac: str) -> str:
 
 
 def check_ip(ip: str) -> str:
-    """A dotted-quad IPv4 unicast address."""
+    """A dotted-quad IPv4 unicast address (not 0.0.0.0, 255.255.255.255 or multicast)."""
     try:
-        value = ipv4_to_int(ip)
+        address = ipaddress.IPv4Address(ipv4_to_int(ip))
     except ValueError:
         raise InvalidArgument(f"ip: not an IPv4 address: {ip!r}") from None
-    if value == 0 or value == 0xFFFFFFFF or value >> 28 == 0xE:
+    if address.is_unspecified or address == LIMITED_BROADCAST or address.is_multicast:
         raise InvalidArgument(f"ip: {ip} is not a unicast host address")
     return ip
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
+from controller.config import DEFAULT_PORT
 from run.model import DEFAULT_LR, MODELS
 from run.state import STATE_DIR, RunState, netns_id, pids_in_netns
 from testnet.switch_process import bmv2_available
@@ -29,7 +30,7 @@ if TYPE_CHECKING:
 
 ROOT = Path(__file__).resolve().parents[1]
 PY = sys.executable
-CONTROLLER_PORT = 50051
+CONTROLLER_PORT = DEFAULT_PORT
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -16,6 +16,7 @@ import numpy as np
 
 from aggwire.constants import AGG_FRAME_BYTES
 from controller.client import ControllerClient
+from controller.config import DEFAULT_LISTEN
 from worker.agent import AgentConfig, AgentError, WorkerAgent
 from worker.ddp_hook import CODECS, make_codec
 
@@ -36,7 +37,7 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     c = sub.add_parser("create", help="create a job; prints its id and token", epilog="example:\n  " +
                        EXAMPLES["create"], formatter_class=argparse.RawDescriptionHelpFormatter)
-    c.add_argument("--controller", default="127.0.0.1:50051")
+    c.add_argument("--controller", default=DEFAULT_LISTEN, help="default %(default)s")
     c.add_argument("--name", default="job")
     c.add_argument("--world-size", type=int, required=True)
     c.add_argument("--codec", default="lossless")
@@ -47,7 +48,7 @@ def _parser() -> argparse.ArgumentParser:
                             ("bench", "synthetic aggregation rounds through the switch")):
         s = sub.add_parser(name, help=help_text, epilog="example:\n  " + EXAMPLES[name],
                            formatter_class=argparse.RawDescriptionHelpFormatter)
-        s.add_argument("--controller", default="127.0.0.1:50051")
+        s.add_argument("--controller", default=DEFAULT_LISTEN, help="default %(default)s")
         s.add_argument("--job-id", type=int, required=True)
         s.add_argument("--token", required=True)
         s.add_argument("--rank", type=int, required=True)

@@ -17,6 +17,8 @@ from ctl_helpers import (
 )
 
 from controller.api import jobs_pb2
+from controller.errors import InvalidArgument
+from controller.validation import check_ip
 
 C = grpc.StatusCode
 H0, H1, H2 = HOSTS[0], HOSTS[1], HOSTS[2]
@@ -106,3 +108,16 @@ def test_retried_join_is_idempotent(env: Env) -> None:
                        H0["switch_port"])
     assert again.joined == 1 and not again.ready
     assert env.snapshot() == before
+
+
+@pytest.mark.parametrize("ip, unicast", [
+    ("0.0.0.0", False), ("255.255.255.255", False),
+    ("224.0.0.0", False), ("239.255.255.255", False),
+    ("0.0.0.1", True), ("223.255.255.255", True), ("240.0.0.1", True), ("255.255.255.254", True),
+])
+def test_ip_check_at_the_edges_of_unicast(ip: str, unicast: bool) -> None:
+    if unicast:
+        assert check_ip(ip) == ip
+    else:
+        with pytest.raises(InvalidArgument, match="not a unicast host address"):
+            check_ip(ip)
