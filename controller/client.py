@@ -8,8 +8,8 @@ from typing import Any
 
 import grpc
 
-from controller.config import DEFAULT_LISTEN
 from controller.api import jobs_pb2, jobs_pb2_grpc
+from controller.config import DEFAULT_LISTEN
 
 pb = jobs_pb2
 

@@ -16,12 +16,12 @@ from typing import Any
 
 import grpc
 
+from controller.api import jobs_pb2, jobs_pb2_grpc
 from controller.config import ControllerConfig
 from controller.counters import CounterValue, SwitchCounters
 from controller.errors import ControllerError
 from controller.jobs import JobManager
 from controller.model import Job
-from controller.api import jobs_pb2, jobs_pb2_grpc
 from controller.store import Store
 from controller.validation import check_timeout
 from controller.views import controller_status, job_counters, pool_ranges
