@@ -27,11 +27,13 @@ RUN_DEBS := mininet python3-venv iproute2 net-tools
 help:  ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
 
-$(VENV)/.installed: pyproject.toml p4rtproto/generate.py $(wildcard p4rtproto/*.proto)
+$(VENV)/.installed: pyproject.toml p4rtproto/generate.py controller/api/generate.py \
+  $(wildcard controller/api/*.proto)
 	test -x $(PY) || $(SYSTEM_PYTHON) -m venv --system-site-packages $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[test]'
 	$(PY) -m p4rtproto.generate
+	$(PY) -m controller.api.generate
 	touch $@
 
 venv: $(VENV)/.installed  ## create the virtual environment with every dependency
@@ -73,5 +75,5 @@ $(P4_BUILD)/homagg.json: $(wildcard p4src/*.p4 p4src/include/*.p4)
 	rm -f $(P4_BUILD)/homagg.p4i
 
 clean:  ## remove the virtual environment and caches
-	rm -rf $(VENV) p4rtproto/gen .pytest_cache
+	rm -rf $(VENV) p4rtproto/gen controller/api/*_pb2.py controller/api/*_pb2_grpc.py .pytest_cache
 	find . -name __pycache__ -prune -exec rm -rf {} +

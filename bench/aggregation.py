@@ -40,7 +40,7 @@ from bench.publish import plot_path, publish, pyplot
 
 DENSITIES = (0.001, 0.01, 0.1)
 WORLDS = (2, 4)
-WINDOW = 32
+POOL_SIZE = 32
 SKETCH_DENSITY = 0.01  # the count-sketch variant is measured at this density only
 JOIN_TIMEOUT = 600.0  # seconds for one aggregation step of W workers
 
@@ -119,14 +119,14 @@ class SwitchGroup:
         from worker.transport import SwitchTransport, TransportConfig
 
         self.w = w
-        self.job = Job(fabric, fabric.hosts[:w], pool_size=WINDOW)
+        self.job = Job(fabric, fabric.hosts[:w], pool_size=POOL_SIZE)
         self.transports = []
         for r, h in enumerate(self.job.hosts):
             with in_namespace(h.namespace):
                 sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
             sock.bind((h.ip, WORKER_UDP_BASE + r))
-            cfg = TransportConfig(job_id=self.job.job_id, rank=r, world_size=w, window=WINDOW,
+            cfg = TransportConfig(job_id=self.job.job_id, rank=r, world_size=w, pool_size=POOL_SIZE,
                                   initial_timeout=initial_timeout)
             self.transports.append(SwitchTransport(cfg, UdpChannel(sock, (SERVICE_IP, AGG_UDP_PORT))))
 
@@ -253,7 +253,7 @@ def report(record: dict, elapsed: float, args) -> tuple[list[str], str]:
              "median [min, max] over repetitions; every repetition ran every row once, in turn. "
              "Inputs: one float32 tensor per worker with the given density of nonzeros at "
              "independent positions. Switch workers are threads of one process (one namespace "
-             f"and UDP socket each, window {WINDOW}); gloo ranks are processes on loopback. "
+             f"and UDP socket each, pool size {POOL_SIZE}); gloo ranks are processes on loopback. "
              "Codec objects are kept across repetitions, as training keeps one per bucket. "
              "Fixed point and gloo do not depend on the density (measured once per W and "
              "repetition, on the 1% input). \"lossless\" is `LosslessSparse`'s default (values "

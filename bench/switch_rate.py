@@ -1,6 +1,6 @@
 """Switch packet rate, reference switch vs BMv2, measured side by side in one run.
 
-Each target runs in its own fabric (4 hosts in namespaces); batches of a full window
+Each target runs in its own fabric (4 hosts in namespaces); batches of a full pool
 (32 slots x 4 workers) are sent as fast as the hosts can, then every result is awaited.
 Targets alternate batch by batch so that a noisy neighbour hits both alike; the table
 gives the median and spread of contributions absorbed per second, per cells-per-packet
@@ -30,8 +30,8 @@ from bench.publish import plot_path, publish, pyplot
 REPO = Path(__file__).resolve().parent.parent
 
 
-def _measure(job, window: int, batches: int, first_chunk: int) -> tuple[float, int]:
-    """Contributions per second over `batches` full windows (sending and awaiting only),
+def _measure(job, pool_size: int, batches: int, first_chunk: int) -> tuple[float, int]:
+    """Contributions per second over `batches` full pools (sending and awaiting only),
     and the number of results that did not arrive."""
     import numpy as np
 
@@ -41,17 +41,17 @@ def _measure(job, window: int, batches: int, first_chunk: int) -> tuple[float, i
     cells = [random_cells(rng) for _ in range(job.world)]
     missing, elapsed = 0, 0.0
     for b in range(batches):
-        chunks = range(first_chunk + b * window, first_chunk + (b + 1) * window)
-        frames = [(job.hosts[r].raw, job.frame(r, cells[r], slot=k % window,
-                                                shadow=(k // window) % 2, chunk=k))
+        chunks = range(first_chunk + b * pool_size, first_chunk + (b + 1) * pool_size)
+        frames = [(job.hosts[r].raw, job.frame(r, cells[r], slot=k % pool_size,
+                                                shadow=(k // pool_size) % 2, chunk=k))
                   for k in chunks for r in range(job.world)]
         start = time.perf_counter()
         for port, frame in frames:
             port.send(frame)
         for r in range(job.world):
-            missing += window - len(job.hosts[r].raw.receive(2.0, count=window))
+            missing += pool_size - len(job.hosts[r].raw.receive(2.0, count=pool_size))
         elapsed += time.perf_counter() - start
-    return batches * window * job.world / elapsed, missing
+    return batches * pool_size * job.world / elapsed, missing
 
 
 def run_child(cells: int, reps: int, artifacts: tuple[Path, Path] | None) -> dict:
@@ -119,7 +119,7 @@ def plot(rows: list[dict], path: Path) -> None:
         ax.tick_params(axis="x", which="minor", labelbottom=False)
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
-    fig.suptitle("switch packet rate, 4 workers, window 32")
+    fig.suptitle("switch packet rate, 4 workers, pool size 32")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -156,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     lines = [f"# Switch packet rate ({platform.machine()}, {os.cpu_count()} cores, "
              f"{time.strftime('%Y-%m-%d')})", "",
              "Contributions absorbed per second (median of reps, [min, max]); 4 workers, "
-             "window 32; targets alternate batch by batch.", "",
+             "pool size 32; targets alternate batch by batch.", "",
              "| cells/packet | target | packets/s | cells/s | missing results |",
              "|---:|---|---:|---:|---:|"]
     for row in rows:

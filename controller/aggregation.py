@@ -1,23 +1,24 @@
-"""Entries of the Aggregation control (p4src/aggregation.p4) and the job's result
-delivery (p4src/delivery.p4): everything the switch needs to aggregate one job."""
+"""Entries of the Aggregation control (p4src/aggregation.p4): a job as the data plane sees
+it (its pool of slots, multicast group and workers), its job_table entry and the
+worker_table entry of each rank."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from aggwire import p4names
-from aggwire.constants import MAX_WORKERS_PER_JOB, NUM_SLOTS
+from aggwire.constants import MAX_JOB_ID, MAX_WORKERS_PER_JOB, NUM_SLOTS
 from controller.entries import EntrySpec
-from controller.switch_connection import SwitchConnection
-from p4rtproto.codec import ipv4_to_int, mac_to_int
+
+MAX_MCAST_GRP = (1 << 16) - 1  # v1model's mcast_grp is bit<16>; 0 means no group
 
 
 @dataclass(frozen=True)
 class Worker:
-    """One rank of a job: where it enters the switch and where its results go."""
+    """One rank of a job: the switch port it is attached to and where its results go."""
 
     rank: int
-    port: int
+    switch_port: int
     mac: str
     ip: str
     udp_port: int
@@ -35,8 +36,8 @@ class JobEntries:
 
     def validate(self) -> None:
         """Raise ValueError for a job the program cannot serve."""
-        if not 1 <= self.job_id < 1 << 16:
-            raise ValueError(f"job id {self.job_id} outside 1..65535")
+        if not 1 <= self.job_id <= MAX_JOB_ID:
+            raise ValueError(f"job id {self.job_id} outside 1..{MAX_JOB_ID}")
         if not 1 <= len(self.workers) <= MAX_WORKERS_PER_JOB:
             raise ValueError(f"{len(self.workers)} workers: a job has 1..{MAX_WORKERS_PER_JOB}")
         if sorted(w.rank for w in self.workers) != list(range(len(self.workers))):
@@ -44,44 +45,25 @@ class JobEntries:
         if self.pool_size < 1 or self.pool_base + self.pool_size > NUM_SLOTS:
             raise ValueError(f"pool {self.pool_base}+{self.pool_size} outside the switch's "
                              f"{NUM_SLOTS} slots")
-        if not 1 <= self.mcast_grp < 1 << 16:
-            raise ValueError(f"multicast group {self.mcast_grp} outside 1..65535")
+        if not 1 <= self.mcast_grp <= MAX_MCAST_GRP:
+            raise ValueError(f"multicast group {self.mcast_grp} outside 1..{MAX_MCAST_GRP}")
 
 
-def job_group(job: JobEntries) -> tuple[int, list[tuple[int, int]]]:
-    """The job's multicast group: (group id, [(port, instance)])."""
-    # Replica instance rank + 1: egress tells replicas apart by egress_rid, and 0 means unicast.
-    return job.mcast_grp, [(w.port, w.rank + 1) for w in job.workers]
+def worker_key(job: JobEntries, worker: Worker) -> dict[str, int]:
+    """The key of a rank's entries (worker_table here, result_rewrite in delivery.p4)."""
+    return {"hdr.agg.job_id": job.job_id, "hdr.agg.rank": worker.rank}
 
 
-def job_entries(job: JobEntries) -> list[EntrySpec]:
-    """The job's table entries in install order: per worker its rewrite and worker entry, then the job."""
-    out = []
-    for w in job.workers:
-        key = {"hdr.agg.job_id": job.job_id, "hdr.agg.rank": w.rank}
-        out.append(EntrySpec.of(p4names.RESULT_REWRITE, key, p4names.TO_WORKER,
-                                {"mac": mac_to_int(w.mac), "ip": ipv4_to_int(w.ip), "udp_port": w.udp_port}))
-        out.append(EntrySpec.of(p4names.WORKER_TABLE, key, p4names.SET_WORKER,
-                                {"port": w.port, "worker_bit": 1 << w.rank}))
-    out.append(EntrySpec.of(p4names.JOB_TABLE, {"hdr.agg.job_id": job.job_id}, p4names.SET_JOB,
-                            {"pool_base": job.pool_base, "pool_size": job.pool_size,
-                             "num_workers": len(job.workers), "mcast_grp": job.mcast_grp}))
-    return out
+def worker_entries(job: JobEntries) -> list[EntrySpec]:
+    """Per rank: the port its packets must arrive on and its bit in the slot's seen bitmap."""
+    return [EntrySpec.of(p4names.WORKER_TABLE, worker_key(job, w), p4names.SET_WORKER,
+                         {"port": w.switch_port, "worker_bit": 1 << w.rank})
+            for w in job.workers]
 
 
-def install_job(conn: SwitchConnection, job: JobEntries) -> None:
-    """Install the job: group first and job entry last, so no packet finds it half built."""
-    job.validate()
-    conn.write_multicast_group(*job_group(job))
-    for e in job_entries(job):
-        conn.insert_entry(e.table, dict(e.match), e.action, dict(e.params))
-
-
-def remove_job(conn: SwitchConnection, job: JobEntries) -> None:
-    """Remove the job's entries in the reverse order of install_job."""
-    conn.delete_entry(p4names.JOB_TABLE, {"hdr.agg.job_id": job.job_id})
-    for w in job.workers:
-        key = {"hdr.agg.job_id": job.job_id, "hdr.agg.rank": w.rank}
-        conn.delete_entry(p4names.WORKER_TABLE, key)
-        conn.delete_entry(p4names.RESULT_REWRITE, key)
-    conn.delete_multicast_group(job.mcast_grp)
+def job_entry(job: JobEntries) -> EntrySpec:
+    """The job_table entry: the job's pool, world size and multicast group. Until it exists
+    the switch drops the job's packets (UNKNOWN_JOB)."""
+    return EntrySpec.of(p4names.JOB_TABLE, {"hdr.agg.job_id": job.job_id}, p4names.SET_JOB,
+                        {"pool_base": job.pool_base, "pool_size": job.pool_size,
+                         "num_workers": len(job.workers), "mcast_grp": job.mcast_grp})

@@ -15,7 +15,7 @@ from typing import Any
 import grpc
 
 from controller.config import DEFAULT_LISTEN, ConfigError, check_address, load_config
-from controller.tables import render_counters, render_jobs, render_pools, render_status
+from controller.text_table import render_counters, render_jobs, render_pools, render_status
 
 DESCRIPTION = """\
 Control plane of homagg: in-network gradient aggregation on P4 switches.
@@ -133,8 +133,9 @@ def _query(args: argparse.Namespace) -> int:
             _print(args, resp, render_counters(resp.switches, args.zero))
         elif args.command == "release":
             job = client.release(args.job).job
-            _print(args, job, f"released job {job.job_id} ({job.name}): entries removed, "
-                              f"{job.pool_size} slots freed on {job.switch or 'no switch'}")
+            freed = (f"{job.pool_size} slots freed on {job.switch}" if job.switch
+                     else "no slots were allocated")
+            _print(args, job, f"released job {job.job_id} ({job.name}): entries removed, {freed}")
     return 0
 
 

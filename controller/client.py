@@ -8,8 +8,8 @@ from typing import Any
 
 import grpc
 
+from controller.api import jobs_pb2, jobs_pb2_grpc
 from controller.config import DEFAULT_LISTEN
-from controller.proto import jobs_pb2, jobs_pb2_grpc
 
 pb = jobs_pb2
 
@@ -36,10 +36,12 @@ class ControllerClient:
 
     # -- workers ----------------------------------------------------------------------
 
-    def create_job(self, name: str, world_size: int, codec: str, window: int = 0, switch: str = "") -> Any:
+    def create_job(self, name: str, world_size: int, codec: str, pool_size: int = 0,
+                   switch: str = "") -> Any:
         """CreateJob -> CreateJobResponse (job_id, token, switch, pool_size, timing)."""
         return self.stub.CreateJob(pb.CreateJobRequest(name=name, world_size=world_size, codec=codec,
-                                                       window=window, switch=switch), timeout=self.timeout)
+                                                       pool_size=pool_size, switch=switch),
+                                   timeout=self.timeout)
 
     def join(self, job_id: int, token: str, rank: int, mac: str, ip: str, udp_port: int, switch_port: int) -> Any:
         """JoinJob -> JoinJobResponse (joined, world_size, ready)."""

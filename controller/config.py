@@ -15,11 +15,12 @@ from typing import Any
 
 from aggwire.constants import NUM_SLOTS
 from controller.forwarding import Host
-from p4rtproto.codec import ipv4_to_int, mac_to_int
+from controller.validation import MAX_SWITCH_PORT
+from p4rtproto.bytestrings import ipv4_to_int, mac_to_int
 
-DEFAULT_LISTEN = "127.0.0.1:50051"
+DEFAULT_PORT = 50051  # the job API's TCP port, unless configured otherwise
+DEFAULT_LISTEN = f"127.0.0.1:{DEFAULT_PORT}"
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,31}$")
-MAX_PORT = 511  # switch ports are bit<9>
 
 
 class ConfigError(ValueError):
@@ -54,7 +55,7 @@ class ControllerConfig:
     heartbeat_interval: float = 2.0
     lease: float = 10.0
     join_timeout: float = 60.0
-    default_window: int = 64
+    default_pool_size: int = 64
     rpc_threads: int = 128
 
     def switch(self, name: str) -> SwitchConfig | None:
@@ -130,7 +131,7 @@ def _host(data: Any, where: str) -> Host:
     r = _Reader(data, where)
     host = Host(ip=_check(ipv4_to_int, r.string("ip"), f"{where}.ip"),
                 mac=_check(mac_to_int, r.string("mac"), f"{where}.mac"),
-                port=r.integer("port", _REQUIRED, 0, MAX_PORT))
+                switch_port=r.integer("switch_port", _REQUIRED, 0, MAX_SWITCH_PORT))
     r.finish()
     return host
 
@@ -181,7 +182,7 @@ def parse_config(data: Mapping[str, Any], base_dir: Path, where: str = "config")
         heartbeat_interval=ctl.seconds("heartbeat_interval", 2.0),
         lease=ctl.seconds("lease", 10.0),
         join_timeout=ctl.seconds("join_timeout", 60.0),
-        default_window=ctl.integer("default_window", 64, 1, NUM_SLOTS),
+        default_pool_size=ctl.integer("default_pool_size", 64, 1, NUM_SLOTS),
         rpc_threads=ctl.integer("rpc_threads", 128, 4, 4096))
     ctl.finish()
     if config.lease < 2 * config.heartbeat_interval:

@@ -1,12 +1,17 @@
-"""Table entries as values: what the controller wants on a switch, comparable with what
-it reads back, so that recovery installs exactly the difference."""
+"""Table entries and multicast groups as values: what the controller wants on a switch,
+comparable with what it reads back, so that recovery installs exactly the difference."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from controller.p4runtime_entities import MatchValue, TableEntry, WriteBatch
+from p4rtproto.api import p4runtime_pb2
+
+Update = p4runtime_pb2.Update
+# The kind of every GroupSpec, beside the table names that are the kinds of EntrySpecs.
+MULTICAST_GROUPS = "multicast groups"
 
 
 @dataclass(frozen=True)
@@ -30,6 +35,11 @@ class EntrySpec:
         return cls.of(entry.table, entry.match, entry.action, entry.params)
 
     @property
+    def kind(self) -> str:
+        """Where it lives on the switch: its table."""
+        return self.table
+
+    @property
     def key(self) -> tuple[str, tuple[tuple[str, MatchValue], ...]]:
         """What identifies the entry in its table."""
         return self.table, self.match
@@ -45,3 +55,41 @@ class EntrySpec:
     def delete(self, batch: WriteBatch) -> WriteBatch:
         """Add a DELETE of this entry's key to a batch."""
         return batch.delete_entry(self.table, dict(self.match))
+
+
+@dataclass(frozen=True)
+class GroupSpec:
+    """One multicast group of the packet replication engine: id and (port, instance) replicas."""
+
+    group_id: int
+    replicas: tuple[tuple[int, int], ...]
+
+    @classmethod
+    def of(cls, group_id: int, replicas: Sequence[tuple[int, int]]) -> GroupSpec:
+        """Build with the replicas in canonical (sorted) order, as compared with a read-back."""
+        return cls(group_id, tuple(sorted(replicas)))
+
+    @property
+    def kind(self) -> str:
+        """Where it lives on the switch: the multicast groups."""
+        return MULTICAST_GROUPS
+
+    @property
+    def key(self) -> tuple[str, int]:
+        """What identifies the group."""
+        return MULTICAST_GROUPS, self.group_id
+
+    def insert(self, batch: WriteBatch) -> WriteBatch:
+        """Add an INSERT of this group to a batch."""
+        return batch.multicast_group(Update.INSERT, self.group_id, self.replicas)
+
+    def modify(self, batch: WriteBatch) -> WriteBatch:
+        """Add a MODIFY (same id, these replicas) to a batch."""
+        return batch.multicast_group(Update.MODIFY, self.group_id, self.replicas)
+
+    def delete(self, batch: WriteBatch) -> WriteBatch:
+        """Add a DELETE of this group to a batch."""
+        return batch.multicast_group(Update.DELETE, self.group_id)
+
+
+Spec = EntrySpec | GroupSpec

@@ -13,7 +13,7 @@ class ControllerError(Exception):
 
 
 class InvalidArgument(ControllerError):
-    """A malformed field: bad address, rank outside the world, window out of range..."""
+    """A malformed field: bad address, rank outside the world, pool size out of range..."""
 
     status = grpc.StatusCode.INVALID_ARGUMENT
 

@@ -1,13 +1,14 @@
-"""Entries of the Forwarding control (p4src/forwarding.p4): proxy ARP and IPv4 routes."""
+"""Entries of the Forwarding control (p4src/forwarding.p4): proxy ARP and IPv4 routes for
+the hosts of a switch, and the aggregation service address."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from aggwire import p4names
 from controller.entries import EntrySpec
-from controller.switch_connection import SwitchConnection
-from p4rtproto.codec import ipv4_to_int, mac_to_int
+from p4rtproto.bytestrings import ipv4_to_int, mac_to_int
 
 
 @dataclass(frozen=True)
@@ -16,44 +17,31 @@ class Host:
 
     ip: str
     mac: str
-    port: int
+    switch_port: int
 
 
-def add_host(conn: SwitchConnection, host: Host, switch_mac: str) -> None:
-    """Answer ARP for the host with the switch's MAC and route its /32 to its port."""
-    conn.insert_entry(p4names.ARP_RESPONDER, {"hdr.arp.tpa": ipv4_to_int(host.ip)},
-                      p4names.ARP_REPLY, {"mac": mac_to_int(switch_mac)})
-    conn.insert_entry(p4names.IPV4_LPM, {"hdr.ipv4.dst_addr": (ipv4_to_int(host.ip), 32)},
-                      p4names.ROUTE, {"port": host.port, "src_mac": mac_to_int(switch_mac),
-                                      "dst_mac": mac_to_int(host.mac)})
-
-
-def add_service_address(conn: SwitchConnection, service_ip: str, switch_mac: str) -> None:
-    """Make service_ip the aggregation address: ARP answered, packets to it aggregated."""
-    conn.insert_entry(p4names.ARP_RESPONDER, {"hdr.arp.tpa": ipv4_to_int(service_ip)},
-                      p4names.ARP_REPLY, {"mac": mac_to_int(switch_mac)})
-    conn.insert_entry(p4names.IPV4_LPM, {"hdr.ipv4.dst_addr": (ipv4_to_int(service_ip), 32)},
-                      p4names.AGGREGATE, {})
+def _proxy_arp(ip: str, switch_mac: str) -> EntrySpec:
+    return EntrySpec.of(p4names.ARP_RESPONDER, {"hdr.arp.tpa": ipv4_to_int(ip)},
+                        p4names.ARP_REPLY, {"mac": mac_to_int(switch_mac)})
 
 
 def host_entries(host: Host, switch_mac: str) -> list[EntrySpec]:
-    """The entries add_host installs (proxy ARP, /32 route), as values."""
-    return [EntrySpec.of(p4names.ARP_RESPONDER, {"hdr.arp.tpa": ipv4_to_int(host.ip)},
-                         p4names.ARP_REPLY, {"mac": mac_to_int(switch_mac)}),
-            EntrySpec.of(p4names.IPV4_LPM, {"hdr.ipv4.dst_addr": (ipv4_to_int(host.ip), 32)},
-                         p4names.ROUTE, {"port": host.port, "src_mac": mac_to_int(switch_mac),
-                                         "dst_mac": mac_to_int(host.mac)})]
+    """Answer ARP for the host with the switch's MAC and route its /32 to its port."""
+    route = EntrySpec.of(p4names.IPV4_LPM, {"hdr.ipv4.dst_addr": (ipv4_to_int(host.ip), 32)},
+                         p4names.ROUTE, {"port": host.switch_port,
+                                         "src_mac": mac_to_int(switch_mac),
+                                         "dst_mac": mac_to_int(host.mac)})
+    return [_proxy_arp(host.ip, switch_mac), route]
 
 
 def service_entries(service_ip: str, switch_mac: str) -> list[EntrySpec]:
-    """The entries add_service_address installs, as values."""
-    return [EntrySpec.of(p4names.ARP_RESPONDER, {"hdr.arp.tpa": ipv4_to_int(service_ip)},
-                         p4names.ARP_REPLY, {"mac": mac_to_int(switch_mac)}),
-            EntrySpec.of(p4names.IPV4_LPM, {"hdr.ipv4.dst_addr": (ipv4_to_int(service_ip), 32)},
-                         p4names.AGGREGATE, {})]
+    """Make service_ip the aggregation address: ARP answered, packets to it aggregated."""
+    aggregate = EntrySpec.of(p4names.IPV4_LPM, {"hdr.ipv4.dst_addr": (ipv4_to_int(service_ip), 32)},
+                             p4names.AGGREGATE, {})
+    return [_proxy_arp(service_ip, switch_mac), aggregate]
 
 
-def remove_host(conn: SwitchConnection, host: Host) -> None:
-    """Undo add_host: the host's route first, then its proxy ARP entry."""
-    conn.delete_entry(p4names.IPV4_LPM, {"hdr.ipv4.dst_addr": (ipv4_to_int(host.ip), 32)})
-    conn.delete_entry(p4names.ARP_RESPONDER, {"hdr.arp.tpa": ipv4_to_int(host.ip)})
+def forwarding_entries(hosts: Iterable[Host], service_ip: str, switch_mac: str) -> list[EntrySpec]:
+    """Every Forwarding entry of a switch: its hosts and its aggregation service address."""
+    return [e for h in hosts for e in host_entries(h, switch_mac)] + \
+        service_entries(service_ip, switch_mac)

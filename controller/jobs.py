@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from aggwire.constants import AGG_UDP_PORT, CELLS_PER_PKT
+from aggwire.constants import AGG_UDP_PORT, CELLS_PER_PKT, MAX_JOB_ID
 from controller import validation as check
 from controller.aggregation import JobEntries
 from controller.artifacts import BMV2_JSON_PATH, P4INFO_PATH
@@ -23,7 +23,7 @@ from controller.model import Assignment, Job, JobState, JobWorker
 from controller.pools import PoolExhausted
 from controller.store import Store
 from controller.switches import ManagedSwitch, SwitchRejected
-from p4rtproto.codec import mac_to_int
+from p4rtproto.bytestrings import mac_to_int
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +58,7 @@ class JobManager:
                 problem = f"switch {job.switch} is no longer configured"
             elif sw is not None and job.pool_base is not None:
                 try:
-                    sw.pools.reserve(job.pool_base, job.window)
+                    sw.pools.reserve(job.pool_base, job.pool_size)
                 except ValueError as exc:
                     problem = f"its pool could not be restored: {exc}"
             if problem:
@@ -112,16 +112,17 @@ class JobManager:
 
     # -- worker API -------------------------------------------------------------------
 
-    def create(self, name: str, world_size: int, codec: str, window: int, switch: str = "") -> tuple[Job, str]:
+    def create(self, name: str, world_size: int, codec: str, pool_size: int,
+               switch: str = "") -> tuple[Job, str]:
         """A new job and its token; its pool is allocated now when its switch is known."""
         check.check_name(name)
         check.check_world_size(world_size)
         check.check_codec(codec)
-        window = check.check_window(window, self.config.default_window)
+        pool_size = check.check_pool_size(pool_size, self.config.default_pool_size)
         if switch and switch not in self.switches:
             raise InvalidArgument(f"switch: no switch {switch!r} (configured: {', '.join(self.switches)})")
         token, token_hash = check.new_token()
-        job = Job(0, name, token_hash, world_size, codec, window, self.wall())
+        job = Job(0, name, token_hash, world_size, codec, pool_size, self.wall())
         target = switch or (next(iter(self.switches)) if len(self.switches) == 1 else "")
         with self.lock:
             if target:
@@ -137,8 +138,9 @@ class JobManager:
                 raise
             job.idle_deadline = self.clock() + self.config.join_timeout
             self.jobs[job.job_id] = job
-        log.info("job %d (%s) created: %d ranks, %s, window %d%s", job.job_id, name, world_size, codec,
-                 window, f", slots {job.pool_base}+{window} on {job.switch}" if job.switch else "")
+        log.info("job %d (%s) created: %d ranks, %s, pool size %d%s", job.job_id, name, world_size,
+                 codec, pool_size,
+                 f", slots {job.pool_base}+{pool_size} on {job.switch}" if job.switch else "")
         return job, token
 
     def join(self, job_id: int, token: str, rank: int, mac: str, ip: str, udp_port: int,
@@ -253,7 +255,7 @@ class JobManager:
         with self.lock:
             job = self.jobs.get(job_id)
             if job is None:
-                ended = self.store.job(job_id) if 1 <= job_id <= 0xFFFF else None
+                ended = self.store.job(job_id) if 1 <= job_id <= MAX_JOB_ID else None
                 if ended is None:
                     raise NotFound(f"no job {job_id}")
                 raise FailedPrecondition(f"job {job_id} has already ended: {ended.end_reason}")
@@ -275,7 +277,7 @@ class JobManager:
     def _authorize(self, job_id: int, token: str) -> Job:
         job = self.jobs.get(job_id)
         if job is None:
-            ended = self.store.job(job_id) if 1 <= job_id <= 0xFFFF else None
+            ended = self.store.job(job_id) if 1 <= job_id <= MAX_JOB_ID else None
             if ended is None:
                 raise NotFound(f"no job {job_id}")
             if not check.token_matches(token, ended.token_hash):
@@ -305,8 +307,10 @@ class JobManager:
             host = sw.config.host_by_ip(worker.ip)
             if host is None:
                 continue
-            if mac_to_int(host.mac) != mac_to_int(worker.mac) or host.port != worker.switch_port:
-                raise InvalidArgument(f"per the topology {worker.ip} is {host.mac} on port {host.port} of switch "
+            if (mac_to_int(host.mac) != mac_to_int(worker.mac)
+                    or host.switch_port != worker.switch_port):
+                raise InvalidArgument(f"per the topology {worker.ip} is {host.mac} on port "
+                                      f"{host.switch_port} of switch "
                                       f"{sw.name}, not {worker.mac} on port {worker.switch_port}")
             if job.switch is not None and job.switch != sw.name:
                 raise FailedPrecondition(f"job {job.job_id} runs on switch {job.switch} but {worker.ip} is attached "
@@ -329,7 +333,7 @@ class JobManager:
             raise ResourceExhausted(f"switch {sw.name} has room for {sw.max_workers - ranks} more ranks, "
                                     f"the job has {job.world_size}")
         try:
-            job.pool_base = sw.pools.allocate(job.window)
+            job.pool_base = sw.pools.allocate(job.pool_size)
         except PoolExhausted as exc:
             raise PoolExhausted(f"switch {sw.name}: {exc}") from None
         job.switch = sw.name
@@ -354,7 +358,7 @@ class JobManager:
             raise FailedPrecondition(f"job {job.job_id} ended: {reason}") from None
         job.installed = True
         log.info("job %d installed on %s: slots %d..%d, %d ranks", job.job_id, sw.name, job.pool_base,
-                 (job.pool_base or 0) + job.window - 1, job.world_size)
+                 (job.pool_base or 0) + job.pool_size - 1, job.world_size)
         self.changed.notify_all()
 
     def _end(self, job: Job, reason: str) -> None:
@@ -376,7 +380,8 @@ class JobManager:
         assert job.switch is not None
         sw = self.switches[job.switch].config
         return Assignment(job.job_id, rank, job.world_size, sw.name, sw.service_ip, AGG_UDP_PORT, sw.mac,
-                          job.window, CELLS_PER_PKT, job.codec, self.config.heartbeat_interval, self.config.lease)
+                          job.pool_size, CELLS_PER_PKT, job.codec, self.config.heartbeat_interval,
+                          self.config.lease)
 
     def _reap_loop(self) -> None:
         interval = min(0.5, self.config.lease / 4)

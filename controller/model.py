@@ -46,7 +46,7 @@ class Job:
     token_hash: str
     world_size: int
     codec: str
-    window: int
+    pool_size: int  # slots of the job's pool (allocated once `switch` is known)
     created: float
     switch: str | None = None
     pool_base: int | None = None
@@ -60,11 +60,6 @@ class Job:
     def complete(self) -> bool:
         """Every rank joined: the job's entries belong on its switch."""
         return len(self.workers) == self.world_size
-
-    @property
-    def pool_size(self) -> int:
-        """Slots of the pool (0 until it is allocated)."""
-        return self.window if self.pool_base is not None else 0
 
     @property
     def state(self) -> JobState:
@@ -83,16 +78,17 @@ class Job:
         """The data-plane view (only for a complete job with a pool)."""
         if self.pool_base is None or not self.complete:
             raise ValueError(f"job {self.job_id} has no pool or missing ranks")
-        workers = tuple(Worker(rank=w.rank, port=w.switch_port, mac=w.mac, ip=w.ip, udp_port=w.udp_port)
+        workers = tuple(Worker(rank=w.rank, switch_port=w.switch_port, mac=w.mac, ip=w.ip,
+                               udp_port=w.udp_port)
                         for w in sorted(self.workers.values(), key=lambda w: w.rank))
         # The multicast group id is the job id: both are unique per switch and never reused early.
-        return JobEntries(job_id=self.job_id, pool_base=self.pool_base, pool_size=self.window,
+        return JobEntries(job_id=self.job_id, pool_base=self.pool_base, pool_size=self.pool_size,
                           mcast_grp=self.job_id, workers=workers)
 
 
 @dataclass(frozen=True)
 class Assignment:
-    """What a worker needs once its job is ready (see Assignment in p4rtproto/jobs.proto)."""
+    """What a worker needs once its job is ready (see Assignment in controller/api/jobs.proto)."""
 
     job_id: int
     rank: int

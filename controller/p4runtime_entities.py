@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from p4rtproto import codec
+from p4rtproto import bytestrings
 from p4rtproto.api import p4runtime_pb2
 from p4rtproto.p4info import ActionInfo, P4InfoIndex, TableInfo
 
@@ -43,7 +43,7 @@ def _field_match(table: TableInfo, name: str, value: MatchValue | None) -> p4run
     if kind in ("exact", "optional"):
         if not isinstance(value, int):
             raise TypeError(f"{kind} field {name} of {table.name} takes an int, got {value!r}")
-        getattr(fm, kind).value = codec.encode(value, width)
+        getattr(fm, kind).value = bytestrings.encode(value, width)
         return fm
     if not (isinstance(value, tuple) and len(value) == 2 and all(isinstance(v, int) for v in value)):
         what = {"lpm": "(value, prefix_len)", "ternary": "(value, mask)", "range": "(low, high)"}[kind]
@@ -52,15 +52,16 @@ def _field_match(table: TableInfo, name: str, value: MatchValue | None) -> p4run
     if kind == "lpm":
         if b == 0:
             return None
-        fm.lpm.value, fm.lpm.prefix_len = codec.encode(a, width), b
+        fm.lpm.value, fm.lpm.prefix_len = bytestrings.encode(a, width), b
     elif kind == "ternary":
         if b == 0:
             return None
-        fm.ternary.value, fm.ternary.mask = codec.encode(a, width), codec.encode(b, width)
+        fm.ternary.value = bytestrings.encode(a, width)
+        fm.ternary.mask = bytestrings.encode(b, width)
     else:
         if (a, b) == (0, (1 << width) - 1):
             return None
-        fm.range.low, fm.range.high = codec.encode(a, width), codec.encode(b, width)
+        fm.range.low, fm.range.high = bytestrings.encode(a, width), bytestrings.encode(b, width)
     return fm
 
 
@@ -84,7 +85,7 @@ def encode_action(action: ActionInfo, params: Mapping[str, int]) -> p4runtime_pb
     ta = p4runtime_pb2.TableAction()
     ta.action.action_id = action.id
     for p in action.params:
-        ta.action.params.add(param_id=p.id, value=codec.encode(params[p.name], p.bitwidth))
+        ta.action.params.add(param_id=p.id, value=bytestrings.encode(params[p.name], p.bitwidth))
     return ta
 
 
@@ -96,20 +97,23 @@ def decode_table_entry(p4info: P4InfoIndex, te: p4runtime_pb2.TableEntry) -> Tab
         info = table.match_field(fm.field_id)
         kind, width = fm.WhichOneof("field_match_type"), info.bitwidth
         if kind == "exact":
-            match[info.name] = codec.decode(fm.exact.value, width)
+            match[info.name] = bytestrings.decode(fm.exact.value, width)
         elif kind == "optional":
-            match[info.name] = codec.decode(fm.optional.value, width)
+            match[info.name] = bytestrings.decode(fm.optional.value, width)
         elif kind == "lpm":
-            match[info.name] = (codec.decode(fm.lpm.value, width), fm.lpm.prefix_len)
+            match[info.name] = (bytestrings.decode(fm.lpm.value, width), fm.lpm.prefix_len)
         elif kind == "ternary":
-            match[info.name] = (codec.decode(fm.ternary.value, width), codec.decode(fm.ternary.mask, width))
+            match[info.name] = (bytestrings.decode(fm.ternary.value, width),
+                                bytestrings.decode(fm.ternary.mask, width))
         elif kind == "range":
-            match[info.name] = (codec.decode(fm.range.low, width), codec.decode(fm.range.high, width))
+            match[info.name] = (bytestrings.decode(fm.range.low, width),
+                                bytestrings.decode(fm.range.high, width))
     action_name, params = "", {}
     if te.action.WhichOneof("type") == "action":
         action = p4info.action(te.action.action.action_id)
         action_name = action.name
-        params = {action.param(p.param_id).name: codec.decode(p.value, action.param(p.param_id).bitwidth)
+        params = {action.param(p.param_id).name:
+                  bytestrings.decode(p.value, action.param(p.param_id).bitwidth)
                   for p in te.action.action.params}
     return TableEntry(table.name, match, action_name, params, te.priority, te.is_default_action)
 

@@ -1,4 +1,4 @@
-"""The controller's gRPC service (p4rtproto/jobs.proto) over a JobManager, and the server
+"""The controller's gRPC service (controller/api/jobs.proto) over a JobManager, and the server
 that runs it. Every error leaves as a gRPC status with a message: ControllerError with its
 own code, anything unexpected as INTERNAL (logged here with its traceback, never sent)."""
 
@@ -16,12 +16,12 @@ from typing import Any
 
 import grpc
 
+from controller.api import jobs_pb2, jobs_pb2_grpc
 from controller.config import ControllerConfig
 from controller.counters import CounterValue, SwitchCounters
 from controller.errors import ControllerError
 from controller.jobs import JobManager
 from controller.model import Job
-from controller.proto import jobs_pb2, jobs_pb2_grpc
 from controller.store import Store
 from controller.validation import check_timeout
 from controller.views import controller_status, job_counters, pool_ranges
@@ -55,7 +55,7 @@ def _guard(method: Callable) -> Callable:
 def job_info(m: JobManager, job: Job) -> Any:
     """A Job as the JobInfo message."""
     info = pb.JobInfo(job_id=job.job_id, name=job.name, state=job.state.value, switch=job.switch or "",
-                      world_size=job.world_size, joined=len(job.workers), codec=job.codec, window=job.window,
+                      world_size=job.world_size, joined=len(job.workers), codec=job.codec,
                       pool_base=job.pool_base or 0, pool_size=job.pool_size, created=job.created,
                       ended=job.ended or 0.0, end_reason=job.end_reason)
     for w in sorted(job.workers.values(), key=lambda w: w.rank):
@@ -87,7 +87,8 @@ class ControllerService(jobs_pb2_grpc.ControllerServicer):
 
     @_guard
     def CreateJob(self, request: Any, context: grpc.ServicerContext) -> Any:
-        job, token = self.m.create(request.name, request.world_size, request.codec, request.window, request.switch)
+        job, token = self.m.create(request.name, request.world_size, request.codec,
+                                   request.pool_size, request.switch)
         cfg = self.m.config
         return pb.CreateJobResponse(job_id=job.job_id, token=token, switch=job.switch or "",
                                     pool_size=job.pool_size, heartbeat_interval_s=cfg.heartbeat_interval,

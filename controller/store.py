@@ -10,22 +10,23 @@ import threading
 from collections.abc import Iterable
 from pathlib import Path
 
+from aggwire.constants import MAX_JOB_ID
 from controller.model import Job, JobWorker
 
-MAX_JOB_ID = 65535
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: jobs.window renamed pool_size (a schema 1 database is migrated)
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS jobs (
     job_id INTEGER PRIMARY KEY, name TEXT NOT NULL, token_hash TEXT NOT NULL,
-    world_size INTEGER NOT NULL, codec TEXT NOT NULL, window INTEGER NOT NULL,
+    world_size INTEGER NOT NULL, codec TEXT NOT NULL, pool_size INTEGER NOT NULL,
     created REAL NOT NULL, switch TEXT, pool_base INTEGER, ended REAL, end_reason TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS workers (
     job_id INTEGER NOT NULL REFERENCES jobs(job_id) ON DELETE CASCADE, rank INTEGER NOT NULL,
     mac TEXT NOT NULL, ip TEXT NOT NULL, udp_port INTEGER NOT NULL, switch_port INTEGER NOT NULL,
     left_job INTEGER NOT NULL, PRIMARY KEY (job_id, rank));
 """
-JOB_COLUMNS = "job_id, name, token_hash, world_size, codec, window, created, switch, pool_base, ended, end_reason"
+JOB_COLUMNS = ("job_id, name, token_hash, world_size, codec, pool_size, created, switch, "
+               "pool_base, ended, end_reason")
 
 
 class StoreError(RuntimeError):
@@ -44,11 +45,14 @@ class Store:
             self._db.execute("PRAGMA foreign_keys = ON")
             self._db.execute("PRAGMA journal_mode = WAL")
             version = self._db.execute("PRAGMA user_version").fetchone()[0]
-            if version not in (0, SCHEMA_VERSION):
+            if version not in (0, 1, SCHEMA_VERSION):
                 raise StoreError(f"{self.path}: database schema {version}, this controller knows "
                                  f"{SCHEMA_VERSION}")
             if version == 0:
                 self._db.executescript(SCHEMA)  # idempotent: every statement is IF NOT EXISTS
+                self._db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+            elif version == 1:
+                self._db.execute("ALTER TABLE jobs RENAME COLUMN window TO pool_size")
                 self._db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
         except (sqlite3.Error, OSError) as exc:
             raise StoreError(f"cannot open the controller database {self.path}: {exc}") from exc
@@ -72,7 +76,7 @@ class Store:
                     break
                 candidate = candidate % MAX_JOB_ID + 1
             else:
-                raise OverflowError("all 65535 job ids are in use")
+                raise OverflowError(f"all {MAX_JOB_ID} job ids are in use")
             self._db.execute("INSERT OR REPLACE INTO meta VALUES ('next_job_id', ?)",
                              (str(candidate % MAX_JOB_ID + 1),))
         return candidate
@@ -81,8 +85,9 @@ class Store:
         """Insert or replace a job and its ranks."""
         with self._lock, self._tx():
             self._db.execute(f"INSERT OR REPLACE INTO jobs ({JOB_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
-                             (job.job_id, job.name, job.token_hash, job.world_size, job.codec, job.window,
-                              job.created, job.switch, job.pool_base, job.ended, job.end_reason))
+                             (job.job_id, job.name, job.token_hash, job.world_size, job.codec,
+                              job.pool_size, job.created, job.switch, job.pool_base, job.ended,
+                              job.end_reason))
             self._db.execute("DELETE FROM workers WHERE job_id = ?", (job.job_id,))
             self._db.executemany("INSERT INTO workers VALUES (?,?,?,?,?,?,?)",
                                  [(job.job_id, w.rank, w.mac, w.ip, w.udp_port, w.switch_port, int(w.left))

@@ -2,32 +2,32 @@
 backoff after the switch (or the link) goes away, and the reconciliation that makes the
 switch hold exactly what it should: the pipeline (pushed only when missing or different,
 since a push resets the slots of running jobs), the forwarding entries of the topology and
-the entries of every job placed on it. Job installs write in stages and roll back."""
+the entries of every job placed on it. Entries are written through controller/install.py
+(one order for every writer); job installs roll back."""
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Protocol
 
 import grpc
 
 from aggwire import p4names
-from controller.aggregation import JobEntries, job_entries, job_group
+from controller.aggregation import JobEntries
 from controller.artifacts import BMV2_JSON_PATH, P4INFO_PATH
 from controller.config import SwitchConfig
-from controller.entries import EntrySpec
+from controller.entries import EntrySpec, Spec
 from controller.errors import Unavailable
-from controller.forwarding import host_entries, service_entries
+from controller.forwarding import forwarding_entries
+from controller.install import InstallError, install_job, job_specs, reconcile, remove_job
 from controller.pools import SlotAllocator
-from controller.switch_connection import P4RuntimeWriteError, SwitchConnection, SwitchError, WriteBatch
-from p4rtproto.api import p4runtime_pb2
+from controller.switch_connection import SwitchConnection, SwitchError
 from p4rtproto.p4info import P4InfoIndex
 
 log = logging.getLogger(__name__)
-Update = p4runtime_pb2.Update
 LINK_CODES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED, None)
 
 
@@ -176,89 +176,34 @@ class ManagedSwitch:
 
     def forwarding_entries(self) -> list[EntrySpec]:
         """Proxy ARP and routes for the configured hosts and the aggregation service address."""
-        mac = self.config.mac
-        return [e for h in self.config.hosts for e in host_entries(h, mac)] + \
-            service_entries(self.config.service_ip, mac)
+        return forwarding_entries(self.config.hosts, self.config.service_ip, self.config.mac)
 
     def reconcile(self, conn: SwitchConnection, jobs: Sequence[JobEntries]) -> str:
         """Make the switch hold exactly the forwarding entries and these jobs; returns a summary."""
         pushed = self.ensure_pipeline(conn)
-        desired = self.forwarding_entries() + [e for job in jobs for e in job_entries(job)]
-        want = {s.key: s for s in desired}
-        want_groups = {gid: sorted(replicas) for gid, replicas in map(job_group, jobs)}
-        have: dict[tuple, EntrySpec] = {}
-        have_groups: dict[int, list[tuple[int, int]]] = {}
-        if not pushed:
-            for table in p4names.TABLES:
-                for entry in conn.read_entries(table):
-                    spec = EntrySpec.read(entry)
-                    have[spec.key] = spec
-            have_groups = {gid: sorted(r) for gid, r in conn.read_multicast_groups().items()}
-        stale = [s for k, s in have.items() if k not in want]
-        missing = [s for s in desired if s.key not in have]
-        changed = [s for s in desired if s.key in have and have[s.key] != s]
-        # Stale jobs go from their job entry down, new ones are built up to it (see install_job).
-        self._write(conn, [s.delete for s in stale if s.table == p4names.JOB_TABLE])
-        self._write(conn, [s.delete for s in stale if s.table != p4names.JOB_TABLE])
-        self._write(conn, [_group(Update.DELETE, gid, []) for gid in have_groups if gid not in want_groups])
-        self._write(conn, [_group(Update.MODIFY if gid in have_groups else Update.INSERT, gid, replicas)
-                           for gid, replicas in want_groups.items() if have_groups.get(gid) != replicas])
-        for last in (False, True):
-            self._write(conn, [s.insert for s in missing if (s.table == p4names.JOB_TABLE) == last] +
-                        [s.modify for s in changed if (s.table == p4names.JOB_TABLE) == last])
-        summary = (f"pipeline {'pushed' if pushed else 'kept'}, {len(missing)} entries installed, "
-                   f"{len(changed)} modified, {len(stale)} removed, {len(jobs)} jobs")
+        desired: list[Spec] = [*self.forwarding_entries(),
+                               *(s for job in jobs for s in job_specs(job))]
+        done = reconcile(conn, desired, read_back=not pushed)
+        summary = (f"pipeline {'pushed' if pushed else 'kept'}, {done.installed} entries "
+                   f"installed, {done.modified} modified, {done.removed} removed, {len(jobs)} jobs")
         log.info("switch %s synced: %s", self.name, summary)
         return summary
-
-    @staticmethod
-    def _write(conn: SwitchConnection, steps: Sequence[Callable[[WriteBatch], WriteBatch]]) -> None:
-        batch = conn.batch()
-        for step in steps:
-            step(batch)
-        conn.write_batch(batch)
 
     # -- jobs -----------------------------------------------------------------------------
 
     def install(self, job: JobEntries) -> None:
-        """Install a job (group, workers, job entry); on failure remove what was written, then
-        raise Unavailable (link) or SwitchRejected. An entry already there is overwritten."""
-        job.validate()
+        """Install a job (controller/install.py); on failure what was written is removed and
+        Unavailable (link) or SwitchRejected is raised. An entry already there is overwritten."""
         conn = self.require()
-        gid, replicas = job_group(job)
-        specs = job_entries(job)
-        done: list[Callable[[WriteBatch], WriteBatch]] = []
         try:
-            self._upsert(conn, [_group(Update.INSERT, gid, replicas)], [_group(Update.MODIFY, gid, replicas)],
-                         done, [_group(Update.DELETE, gid, [])])
-            self._upsert(conn, [s.insert for s in specs[:-1]], [s.modify for s in specs[:-1]], done,
-                         [s.delete for s in specs[:-1]])
-            self._upsert(conn, [specs[-1].insert], [specs[-1].modify], done, [specs[-1].delete])
-        except SwitchError as exc:
-            for undo in reversed(done):
-                try:
-                    self._write(conn, [undo])
-                except SwitchError:
-                    self.needs_sync = True  # leftovers are removed by the next reconciliation
+            install_job(conn, job)
+        except InstallError as exc:
+            if exc.leftovers:
+                self.needs_sync = True  # leftovers are removed by the next reconciliation
             if exc.code in LINK_CODES or not conn.is_connected:
                 raise Unavailable(f"switch {self.name} became unreachable while installing job "
                                   f"{job.job_id}: {exc}") from None
             raise SwitchRejected(str(exc)) from None
-
-    def _upsert(self, conn: SwitchConnection, inserts: list, modifies: list, done: list, undos: list) -> None:
-        """Write inserts in one batch; retry the ALREADY_EXISTS ones as modifies; record undos."""
-        try:
-            self._write(conn, inserts)
-            done.extend(undos)
-            return
-        except P4RuntimeWriteError as exc:
-            failed = {e.index: e.code for e in exc.errors}
-            done.extend(u for i, u in enumerate(undos) if i not in failed)
-            if any(code != "ALREADY_EXISTS" for code in failed.values()):
-                raise
-        retry = sorted(failed)
-        self._write(conn, [modifies[i] for i in retry])
-        done.extend(undos[i] for i in retry)
 
     def remove(self, job: JobEntries) -> None:
         """Delete a job's entries, job entry first; missing ones are fine. Unreachable: nothing to
@@ -266,21 +211,6 @@ class ManagedSwitch:
         conn = self.conn
         if conn is None or not conn.is_connected:
             return
-        specs = job_entries(job)
-        steps: list[list[Callable[[WriteBatch], WriteBatch]]] = [
-            [specs[-1].delete], [s.delete for s in specs[:-1]], [_group(Update.DELETE, job.mcast_grp, [])]]
-        for step in steps:
-            try:
-                self._write(conn, step)
-            except P4RuntimeWriteError as exc:
-                if any(code != "NOT_FOUND" for code in exc.codes):
-                    log.warning("switch %s: removing job %d: %s", self.name, job.job_id, exc)
-                    self.needs_sync = True
-            except SwitchError as exc:
-                log.warning("switch %s: removing job %d: %s", self.name, job.job_id, exc)
-                self.needs_sync = True
-                return
-
-
-def _group(kind: int, gid: int, replicas: Sequence[tuple[int, int]]) -> Callable[[WriteBatch], WriteBatch]:
-    return lambda batch: batch.multicast_group(kind, gid, replicas)
+        for exc in remove_job(conn, job):
+            log.warning("switch %s: removing job %d: %s", self.name, job.job_id, exc)
+            self.needs_sync = True

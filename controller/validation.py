@@ -5,18 +5,20 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import ipaddress
 import math
 import re
 import secrets
 
 from aggwire.constants import MAX_WORKERS_PER_JOB, NUM_SLOTS
 from controller.errors import InvalidArgument
-from p4rtproto.codec import int_to_mac, ipv4_to_int, mac_to_int
+from p4rtproto.bytestrings import int_to_mac, ipv4_to_int, mac_to_int
 
 CODEC_PATTERN = re.compile(r"^[A-Za-z0-9_.+-]{1,64}$")
-MAX_SWITCH_PORT = 511  # bit<9>
+MAX_SWITCH_PORT = 511  # switch ports are bit<9> (v1model's port_t)
 DEFAULT_WAIT = 30.0
 MAX_WAIT = 300.0
+LIMITED_BROADCAST = ipaddress.IPv4Address("255.255.255.255")
 
 
 def check_name(name: str) -> str:
@@ -40,13 +42,14 @@ def check_world_size(world_size: int) -> int:
     return world_size
 
 
-def check_window(window: int, default: int) -> int:
+def check_pool_size(pool_size: int, default: int) -> int:
     """Slots requested: 0 means the default, else 1..NUM_SLOTS."""
-    if window == 0:
+    if pool_size == 0:
         return default
-    if not 1 <= window <= NUM_SLOTS:
-        raise InvalidArgument(f"window: {window} slots outside 1..{NUM_SLOTS} (0: the default, {default})")
-    return window
+    if not 1 <= pool_size <= NUM_SLOTS:
+        raise InvalidArgument(f"pool_size: {pool_size} slots outside 1..{NUM_SLOTS} "
+                              f"(0: the default, {default})")
+    return pool_size
 
 
 def check_rank(rank: int, world_size: int = MAX_WORKERS_PER_JOB) -> int:
@@ -65,12 +68,12 @@ def check_mac(mac: str) -> str:
 
 
 def check_ip(ip: str) -> str:
-    """A dotted-quad IPv4 unicast address."""
+    """A dotted-quad IPv4 unicast address (not 0.0.0.0, 255.255.255.255 or multicast)."""
     try:
-        value = ipv4_to_int(ip)
+        address = ipaddress.IPv4Address(ipv4_to_int(ip))
     except ValueError:
         raise InvalidArgument(f"ip: not an IPv4 address: {ip!r}") from None
-    if value == 0 or value == 0xFFFFFFFF or value >> 28 == 0xE:
+    if address.is_unspecified or address == LIMITED_BROADCAST or address.is_multicast:
         raise InvalidArgument(f"ip: {ip} is not a unicast host address")
     return ip
 

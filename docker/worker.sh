@@ -9,7 +9,7 @@ ip route add 10.0.0.0/16 dev eth1 2>/dev/null || true    # the service address a
 python -c 'from testnet.rawsock import disable_offloads; disable_offloads("eth1")'
 if [ "$RANK" = 0 ]; then
   python -m worker create --controller controller:50051 --name compose --world-size "$WORLD" \
-    --codec "${CODEC:-lossless}" --window 8 --json > /shared/job.json.tmp
+    --codec "${CODEC:-lossless}" --pool-size 8 --json > /shared/job.json.tmp
   mv /shared/job.json.tmp /shared/job.json
 fi
 while [ ! -s /shared/job.json ]; do sleep 0.5; done

@@ -6,7 +6,7 @@ Its files still embed each .proto's serialized FileDescriptorProto, so this scri
 reads those bytes without executing the old code, renames the files under
 `p4rtproto/gen/` (message and service names stay `p4.v1.*`, so the wire format and
 the gRPC method paths are unchanged) and runs grpc_tools.protoc on the descriptor set.
-It also compiles the project's own .proto files found in `p4rtproto/` itself.
+The controller's own API is compiled by controller/api/generate.py (with `protoc` below).
 
 Run: python -m p4rtproto.generate
 """
@@ -65,10 +65,11 @@ def descriptor_set() -> descriptor_pb2.FileDescriptorSet:
     return fds
 
 
-def _protoc(args: list[str]) -> None:
-    from grpc_tools import protoc  # imported late: only the build needs it
+def protoc(args: list[str]) -> None:
+    """Run grpc_tools.protoc with these arguments; RuntimeError if it fails."""
+    from grpc_tools import protoc as grpc_protoc  # imported late: only the build needs it
 
-    if protoc.main(["grpc_tools.protoc", *args]) != 0:
+    if grpc_protoc.main(["grpc_tools.protoc", *args]) != 0:
         raise RuntimeError(f"protoc failed: {' '.join(args)}")
 
 
@@ -78,15 +79,8 @@ def main() -> int:
         set_path = Path(tmp) / "p4runtime.pb"
         set_path.write_bytes(descriptor_set().SerializeToString())
         names = [PREFIX + rel.replace("_pb2.py", ".proto") for rel in WHEEL_FILES]
-        _protoc([f"--descriptor_set_in={set_path}", f"--python_out={root}",
-                 f"--grpc_python_out={root}", *names])
-    own = sorted(PACKAGE_DIR.glob("*.proto"))
-    if own:
-        import grpc_tools
-
-        include = Path(grpc_tools.__file__).parent / "_proto"
-        _protoc([f"-I{root}", f"-I{include}", f"--python_out={root}", f"--grpc_python_out={root}",
-                 *[str(p.relative_to(root)) for p in own]])
+        protoc([f"--descriptor_set_in={set_path}", f"--python_out={root}",
+                f"--grpc_python_out={root}", *names])
     for d in [PACKAGE_DIR / "gen", *(PACKAGE_DIR / "gen").rglob("*")]:
         if d.is_dir() and not (d / "__init__.py").exists():
             (d / "__init__.py").write_text("")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from google.rpc import code_pb2
 
-from p4rtproto import codec
+from p4rtproto import bytestrings
 from p4rtproto.api import p4runtime_pb2
 from refswitch.device import Counter, Device, DeviceError, Table
 from refswitch.p4runtime_write import (
@@ -66,18 +66,18 @@ def _field_matches(table: Table, entry: Entry) -> list[p4runtime_pb2.FieldMatch]
         fm = p4runtime_pb2.FieldMatch(field_id=info.id)
         width = info.bitwidth
         if info.match_type == "exact":
-            fm.exact.value = codec.encode(a, width)
+            fm.exact.value = bytestrings.encode(a, width)
         elif info.match_type == "lpm":
-            fm.lpm.value = codec.encode(a, width)
+            fm.lpm.value = bytestrings.encode(a, width)
             fm.lpm.prefix_len = b
         elif info.match_type == "ternary":
-            fm.ternary.value = codec.encode(a, width)
-            fm.ternary.mask = codec.encode(b, width)
+            fm.ternary.value = bytestrings.encode(a, width)
+            fm.ternary.mask = bytestrings.encode(b, width)
         elif info.match_type == "range":
-            fm.range.low = codec.encode(a, width)
-            fm.range.high = codec.encode(b, width)
+            fm.range.low = bytestrings.encode(a, width)
+            fm.range.high = bytestrings.encode(b, width)
         else:
-            fm.optional.value = codec.encode(a, width)
+            fm.optional.value = bytestrings.encode(a, width)
         out.append(fm)
     return out
 
@@ -87,7 +87,8 @@ def _action(entry: Entry) -> p4runtime_pb2.TableAction:
     ta = p4runtime_pb2.TableAction()
     ta.action.action_id = action.id
     for p in action.params:
-        ta.action.params.add(param_id=p.id, value=codec.encode(entry.params[p.name], p.bitwidth))
+        value = bytestrings.encode(entry.params[p.name], p.bitwidth)
+        ta.action.params.add(param_id=p.id, value=value)
     return ta
 
 

@@ -10,7 +10,7 @@ import logging
 
 from google.rpc import code_pb2
 
-from p4rtproto import codec
+from p4rtproto import bytestrings
 from p4rtproto.api import p4runtime_pb2
 from p4rtproto.p4info import ActionInfo, MatchFieldInfo, P4InfoIndex, P4InfoLookupError
 from refswitch.device import Counter, Device, DeviceError, Table
@@ -123,7 +123,7 @@ def decode_match(table: Table, entry: p4runtime_pb2.TableEntry) -> tuple[tuple[F
 def _value(data: bytes, info: MatchFieldInfo | int) -> int:
     width = info if isinstance(info, int) else info.bitwidth
     try:
-        return codec.decode(data, width)
+        return bytestrings.decode(data, width)
     except ValueError:
         raise invalid(f"Bytestring provided does not fit within {width} bits") from None
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
+from controller.config import DEFAULT_PORT
 from run.model import DEFAULT_LR, MODELS
 from run.state import STATE_DIR, RunState, netns_id, pids_in_netns
 from testnet.switch_process import bmv2_available
@@ -29,7 +30,7 @@ if TYPE_CHECKING:
 
 ROOT = Path(__file__).resolve().parents[1]
 PY = sys.executable
-CONTROLLER_PORT = 50051
+CONTROLLER_PORT = DEFAULT_PORT
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -50,8 +51,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--items", type=int, default=4000, help="rows of the item embedding table (default 4000)")
     p.add_argument("--lr", type=float, default=None,
                    help="SGD learning rate (default: " + ", ".join(f"{m} {lr:g}" for m, lr in DEFAULT_LR.items()) + ")")
-    p.add_argument("--window", type=int, default=8,
-                   help="switch slots of the job: packets in flight per rank (default 8)")
+    p.add_argument("--pool-size", type=int, default=8,
+                   help="switch slots of the job's pool: packets in flight per rank (default 8)")
     p.add_argument("--no-gloo", action="store_true", help="skip the gloo comparison run")
     p.add_argument("--timeout", type=float, default=900, help="seconds per training run (default 900)")
     p.add_argument("--out", type=Path, default=STATE_DIR / "out", help="logs, results and the plot")
@@ -66,7 +67,8 @@ def _controller_toml(switch_address: str, hosts: list[tuple[str, str, int]], out
         "controller": {"listen": f"{CONTROLLER_IP}:{CONTROLLER_PORT}", "database": str(out / "controller.db"),
                        "heartbeat_interval": 1.0, "lease": 10.0, "join_timeout": 120.0},
         "switch": [{"name": "s1", "address": switch_address, "mac": SWITCH_MAC, "service_ip": SERVICE_IP,
-                    "hosts": [{"ip": ip, "mac": mac, "port": port} for ip, mac, port in hosts]}]})
+                    "hosts": [{"ip": ip, "mac": mac, "switch_port": port}
+                              for ip, mac, port in hosts]}]})
 
 
 def _start_controller(net: Mininet, topo: Topology, out: Path, state: RunState) -> subprocess.Popen:
@@ -186,7 +188,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"controller on {CONTROLLER_IP}:{CONTROLLER_PORT} (host hgc0), switch P4Runtime on "
               f"{net.switches[0].process.address}; logs in {args.out}", flush=True)
         with ControllerClient(f"{CONTROLLER_IP}:{CONTROLLER_PORT}", timeout=10.0) as client:
-            job = client.create_job("make-run", world_size=topo.hosts, codec=args.codec, window=args.window)
+            job = client.create_job("make-run", world_size=topo.hosts, codec=args.codec,
+                                    pool_size=args.pool_size)
             _run_job("switch", net, args, job, state, 29500)
             done = subprocess.run([PY, "-m", "controller", "--controller", f"{CONTROLLER_IP}:{CONTROLLER_PORT}",
                                    "counters"], capture_output=True, text=True, timeout=30,

@@ -12,7 +12,8 @@ from aggwire.constants import CELL_MASK, CELLS_PER_PKT, NUM_SLOTS, DropReason, E
 from aggwire.header import AggHeader
 from aggwire.packer import FrameTemplate, pack_payload
 from aggwire.scapy_layer import Agg
-from controller.aggregation import JobEntries, Worker, install_job
+from controller.aggregation import JobEntries, Worker
+from controller.install import install_job
 from testnet.fabric import SERVICE_IP, SWITCH_MAC, Fabric, FabricHost
 
 _job_ids = itertools.count(1)
@@ -30,7 +31,7 @@ class Job:
         self.entries = JobEntries(
             job_id=self.job_id, pool_base=(self.job_id * 64) % (NUM_SLOTS - 64),
             pool_size=pool_size, mcast_grp=self.job_id,
-            workers=tuple(Worker(rank=r, port=h.port, mac=h.mac, ip=h.ip,
+            workers=tuple(Worker(rank=r, switch_port=h.switch_port, mac=h.mac, ip=h.ip,
                                  udp_port=WORKER_UDP_BASE + r) for r, h in enumerate(hosts)))
         install_job(fabric.conn, self.entries)
         self.templates = [FrameTemplate(h.mac, SWITCH_MAC, h.ip, SERVICE_IP, WORKER_UDP_BASE + r)

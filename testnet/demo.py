@@ -1,7 +1,7 @@
 """Demo of the data plane: hosts in namespaces aggregate through the switch.
 
 Builds a fabric (BMv2 when installed, the reference switch otherwise), installs one job
-over every host, runs rounds of random int32 contributions through a window of slots,
+over every host, runs rounds of random int32 contributions through the job's pool of slots,
 checks every sum against numpy and prints rates and the switch's counters.
 Run as root: python -m testnet.demo --hosts 4 --rounds 200
 """
@@ -22,19 +22,19 @@ from testnet.namespace import have_privileges
 from testnet.switch_process import bmv2_available
 
 
-def run(target: str, hosts: int, rounds: int, window: int) -> int:
+def run(target: str, hosts: int, rounds: int, pool_size: int) -> int:
     """Run the demo; returns the number of wrong or missing results."""
     rng = np.random.default_rng(0)
     print(f"starting {target} with {hosts} hosts in network namespaces ...", flush=True)
     with Fabric(target, hosts) as fabric:
-        job = Job(fabric, fabric.hosts, pool_size=window)
+        job = Job(fabric, fabric.hosts, pool_size=pool_size)
         counters = CounterDelta(fabric)
         errors = 0
         start = time.monotonic()
         for k in range(rounds):
             parts = [random_cells(rng) for _ in range(hosts)]
             for r in range(hosts):
-                job.send(r, parts[r], slot=k % window, shadow=(k // window) % 2, chunk=k)
+                job.send(r, parts[r], slot=k % pool_size, shadow=(k // pool_size) % 2, chunk=k)
             expected = wrapped_sum(parts)
             for r, pkts in job.collect().items():
                 if len(pkts) != 1 or not np.array_equal(result_cells(pkts[0]), expected):
@@ -59,13 +59,13 @@ def main(argv: list[str] | None = None) -> int:
                    help="switch to run (auto: BMv2 when simple_switch_grpc is installed)")
     p.add_argument("--hosts", type=int, default=4, help="workers, one per host (default 4)")
     p.add_argument("--rounds", type=int, default=200, help="aggregation rounds (default 200)")
-    p.add_argument("--window", type=int, default=8, help="slots of the job's pool (default 8)")
+    p.add_argument("--pool-size", type=int, default=8, help="slots of the job's pool (default 8)")
     args = p.parse_args(argv)
     if not have_privileges():
         print("the demo needs root and iproute2 to create network namespaces", file=sys.stderr)
         return 2
     target = args.target if args.target != "auto" else ("bmv2" if bmv2_available() else "refswitch")
-    return 1 if run(target, args.hosts, args.rounds, args.window) else 0
+    return 1 if run(target, args.hosts, args.rounds, args.pool_size) else 0
 
 
 if __name__ == "__main__":

@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from controller.artifacts import BMV2_JSON_PATH, P4INFO_PATH
-from controller.forwarding import Host, add_host, add_service_address
+from controller.forwarding import Host, forwarding_entries
+from controller.install import reconcile
 from controller.switch_connection import SwitchConnection
 from testnet.namespace import (
     add_namespace,
@@ -46,7 +47,7 @@ class FabricHost:
     namespace: str
     iface: str
     switch_iface: str
-    port: int
+    switch_port: int
     mac: str
     ip: str
     raw: RawPort | None = field(default=None, repr=False)
@@ -79,7 +80,7 @@ class Fabric:
     def _build(self, num_hosts: int) -> None:
         for i in range(num_hosts):
             host = FabricHost(index=i, namespace=f"{self.tag}h{i}", iface=f"{self.tag}h{i}",
-                              switch_iface=f"{self.tag}s{i}", port=i + 1,
+                              switch_iface=f"{self.tag}s{i}", switch_port=i + 1,
                               mac=f"02:00:00:00:01:{i + 1:02x}", ip=f"10.0.0.{i + 1}")
             self.hosts.append(host)
             add_namespace(host.namespace)
@@ -88,16 +89,16 @@ class Fabric:
             with in_namespace(host.namespace):
                 disable_offloads(host.iface)
                 host.raw = RawPort(host.iface)
-        self.switch = SwitchProcess(self.target, {h.port: h.switch_iface for h in self.hosts},
+        self.switch = SwitchProcess(self.target,
+                                    {h.switch_port: h.switch_iface for h in self.hosts},
                                     self.workdir / "switch.log")
         PID_DIR.mkdir(exist_ok=True)
         (PID_DIR / f"{self.tag}.pid").write_text(str(self.switch.proc.pid))
         self.conn = SwitchConnection(self.switch.address)
         self.conn.connect()
         self.conn.set_pipeline(*self.artifacts)
-        for h in self.hosts:
-            add_host(self.conn, Host(ip=h.ip, mac=h.mac, port=h.port), SWITCH_MAC)
-        add_service_address(self.conn, SERVICE_IP, SWITCH_MAC)
+        hosts = [Host(ip=h.ip, mac=h.mac, switch_port=h.switch_port) for h in self.hosts]
+        reconcile(self.conn, forwarding_entries(hosts, SERVICE_IP, SWITCH_MAC), read_back=False)
 
     def restart_switch(self, kill: bool = True) -> None:
         """Replace the switch by a fresh one (no pipeline, no entries) on the same ports and
@@ -107,7 +108,8 @@ class Fabric:
             os.killpg(old.proc.pid, signal.SIGKILL)
         old.stop()
         self._restarts += 1
-        self.switch = SwitchProcess(self.target, {h.port: h.switch_iface for h in self.hosts},
+        self.switch = SwitchProcess(self.target,
+                                    {h.switch_port: h.switch_iface for h in self.hosts},
                                     self.workdir / f"switch-{self._restarts}.log",
                                     grpc_port=old.grpc_port)
         (PID_DIR / f"{self.tag}.pid").write_text(str(self.switch.proc.pid))

@@ -33,11 +33,6 @@ class AgentError(RuntimeError):
         super().__init__(message)
         self.code = code
 
-    @property
-    def pool_exhausted(self) -> bool:
-        """True when the switch had no room for the job's pool (the worker falls back)."""
-        return self.code == grpc.StatusCode.RESOURCE_EXHAUSTED
-
 
 @dataclass(frozen=True)
 class AgentConfig:
@@ -136,9 +131,9 @@ class WorkerAgent:
             sock.close()
             raise AgentError(f"cannot bind UDP {cfg.ip}:{cfg.udp_port}: {exc}") from exc
         channel: Channel = UdpChannel(sock, (a.service_ip, a.udp_port))
-        tcfg = TransportConfig(job_id=a.job_id, rank=a.rank, world_size=a.world_size, window=a.pool_size,
-                               initial_timeout=cfg.initial_timeout, max_timeout=cfg.max_timeout,
-                               max_retries=cfg.max_retries)
+        tcfg = TransportConfig(job_id=a.job_id, rank=a.rank, world_size=a.world_size,
+                               pool_size=a.pool_size, initial_timeout=cfg.initial_timeout,
+                               max_timeout=cfg.max_timeout, max_retries=cfg.max_retries)
         self.transport = SwitchTransport(tcfg, channel)
 
     def _heartbeat_loop(self) -> None:

@@ -16,6 +16,7 @@ import numpy as np
 
 from aggwire.constants import AGG_FRAME_BYTES
 from controller.client import ControllerClient
+from controller.config import DEFAULT_LISTEN
 from worker.agent import AgentConfig, AgentError, WorkerAgent
 from worker.ddp_hook import CODECS, make_codec
 
@@ -36,17 +37,18 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     c = sub.add_parser("create", help="create a job; prints its id and token", epilog="example:\n  " +
                        EXAMPLES["create"], formatter_class=argparse.RawDescriptionHelpFormatter)
-    c.add_argument("--controller", default="127.0.0.1:50051")
+    c.add_argument("--controller", default=DEFAULT_LISTEN, help="default %(default)s")
     c.add_argument("--name", default="job")
     c.add_argument("--world-size", type=int, required=True)
     c.add_argument("--codec", default="lossless")
-    c.add_argument("--window", type=int, default=0, help="slots (0: the controller's default)")
+    c.add_argument("--pool-size", type=int, default=0,
+                   help="slots of the job's pool (0: the controller's default)")
     c.add_argument("--json", action="store_true")
     for name, help_text in (("join", "join a job, wait until ready, print the assignment"),
                             ("bench", "synthetic aggregation rounds through the switch")):
         s = sub.add_parser(name, help=help_text, epilog="example:\n  " + EXAMPLES[name],
                            formatter_class=argparse.RawDescriptionHelpFormatter)
-        s.add_argument("--controller", default="127.0.0.1:50051")
+        s.add_argument("--controller", default=DEFAULT_LISTEN, help="default %(default)s")
         s.add_argument("--job-id", type=int, required=True)
         s.add_argument("--token", required=True)
         s.add_argument("--rank", type=int, required=True)
@@ -90,7 +92,7 @@ def _agent(a: argparse.Namespace) -> WorkerAgent:
 def cmd_create(a: argparse.Namespace) -> int:
     """Create a job and print job_id, token and pool."""
     with ControllerClient(a.controller) as c:
-        job = c.create_job(a.name, world_size=a.world_size, codec=a.codec, window=a.window)
+        job = c.create_job(a.name, world_size=a.world_size, codec=a.codec, pool_size=a.pool_size)
     out = {"job_id": job.job_id, "token": job.token, "switch": job.switch, "pool_size": job.pool_size}
     print(json.dumps(out) if a.json else "  ".join(f"{k}={v}" for k, v in out.items()))
     return 0

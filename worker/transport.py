@@ -1,7 +1,7 @@
 """The worker's transport to the switch: a self-clocked window of slots in flight.
 
 Chunk k of the job's stream goes to slot k mod S, shadow copy (k div S) mod 2, where S is
-the window; chunk k + S is sent only once chunk k's result is back (SwitchML's pool
+the pool size; chunk k + S is sent only once chunk k's result is back (SwitchML's pool
 rule, docs/protocol.md), so every worker numbers chunks alike as long as all of them
 call `allreduce` with the same lengths in the same order (what the codecs guarantee).
 Lost packets are retransmitted after a timeout that doubles per try; duplicate, stray,
@@ -33,7 +33,7 @@ class TransportConfig:
     job_id: int
     rank: int
     world_size: int
-    window: int
+    pool_size: int  # slots of the job's pool: chunks in flight
     initial_timeout: float = 0.02
     max_timeout: float = 0.5
     max_retries: int = 12
@@ -62,8 +62,8 @@ class SwitchTransport:
     """All-reduce of int32 cells through the switch under one op, chunk by chunk."""
 
     def __init__(self, config: TransportConfig, channel: Channel, first_chunk: int = 0) -> None:
-        if not 1 <= config.window:
-            raise ValueError("window must be at least 1")
+        if not 1 <= config.pool_size:
+            raise ValueError("pool_size must be at least 1")
         self.config = config
         self.channel = channel
         self.next_chunk = first_chunk  # the job-wide number of this worker's next chunk
@@ -104,14 +104,14 @@ class SwitchTransport:
         headers["job_id"] = cfg.job_id
         chunks = (first + np.arange(count, dtype=np.int64)) & CHUNK_MASK
         headers["chunk"] = chunks
-        headers["slot"] = chunks % cfg.window
-        headers["shadow"] = (chunks // cfg.window) % 2
+        headers["slot"] = chunks % cfg.pool_size
+        headers["shadow"] = (chunks // cfg.pool_size) % 2
         headers["ncells"] = CELLS_PER_PKT
         headers["ncells"][-1] = n - (count - 1) * CELLS_PER_PKT if n else CELLS_PER_PKT
         return pack_payloads(headers, cells)
 
     def _exchange(self, first: int, payloads: np.ndarray, out: np.ndarray) -> None:
-        """Keep up to `window` chunks in flight until every result is in `out`."""
+        """Keep up to `pool_size` chunks in flight until every result is in `out`."""
         cfg, stats = self.config, self.stats
         count = payloads.shape[0]
         sent_at = np.zeros(count)
@@ -121,8 +121,9 @@ class SwitchTransport:
         next_to_send, remaining = 0, count
         while remaining:
             now = time.monotonic()
-            # Self-clocking: chunk i may go once chunk i - window is done (or belongs to an earlier call).
-            while next_to_send < count and (next_to_send < cfg.window or done[next_to_send - cfg.window]):
+            # Self-clocking: chunk i goes once chunk i - pool_size is done (or of an earlier call).
+            while next_to_send < count and (next_to_send < cfg.pool_size
+                                            or done[next_to_send - cfg.pool_size]):
                 self.channel.send(payloads[next_to_send].tobytes())
                 sent_at[next_to_send] = now
                 deadline[next_to_send] = now + cfg.initial_timeout

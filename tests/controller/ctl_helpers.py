@@ -27,7 +27,8 @@ from testnet.switch_process import bmv2_available, free_port, switch_command
 
 SWITCH_MAC = "02:00:00:00:00:fe"
 SERVICE_IP = "10.0.0.254"
-HOSTS = [{"ip": f"10.0.0.{i + 1}", "mac": f"02:00:00:00:01:{i + 1:02x}", "port": i + 1} for i in range(4)]
+HOSTS = [{"ip": f"10.0.0.{i + 1}", "mac": f"02:00:00:00:01:{i + 1:02x}", "switch_port": i + 1}
+         for i in range(4)]
 TIMING = {"heartbeat_interval": 0.5, "lease": 3.0, "join_timeout": 10.0}
 TARGETS = [
     pytest.param("refswitch", id="refswitch"),
@@ -139,7 +140,8 @@ def job_state(conn: SwitchConnection) -> dict[str, Any]:
 
 def join_all(client: ControllerClient, job: Any, hosts: list[dict], udp_base: int = 41000) -> list[Any]:
     """Join every rank of a job from hosts[rank]; returns the JoinJob responses."""
-    return [client.join(job.job_id, job.token, rank, h["mac"], h["ip"], udp_base + rank, h["port"])
+    return [client.join(job.job_id, job.token, rank, h["mac"], h["ip"], udp_base + rank,
+                        h["switch_port"])
             for rank, h in enumerate(hosts)]
 
 
@@ -156,14 +158,16 @@ class Env:
 
     def __init__(self, ctl: RunningController, reader: SwitchConnection) -> None:
         self.ctl, self.c, self.reader = ctl, ctl.client, reader
-        self.open = self.c.create_job("open", 2, "dense", window=8)
+        self.open = self.c.create_job("open", 2, "dense", pool_size=8)
         h0, h2 = HOSTS[0], HOSTS[2]
-        self.open_join = dict(rank=0, mac=h0["mac"], ip=h0["ip"], udp_port=41000, switch_port=h0["port"])
+        self.open_join = dict(rank=0, mac=h0["mac"], ip=h0["ip"], udp_port=41000,
+                              switch_port=h0["switch_port"])
         self.c.join(self.open.job_id, self.open.token, **self.open_join)
-        self.full = self.c.create_job("full", 1, "dense", window=8)
-        self.full_join = dict(rank=0, mac=h2["mac"], ip=h2["ip"], udp_port=41000, switch_port=h2["port"])
+        self.full = self.c.create_job("full", 1, "dense", pool_size=8)
+        self.full_join = dict(rank=0, mac=h2["mac"], ip=h2["ip"], udp_port=41000,
+                              switch_port=h2["switch_port"])
         self.c.join(self.full.job_id, self.full.token, **self.full_join)
-        self.gone = self.c.create_job("gone", 1, "dense", window=8)
+        self.gone = self.c.create_job("gone", 1, "dense", pool_size=8)
         self.c.release(self.gone.job_id)
         self.jobs = {"open": self.open, "full": self.full, "gone": self.gone}
 

@@ -16,7 +16,9 @@ from ctl_helpers import (
     rpc_code,
 )
 
-from controller.proto import jobs_pb2
+from controller.api import jobs_pb2
+from controller.errors import InvalidArgument
+from controller.validation import check_ip
 
 C = grpc.StatusCode
 H0, H1, H2 = HOSTS[0], HOSTS[1], HOSTS[2]
@@ -29,14 +31,15 @@ def env(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 
 
 def create(**kw: Any) -> Any:
-    args = dict(name="j", world_size=2, codec="dense", window=0) | kw
+    args = dict(name="j", world_size=2, codec="dense", pool_size=0) | kw
     return lambda e: e.c.create_job(**args)
 
 
 def join(job: str = "open", token: str | None = None, job_id: int | None = None, **kw: Any) -> Any:
     def call(e: Env) -> Any:
         j = getattr(e, job)
-        args = dict(rank=1, mac=H1["mac"], ip=H1["ip"], udp_port=41001, switch_port=H1["port"]) | kw
+        args = dict(rank=1, mac=H1["mac"], ip=H1["ip"], udp_port=41001,
+                    switch_port=H1["switch_port"]) | kw
         return e.c.join(j.job_id if job_id is None else job_id, token or j.token, **args)
     return call
 
@@ -44,7 +47,7 @@ def join(job: str = "open", token: str | None = None, job_id: int | None = None,
 CASES = {
     "create/world_size 0": (create(world_size=0), C.INVALID_ARGUMENT, "world_size"),
     "create/world_size 33": (create(world_size=33), C.INVALID_ARGUMENT, "world_size"),
-    "create/window too big": (create(window=4097), C.INVALID_ARGUMENT, "window"),
+    "create/pool_size too big": (create(pool_size=4097), C.INVALID_ARGUMENT, "pool_size"),
     "create/bad codec": (create(codec="two words"), C.INVALID_ARGUMENT, "codec"),
     "create/empty name": (create(name=""), C.INVALID_ARGUMENT, "name"),
     "create/unknown switch": (create(switch="s9"), C.INVALID_ARGUMENT, "s9"),
@@ -56,7 +59,8 @@ CASES = {
     "join/rank outside world": (join(rank=2), C.INVALID_ARGUMENT, "rank"),
     "join/rank beyond 31": (join(rank=40), C.INVALID_ARGUMENT, "rank"),
     "join/duplicate rank": (join(rank=0), C.ALREADY_EXISTS, "rank 0"),
-    "join/same endpoint as rank 0": (join(ip=H0["ip"], mac=H0["mac"], switch_port=H0["port"], udp_port=41000),
+    "join/same endpoint as rank 0": (join(ip=H0["ip"], mac=H0["mac"], switch_port=H0["switch_port"],
+                                          udp_port=41000),
                                      C.ALREADY_EXISTS, "already receives"),
     "join/rank of a ready job": (join("full", rank=0), C.ALREADY_EXISTS, "rank 0"),
     "join/bad mac": (join(mac="02:00:00:00:01"), C.INVALID_ARGUMENT, "mac"),
@@ -100,6 +104,20 @@ def test_rejected_without_side_effects(env: Env, case: str) -> None:
 
 def test_retried_join_is_idempotent(env: Env) -> None:
     before = env.snapshot()
-    again = env.c.join(env.open.job_id, env.open.token, 0, H0["mac"], H0["ip"], 41000, H0["port"])
+    again = env.c.join(env.open.job_id, env.open.token, 0, H0["mac"], H0["ip"], 41000,
+                       H0["switch_port"])
     assert again.joined == 1 and not again.ready
     assert env.snapshot() == before
+
+
+@pytest.mark.parametrize("ip, unicast", [
+    ("0.0.0.0", False), ("255.255.255.255", False),
+    ("224.0.0.0", False), ("239.255.255.255", False),
+    ("0.0.0.1", True), ("223.255.255.255", True), ("240.0.0.1", True), ("255.255.255.254", True),
+])
+def test_ip_check_at_the_edges_of_unicast(ip: str, unicast: bool) -> None:
+    if unicast:
+        assert check_ip(ip) == ip
+    else:
+        with pytest.raises(InvalidArgument, match="not a unicast host address"):
+            check_ip(ip)

@@ -11,16 +11,19 @@ from pathlib import Path
 import pytest
 from ctl_helpers import HOSTS, make_config
 
+from controller.api import jobs_pb2
 from controller.cli import COMMANDS, main
+from controller.text_table import render_jobs
 from testnet.switch_process import free_port
 
 
 @pytest.fixture
 def running(refswitch, tmp_path, start_controller):
     ctl = start_controller(make_config(refswitch.address, tmp_path, lease=30.0, heartbeat_interval=5.0))
-    job = ctl.client.create_job("cli-job", 2, "dense", window=32)
+    job = ctl.client.create_job("cli-job", 2, "dense", pool_size=32)
     for rank, h in enumerate(HOSTS[:2]):
-        ctl.client.join(job.job_id, job.token, rank, h["mac"], h["ip"], 41000 + rank, h["port"])
+        ctl.client.join(job.job_id, job.token, rank, h["mac"], h["ip"], 41000 + rank,
+                        h["switch_port"])
     return ctl, job
 
 
@@ -68,7 +71,17 @@ def test_tables(running, capsys):
     code, out, _ = run(capsys, "--controller", ctl.address, "counters", "--zero")
     assert code == 0 and "UNKNOWN_JOB" in out and "CONTRIBUTION" in out and "cli-job" in out
     code, out, _ = run(capsys, "--controller", ctl.address, "release", str(job.job_id))
-    assert code == 0 and f"released job {job.job_id}" in out
+    assert code == 0 and f"released job {job.job_id}" in out and "32 slots freed on s1" in out
+
+
+def test_jobs_table_names_the_pool_size_and_shows_no_slots_before_placement():
+    placed = jobs_pb2.JobInfo(job_id=1, name="a", state="ready", switch="s1", world_size=2,
+                              joined=2, codec="dense", pool_base=64, pool_size=16)
+    unplaced = jobs_pb2.JobInfo(job_id=2, name="b", state="waiting", world_size=2, codec="dense",
+                                pool_size=8)
+    header, row_a, row_b = render_jobs([placed, unplaced], ranks=False).splitlines()
+    assert header.split()[6:9] == ["SLOTS", "POOL", "SIZE"]
+    assert row_a.split()[6:8] == ["64..79", "16"] and row_b.split()[6:8] == ["-", "8"]
 
 
 def test_errors_are_one_line(running, capsys):

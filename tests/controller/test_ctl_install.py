@@ -1,6 +1,7 @@
-"""ManagedSwitch.install against a scripted switch: a refused update rolls back everything the
-install wrote (never a half-installed job), an entry left over from before is overwritten, and
-a lost link is Unavailable."""
+"""The install path (controller/install.py, and ManagedSwitch over it) against a scripted switch:
+entries go in INSTALL_ORDER and come out in reverse, a refused update rolls back everything the
+install wrote (never a half-installed job), an entry left over from before is overwritten, a
+lost link is Unavailable, and a reconciliation writes exactly the difference in the same order."""
 
 from __future__ import annotations
 
@@ -13,8 +14,12 @@ from aggwire import p4names
 from controller.aggregation import JobEntries, Worker
 from controller.artifacts import P4INFO_PATH
 from controller.config import SwitchConfig
+from controller.entries import MULTICAST_GROUPS
 from controller.errors import Unavailable
-from controller.p4runtime_entities import WriteBatch
+from controller.forwarding import Host, forwarding_entries
+from controller.install import (INSTALL_ORDER, InstallError, Reconciled, install_job, job_specs,
+                                reconcile, remove_job)
+from controller.p4runtime_entities import WriteBatch, decode_table_entry, replica_port
 from controller.switch_connection import P4RuntimeWriteError, SwitchError, UpdateError
 from controller.switches import ManagedSwitch, SwitchRejected
 from p4rtproto.api import p4runtime_pb2
@@ -23,7 +28,8 @@ from p4rtproto.p4info import P4InfoIndex
 P4INFO = P4InfoIndex.from_text_file(P4INFO_PATH)
 Update = p4runtime_pb2.Update
 JOB = JobEntries(job_id=9, pool_base=0, pool_size=8, mcast_grp=9, workers=tuple(
-    Worker(rank=r, port=r + 1, mac=f"02:00:00:00:01:0{r + 1}", ip=f"10.0.0.{r + 1}", udp_port=41000) for r in range(3)))
+    Worker(rank=r, switch_port=r + 1, mac=f"02:00:00:00:01:0{r + 1}", ip=f"10.0.0.{r + 1}",
+           udp_port=41000) for r in range(3)))
 
 
 def key(update: p4runtime_pb2.Update) -> tuple:
@@ -35,6 +41,12 @@ def key(update: p4runtime_pb2.Update) -> tuple:
     return P4INFO.table(te.table_id).name, tuple(m.SerializeToString() for m in te.match)
 
 
+def kind(update: p4runtime_pb2.Update) -> str:
+    """Where an update writes, named as in INSTALL_ORDER."""
+    k = key(update)[0]
+    return MULTICAST_GROUPS if k == "group" else k
+
+
 class ScriptedSwitch:
     """Applies writes to a set of keys, failing the updates `refuse` picks with its code."""
 
@@ -43,6 +55,8 @@ class ScriptedSwitch:
         self.held: set[tuple] = set()
         self.refuse = refuse or (lambda update: None)
         self.writes = 0
+        self.state: dict[tuple, p4runtime_pb2.Update] = {}  # key -> the update that wrote it
+        self.log: list[tuple[int, list[str]]] = []  # per write: (update type, kinds written)
         self.link_down_on_write = link_down_on_write
         self.is_connected = True
 
@@ -51,6 +65,7 @@ class ScriptedSwitch:
 
     def write_batch(self, batch) -> None:
         self.writes += 1
+        self.log.append((batch.updates[0].type if len(batch) else 0, [kind(u) for u in batch]))
         if self.writes == self.link_down_on_write:
             self.is_connected = False
         if not self.is_connected:
@@ -67,10 +82,22 @@ class ScriptedSwitch:
                 errors.append(UpdateError(i, code, "scripted"))
             elif update.type == Update.DELETE:
                 self.held.discard(k)
+                self.state.pop(k, None)
             else:
                 self.held.add(k)
+                self.state[k] = update
         if errors:
             raise P4RuntimeWriteError(errors, len(batch), grpc.StatusCode.UNKNOWN)
+
+    def read_entries(self, table):
+        return [decode_table_entry(P4INFO, u.entity.table_entry) for k, u in self.state.items()
+                if k[0] == table]
+
+    def read_multicast_groups(self):
+        groups = [u.entity.packet_replication_engine_entry.multicast_group_entry
+                  for k, u in self.state.items() if k[0] == "group"]
+        return {g.multicast_group_id: [(replica_port(r), r.instance) for r in g.replicas]
+                for g in groups}
 
 
 class Listener:
@@ -91,12 +118,39 @@ def managed(conn: ScriptedSwitch) -> ManagedSwitch:
     return sw
 
 
-def test_install_writes_group_then_workers_then_job():
+def stages(log: list[tuple[int, list[str]]]) -> list[tuple[int, str]]:
+    """Each write as (update type, the one kind it wrote)."""
+    assert all(len(set(kinds)) == 1 for _, kinds in log), log
+    return [(kind_, kinds[0]) for kind_, kinds in log]
+
+
+def test_install_order_covers_every_table_and_ends_with_the_job_entry():
+    assert set(INSTALL_ORDER) == set(p4names.TABLES) | {MULTICAST_GROUPS}
+    assert INSTALL_ORDER[-1] == p4names.JOB_TABLE
+    assert INSTALL_ORDER.index(MULTICAST_GROUPS) < INSTALL_ORDER.index(p4names.RESULT_REWRITE)
+
+
+def test_install_writes_group_results_workers_then_job_and_removes_in_reverse():
     conn = ScriptedSwitch()
-    managed(conn).install(JOB)
-    assert conn.writes == 3
+    sw = managed(conn)
+    sw.install(JOB)
+    job_order = [MULTICAST_GROUPS, p4names.RESULT_REWRITE, p4names.WORKER_TABLE, p4names.JOB_TABLE]
+    assert stages(conn.log) == [(Update.INSERT, k) for k in job_order]
     tables = sorted(k[0] for k in conn.held)
     assert tables == sorted(["group", p4names.JOB_TABLE] + [p4names.WORKER_TABLE, p4names.RESULT_REWRITE] * 3)
+    conn.log.clear()
+    sw.remove(JOB)
+    assert stages(conn.log) == [(Update.DELETE, k) for k in reversed(job_order)]
+    assert conn.held == set() and not sw.needs_sync
+
+
+def test_direct_install_rolls_back_and_reports_leftovers():
+    conn = ScriptedSwitch(link_down_on_write=3)
+    with pytest.raises(InstallError) as info:
+        install_job(conn, JOB)  # type: ignore[arg-type]
+    assert info.value.code == grpc.StatusCode.UNAVAILABLE and info.value.leftovers
+    problems = remove_job(conn, JOB)  # type: ignore[arg-type]
+    assert [e.code for e in problems] == [grpc.StatusCode.UNAVAILABLE]
 
 
 @pytest.mark.parametrize("refused_table", [p4names.JOB_TABLE, p4names.WORKER_TABLE])
@@ -137,3 +191,24 @@ def test_remove_tolerates_missing_entries():
     conn.held = {k for k in conn.held if k[0] != p4names.WORKER_TABLE}
     sw.remove(JOB)
     assert conn.held == set() and not sw.needs_sync
+
+
+def test_reconcile_writes_the_difference_in_install_order():
+    conn = ScriptedSwitch()
+    hosts = [Host("10.0.0.1", "02:00:00:00:01:01", 1), Host("10.0.0.2", "02:00:00:00:01:02", 2)]
+    forwarding = forwarding_entries(hosts, "10.0.0.254", "02:00:00:00:00:fe")
+    done = reconcile(conn, forwarding + job_specs(JOB), read_back=False)  # type: ignore[arg-type]
+    assert (done.installed, done.modified, done.removed) == (len(forwarding) + 7, 0, 0)
+    assert [k for _, k in stages(conn.log)] == list(INSTALL_ORDER)
+    conn.log.clear()
+    again = reconcile(conn, forwarding + job_specs(JOB))  # type: ignore[arg-type]
+    assert again == Reconciled(0, 0, 0)
+    assert conn.log == []  # nothing to write: nothing written
+    moved = JobEntries(job_id=9, pool_base=64, pool_size=8, mcast_grp=9, workers=JOB.workers[:2])
+    done = reconcile(conn, forwarding[:2] + job_specs(moved))  # type: ignore[arg-type]
+    # Gone: host 2's two entries, the service address's, rank 2's two; changed: the job entry.
+    assert (done.installed, done.modified, done.removed) == (0, 1, 6)
+    assert stages(conn.log) == [
+        (Update.DELETE, p4names.WORKER_TABLE), (Update.DELETE, p4names.RESULT_REWRITE),
+        (Update.DELETE, p4names.IPV4_LPM), (Update.DELETE, p4names.ARP_RESPONDER),
+        (Update.MODIFY, MULTICAST_GROUPS), (Update.MODIFY, p4names.JOB_TABLE)]

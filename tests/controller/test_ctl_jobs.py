@@ -23,10 +23,11 @@ from ctl_helpers import (
 from aggwire import p4names
 from aggwire.constants import AGG_UDP_PORT, CELLS_PER_PKT, NUM_SLOTS
 from controller.artifacts import P4INFO_PATH
-from p4rtproto.codec import ipv4_to_int
+from p4rtproto.bytestrings import ipv4_to_int
 from p4rtproto.p4info import P4InfoIndex
 
-OK_JOIN = dict(rank=0, mac=HOSTS[0]["mac"], ip=HOSTS[0]["ip"], udp_port=41000, switch_port=HOSTS[0]["port"])
+OK_JOIN = dict(rank=0, mac=HOSTS[0]["mac"], ip=HOSTS[0]["ip"], udp_port=41000,
+               switch_port=HOSTS[0]["switch_port"])
 
 
 def test_pipeline_and_forwarding_are_pushed(switch, reader, tmp_path, start_controller):
@@ -45,7 +46,7 @@ def test_pipeline_and_forwarding_are_pushed(switch, reader, tmp_path, start_cont
 
 def test_create_join_ready_leave(controller, reader):
     c = controller.client
-    job = c.create_job("resnet", 3, "dense-fixed", window=16)
+    job = c.create_job("resnet", 3, "dense-fixed", pool_size=16)
     assert job.job_id >= 1 and len(job.token) >= 32 and job.switch == "s1" and job.pool_size == 16
     first = join_all(c, job, HOSTS[:2])
     assert [r.joined for r in first] == [1, 2] and not first[-1].ready
@@ -54,7 +55,8 @@ def test_create_join_ready_leave(controller, reader):
     waiter: dict = {}
     thread = threading.Thread(target=lambda: waiter.update(a=c.wait_ready(job.job_id, job.token, 0, 10)))
     thread.start()
-    last = c.join(job.job_id, job.token, 2, HOSTS[2]["mac"], HOSTS[2]["ip"], 41002, HOSTS[2]["port"])
+    last = c.join(job.job_id, job.token, 2, HOSTS[2]["mac"], HOSTS[2]["ip"], 41002,
+                  HOSTS[2]["switch_port"])
     assert last.ready and last.joined == 3
     thread.join(10)
     a = waiter["a"]
@@ -84,8 +86,8 @@ def test_create_join_ready_leave(controller, reader):
 
 def test_two_jobs_side_by_side(controller, reader):
     c = controller.client
-    a = c.create_job("a", 2, "dense", window=100)
-    b = c.create_job("b", 2, "sparse", window=50)
+    a = c.create_job("a", 2, "dense", pool_size=100)
+    b = c.create_job("b", 2, "sparse", pool_size=50)
     assert b.job_id > a.job_id
     join_all(c, a, HOSTS[:2])
     join_all(c, b, HOSTS[2:4], udp_base=42000)
@@ -105,18 +107,18 @@ def test_two_jobs_side_by_side(controller, reader):
 
 def test_pool_exhaustion_is_resource_exhausted(controller):
     c = controller.client
-    big = c.create_job("big", 1, "dense", window=NUM_SLOTS - 10)
-    code, details = rpc_code(lambda: c.create_job("more", 1, "dense", window=11))
+    big = c.create_job("big", 1, "dense", pool_size=NUM_SLOTS - 10)
+    code, details = rpc_code(lambda: c.create_job("more", 1, "dense", pool_size=11))
     assert code == grpc.StatusCode.RESOURCE_EXHAUSTED and "largest free range: 10" in details
     assert [j.job_id for j in c.list_jobs().jobs] == [big.job_id]
-    assert c.create_job("fits", 1, "dense", window=10).pool_size == 10
+    assert c.create_job("fits", 1, "dense", pool_size=10).pool_size == 10
     c.release(big.job_id)
-    assert c.create_job("again", 1, "dense", window=11).pool_size == 11
+    assert c.create_job("again", 1, "dense", pool_size=11).pool_size == 11
 
 
 def test_lease_expiry_reclaims_everything(switch, reader, tmp_path, start_controller):
     c = start_controller(make_config(switch.address, tmp_path, lease=1.0, heartbeat_interval=0.2)).client
-    job = c.create_job("short", 2, "dense", window=8)
+    job = c.create_job("short", 2, "dense", pool_size=8)
     join_all(c, job, HOSTS[:2])
     assert job_state(reader())["jobs"]
     deadline = time.monotonic() + 0.9
@@ -134,7 +136,7 @@ def test_lease_expiry_reclaims_everything(switch, reader, tmp_path, start_contro
 
 def test_job_nobody_holds_ends_after_join_timeout(switch, tmp_path, start_controller):
     c = start_controller(make_config(switch.address, tmp_path, join_timeout=0.5)).client
-    job = c.create_job("orphan", 2, "dense", window=8)
+    job = c.create_job("orphan", 2, "dense", pool_size=8)
     c.join(job.job_id, job.token, **OK_JOIN)
     assert not c.leave(job.job_id, job.token, 0).job_ended  # before the world is complete: un-joins
     assert c.list_jobs().jobs[0].joined == 0
@@ -155,7 +157,7 @@ def test_wait_times_out_with_missing_ranks(controller):
 
 def test_release_by_operator(controller, reader):
     c = controller.client
-    job = c.create_job("doomed", 1, "dense", window=4)
+    job = c.create_job("doomed", 1, "dense", pool_size=4)
     c.join(job.job_id, job.token, **OK_JOIN)
     assert job_state(reader())["jobs"]
     released = c.release(job.job_id).job
@@ -169,7 +171,7 @@ def test_release_by_operator(controller, reader):
 
 def test_switch_restart_repushes_pipeline_and_entries(switch, controller, reader):
     c = controller.client
-    job = c.create_job("survivor", 2, "dense", window=32)
+    job = c.create_job("survivor", 2, "dense", pool_size=32)
     join_all(c, job, HOSTS[:2])
     before = job_state(reader())
     pushes, connects = c.status().switches[0].pipeline_pushes, c.status().switches[0].connects
@@ -187,11 +189,12 @@ def test_switch_restart_repushes_pipeline_and_entries(switch, controller, reader
 
 def test_unreachable_switch_is_unavailable_until_it_returns(switch, controller, reader):
     c = controller.client
-    job = c.create_job("patient", 2, "dense", window=8)
+    job = c.create_job("patient", 2, "dense", pool_size=8)
     c.join(job.job_id, job.token, **OK_JOIN)
     switch.stop()
     wait_for(lambda: not c.status().switches[0].connected, 5, "the controller to notice")
-    last = c.join(job.job_id, job.token, 1, HOSTS[1]["mac"], HOSTS[1]["ip"], 41001, HOSTS[1]["port"])
+    last = c.join(job.job_id, job.token, 1, HOSTS[1]["mac"], HOSTS[1]["ip"], 41001,
+                  HOSTS[1]["switch_port"])
     assert last.joined == 2 and not last.ready  # the join stands
     start = time.monotonic()
     code, details = rpc_code(lambda: c.wait_ready(job.job_id, job.token, 0, 0.5))

@@ -33,20 +33,22 @@ def two(tmp_path: Path, start_controller):
 
 
 def join(c, job, rank, host, udp=41000):
-    return c.join(job.job_id, job.token, rank, host["mac"], host["ip"], udp + rank, host["port"])
+    return c.join(job.job_id, job.token, rank, host["mac"], host["ip"], udp + rank,
+                  host["switch_port"])
 
 
 def test_job_goes_to_the_switch_of_its_workers(two):
     ctl, (r1, r2) = two
     c = ctl.client
-    job = c.create_job("on-s2", 2, "dense", window=32)
-    assert job.switch == "" and job.pool_size == 0  # not known until a worker joins
+    job = c.create_job("on-s2", 2, "dense", pool_size=32)
+    assert job.switch == "" and job.pool_size == 32  # the switch is not known until a worker joins,
+    assert {s.slots_used for s in c.status().switches} == {0}  # so no pool is allocated yet
     join(c, job, 0, S2_HOSTS[0])
     join(c, job, 1, S2_HOSTS[1])
     [info] = c.list_jobs().jobs
     assert (info.switch, info.state, info.pool_size) == ("s2", "ready", 32)
     assert list(job_state(r2)["jobs"]) == [job.job_id] and job_state(r1)["jobs"] == {}
-    pinned = c.create_job("pinned", 1, "dense", window=8, switch="s1")
+    pinned = c.create_job("pinned", 1, "dense", pool_size=8, switch="s1")
     assert pinned.switch == "s1" and pinned.pool_size == 8
     assert {(s.name, s.slots_used, s.jobs) for s in c.status().switches} == {("s1", 8, 1), ("s2", 32, 1)}
 
@@ -65,7 +67,7 @@ def test_unknown_host_cannot_choose_the_switch(two):
     ctl, _ = two
     c = ctl.client
     job = c.create_job("where", 1, "dense")
-    stranger = {"mac": "02:00:00:00:0a:0a", "ip": "10.9.9.9", "port": 7}
+    stranger = {"mac": "02:00:00:00:0a:0a", "ip": "10.9.9.9", "switch_port": 7}
     code, details = rpc_code(lambda: join(c, job, 0, stranger))
     assert code == grpc.StatusCode.INVALID_ARGUMENT and "name the switch" in details
     assert c.list_jobs().jobs[0].switch == ""

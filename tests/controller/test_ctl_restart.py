@@ -47,7 +47,7 @@ def as_primary(switch: SwitchUnderTest) -> SwitchConnection:
 def test_controller_restart_keeps_the_live_job(setup):
     switch, proc = setup
     client = proc.start()
-    job = client.create_job("long", 2, "dense", window=64)
+    job = client.create_job("long", 2, "dense", pool_size=64)
     join_all(client, job, HOSTS[:2])
     assert client.wait_ready(job.job_id, job.token, 0, 5).pool_size == 64
     reader = SwitchConnection(switch.address, election_id=2, timeout=3.0)
@@ -84,7 +84,7 @@ def test_controller_restart_keeps_the_live_job(setup):
 def test_switch_restarted_while_controller_was_down(setup):
     switch, proc = setup
     client = proc.start()
-    job = client.create_job("both-down", 2, "dense", window=16)
+    job = client.create_job("both-down", 2, "dense", pool_size=16)
     join_all(client, job, HOSTS[:2])
     client.close()
     proc.kill()

@@ -8,7 +8,7 @@ import sqlite3
 import pytest
 
 from controller.model import Job, JobWorker
-from controller.store import Store, StoreError
+from controller.store import SCHEMA, Store, StoreError
 
 
 def job(job_id: int, **kw) -> Job:
@@ -25,7 +25,7 @@ def test_jobs_round_trip(tmp_path):
     store = Store(tmp_path / "sub" / "c.db")
     loaded = {x.job_id: x for x in store.active_jobs()}
     assert set(loaded) == {3, 4}
-    assert (loaded[3].switch, loaded[3].pool_base, loaded[3].window) == ("s1", 64, 16)
+    assert (loaded[3].switch, loaded[3].pool_base, loaded[3].pool_size) == ("s1", 64, 16)
     assert loaded[3].workers == {1: JobWorker(1, "02:00:00:00:01:02", "10.0.0.2", 41001, 2, left=True)}
     assert loaded[4].switch is None and loaded[4].workers == {}
     ended = loaded[4]
@@ -67,3 +67,21 @@ def test_foreign_database_is_refused(tmp_path):
     (tmp_path / "dir.db").mkdir()
     with pytest.raises(StoreError, match="cannot open"):
         Store(tmp_path / "dir.db")
+
+
+def test_schema_1_database_is_migrated(tmp_path):
+    """Schema 1 called the pool size `window`: such a database opens with its jobs intact."""
+    path = tmp_path / "v1.db"
+    db = sqlite3.connect(path)
+    db.executescript(SCHEMA.replace("pool_size INTEGER", "window INTEGER"))
+    db.execute("INSERT INTO jobs VALUES (7, 'old', 'ab', 2, 'dense', 24, 1000.0, 's1', 96, NULL, "
+               "'')")
+    db.execute("PRAGMA user_version = 1")
+    db.commit()
+    db.close()
+    store = Store(path)
+    [old] = store.active_jobs()
+    assert (old.job_id, old.pool_size, old.pool_base, old.switch) == (7, 24, 96, "s1")
+    store.save_job(job(8))
+    store.close()
+    assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == 2

@@ -19,7 +19,7 @@ from controller.switch_connection import (
     TableEntry,
 )
 from p4rtproto.api import p4runtime_pb2
-from p4rtproto.codec import ipv4_to_int, mac_to_int
+from p4rtproto.bytestrings import ipv4_to_int, mac_to_int
 from p4rtproto.p4info import P4InfoIndex
 
 TIMEOUT = 3.0

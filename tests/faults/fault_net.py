@@ -35,7 +35,7 @@ TARGETS = [
 
 
 def host_dicts(fabric: Fabric) -> list[dict[str, Any]]:
-    return [{"ip": h.ip, "mac": h.mac, "port": h.port} for h in fabric.hosts]
+    return [{"ip": h.ip, "mac": h.mac, "switch_port": h.switch_port} for h in fabric.hosts]
 
 
 def config_doc(fabric: Fabric, tmp: Path, listen: str = "127.0.0.1:0", **timing: Any) -> dict:
@@ -86,7 +86,8 @@ def agent_config(address: str, fabric: Fabric, job: Any, rank: int, host: int | 
     """Rank `rank` on fabric host `host` (default: host `rank`)."""
     h = fabric.hosts[rank if host is None else host]
     fields = dict(controller=address, job_id=job.job_id, token=job.token, rank=rank, ip=h.ip,
-                  udp_port=UDP_BASE + rank, switch_port=h.port, mac=h.mac, ready_timeout=20.0, rpc_timeout=2.0)
+                  udp_port=UDP_BASE + rank, switch_port=h.switch_port, mac=h.mac,
+                  ready_timeout=20.0, rpc_timeout=2.0)
     fields.update(kw)
     return AgentConfig(**fields)
 

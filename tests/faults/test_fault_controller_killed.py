@@ -43,7 +43,7 @@ def test_aggregation_continues_while_the_controller_is_down(target, tmp_path, fa
     agents = []
     try:
         client = ctl.start()
-        job = client.create_job("survives", WORLD, "dense", window=8)
+        job = client.create_job("survives", WORLD, "dense", pool_size=8)
         agents = open_agents(ctl.address, fabric, job, WORLD)
         wait_for(lambda: all(a.heartbeats >= 1 for a in agents), 10, "first heartbeats")
         phase = {"k": 0, "last": None}  # rounds rank 0 completed; the agreed number of rounds

@@ -22,7 +22,7 @@ from ctl_helpers import (
     bad_request_env,
 )
 
-from controller.proto import jobs_pb2
+from controller.api import jobs_pb2
 
 C = grpc.StatusCode
 DOCUMENTED = {C.INVALID_ARGUMENT, C.NOT_FOUND, C.UNAUTHENTICATED, C.ALREADY_EXISTS, C.FAILED_PRECONDITION,
@@ -80,13 +80,14 @@ class Fuzzer:
 
     # ---- one request per method; each must be refused or change nothing --------------
     def create(self) -> tuple[str, Any]:
-        f = dict(name="n", world_size=2, codec="dense", window=0, switch="")
-        corrupt = self.r.sample(["name", "world_size", "codec", "window", "switch"], self.r.randrange(1, 4))
+        f = dict(name="n", world_size=2, codec="dense", pool_size=0, switch="")
+        corrupt = self.r.sample(["name", "world_size", "codec", "pool_size", "switch"],
+                                self.r.randrange(1, 4))
         for field in corrupt:
             f[field] = {"name": lambda: self.r.choice(["", "x" * 65, "a\nb", "\x00", "tab\there"]),
                         "world_size": lambda: self.bad_number(1, 32),
                         "codec": lambda: self.r.choice(["", "two words", "x" * 65, "é", "a/b", "\x00"]),
-                        "window": lambda: self.bad_number(0, 4096),
+                        "pool_size": lambda: self.bad_number(0, 4096),
                         "switch": lambda: self.r.choice(["s2", " ", "S1", "s1\x00", "x" * 1000])}[field]()
         return "CreateJob", jobs_pb2.CreateJobRequest(**f)
 
@@ -105,7 +106,7 @@ class Fuzzer:
         token = self.token(job) if job is not None else self.string()
         f = dict(rank=r.choice([1, self.number()]), mac=r.choice([H1["mac"], self.string()]),
                  ip=r.choice([H1["ip"], self.string()]), udp_port=r.choice([41001, self.number()]),
-                 switch_port=r.choice([H1["port"], self.number()]))
+                 switch_port=r.choice([H1["switch_port"], self.number()]))
         if job is e.open and token == job.token:  # must not complete the open job: break a field
             field = r.choice(["rank", "mac", "ip", "udp_port", "switch_port"])
             f[field] = {"rank": lambda: r.choice([0, 2, U32]), "mac": lambda: r.choice(["", "zz", "ff:ff:ff:ff:ff:ff"]),

@@ -28,16 +28,18 @@ from worker.agent import WorkerAgent
 from worker.transport import SwitchTransport, TransportConfig
 
 pytestmark = NEEDS_ROOT
-ROUNDS, WINDOW = 100, 8
+ROUNDS, POOL_SIZE = 100, 8
 
 
 def drops(c) -> dict[str, int]:
     return {v.name: v.packets for v in c.counters().switches[0].ingress_drops}
 
 
-def forged(job_id: int, rank: int, window: int, first: int, count: int, channel) -> SwitchTransport:
+def forged(job_id: int, rank: int, pool_size: int, first: int, count: int,
+           channel) -> SwitchTransport:
     """A transport that packs another identity's packets, over the attacker's channel."""
-    t = SwitchTransport(TransportConfig(job_id=job_id, rank=rank, world_size=2, window=window), channel)
+    t = SwitchTransport(TransportConfig(job_id=job_id, rank=rank, world_size=2,
+                                        pool_size=pool_size), channel)
     t.next_chunk = first
     return t
 
@@ -51,8 +53,8 @@ def test_a_worker_cannot_write_into_another_jobs_slots(target, tmp_path, fault_r
     try:
         ctl = InProcessController(config_doc(fabric, tmp_path, lease=10.0), tmp_path)
         c = ctl.client
-        a = c.create_job("A", 2, "dense", window=WINDOW)
-        b = c.create_job("B", 2, "dense", window=WINDOW)
+        a = c.create_job("A", 2, "dense", pool_size=POOL_SIZE)
+        b = c.create_job("B", 2, "dense", pool_size=POOL_SIZE)
         # ranks 0, 1 of A on hosts 0, 1; ranks 0, 1 of B on hosts 2, 3
         specs = [(a, 0, 0), (a, 1, 1), (b, 0, 2), (b, 1, 3)]
         got = run_threads(lambda i: WorkerAgent(agent_config(ctl.address, fabric, specs[i][0], specs[i][1],
@@ -63,7 +65,8 @@ def test_a_worker_cannot_write_into_another_jobs_slots(target, tmp_path, fault_r
 
         code = None
         try:
-            c.join(b.job_id, a.token, 0, fabric.hosts[0].mac, fabric.hosts[0].ip, 41000, fabric.hosts[0].port)
+            c.join(b.job_id, a.token, 0, fabric.hosts[0].mac, fabric.hosts[0].ip, 41000,
+                   fabric.hosts[0].switch_port)
         except grpc.RpcError as exc:
             code = exc.code()
         assert code == grpc.StatusCode.UNAUTHENTICATED
@@ -75,11 +78,13 @@ def test_a_worker_cannot_write_into_another_jobs_slots(target, tmp_path, fault_r
 
         def attack(k: int) -> None:
             for rank in (0, 1):  # B's identities, B's slot and chunk of round k
-                t = forged(b.job_id, rank, WINDOW, k, 1, attacker)
+                t = forged(b.job_id, rank, POOL_SIZE, k, 1, attacker)
                 attacker.send(t.pack_chunks(Op.ADD, k, garbage.reshape(1, -1), CELLS_PER_PKT)[0].tobytes())
                 sent["WRONG_PORT"] += 1
-            t = forged(a.job_id, 0, 4096, WINDOW + k, 1, attacker)  # A's own id, a slot beyond its pool
-            attacker.send(t.pack_chunks(Op.ADD, WINDOW + k, garbage.reshape(1, -1), CELLS_PER_PKT)[0].tobytes())
+            # A's own id, a slot beyond its pool
+            t = forged(a.job_id, 0, 4096, POOL_SIZE + k, 1, attacker)
+            packed = t.pack_chunks(Op.ADD, POOL_SIZE + k, garbage.reshape(1, -1), CELLS_PER_PKT)
+            attacker.send(packed[0].tobytes())
             sent["SLOT_OUT_OF_POOL"] += 1
 
         def work(i: int) -> list[np.ndarray]:

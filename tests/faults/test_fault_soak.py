@@ -19,7 +19,7 @@ from worker.channel import FaultyChannel, UdpChannel
 from worker.transport import SwitchTransport, TransportConfig
 
 pytestmark = NEEDS_ROOT
-WORLD, ROUNDS, WINDOW = 4, 200, 8
+WORLD, ROUNDS, POOL_SIZE = 4, 200, 8
 FAULTS = {
     "loss1": {"loss": 0.01},
     "loss5": {"loss": 0.05},
@@ -37,15 +37,15 @@ def fabric(request, tmp_path_factory):
 
 
 def faulty_transports(fabric: Fabric, faults: dict, seed: int) -> list[SwitchTransport]:
-    job = Job(fabric, fabric.hosts, pool_size=WINDOW)
+    job = Job(fabric, fabric.hosts, pool_size=POOL_SIZE)
     out = []
     for r, h in enumerate(fabric.hosts):
         with in_namespace(h.namespace):
             sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         sock.bind((h.ip, WORKER_UDP_BASE + r))
         chan = FaultyChannel(UdpChannel(sock, (SERVICE_IP, AGG_UDP_PORT)), seed=seed * 100 + r, **faults)
-        out.append(SwitchTransport(TransportConfig(job_id=job.job_id, rank=r, world_size=WORLD, window=WINDOW),
-                                   chan))
+        cfg = TransportConfig(job_id=job.job_id, rank=r, world_size=WORLD, pool_size=POOL_SIZE)
+        out.append(SwitchTransport(cfg, chan))
     return out
 
 

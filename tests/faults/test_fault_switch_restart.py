@@ -41,7 +41,7 @@ def test_workers_resume_after_a_switch_restart(target, tmp_path, fault_report):
     try:
         ctl = InProcessController(config_doc(fabric, tmp_path, lease=10.0), tmp_path)
         c = ctl.client
-        job = c.create_job("through-restart", WORLD, "dense", window=8)
+        job = c.create_job("through-restart", WORLD, "dense", pool_size=8)
         agents = open_agents(ctl.address, fabric, job, WORLD, max_retries=4)
         reader = backup_reader(fabric.switch.address)
         installed = job_state(reader)

@@ -85,7 +85,7 @@ def test_killed_worker_frees_the_job_and_survivors_do_not_hang(target, tmp_path,
     try:
         ctl = InProcessController(config_doc(fabric, tmp_path, lease=LEASE, heartbeat_interval=0.2), tmp_path)
         c = ctl.client
-        job = c.create_job("victim", WORLD, "dense", window=8)
+        job = c.create_job("victim", WORLD, "dense", pool_size=8)
         procs.append(start_worker(ctl, fabric, job, tmp_path, 0, "victim"))
         agents = open_survivors(ctl, fabric, job)
         done = {"k": 0, "killed_at": None}
@@ -137,7 +137,7 @@ def test_killed_worker_frees_the_job_and_survivors_do_not_hang(target, tmp_path,
         agents = []
 
         # A restarted worker joins a new job with the survivors; sums are exact again.
-        job2 = c.create_job("after", WORLD, "dense", window=8)
+        job2 = c.create_job("after", WORLD, "dense", pool_size=8)
         assert job2.job_id > job.job_id
         procs.append(start_worker(ctl, fabric, job2, tmp_path, 30, "restarted"))
         agents = open_survivors(ctl, fabric, job2)

@@ -103,13 +103,13 @@ def test_retransmission_after_completion_gets_result_to_sender_only(fabric, rng)
 
 
 def test_many_rounds_reuse_slots_through_both_copies(fabric, rng):
-    """A window of 4 slots carries 24 chunks: chunk k uses slot k % 4, shadow (k // 4) % 2."""
-    world, window = 3, 4
-    job = Job(fabric, fabric.hosts[:world], pool_size=window)
+    """A pool of 4 slots carries 24 chunks: chunk k uses slot k % 4, shadow (k // 4) % 2."""
+    world, pool_size = 3, 4
+    job = Job(fabric, fabric.hosts[:world], pool_size=pool_size)
     for k in range(24):
         parts = [random_cells(rng) for _ in range(world)]
         for r in range(world):
-            job.send(r, parts[r], slot=k % window, shadow=(k // window) % 2, chunk=k)
+            job.send(r, parts[r], slot=k % pool_size, shadow=(k // pool_size) % 2, chunk=k)
         for r, pkts in job.collect().items():
             assert len(pkts) == 1 and pkts[0][Agg].chunk == k
             np.testing.assert_array_equal(result_cells(pkts[0]), wrapped_sum(parts))

@@ -12,16 +12,18 @@ from aggwire.constants import AGG_UDP_PORT, CELLS_PER_PKT, DropReason, Flag, Op
 from aggwire.header import AggHeader
 from aggwire.packer import FrameTemplate, pack_payload
 from aggwire.scapy_layer import Agg
-from controller.aggregation import JobEntries, Worker, install_job
+from controller.aggregation import JobEntries, Worker
 from controller.artifacts import BMV2_JSON_PATH, P4INFO_PATH
-from controller.forwarding import Host, add_host, add_service_address
+from controller.forwarding import Host, forwarding_entries
+from controller.install import install_job, reconcile
 from controller.switch_connection import SwitchConnection
 from refswitch.homagg import Pipeline
 from refswitch.switch import ReferenceSwitch
 
 SWITCH_MAC = "02:00:00:00:00:fe"
 SERVICE_IP = "10.0.0.254"
-HOSTS = [Host(ip=f"10.0.0.{i + 1}", mac=f"02:00:00:00:01:{i + 1:02x}", port=i + 1) for i in range(4)]
+HOSTS = [Host(ip=f"10.0.0.{i + 1}", mac=f"02:00:00:00:01:{i + 1:02x}", switch_port=i + 1)
+         for i in range(4)]
 
 
 @pytest.fixture(scope="module")
@@ -31,11 +33,10 @@ def switch():
     conn = SwitchConnection(f"127.0.0.1:{port}")
     conn.connect()
     conn.set_pipeline(P4INFO_PATH, BMV2_JSON_PATH)
-    for h in HOSTS:
-        add_host(conn, h, SWITCH_MAC)
-    add_service_address(conn, SERVICE_IP, SWITCH_MAC)
+    reconcile(conn, forwarding_entries(HOSTS, SERVICE_IP, SWITCH_MAC), read_back=False)
     install_job(conn, JobEntries(job_id=5, pool_base=100, pool_size=4, mcast_grp=5, workers=tuple(
-        Worker(rank=i, port=h.port, mac=h.mac, ip=h.ip, udp_port=41000 + i) for i, h in enumerate(HOSTS[:3]))))
+        Worker(rank=i, switch_port=h.switch_port, mac=h.mac, ip=h.ip, udp_port=41000 + i)
+        for i, h in enumerate(HOSTS[:3]))))
     yield sw, conn
     conn.close()
     sw.close()

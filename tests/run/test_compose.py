@@ -48,7 +48,7 @@ def test_switch_ports_match_the_controller_hosts_and_worker_links(compose):
     for rank, name in enumerate(workers):
         w = services[name]
         assert w["command"][:2] == ["sh", "docker/worker.sh"] and w["command"][2:] == [str(rank), str(len(workers))]
-        host = next(h for h in sw.hosts if h.port == rank + 1)
+        host = next(h for h in sw.hosts if h.switch_port == rank + 1)
         net = iface_net[ports[rank + 1]]                     # the network on the switch's port rank+1
         link = w["networks"][net]
         assert link["interface_name"] == "eth1"

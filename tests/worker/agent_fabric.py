@@ -24,8 +24,9 @@ UDP_BASE = 41000
 
 
 def hosts(n: int) -> list[dict[str, Any]]:
-    """The fabric's host addressing (testnet.fabric): 10.0.0.<i+1>, port i+1."""
-    return [{"ip": f"10.0.0.{i + 1}", "mac": f"02:00:00:00:01:{i + 1:02x}", "port": i + 1} for i in range(n)]
+    """The fabric's host addressing (testnet.fabric): 10.0.0.<i+1>, switch port i+1."""
+    return [{"ip": f"10.0.0.{i + 1}", "mac": f"02:00:00:00:01:{i + 1:02x}", "switch_port": i + 1}
+            for i in range(n)]
 
 
 def controller_config(switch_address: str, tmp_path: Path, n: int) -> ControllerConfig:
@@ -71,15 +72,16 @@ class Controlled:
             self.close()
             raise
 
-    def create(self, world: int, codec: str = "lossless", window: int = 16) -> Any:
+    def create(self, world: int, codec: str = "lossless", pool_size: int = 16) -> Any:
         """A new job."""
-        return self.client.create_job("t", world_size=world, codec=codec, window=window)
+        return self.client.create_job("t", world_size=world, codec=codec, pool_size=pool_size)
 
     def agent_config(self, job: Any, rank: int, **kw: Any) -> AgentConfig:
         """Rank `rank` on host `rank` of the fabric."""
         h = hosts(rank + 1)[rank]
         fields = dict(controller=self.address, job_id=job.job_id, token=job.token, rank=rank, ip=h["ip"],
-                      udp_port=UDP_BASE + rank, switch_port=h["port"], mac=h["mac"], ready_timeout=15.0)
+                      udp_port=UDP_BASE + rank, switch_port=h["switch_port"], mac=h["mac"],
+                      ready_timeout=15.0)
         if self.fabric is None:  # no namespaces: a loopback socket (the data plane is not used)
             fields.update(ip="127.0.0.1", udp_port=free_port_udp())
         fields.update(kw)

@@ -58,7 +58,7 @@ def open_all(c: Controlled, job, world: int, **kw) -> list[WorkerAgent]:
 
 
 def test_join_assignment_heartbeat_and_leave(ctl):
-    job = ctl.create(2, codec="lossless", window=8)
+    job = ctl.create(2, codec="lossless", pool_size=8)
     agents = open_all(ctl, job, 2)
     try:
         for r, a in enumerate(agents):
@@ -66,7 +66,7 @@ def test_join_assignment_heartbeat_and_leave(ctl):
             assert (asg.job_id, asg.rank, asg.world_size, asg.pool_size) == (job.job_id, r, 2, 8)
             assert asg.service_ip == "10.0.0.254" and asg.udp_port == AGG_UDP_PORT and asg.codec == "lossless"
             cfg = a.transport.config
-            assert (cfg.job_id, cfg.rank, cfg.world_size, cfg.window) == (job.job_id, r, 2, 8)
+            assert (cfg.job_id, cfg.rank, cfg.world_size, cfg.pool_size) == (job.job_id, r, 2, 8)
             assert a.healthy
         wait_for(lambda: all(a.heartbeats >= 2 for a in agents), 5, "two heartbeats per rank")
     finally:
@@ -77,7 +77,7 @@ def test_join_assignment_heartbeat_and_leave(ctl):
 
 
 def test_released_job_marks_the_agent_unhealthy_without_crashing(ctl):
-    job = ctl.create(1, window=4)
+    job = ctl.create(1, pool_size=4)
     with WorkerAgent(ctl.agent_config(job, 0)) as agent:
         assert agent.healthy
         ctl.client.release(job.job_id)
@@ -113,7 +113,7 @@ def test_missing_ranks_time_out_clearly(ctl):
 
 @needs_root
 def test_agents_aggregate_through_the_switch(fab):
-    job = fab.create(2, window=8)
+    job = fab.create(2, pool_size=8)
     agents = open_all(fab, job, 2)
     rng = np.random.default_rng(1)
     parts = [rng.integers(-2**20, 2**20, 3000).astype(np.int32) for _ in range(2)]

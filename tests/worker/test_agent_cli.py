@@ -21,7 +21,8 @@ def ctl(tmp_path_factory):
 
 
 def test_create_then_join_prints_the_assignment(ctl, capsys):
-    assert main(["create", "--controller", ctl.address, "--world-size", "1", "--window", "8", "--json"]) == 0
+    assert main(["create", "--controller", ctl.address, "--world-size", "1", "--pool-size", "8",
+                 "--json"]) == 0
     job = json.loads(capsys.readouterr().out)
     assert main(["join", "--controller", ctl.address, "--job-id", str(job["job_id"]), "--token", job["token"],
                  "--rank", "0", "--ip", "127.0.0.1", "--udp-port", str(free_port_udp()), "--switch-port", "7",
@@ -47,7 +48,7 @@ def test_help_has_an_example_per_command():
 def test_bench_through_the_switch(tmp_path, capsys):
     c = Controlled(tmp_path, 1, fabric=True)
     try:
-        job = c.create(1, window=16)
+        job = c.create(1, pool_size=16)
         h = c.fabric.hosts[0]
         assert main(["bench", "--controller", c.address, "--job-id", str(job.job_id), "--token", job.token,
                      "--rank", "0", "--ip", h.ip, "--switch-port", "1", "--mac", h.mac, "--netns", h.namespace,

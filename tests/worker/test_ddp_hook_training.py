@@ -59,7 +59,7 @@ def finish(procs: list[subprocess.Popen], tmp: Path, timeout: float) -> list[tup
 
 
 def job_spec(c: Controlled, codec: str, port: int) -> str:
-    job = c.create(WORLD, codec=codec, window=16)
+    job = c.create(WORLD, codec=codec, pool_size=16)
     return f"{codec}:{job.job_id}:{job.token}:{port}"
 
 

@@ -1,5 +1,5 @@
 """The worker transport through a real switch (reference switch in namespaces): exact
-sums, a window of slots reused across calls, and loss, duplication and reordering
+sums, a pool of slots reused across calls, and loss, duplication and reordering
 survived by retransmission."""
 
 from __future__ import annotations
@@ -61,12 +61,12 @@ def run_workers(transports, work) -> list:
     return results
 
 
-def make_transports(fabric, window=8, faults=None, max_retries=12):
-    job = Job(fabric, fabric.hosts, pool_size=window)
+def make_transports(fabric, pool_size=8, faults=None, max_retries=12):
+    job = Job(fabric, fabric.hosts, pool_size=pool_size)
     chans = open_channels(job)
     if faults:
         chans = [FaultyChannel(c, seed=r, **faults) for r, c in enumerate(chans)]
-    cfgs = [TransportConfig(job_id=job.job_id, rank=r, world_size=WORLD, window=window,
+    cfgs = [TransportConfig(job_id=job.job_id, rank=r, world_size=WORLD, pool_size=pool_size,
                             max_retries=max_retries) for r in range(WORLD)]
     return [SwitchTransport(c, ch) for c, ch in zip(cfgs, chans)]
 
@@ -91,8 +91,8 @@ def test_allreduce_is_exact(fabric, length):
     assert all(t.stats.retransmissions == 0 for t in transports)
 
 
-def test_many_calls_reuse_the_window_and_mix_ops(fabric):
-    transports = make_transports(fabric, window=4)
+def test_many_calls_reuse_the_pool_and_mix_ops(fabric):
+    transports = make_transports(fabric, pool_size=4)
     rng = np.random.default_rng(7)
     calls = []
     for op in [Op.ADD, Op.OR, Op.MAX] * 5:

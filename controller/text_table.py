@@ -45,16 +45,16 @@ def render_jobs(jobs: Sequence[Any], ranks: bool) -> str:
     if not jobs:
         return "no jobs"
     rows = [(j.job_id, j.name, j.state, j.switch or "-", f"{j.joined}/{j.world_size}", j.codec,
-             f"{j.pool_base}..{j.pool_base + j.pool_size - 1}" if j.pool_size else "-", j.pool_size or j.window,
+             f"{j.pool_base}..{j.pool_base + j.pool_size - 1}" if j.switch else "-", j.pool_size,
              clock(j.created), j.end_reason or "") for j in jobs]
-    out = table(("JOB", "NAME", "STATE", "SWITCH", "RANKS", "CODEC", "SLOTS", "WINDOW", "CREATED", "ENDED BECAUSE"),
-                rows)
+    out = table(("JOB", "NAME", "STATE", "SWITCH", "RANKS", "CODEC", "SLOTS", "POOL SIZE",
+                 "CREATED", "ENDED BECAUSE"), rows)
     if ranks:
         rank_rows = [(j.job_id, w.rank, w.ip, w.udp_port, w.mac, w.switch_port,
                  "left" if w.left else ("-" if j.state == "ended" else f"{w.lease_remaining_s:.1f}s"))
                 for j in jobs for w in j.workers]
-        out += "\n\n" + (table(("JOB", "RANK", "IP", "UDP", "MAC", "PORT", "LEASE LEFT"), rank_rows) if rank_rows
-                         else "no ranks joined")
+        headers = ("JOB", "RANK", "IP", "UDP", "MAC", "SWITCH PORT", "LEASE LEFT")
+        out += "\n\n" + (table(headers, rank_rows) if rank_rows else "no ranks joined")
     return out
 
 
