@@ -51,7 +51,7 @@ def rogue(fabric, victim) -> Iterator[Callable[[int, int], int]]:
         job_id = next(_rogue_ids)
         key = {"hdr.agg.job_id": job_id, "hdr.agg.rank": 0}
         fabric.conn.insert_entry(p4names.WORKER_TABLE, key, p4names.SET_WORKER,
-                                 {"port": victim.hosts[0].port, "worker_bit": 1})
+                                 {"port": victim.hosts[0].switch_port, "worker_bit": 1})
         # Two workers: a rogue contribution alone never completes a round.
         fabric.conn.insert_entry(p4names.JOB_TABLE, {"hdr.agg.job_id": job_id}, p4names.SET_JOB,
                                  {"pool_base": pool_base, "pool_size": pool_size,
