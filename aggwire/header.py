@@ -88,7 +88,9 @@ def header_view(payload: np.ndarray) -> np.ndarray:
     """A writable HEADER_DTYPE view of the header(s) of one packed payload (uint8, 1-D)
     or of k payloads (uint8, (k, n)): one element per payload."""
     if payload.dtype != np.uint8 or payload.shape[-1] < AGG_HEADER_BYTES:
-        raise ValueError(f"expected uint8 payloads of at least {AGG_HEADER_BYTES} bytes, "
-                         f"got {payload.dtype} {payload.shape}")
+        raise ValueError(
+            f"expected uint8 payloads of at least {AGG_HEADER_BYTES} bytes, "
+            f"got {payload.dtype} {payload.shape}"
+        )
     view = payload[..., :AGG_HEADER_BYTES].view(HEADER_DTYPE)
     return view if payload.ndim == 1 else view[..., 0]

@@ -31,10 +31,16 @@ def pack_payloads(headers: np.ndarray, cells: np.ndarray) -> np.ndarray:
     if cells.ndim != 2 or cells.shape[1] != CELLS_PER_PKT or cells.shape[0] != len(headers):
         raise ValueError(f"cells must be ({len(headers)}, {CELLS_PER_PKT}), got {cells.shape}")
     out = np.empty((len(headers), PAYLOAD_BYTES), np.uint8)
-    out[:, :AGG_HEADER_BYTES] = np.ascontiguousarray(headers, HEADER_DTYPE).view(np.uint8).reshape(
-        len(headers), AGG_HEADER_BYTES)
-    out[:, AGG_HEADER_BYTES:] = cells.astype(CELLS_DTYPE, copy=False).view(np.uint8).reshape(
-        len(headers), 4 * CELLS_PER_PKT)
+    out[:, :AGG_HEADER_BYTES] = (
+        np.ascontiguousarray(headers, HEADER_DTYPE)
+        .view(np.uint8)
+        .reshape(len(headers), AGG_HEADER_BYTES)
+    )
+    out[:, AGG_HEADER_BYTES:] = (
+        cells.astype(CELLS_DTYPE, copy=False)
+        .view(np.uint8)
+        .reshape(len(headers), 4 * CELLS_PER_PKT)
+    )
     return out
 
 
@@ -46,7 +52,9 @@ def pack_payload(header: AggHeader, cells: np.ndarray) -> bytes:
     return pack_payloads(header.to_record(), cells.reshape(1, -1))[0].tobytes()
 
 
-def parse_payloads(buf: bytes | bytearray | memoryview | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def parse_payloads(
+    buf: bytes | bytearray | memoryview | np.ndarray,
+) -> tuple[np.ndarray, np.ndarray]:
     """Split k concatenated payloads into (headers as HEADER_DTYPE, cells as int32 (k, N))."""
     raw = np.frombuffer(buf, np.uint8) if not isinstance(buf, np.ndarray) else buf.reshape(-1)
     if raw.size % PAYLOAD_BYTES:
@@ -91,11 +99,31 @@ class FrameTemplate:
     is computed once and a frame is prefix + payload.
     """
 
-    def __init__(self, src_mac: str, dst_mac: str, src_ip: str, dst_ip: str,
-                 src_port: int, dst_port: int = AGG_UDP_PORT, ttl: int = 64) -> None:
-        ip = bytearray(struct.pack("!BBHHHBBH4s4s", 0x45, 0, AGG_IPV4_LENGTH, 0, 0x4000, ttl, 17, 0,
-                                   ipaddress.IPv4Address(src_ip).packed,
-                                   ipaddress.IPv4Address(dst_ip).packed))
+    def __init__(
+        self,
+        src_mac: str,
+        dst_mac: str,
+        src_ip: str,
+        dst_ip: str,
+        src_port: int,
+        dst_port: int = AGG_UDP_PORT,
+        ttl: int = 64,
+    ) -> None:
+        ip = bytearray(
+            struct.pack(
+                "!BBHHHBBH4s4s",
+                0x45,
+                0,
+                AGG_IPV4_LENGTH,
+                0,
+                0x4000,
+                ttl,
+                17,
+                0,
+                ipaddress.IPv4Address(src_ip).packed,
+                ipaddress.IPv4Address(dst_ip).packed,
+            )
+        )
         struct.pack_into("!H", ip, 10, ipv4_checksum(bytes(ip)))
         udp = struct.pack("!HHHH", src_port, dst_port, AGG_UDP_LENGTH, 0)
         self.prefix = mac_bytes(dst_mac) + mac_bytes(src_mac) + b"\x08\x00" + bytes(ip) + udp
@@ -107,6 +135,6 @@ class FrameTemplate:
     def frames(self, payloads: np.ndarray) -> np.ndarray:
         """k frames as a (k, len(prefix) + PAYLOAD_BYTES) array from k packed payloads."""
         out = np.empty((payloads.shape[0], len(self.prefix) + payloads.shape[1]), np.uint8)
-        out[:, :len(self.prefix)] = np.frombuffer(self.prefix, np.uint8)
-        out[:, len(self.prefix):] = payloads
+        out[:, : len(self.prefix)] = np.frombuffer(self.prefix, np.uint8)
+        out[:, len(self.prefix) :] = payloads
         return out

@@ -44,8 +44,13 @@ class Agg(Packet):
     name = "Agg"
     fields_desc = [
         *(scapy_field(f) for f in AGG_HEADER_FIELDS),
-        FieldListField("cells", [0] * CELLS_PER_PKT, SignedIntField("cell", 0),
-                       count_from=lambda pkt: CELLS_PER_PKT, max_count=CELLS_PER_PKT),
+        FieldListField(
+            "cells",
+            [0] * CELLS_PER_PKT,
+            SignedIntField("cell", 0),
+            count_from=lambda pkt: CELLS_PER_PKT,
+            max_count=CELLS_PER_PKT,
+        ),
     ]
 
 

@@ -47,6 +47,7 @@ JOIN_TIMEOUT = 600.0  # seconds for one aggregation step of W workers
 
 # ---------------------------------------------------------------- gloo baseline
 
+
 def _gloo_rank(rank: int, world: int, store: str, sizes: list[int], cmd, res) -> None:
     import torch
     import torch.distributed as dist
@@ -54,10 +55,12 @@ def _gloo_rank(rank: int, world: int, store: str, sizes: list[int], cmd, res) ->
     torch.set_num_threads(1)
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
-    groups = {w: (None if w == world else dist.new_group(list(range(w)))) for w in WORLDS if w <= world}
+    groups = {
+        w: (None if w == world else dist.new_group(list(range(w)))) for w in WORLDS if w <= world
+    }
     tensors = {n: torch.zeros(n, dtype=torch.float32) for n in sizes}
     for t in tensors.values():
-        t[:: 100] = 1.0
+        t[::100] = 1.0
     while True:
         msg = cmd.get()
         if msg is None:
@@ -82,9 +85,14 @@ class GlooPool:
         world = max(WORLDS)
         self.cmds = [ctx.Queue() for _ in range(world)]
         self.res = ctx.Queue()
-        self.procs = [ctx.Process(target=_gloo_rank, daemon=True,
-                                  args=(r, world, f"{self.tmp.name}/store", sizes, self.cmds[r], self.res))
-                      for r in range(world)]
+        self.procs = [
+            ctx.Process(
+                target=_gloo_rank,
+                daemon=True,
+                args=(r, world, f"{self.tmp.name}/store", sizes, self.cmds[r], self.res),
+            )
+            for r in range(world)
+        ]
         for p in self.procs:
             p.start()
 
@@ -107,6 +115,7 @@ class GlooPool:
 
 # ---------------------------------------------------------------- through the switch
 
+
 class SwitchGroup:
     """A job of w workers on a fabric's first w hosts, one SwitchTransport each."""
 
@@ -126,9 +135,16 @@ class SwitchGroup:
                 sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
             sock.bind((h.ip, WORKER_UDP_BASE + r))
-            cfg = TransportConfig(job_id=self.job.job_id, rank=r, world_size=w, pool_size=POOL_SIZE,
-                                  initial_timeout=initial_timeout)
-            self.transports.append(SwitchTransport(cfg, UdpChannel(sock, (SERVICE_IP, AGG_UDP_PORT))))
+            cfg = TransportConfig(
+                job_id=self.job.job_id,
+                rank=r,
+                world_size=w,
+                pool_size=POOL_SIZE,
+                initial_timeout=initial_timeout,
+            )
+            self.transports.append(
+                SwitchTransport(cfg, UdpChannel(sock, (SERVICE_IP, AGG_UDP_PORT)))
+            )
 
     def step(self, codecs: list, xs: list[np.ndarray]) -> tuple[float, list[np.ndarray], int]:
         """One aggregation of xs[r] by codecs[r] on every worker: (wall s, results, retx)."""
@@ -139,7 +155,7 @@ class SwitchGroup:
         def work(r: int) -> None:
             try:
                 results[r] = self.transports[r].run(codecs[r].aggregate(xs[r]))
-            except BaseException as exc:  # noqa: BLE001 - re-raised below
+            except BaseException as exc:
                 errors.append(exc)
 
         threads = [threading.Thread(target=work, args=(r,), daemon=True) for r in range(self.w)]
@@ -204,15 +220,20 @@ def measure_target(target: str, n: int, reps: int, gloo: GlooPool, record: dict)
                 groups[w].step(make_codecs(m, w, 0.01), [x[:100_000] for x in inputs[(w, 0.01)]])
         for rep in range(reps):
             for w in WORLDS:
-                plan = [("gloo", None), ("fixed_point", None)] + \
-                    [(m, d) for d in DENSITIES for m in ("lossless", "cltk")] + [("lossless_sketch", SKETCH_DENSITY)]
+                plan = (
+                    [("gloo", None), ("fixed_point", None)]
+                    + [(m, d) for d in DENSITIES for m in ("lossless", "cltk")]
+                    + [("lossless_sketch", SKETCH_DENSITY)]
+                )
                 for method, d in plan:
                     if method == "gloo":
                         secs, retx = gloo.run(w, n), 0
                     else:
                         xs = inputs[(w, d if d is not None else 0.01)]
                         key = (w, method, d)
-                        if key not in codecs:  # kept across repetitions, as training keeps one per bucket
+                        if (
+                            key not in codecs
+                        ):  # kept across repetitions, as training keeps one per bucket
                             codecs[key] = make_codecs(method, w, d or 0.01)
                         secs, out, retx = groups[w].step(codecs[key], xs)
                         if any(not np.array_equal(out[0], o) for o in out[1:]):
@@ -221,9 +242,12 @@ def measure_target(target: str, n: int, reps: int, gloo: GlooPool, record: dict)
                     record.setdefault(key, {"secs": [], "retx": 0})
                     record[key]["secs"].append(secs)
                     record[key]["retx"] += retx
-                    print(f"  {target} n={n:,} rep {rep + 1}/{reps} W={w} {method}"
-                          f"{'' if d is None else f' {d:.1%}'}: {secs:.2f} s, "
-                          f"{n / secs / 1e6:.2f} M elem/s/worker, retx {retx}", flush=True)
+                    print(
+                        f"  {target} n={n:,} rep {rep + 1}/{reps} W={w} {method}"
+                        f"{'' if d is None else f' {d:.1%}'}: {secs:.2f} s, "
+                        f"{n / secs / 1e6:.2f} M elem/s/worker, retx {retx}",
+                        flush=True,
+                    )
     finally:
         for g in groups.values():
             g.close()
@@ -233,9 +257,13 @@ def measure_target(target: str, n: int, reps: int, gloo: GlooPool, record: dict)
 
 # ---------------------------------------------------------------- report
 
-LABELS = {"gloo": "gloo all_reduce (dense)", "fixed_point": "switch, dense fixed point",
-          "lossless": "switch, lossless", "lossless_sketch": "switch, lossless (count sketch)",
-          "cltk": "switch, CLT-k (ratio = density)"}
+LABELS = {
+    "gloo": "gloo all_reduce (dense)",
+    "fixed_point": "switch, dense fixed point",
+    "lossless": "switch, lossless",
+    "lossless_sketch": "switch, lossless (count sketch)",
+    "cltk": "switch, CLT-k (ratio = density)",
+}
 
 
 def _rate(secs: list[float], n: int) -> str:
@@ -244,53 +272,77 @@ def _rate(secs: list[float], n: int) -> str:
 
 
 def report(record: dict, elapsed: float, args) -> tuple[list[str], str]:
-    lines = [f"# Aggregation throughput ({platform.machine()}, {os.cpu_count()} cores, "
-             f"{time.strftime('%Y-%m-%d')})", "",
-             f"`python -m bench.aggregation --n {args.n} --bmv2-n {args.bmv2_n} --reps {args.reps} "
-             f"--bmv2-reps {args.bmv2_reps}`; ran in {elapsed:.0f} s. Plot: aggregation.png.", "",
-             "Million gradient elements aggregated per second per worker (n / wall time of one "
-             "aggregation step of all W workers, the codec's encode and decode included), "
-             "median [min, max] over repetitions; every repetition ran every row once, in turn. "
-             "Inputs: one float32 tensor per worker with the given density of nonzeros at "
-             "independent positions. Switch workers are threads of one process (one namespace "
-             f"and UDP socket each, pool size {POOL_SIZE}); gloo ranks are processes on loopback. "
-             "Codec objects are kept across repetitions, as training keeps one per bucket. "
-             "Fixed point and gloo do not depend on the density (measured once per W and "
-             "repetition, on the 1% input). \"lossless\" is `LosslessSparse`'s default (values "
-             "sent at their rank in the union support); \"lossless (count sketch)\" sends them in "
-             "a count sketch decoded by peeling (`values=\"sketch\"`), measured at "
-             f"{SKETCH_DENSITY:.0%} only.", ""]
+    lines = [
+        f"# Aggregation throughput ({platform.machine()}, {os.cpu_count()} cores, "
+        f"{time.strftime('%Y-%m-%d')})",
+        "",
+        f"`python -m bench.aggregation --n {args.n} --bmv2-n {args.bmv2_n} --reps {args.reps} "
+        f"--bmv2-reps {args.bmv2_reps}`; ran in {elapsed:.0f} s. Plot: aggregation.png.",
+        "",
+        "Million gradient elements aggregated per second per worker (n / wall time of one "
+        "aggregation step of all W workers, the codec's encode and decode included), "
+        "median [min, max] over repetitions; every repetition ran every row once, in turn. "
+        "Inputs: one float32 tensor per worker with the given density of nonzeros at "
+        "independent positions. Switch workers are threads of one process (one namespace "
+        f"and UDP socket each, pool size {POOL_SIZE}); gloo ranks are processes on loopback. "
+        "Codec objects are kept across repetitions, as training keeps one per bucket. "
+        "Fixed point and gloo do not depend on the density (measured once per W and "
+        'repetition, on the 1% input). "lossless" is `LosslessSparse`\'s default (values '
+        'sent at their rank in the union support); "lossless (count sketch)" sends them in '
+        'a count sketch decoded by peeling (`values="sketch"`), measured at '
+        f"{SKETCH_DENSITY:.0%} only.",
+        "",
+    ]
     summary = ""
     for target, n in sorted({(k[0], k[1]) for k in record}, key=lambda t: t[0] != "refswitch"):
         name = {"refswitch": "reference switch", "bmv2": "BMv2"}[target]
-        lines += [f"### {name}, n = {n:,} elements" +
-                  ("" if target == "refswitch"
-                   else " (smaller tensor: BMv2 forwards several times fewer packets/s)"), "",
-                  "| W | method | density | M elem/s/worker | vs gloo | vs fixed point | retx |",
-                  "|---:|---|---:|---:|---:|---:|---:|"]
+        lines += [
+            f"### {name}, n = {n:,} elements"
+            + (
+                ""
+                if target == "refswitch"
+                else " (smaller tensor: BMv2 forwards several times fewer packets/s)"
+            ),
+            "",
+            "| W | method | density | M elem/s/worker | vs gloo | vs fixed point | retx |",
+            "|---:|---|---:|---:|---:|---:|---:|",
+        ]
         for w in WORLDS:
-            base = {m: statistics.median(record[(target, n, w, m, None)]["secs"]) for m in ("gloo", "fixed_point")}
+            base = {
+                m: statistics.median(record[(target, n, w, m, None)]["secs"])
+                for m in ("gloo", "fixed_point")
+            }
             for m in ("gloo", "fixed_point"):
                 rec = record[(target, n, w, m, None)]
-                lines.append(f"| {w} | {LABELS[m]} | any | {_rate(rec['secs'], n)} | "
-                             f"{base['gloo'] / statistics.median(rec['secs']):.2f}x | "
-                             f"{base['fixed_point'] / statistics.median(rec['secs']):.2f}x | {rec['retx']} |")
+                lines.append(
+                    f"| {w} | {LABELS[m]} | any | {_rate(rec['secs'], n)} | "
+                    f"{base['gloo'] / statistics.median(rec['secs']):.2f}x | "
+                    f"{base['fixed_point'] / statistics.median(rec['secs']):.2f}x | {rec['retx']} |"
+                )
             for d in DENSITIES:
                 for m in ("lossless", "cltk", "lossless_sketch"):
                     if (target, n, w, m, d) not in record:
                         continue
                     rec = record[(target, n, w, m, d)]
                     med = statistics.median(rec["secs"])
-                    lines.append(f"| {w} | {LABELS[m]} | {d:.1%} | {_rate(rec['secs'], n)} | "
-                                 f"{base['gloo'] / med:.2f}x | {base['fixed_point'] / med:.2f}x | {rec['retx']} |")
+                    lines.append(
+                        f"| {w} | {LABELS[m]} | {d:.1%} | {_rate(rec['secs'], n)} | "
+                        f"{base['gloo'] / med:.2f}x | {base['fixed_point'] / med:.2f}x | {rec['retx']} |"
+                    )
         lines.append("")
         if target == "refswitch":
-            ratios = {w: statistics.median(record[(target, n, w, "fixed_point", None)]["secs"]) /
-                      statistics.median(record[(target, n, w, "lossless", 0.01)]["secs"]) for w in WORLDS}
+            ratios = {
+                w: statistics.median(record[(target, n, w, "fixed_point", None)]["secs"])
+                / statistics.median(record[(target, n, w, "lossless", 0.01)]["secs"])
+                for w in WORLDS
+            }
             met = all(r >= 10 for r in ratios.values())
-            summary = ("lossless vs dense fixed point at 1% density, reference switch, n = "
-                       f"{n:,}: " + ", ".join(f"W={w} {r:.1f}x" for w, r in ratios.items()) +
-                       f" (target >= 10x: {'MET' if met else 'MISSED'})")
+            summary = (
+                "lossless vs dense fixed point at 1% density, reference switch, n = "
+                f"{n:,}: "
+                + ", ".join(f"W={w} {r:.1f}x" for w, r in ratios.items())
+                + f" (target >= 10x: {'MET' if met else 'MISSED'})"
+            )
             lines += [f"Target lossless >= 10x dense fixed point at 1% density: {summary}.", ""]
     return lines, summary
 
@@ -299,25 +351,37 @@ def plot(record: dict, path: Path) -> None:
     plt = pyplot()
 
     keys = sorted({(k[0], k[1]) for k in record}, key=lambda t: t[0] != "refswitch")
-    fig, axes = plt.subplots(len(keys), len(WORLDS), figsize=(5 * len(WORLDS), 3.6 * len(keys)),
-                             squeeze=False)
+    fig, axes = plt.subplots(
+        len(keys), len(WORLDS), figsize=(5 * len(WORLDS), 3.6 * len(keys)), squeeze=False
+    )
     for i, (target, n) in enumerate(keys):
         for j, w in enumerate(WORLDS):
             ax = axes[i][j]
             for m, style in (("gloo", "k--"), ("fixed_point", "b--")):
                 rate = n / statistics.median(record[(target, n, w, m, None)]["secs"]) / 1e6
-                ax.plot([d * 100 for d in DENSITIES], [rate] * len(DENSITIES), style, label=LABELS[m])
+                ax.plot(
+                    [d * 100 for d in DENSITIES], [rate] * len(DENSITIES), style, label=LABELS[m]
+                )
             for m, style in (("lossless", "go-"), ("cltk", "rs-")):
-                rates = [n / statistics.median(record[(target, n, w, m, d)]["secs"]) / 1e6 for d in DENSITIES]
+                rates = [
+                    n / statistics.median(record[(target, n, w, m, d)]["secs"]) / 1e6
+                    for d in DENSITIES
+                ]
                 ax.plot([d * 100 for d in DENSITIES], rates, style, label=LABELS[m])
             sketch = record[(target, n, w, "lossless_sketch", SKETCH_DENSITY)]["secs"]
-            ax.plot([SKETCH_DENSITY * 100], [n / statistics.median(sketch) / 1e6], "g^",
-                    label=LABELS["lossless_sketch"])
+            ax.plot(
+                [SKETCH_DENSITY * 100],
+                [n / statistics.median(sketch) / 1e6],
+                "g^",
+                label=LABELS["lossless_sketch"],
+            )
             ax.set_xscale("log")
             ax.set_yscale("log")
             ax.set_xlabel("density of nonzeros per worker (%)")
             ax.set_ylabel("M elements/s per worker")
-            ax.set_title(f"{'reference switch' if target == 'refswitch' else 'BMv2'}, n={n:,}, W={w}")
+            ax.set_title(
+                f"{'reference switch' if target == 'refswitch' else 'BMv2'}, n={n:,}, W={w}"
+            )
             ax.grid(True, which="both", alpha=0.3)
     axes[0][0].legend(fontsize=7)
     fig.tight_layout()

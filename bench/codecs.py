@@ -30,8 +30,9 @@ from bench.publish import plot_path, publish, pyplot
 SETTLE = 0.3
 
 
-def sparse_inputs(rng: np.random.Generator, n: int, world: int, density: float,
-                  shared: bool = False) -> list[np.ndarray]:
+def sparse_inputs(
+    rng: np.random.Generator, n: int, world: int, density: float, shared: bool = False
+) -> list[np.ndarray]:
     """Per worker a float32 gradient with `density` nonzeros (independent supports, or the
     same support on every worker)."""
     k = max(1, int(n * density))
@@ -84,8 +85,12 @@ def replay(codec, x: np.ndarray, results: list[np.ndarray]) -> tuple[float, floa
             assert i == len(feed) - 1
         steps.append(time.perf_counter() - start)
     after = resource.getrusage(resource.RUSAGE_SELF)
-    return (sum(steps[:-1]), steps[-1], after.ru_utime - before.ru_utime,
-            after.ru_stime - before.ru_stime)
+    return (
+        sum(steps[:-1]),
+        steps[-1],
+        after.ru_utime - before.ru_utime,
+        after.ru_stime - before.ru_stime,
+    )
 
 
 def bench_speed(n: int, world: int, density: float, reps: int) -> tuple[list[str], dict]:
@@ -108,10 +113,10 @@ def bench_speed(n: int, world: int, density: float, reps: int) -> tuple[list[str
     ratios: dict[str, list[float]] = {m: [] for m in modes}
 
     def run(mode: str, rank: int) -> None:
-        enc, dec, user, sys_ = replay(LosslessSparse(world, values=mode), xs[rank],
-                                      recorded[mode])
-        for part, value in zip(("encode", "decode", "total", "user", "sys"),
-                               (enc, dec, enc + dec, user, sys_)):
+        enc, dec, user, sys_ = replay(LosslessSparse(world, values=mode), xs[rank], recorded[mode])
+        for part, value in zip(
+            ("encode", "decode", "total", "user", "sys"), (enc, dec, enc + dec, user, sys_)
+        ):
             res[f"{mode} {part}"].append(value)
 
     for mode in modes:  # warm-up: first-touch page faults of the process's heap
@@ -127,32 +132,45 @@ def bench_speed(n: int, world: int, density: float, reps: int) -> tuple[list[str
             time.sleep(SETTLE)
             run(mode, rep % world)
             ratios[mode].append(res["topk"][-1] / res[f"{mode} total"][-1])
-        print(f"  speed rep {rep + 1}/{reps}: topk {res['topk'][-1] * 1e3:.0f} ms, "
-              f"topk dense {res['topk dense'][-1] * 1e3:.0f} ms, " +
-              ", ".join(f"{m} {res[m + ' total'][-1] * 1e3:.0f} ms" for m in modes), flush=True)
-    lines = [f"### CPU per worker: {n:,} float32, {density:.0%} nonzeros per worker, W = {world}",
-             "", f"Independent supports (union ~{1 - (1 - density) ** world:.1%} of n). "
-             "W workers ran once in lockstep to record the switch's results; each repetition "
-             "then times one worker alone (rank = rep mod W) fed those results. Encode = "
-             "every step until the value phase is sent (for `sketch` this includes the "
-             "peeling plan over the union); decode = after the value phase's result. "
-             f"ms, median [min, max] of {reps} alternating repetitions; user / sys = that "
-             "worker's process CPU (the kernel's share: page faults of fresh buffers).", "",
-             "| what | encode ms | decode ms | total ms | user / sys CPU ms | "
-             "torch.topk (same x) / total |",
-             "|---|---:|---:|---:|---:|---:|",
-             f"| torch.topk(abs(x), k={k:,}), x the same 1%-dense tensor | | | "
-             f"{_fmt(res['topk'])} | | 1 |",
-             f"| torch.topk(abs(g), k={k:,}), g a dense N(0,1) tensor (what a top-k "
-             f"sparsifier selects from) | | | {_fmt(res['topk dense'])} | | |"]
+        print(
+            f"  speed rep {rep + 1}/{reps}: topk {res['topk'][-1] * 1e3:.0f} ms, "
+            f"topk dense {res['topk dense'][-1] * 1e3:.0f} ms, "
+            + ", ".join(f"{m} {res[m + ' total'][-1] * 1e3:.0f} ms" for m in modes),
+            flush=True,
+        )
+    lines = [
+        f"### CPU per worker: {n:,} float32, {density:.0%} nonzeros per worker, W = {world}",
+        "",
+        f"Independent supports (union ~{1 - (1 - density) ** world:.1%} of n). "
+        "W workers ran once in lockstep to record the switch's results; each repetition "
+        "then times one worker alone (rank = rep mod W) fed those results. Encode = "
+        "every step until the value phase is sent (for `sketch` this includes the "
+        "peeling plan over the union); decode = after the value phase's result. "
+        f"ms, median [min, max] of {reps} alternating repetitions; user / sys = that "
+        "worker's process CPU (the kernel's share: page faults of fresh buffers).",
+        "",
+        "| what | encode ms | decode ms | total ms | user / sys CPU ms | "
+        "torch.topk (same x) / total |",
+        "|---|---:|---:|---:|---:|---:|",
+        f"| torch.topk(abs(x), k={k:,}), x the same 1%-dense tensor | | | "
+        f"{_fmt(res['topk'])} | | 1 |",
+        f"| torch.topk(abs(g), k={k:,}), g a dense N(0,1) tensor (what a top-k "
+        f"sparsifier selects from) | | | {_fmt(res['topk dense'])} | | |",
+    ]
     for mode in modes:
-        cpu = (f"{statistics.median(res[mode + ' user']) * 1e3:,.0f} / "
-               f"{statistics.median(res[mode + ' sys']) * 1e3:,.0f}")
-        lines.append(f"| lossless, values={mode} | {_fmt(res[mode + ' encode'])} | "
-                     f"{_fmt(res[mode + ' decode'])} | {_fmt(res[mode + ' total'])} | {cpu} | "
-                     f"{_fmt(ratios[mode], 1, 2)}x |")
-    return lines, {"topk_ms": statistics.median(res["topk"]) * 1e3,
-                   **{m: statistics.median(res[m + " total"]) * 1e3 for m in modes}}
+        cpu = (
+            f"{statistics.median(res[mode + ' user']) * 1e3:,.0f} / "
+            f"{statistics.median(res[mode + ' sys']) * 1e3:,.0f}"
+        )
+        lines.append(
+            f"| lossless, values={mode} | {_fmt(res[mode + ' encode'])} | "
+            f"{_fmt(res[mode + ' decode'])} | {_fmt(res[mode + ' total'])} | {cpu} | "
+            f"{_fmt(ratios[mode], 1, 2)}x |"
+        )
+    return lines, {
+        "topk_ms": statistics.median(res["topk"]) * 1e3,
+        **{m: statistics.median(res[m + " total"]) * 1e3 for m in modes},
+    }
 
 
 def bench_cells(n: int, world: int, densities: list[float]) -> list[str]:
@@ -161,21 +179,26 @@ def bench_cells(n: int, world: int, densities: list[float]) -> list[str]:
     from worker.codecs import CLTK, FixedPoint, LosslessSparse, simulate
 
     rng = np.random.default_rng(2)
-    lines = [f"### Cells sent per worker per step, n = {n:,}, W = {world}", "",
-             "Phases as `op x cells`; ratio = all cells / n (a dense fixed-point step sends "
-             "n + blocks + 1). Every lossless result was checked equal, bit for bit, to the "
-             "dense fixed-point sum.", "",
-             "| density per worker | supports | union/n | codec | phases | cells / n |",
-             "|---:|---|---:|---|---|---:|"]
+    lines = [
+        f"### Cells sent per worker per step, n = {n:,}, W = {world}",
+        "",
+        "Phases as `op x cells`; ratio = all cells / n (a dense fixed-point step sends "
+        "n + blocks + 1). Every lossless result was checked equal, bit for bit, to the "
+        "dense fixed-point sum.",
+        "",
+        "| density per worker | supports | union/n | codec | phases | cells / n |",
+        "|---:|---|---:|---|---|---:|",
+    ]
     for density in densities:
         for shared in (False, True):
             xs = sparse_inputs(rng, n, world, density, shared=shared)
             union = np.count_nonzero(np.any(np.array(xs) != 0, axis=0)) / n
             dense = simulate([FixedPoint(world) for _ in xs], xs)[0]
-            runs = [("lossless sketch", [LosslessSparse(world, values="sketch") for _ in xs]),
-                    ("lossless ranked", [LosslessSparse(world, values="ranked") for _ in xs]),
-                    (f"CLT-k ratio {density:g}", [CLTK(world, r, ratio=density)
-                                                 for r in range(world)])]
+            runs = [
+                ("lossless sketch", [LosslessSparse(world, values="sketch") for _ in xs]),
+                ("lossless ranked", [LosslessSparse(world, values="ranked") for _ in xs]),
+                (f"CLT-k ratio {density:g}", [CLTK(world, r, ratio=density) for r in range(world)]),
+            ]
             for name, codecs in runs:
                 log = []
                 out = simulate(codecs, xs, phases_log=log)[0]
@@ -183,8 +206,10 @@ def bench_cells(n: int, world: int, densities: list[float]) -> list[str]:
                     assert np.array_equal(out.view(np.int32), dense.view(np.int32)), name
                 phases = " + ".join(f"{p.op.name} x {p.cells.size:,}" for p in log)
                 total = sum(p.cells.size for p in log)
-                lines.append(f"| {density:.1%} | {'same' if shared else 'independent'} | "
-                             f"{union:.2%} | {name} | {phases} | {total / n:.4f} |")
+                lines.append(
+                    f"| {density:.1%} | {'same' if shared else 'independent'} | "
+                    f"{union:.2%} | {name} | {phases} | {total / n:.4f} |"
+                )
             del xs, dense
     return lines
 
@@ -202,8 +227,12 @@ def bench_rows(world: int) -> list[str]:
         x[touched] = rng.standard_normal((touched.size, dim))
         xs.append(x)
     n = rows * dim
-    lines = [f"### Row-sparse gradient: {rows:,} x {dim} embedding, 1% rows per worker, "
-             f"W = {world}", "", "| support | phases | cells / n |", "|---|---|---:|"]
+    lines = [
+        f"### Row-sparse gradient: {rows:,} x {dim} embedding, 1% rows per worker, W = {world}",
+        "",
+        "| support | phases | cells / n |",
+        "|---|---|---:|",
+    ]
     for name, block in (("per element", 1), (f"per row ({dim} elements)", dim)):
         log = []
         simulate([LosslessSparse(world, support_block=block) for _ in xs], xs, phases_log=log)
@@ -229,11 +258,16 @@ def bench_peeling(loads: np.ndarray, sizes: dict[int, int]) -> tuple[list[str], 
             rates[keys].append(ok / trials)
         print(f"  peeling {keys:,} keys done", flush=True)
     head = "| load |U|/rows | " + " | ".join(f"{k:,} keys ({t} trials)" for k, t in sizes.items())
-    lines = ["### First-try peeling success vs load (3 hashes, partitioned rows)", "",
-             "The 3-hypergraph 2-core threshold is ~0.818; the codec sizes rows = 1.23 |U| + "
-             "sqrt(|U|) + 16 (load ~0.81 for large unions, lower for small ones) and retries "
-             "locally (another seed, then x1.5) before any value phase is sent.", "",
-             head + " |", "|---:|" + "---:|" * len(sizes)]
+    lines = [
+        "### First-try peeling success vs load (3 hashes, partitioned rows)",
+        "",
+        "The 3-hypergraph 2-core threshold is ~0.818; the codec sizes rows = 1.23 |U| + "
+        "sqrt(|U|) + 16 (load ~0.81 for large unions, lower for small ones) and retries "
+        "locally (another seed, then x1.5) before any value phase is sent.",
+        "",
+        head + " |",
+        "|---:|" + "---:|" * len(sizes),
+    ]
     for i, load in enumerate(loads):
         lines.append(f"| {load:.3f} | " + " | ".join(f"{rates[k][i]:.2f}" for k in sizes) + " |")
     return lines, rates
@@ -271,19 +305,32 @@ def main(argv: list[str] | None = None) -> int:
     cells = bench_cells(n, args.world, [0.001, 0.01, 0.1])
     row_lines = bench_rows(args.world)
     # coarse far from the ~0.818 threshold, fine around it
-    loads = np.round(np.r_[np.arange(0.5, 0.751, 0.05), np.arange(0.76, 0.8601, 0.01),
-                           0.9, 0.95, 1.0], 3)
-    sizes = {1_000: 40, 10_000: 20, 100_000: 5} if args.quick else \
-        {1_000: 200, 10_000: 50, 100_000: 10}
+    loads = np.round(
+        np.r_[np.arange(0.5, 0.751, 0.05), np.arange(0.76, 0.8601, 0.01), 0.9, 0.95, 1.0], 3
+    )
+    sizes = (
+        {1_000: 40, 10_000: 20, 100_000: 5} if args.quick else {1_000: 200, 10_000: 50, 100_000: 10}
+    )
     peel, rates = bench_peeling(loads, sizes)
     plot_peeling(loads, rates, plot_path("peel_threshold.png"))
     import torch
 
-    lines = [f"# Codec benchmark ({platform.machine()}, {os.cpu_count()} cores, "
-             f"{time.strftime('%Y-%m-%d')}, numpy {np.__version__}, torch {torch.__version__})",
-             "", "`python -m bench.codecs`" + (" --quick" if args.quick else "") +
-             f"; ran in {time.perf_counter() - started:.0f} s. Plot: peel_threshold.png.", "",
-             *speed, "", *cells, "", *row_lines, "", *peel]
+    lines = [
+        f"# Codec benchmark ({platform.machine()}, {os.cpu_count()} cores, "
+        f"{time.strftime('%Y-%m-%d')}, numpy {np.__version__}, torch {torch.__version__})",
+        "",
+        "`python -m bench.codecs`"
+        + (" --quick" if args.quick else "")
+        + f"; ran in {time.perf_counter() - started:.0f} s. Plot: peel_threshold.png.",
+        "",
+        *speed,
+        "",
+        *cells,
+        "",
+        *row_lines,
+        "",
+        *peel,
+    ]
     publish("codecs", lines)
     return 0
 

@@ -1,6 +1,6 @@
 """The one-line summary `make bench` prints last, read from bench/results/*.md.
 
-    python -m bench.summary SECONDS
+python -m bench.summary SECONDS
 """
 
 from __future__ import annotations
@@ -25,8 +25,11 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     seconds = float(argv[0]) if argv else float("nan")
     parts = [f"bench: {platform.machine()}, {os.cpu_count()} cores, {seconds / 60:.1f} min"]
-    agg = _find("aggregation.md", r"^Target [^:]*: lossless vs dense fixed point at 1% density, "
-                                  r"reference switch, n = [\d,]+: (.*)\.$")
+    agg = _find(
+        "aggregation.md",
+        r"^Target [^:]*: lossless vs dense fixed point at 1% density, "
+        r"reference switch, n = [\d,]+: (.*)\.$",
+    )
     if agg:
         parts.append(f"lossless / fixed point at 1% (refswitch, 25M): {agg}")
     rate = _find("switch_rate.md", r"^\| 256 \| refswitch / bmv2 \| ([\d.]+x)")

@@ -42,9 +42,14 @@ def _measure(job, pool_size: int, batches: int, first_chunk: int) -> tuple[float
     missing, elapsed = 0, 0.0
     for b in range(batches):
         chunks = range(first_chunk + b * pool_size, first_chunk + (b + 1) * pool_size)
-        frames = [(job.hosts[r].raw, job.frame(r, cells[r], slot=k % pool_size,
-                                                shadow=(k // pool_size) % 2, chunk=k))
-                  for k in chunks for r in range(job.world)]
+        frames = [
+            (
+                job.hosts[r].raw,
+                job.frame(r, cells[r], slot=k % pool_size, shadow=(k // pool_size) % 2, chunk=k),
+            )
+            for k in chunks
+            for r in range(job.world)
+        ]
         start = time.perf_counter()
         for port, frame in frames:
             port.send(frame)
@@ -76,8 +81,11 @@ def run_child(cells: int, reps: int, artifacts: tuple[Path, Path] | None) -> dic
                 rate, miss = _measure(jobs[t], 32, 4, chunk)
                 rates[t].append(rate)
                 missing[t] += miss
-            print(f"  cells {cells} rep {rep + 1}/{reps}: " +
-                  ", ".join(f"{t} {rates[t][-1]:.0f}/s" for t in targets), flush=True)
+            print(
+                f"  cells {cells} rep {rep + 1}/{reps}: "
+                + ", ".join(f"{t} {rates[t][-1]:.0f}/s" for t in targets),
+                flush=True,
+            )
         return {"cells": cells, "rates": rates, "missing": missing}
     finally:
         for f in fabrics.values():
@@ -92,8 +100,12 @@ def _compile(cells: int, out: Path) -> tuple[Path, Path] | None:
     if shutil.which("p4c") is None:
         print(f"  cells {cells}: skipped (p4c is needed to build that program)")
         return "skip"  # type: ignore[return-value]
-    subprocess.run(["make", "--no-print-directory", "-B", "p4", f"CELLS={cells}",
-                    f"P4_BUILD={out}"], cwd=REPO, check=True, capture_output=True)
+    subprocess.run(
+        ["make", "--no-print-directory", "-B", "p4", f"CELLS={cells}", f"P4_BUILD={out}"],
+        cwd=REPO,
+        check=True,
+        capture_output=True,
+    )
     return out / "homagg.p4info.txtpb", out / "homagg.json"
 
 
@@ -109,13 +121,23 @@ def plot(rows: list[dict], path: Path) -> None:
         for ax, scale in ((axes[0], lambda c: 1), (axes[1], lambda c: c)):
             xs = [c for c, _ in pts]
             med = [statistics.median(v) * scale(c) for c, v in pts]
-            err = [[m - min(v) * scale(c) for (c, v), m in zip(pts, med)],
-                   [max(v) * scale(c) - m for (c, v), m in zip(pts, med)]]
-            ax.errorbar(xs, med, yerr=err, fmt=style, capsize=3,
-                        label={"refswitch": "reference switch", "bmv2": "BMv2"}[t])
+            err = [
+                [m - min(v) * scale(c) for (c, v), m in zip(pts, med)],
+                [max(v) * scale(c) - m for (c, v), m in zip(pts, med)],
+            ]
+            ax.errorbar(
+                xs,
+                med,
+                yerr=err,
+                fmt=style,
+                capsize=3,
+                label={"refswitch": "reference switch", "bmv2": "BMv2"}[t],
+            )
     for ax, label in zip(axes, ("packets/s", "cells/s")):
         ax.set(xlabel="cells per packet", ylabel=label, xscale="log", yscale="log")
-        ax.set_xticks(sorted({r["cells"] for r in rows}), [str(c) for c in sorted({r["cells"] for r in rows})])
+        ax.set_xticks(
+            sorted({r["cells"] for r in rows}), [str(c) for c in sorted({r["cells"] for r in rows})]
+        )
         ax.tick_params(axis="x", which="minor", labelbottom=False)
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
@@ -134,8 +156,10 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.child:
         artifacts = tuple(Path(x) for x in args.child.split(",")) if args.child != "-" else None
-        print("RESULT " + json.dumps(run_child(int(os.environ["HOMAGG_CELLS_PER_PKT"]),
-                                               args.reps, artifacts)))
+        print(
+            "RESULT "
+            + json.dumps(run_child(int(os.environ["HOMAGG_CELLS_PER_PKT"]), args.reps, artifacts))
+        )
         return 0
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -145,27 +169,48 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             env = dict(os.environ, HOMAGG_CELLS_PER_PKT=str(cells))
             child = ",".join(map(str, artifacts)) if artifacts else "-"
-            proc = subprocess.run([sys.executable, "-m", "bench.switch_rate", "--reps",
-                                   str(args.reps), "--child", child], cwd=REPO, env=env,
-                                  stdout=subprocess.PIPE, text=True, check=True)
+            proc = subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "bench.switch_rate",
+                    "--reps",
+                    str(args.reps),
+                    "--child",
+                    child,
+                ],
+                cwd=REPO,
+                env=env,
+                stdout=subprocess.PIPE,
+                text=True,
+                check=True,
+            )
             for line in proc.stdout.splitlines():
                 if line.startswith("RESULT "):
                     rows.append(json.loads(line[7:]))
                 else:
                     print(line)
-    lines = [f"# Switch packet rate ({platform.machine()}, {os.cpu_count()} cores, "
-             f"{time.strftime('%Y-%m-%d')})", "",
-             "Contributions absorbed per second (median of reps, [min, max]); 4 workers, "
-             "pool size 32; targets alternate batch by batch.", "",
-             "| cells/packet | target | packets/s | cells/s | missing results |",
-             "|---:|---|---:|---:|---:|"]
+    lines = [
+        f"# Switch packet rate ({platform.machine()}, {os.cpu_count()} cores, "
+        f"{time.strftime('%Y-%m-%d')})",
+        "",
+        "Contributions absorbed per second (median of reps, [min, max]); 4 workers, "
+        "pool size 32; targets alternate batch by batch.",
+        "",
+        "| cells/packet | target | packets/s | cells/s | missing results |",
+        "|---:|---|---:|---:|---:|",
+    ]
     for row in rows:
         for t, rates in row["rates"].items():
             med = statistics.median(rates)
-            lines.append(f"| {row['cells']} | {t} | {med:,.0f} [{min(rates):,.0f}, "
-                         f"{max(rates):,.0f}] | {med * row['cells']:,.0f} | {row['missing'][t]} |")
+            lines.append(
+                f"| {row['cells']} | {t} | {med:,.0f} [{min(rates):,.0f}, "
+                f"{max(rates):,.0f}] | {med * row['cells']:,.0f} | {row['missing'][t]} |"
+            )
         if "bmv2" in row["rates"]:
-            ratio = statistics.median(row["rates"]["refswitch"]) / statistics.median(row["rates"]["bmv2"])
+            ratio = statistics.median(row["rates"]["refswitch"]) / statistics.median(
+                row["rates"]["bmv2"]
+            )
             lines.append(f"| {row['cells']} | refswitch / bmv2 | {ratio:.2f}x | | |")
     lines += ["", "![switch packet rate](switch_rate.png)"]
     plot(rows, plot_path("switch_rate.png"))

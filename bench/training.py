@@ -44,34 +44,62 @@ DESCRIPTION = {
 }
 DETAILS = {
     "ncf": "NCF of `make run` (20,000 x 16 and 4,000 x 16 embeddings and a small MLP: 1.5 MB of "
-           "float32 gradients per step, ~1,300 rows touched by the 4 ranks together)",
+    "float32 gradients per step, ~1,300 rows touched by the 4 ranks together)",
     "mlp": "the dense MLP of `python -m run --model mlp` (64-256-256-10: 85k parameters, 340 kB of "
-           "float32 gradients per step, all nonzero)",
+    "float32 gradients per step, all nonzero)",
 }
 RUNS = ("DDP over gloo", "switch, lossless", "switch, fixed_point")
 
 
-def run_round(model: str, codec: str, no_gloo: bool, args: argparse.Namespace, out: Path) -> tuple[dict, str]:
+def run_round(
+    model: str, codec: str, no_gloo: bool, args: argparse.Namespace, out: Path
+) -> tuple[dict, str]:
     """One `python -m run`: {run name: step records} and the switch target it used."""
-    cmd = [sys.executable, "-m", "run", "--model", model, "--steps", str(args.steps), "--hosts", str(args.hosts),
-           "--target", args.target, "--codec", codec, "--out", str(out),
-           "--timeout", str(args.timeout)] + (["--no-gloo"] if no_gloo else [])
-    proc = subprocess.run(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          text=True, timeout=2 * args.timeout + 120)
+    cmd = [
+        sys.executable,
+        "-m",
+        "run",
+        "--model",
+        model,
+        "--steps",
+        str(args.steps),
+        "--hosts",
+        str(args.hosts),
+        "--target",
+        args.target,
+        "--codec",
+        codec,
+        "--out",
+        str(out),
+        "--timeout",
+        str(args.timeout),
+    ] + (["--no-gloo"] if no_gloo else [])
+    proc = subprocess.run(
+        cmd,
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=2 * args.timeout + 120,
+    )
     target = args.target
     for line in proc.stdout.splitlines():
         if line.startswith("make run:"):
             target = line.split("switch ")[1].split(",")[0]
     if proc.returncode not in (0, 1):  # 1: parameters differ beyond the bound (still timed)
         print(proc.stdout[-3000:])
-        raise RuntimeError(f"python -m run --model {model} --codec {codec} failed ({proc.returncode})")
+        raise RuntimeError(
+            f"python -m run --model {model} --codec {codec} failed ({proc.returncode})"
+        )
     runs = {f"switch, {codec}": _steps(out / "switch.jsonl")}
     if not no_gloo:
         runs["DDP over gloo"] = _steps(out / "gloo.jsonl")
     return runs, target
 
 
-def plot(samples: dict[tuple[str, str], list[float]], models: list[str], title: str, path: Path) -> None:
+def plot(
+    samples: dict[tuple[str, str], list[float]], models: list[str], title: str, path: Path
+) -> None:
     """Median iteration time per model and run, with p10-p90 whiskers, log scale."""
     plt = pyplot()
 
@@ -117,41 +145,71 @@ def main(argv: list[str] | None = None) -> int:
                 if rnd % 2:
                     order.reverse()
                 for codec, no_gloo in order:
-                    print(f"  training round {rnd + 1}/{args.rounds}: python -m run --model {model} --codec {codec}"
-                          f"{' --no-gloo' if no_gloo else ''} --steps {args.steps}", flush=True)
+                    print(
+                        f"  training round {rnd + 1}/{args.rounds}: python -m run --model {model} --codec {codec}"
+                        f"{' --no-gloo' if no_gloo else ''} --steps {args.steps}",
+                        flush=True,
+                    )
                     t0 = time.perf_counter()
-                    runs, target_used = run_round(model, codec, no_gloo, args, Path(tmp) / f"{model}-{codec}-{rnd}")
+                    runs, target_used = run_round(
+                        model, codec, no_gloo, args, Path(tmp) / f"{model}-{codec}-{rnd}"
+                    )
                     for name, steps in runs.items():
-                        samples.setdefault((model, name), []).extend(s["seconds"] for s in steps[1:])
-                        wire.setdefault((model, name), []).extend(s["tx_bytes"] / s["dense_bytes"] for s in steps)
-                    print(f"    done in {time.perf_counter() - t0:.0f} s: " + ", ".join(
-                        f"{n} median {statistics.median(s['seconds'] for s in steps[1:]) * 1e3:.0f} ms"
-                        for n, steps in runs.items()), flush=True)
-    lines = [f"# Training iteration time ({platform.machine()}, {os.cpu_count()} cores, "
-             f"{time.strftime('%Y-%m-%d')})", "",
-             f"`python -m bench.training --steps {args.steps} --rounds {args.rounds} --models {','.join(models)}`; "
-             f"ran in {time.perf_counter() - start:.0f} s. `python -m run` (Mininet, {args.hosts} hosts, switch "
-             f"{target_used}, unshaped links). Iteration time of every step but each run's first: median "
-             f"[p10, p90] over {args.rounds} x {args.steps - 1} steps; wire = bytes rank 0's host sent per "
-             "step (everything: aggregation, gloo, control) / dense gradient bytes.", ""]
+                        samples.setdefault((model, name), []).extend(
+                            s["seconds"] for s in steps[1:]
+                        )
+                        wire.setdefault((model, name), []).extend(
+                            s["tx_bytes"] / s["dense_bytes"] for s in steps
+                        )
+                    print(
+                        f"    done in {time.perf_counter() - t0:.0f} s: "
+                        + ", ".join(
+                            f"{n} median {statistics.median(s['seconds'] for s in steps[1:]) * 1e3:.0f} ms"
+                            for n, steps in runs.items()
+                        ),
+                        flush=True,
+                    )
+    lines = [
+        f"# Training iteration time ({platform.machine()}, {os.cpu_count()} cores, "
+        f"{time.strftime('%Y-%m-%d')})",
+        "",
+        f"`python -m bench.training --steps {args.steps} --rounds {args.rounds} --models {','.join(models)}`; "
+        f"ran in {time.perf_counter() - start:.0f} s. `python -m run` (Mininet, {args.hosts} hosts, switch "
+        f"{target_used}, unshaped links). Iteration time of every step but each run's first: median "
+        f"[p10, p90] over {args.rounds} x {args.steps - 1} steps; wire = bytes rank 0's host sent per "
+        "step (everything: aggregation, gloo, control) / dense gradient bytes.",
+        "",
+    ]
     lines += [f"- {DESCRIPTION[m]}: {DETAILS[m]}." for m in models]
-    lines += ["", "| W | model | run | ms/iteration | gloo / run | wire vs dense |",
-              "|---:|---|---|---:|---:|---:|"]
+    lines += [
+        "",
+        "| W | model | run | ms/iteration | gloo / run | wire vs dense |",
+        "|---:|---|---|---:|---:|---:|",
+    ]
     parts = []
     for model in models:
         gloo = statistics.median(samples[(model, "DDP over gloo")])
         for name in RUNS:
             s = samples[(model, name)]
             med = statistics.median(s)
-            lines.append(f"| {args.hosts} | {DESCRIPTION[model]} | {name} | {med * 1e3:.0f} [{_pct(s, 0.1) * 1e3:.0f}, "
-                         f"{_pct(s, 0.9) * 1e3:.0f}] | {gloo / med:.2f}x | "
-                         f"{statistics.mean(wire[(model, name)]):.2f}x |")
-        speed = {c: gloo / statistics.median(samples[(model, f"switch, {c}")]) for c in ("lossless", "fixed_point")}
-        part = f"{model}: lossless {speed['lossless']:.2f}x, fixed point {speed['fixed_point']:.2f}x"
+            lines.append(
+                f"| {args.hosts} | {DESCRIPTION[model]} | {name} | {med * 1e3:.0f} [{_pct(s, 0.1) * 1e3:.0f}, "
+                f"{_pct(s, 0.9) * 1e3:.0f}] | {gloo / med:.2f}x | "
+                f"{statistics.mean(wire[(model, name)]):.2f}x |"
+            )
+        speed = {
+            c: gloo / statistics.median(samples[(model, f"switch, {c}")])
+            for c in ("lossless", "fixed_point")
+        }
+        part = (
+            f"{model}: lossless {speed['lossless']:.2f}x, fixed point {speed['fixed_point']:.2f}x"
+        )
         if model == "ncf":
             part += f" (target lossless >= 4x: {'MET' if speed['lossless'] >= 4 else 'MISSED'})"
         parts.append(part)
-    summary = (f"training W={args.hosts} ({target_used}), speed vs DDP over gloo: " + "; ".join(parts))
+    summary = f"training W={args.hosts} ({target_used}), speed vs DDP over gloo: " + "; ".join(
+        parts
+    )
     lines += ["", f"Summary: {summary}.", ""]
     lines += ["![training iteration time](training.png)", ""]
     plot(samples, models, f"training, W={args.hosts}, {target_used}", plot_path("training.png"))

@@ -43,8 +43,9 @@ class JobEntries:
         if sorted(w.rank for w in self.workers) != list(range(len(self.workers))):
             raise ValueError("worker ranks must be 0..world_size-1, each once")
         if self.pool_size < 1 or self.pool_base + self.pool_size > NUM_SLOTS:
-            raise ValueError(f"pool {self.pool_base}+{self.pool_size} outside the switch's "
-                             f"{NUM_SLOTS} slots")
+            raise ValueError(
+                f"pool {self.pool_base}+{self.pool_size} outside the switch's {NUM_SLOTS} slots"
+            )
         if not 1 <= self.mcast_grp <= MAX_MCAST_GRP:
             raise ValueError(f"multicast group {self.mcast_grp} outside 1..{MAX_MCAST_GRP}")
 
@@ -56,14 +57,28 @@ def worker_key(job: JobEntries, worker: Worker) -> dict[str, int]:
 
 def worker_entries(job: JobEntries) -> list[EntrySpec]:
     """Per rank: the port its packets must arrive on and its bit in the slot's seen bitmap."""
-    return [EntrySpec.of(p4names.WORKER_TABLE, worker_key(job, w), p4names.SET_WORKER,
-                         {"port": w.switch_port, "worker_bit": 1 << w.rank})
-            for w in job.workers]
+    return [
+        EntrySpec.of(
+            p4names.WORKER_TABLE,
+            worker_key(job, w),
+            p4names.SET_WORKER,
+            {"port": w.switch_port, "worker_bit": 1 << w.rank},
+        )
+        for w in job.workers
+    ]
 
 
 def job_entry(job: JobEntries) -> EntrySpec:
     """The job_table entry: the job's pool, world size and multicast group. Until it exists
     the switch drops the job's packets (UNKNOWN_JOB)."""
-    return EntrySpec.of(p4names.JOB_TABLE, {"hdr.agg.job_id": job.job_id}, p4names.SET_JOB,
-                        {"pool_base": job.pool_base, "pool_size": job.pool_size,
-                         "num_workers": len(job.workers), "mcast_grp": job.mcast_grp})
+    return EntrySpec.of(
+        p4names.JOB_TABLE,
+        {"hdr.agg.job_id": job.job_id},
+        p4names.SET_JOB,
+        {
+            "pool_base": job.pool_base,
+            "pool_size": job.pool_size,
+            "num_workers": len(job.workers),
+            "mcast_grp": job.mcast_grp,
+        },
+    )

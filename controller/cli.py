@@ -17,31 +17,45 @@ import grpc
 from controller.config import DEFAULT_LISTEN, ConfigError, check_address, load_config
 from controller.text_table import render_counters, render_jobs, render_pools, render_status
 
-DESCRIPTION = """\
+DESCRIPTION = f"""\
 Control plane of homagg: in-network gradient aggregation on P4 switches.
 `aggctl serve` runs the controller (P4Runtime to the switches, the job service for
 workers); the other commands ask a running controller (--controller, default
-{default}) and print tables, or JSON with --json.""".format(default=DEFAULT_LISTEN)
+{DEFAULT_LISTEN}) and print tables, or JSON with --json."""
 
 COMMANDS: dict[str, tuple[str, str]] = {
-    "serve": ("run the controller until SIGTERM/SIGINT",
-              "Connects to every switch of the config (pushing the pipeline where it is missing,\n"
-              "re-installing what a switch lost), restores the jobs of its database and serves the\n"
-              "job API. Example:\n  aggctl serve --config controller.toml"),
-    "status": ("the controller and each switch: connected, slots used, jobs",
-               "Example:\n  aggctl status\n  aggctl --controller 10.0.0.5:50051 status --json"),
-    "jobs": ("running jobs (--all: and recently ended ones)",
-             "Example:\n  aggctl jobs --ranks\n  aggctl jobs --all --json"),
-    "pools": ("each switch's slots: every job's pool and the free ranges",
-              "Example:\n  aggctl pools --switch s1"),
-    "counters": ("drops per reason, aggregation events, packets per job and rank",
-                 "Read from the switch's P4Runtime counters. Example:\n  aggctl counters --job 3\n"
-                 "  aggctl counters --switch s1 --zero"),
-    "release": ("end a job now: entries removed from the switch, pool freed",
-                "Its workers' later calls answer FAILED_PRECONDITION. Example:\n  aggctl release 3"),
-    "shell": ("an interactive Python prompt with a P4Runtime session to one switch",
-              "Connects with election id 1 (below the controller's), so it is a backup session that\n"
-              "can read while the controller runs. Example:\n  aggctl shell --switch 127.0.0.1:9559"),
+    "serve": (
+        "run the controller until SIGTERM/SIGINT",
+        "Connects to every switch of the config (pushing the pipeline where it is missing,\n"
+        "re-installing what a switch lost), restores the jobs of its database and serves the\n"
+        "job API. Example:\n  aggctl serve --config controller.toml",
+    ),
+    "status": (
+        "the controller and each switch: connected, slots used, jobs",
+        "Example:\n  aggctl status\n  aggctl --controller 10.0.0.5:50051 status --json",
+    ),
+    "jobs": (
+        "running jobs (--all: and recently ended ones)",
+        "Example:\n  aggctl jobs --ranks\n  aggctl jobs --all --json",
+    ),
+    "pools": (
+        "each switch's slots: every job's pool and the free ranges",
+        "Example:\n  aggctl pools --switch s1",
+    ),
+    "counters": (
+        "drops per reason, aggregation events, packets per job and rank",
+        "Read from the switch's P4Runtime counters. Example:\n  aggctl counters --job 3\n"
+        "  aggctl counters --switch s1 --zero",
+    ),
+    "release": (
+        "end a job now: entries removed from the switch, pool freed",
+        "Its workers' later calls answer FAILED_PRECONDITION. Example:\n  aggctl release 3",
+    ),
+    "shell": (
+        "an interactive Python prompt with a P4Runtime session to one switch",
+        "Connects with election id 1 (below the controller's), so it is a backup session that\n"
+        "can read while the controller runs. Example:\n  aggctl shell --switch 127.0.0.1:9559",
+    ),
 }
 
 
@@ -49,49 +63,82 @@ def _common(top: bool) -> argparse.ArgumentParser:
     """Options accepted before and after the command; only the top level sets defaults, so a
     subcommand does not reset an option given before it."""
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--controller", default=DEFAULT_LISTEN if top else argparse.SUPPRESS, metavar="ADDR",
-                        help=f"address of the running controller (default {DEFAULT_LISTEN})")
-    common.add_argument("--json", action="store_true", default=False if top else argparse.SUPPRESS,
-                        help="print JSON instead of a table")
-    common.add_argument("--timeout", type=float, default=10.0 if top else argparse.SUPPRESS,
-                        help="seconds to wait for the controller or the switch (default 10)")
+    common.add_argument(
+        "--controller",
+        default=DEFAULT_LISTEN if top else argparse.SUPPRESS,
+        metavar="ADDR",
+        help=f"address of the running controller (default {DEFAULT_LISTEN})",
+    )
+    common.add_argument(
+        "--json",
+        action="store_true",
+        default=False if top else argparse.SUPPRESS,
+        help="print JSON instead of a table",
+    )
+    common.add_argument(
+        "--timeout",
+        type=float,
+        default=10.0 if top else argparse.SUPPRESS,
+        help="seconds to wait for the controller or the switch (default 10)",
+    )
     return common
 
 
 def _parser() -> argparse.ArgumentParser:
     common = _common(top=False)
-    p = argparse.ArgumentParser(prog="aggctl", description=DESCRIPTION, parents=[_common(top=True)],
-                                formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog="Run `aggctl COMMAND --help` for a command's options and an example.")
+    p = argparse.ArgumentParser(
+        prog="aggctl",
+        description=DESCRIPTION,
+        parents=[_common(top=True)],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="Run `aggctl COMMAND --help` for a command's options and an example.",
+    )
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def add(name: str) -> argparse.ArgumentParser:
         summary, details = COMMANDS[name]
-        return sub.add_parser(name, help=summary, description=f"{summary}.\n\n{details}", parents=[common],
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
+        return sub.add_parser(
+            name,
+            help=summary,
+            description=f"{summary}.\n\n{details}",
+            parents=[common],
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
 
     serve = add("serve")
-    serve.add_argument("--config", required=True, type=Path, metavar="FILE", help="the TOML configuration")
+    serve.add_argument(
+        "--config", required=True, type=Path, metavar="FILE", help="the TOML configuration"
+    )
     serve.add_argument("--listen", metavar="ADDR", help="override controller.listen")
     serve.add_argument("--database", type=Path, metavar="PATH", help="override controller.database")
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning"])
     add("status")
     jobs = add("jobs")
     jobs.add_argument("--all", action="store_true", help="include the last 100 ended jobs")
-    jobs.add_argument("--ranks", action="store_true", help="also list each job's ranks and their leases")
+    jobs.add_argument(
+        "--ranks", action="store_true", help="also list each job's ranks and their leases"
+    )
     pools = add("pools")
     pools.add_argument("--switch", default="", help="only this switch")
     counters = add("counters")
     counters.add_argument("--switch", default="", help="only this switch")
     counters.add_argument("--job", type=int, default=0, help="only this job's packets")
-    counters.add_argument("--zero", action="store_true", help="also list reasons and events never counted")
+    counters.add_argument(
+        "--zero", action="store_true", help="also list reasons and events never counted"
+    )
     release = add("release")
     release.add_argument("job", type=int, metavar="JOB", help="the job id")
     shell = add("shell")
-    shell.add_argument("--switch", required=True, metavar="ADDR", help="the switch's P4Runtime address")
+    shell.add_argument(
+        "--switch", required=True, metavar="ADDR", help="the switch's P4Runtime address"
+    )
     shell.add_argument("--device-id", type=int, default=0)
-    shell.add_argument("--election-id", type=int, default=1,
-                       help="election id (default 1: a backup while the controller, 10, is primary)")
+    shell.add_argument(
+        "--election-id",
+        type=int,
+        default=1,
+        help="election id (default 1: a backup while the controller, 10, is primary)",
+    )
     return p
 
 
@@ -133,8 +180,11 @@ def _query(args: argparse.Namespace) -> int:
             _print(args, resp, render_counters(resp.switches, args.zero))
         elif args.command == "release":
             job = client.release(args.job).job
-            freed = (f"{job.pool_size} slots freed on {job.switch}" if job.switch
-                     else "no slots were allocated")
+            freed = (
+                f"{job.pool_size} slots freed on {job.switch}"
+                if job.switch
+                else "no slots were allocated"
+            )
             _print(args, job, f"released job {job.job_id} ({job.name}): entries removed, {freed}")
     return 0
 
@@ -152,7 +202,9 @@ def _serve(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"aggctl: {exc}", file=sys.stderr)
         return 2
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s aggctl %(levelname)s %(message)s")
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s aggctl %(levelname)s %(message)s"
+    )
     log = logging.getLogger("aggctl")
     try:
         server = ControllerServer(config)

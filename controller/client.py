@@ -30,37 +30,62 @@ class ControllerClient:
     def __enter__(self) -> ControllerClient:
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
         self.close()
 
     # -- workers ----------------------------------------------------------------------
 
-    def create_job(self, name: str, world_size: int, codec: str, pool_size: int = 0,
-                   switch: str = "") -> Any:
+    def create_job(
+        self, name: str, world_size: int, codec: str, pool_size: int = 0, switch: str = ""
+    ) -> Any:
         """CreateJob -> CreateJobResponse (job_id, token, switch, pool_size, timing)."""
-        return self.stub.CreateJob(pb.CreateJobRequest(name=name, world_size=world_size, codec=codec,
-                                                       pool_size=pool_size, switch=switch),
-                                   timeout=self.timeout)
+        return self.stub.CreateJob(
+            pb.CreateJobRequest(
+                name=name, world_size=world_size, codec=codec, pool_size=pool_size, switch=switch
+            ),
+            timeout=self.timeout,
+        )
 
-    def join(self, job_id: int, token: str, rank: int, mac: str, ip: str, udp_port: int, switch_port: int) -> Any:
+    def join(
+        self, job_id: int, token: str, rank: int, mac: str, ip: str, udp_port: int, switch_port: int
+    ) -> Any:
         """JoinJob -> JoinJobResponse (joined, world_size, ready)."""
-        return self.stub.JoinJob(pb.JoinJobRequest(job_id=job_id, token=token, rank=rank, mac=mac, ip=ip,
-                                                   udp_port=udp_port, switch_port=switch_port),
-                                 timeout=self.timeout)
+        return self.stub.JoinJob(
+            pb.JoinJobRequest(
+                job_id=job_id,
+                token=token,
+                rank=rank,
+                mac=mac,
+                ip=ip,
+                udp_port=udp_port,
+                switch_port=switch_port,
+            ),
+            timeout=self.timeout,
+        )
 
     def wait_ready(self, job_id: int, token: str, rank: int, timeout_s: float = 30.0) -> Any:
         """WaitReady -> Assignment; DEADLINE_EXCEEDED when ranks are still missing after timeout_s."""
-        return self.stub.WaitReady(pb.WaitReadyRequest(job_id=job_id, token=token, rank=rank, timeout_s=timeout_s),
-                                   timeout=timeout_s + self.timeout)
+        return self.stub.WaitReady(
+            pb.WaitReadyRequest(job_id=job_id, token=token, rank=rank, timeout_s=timeout_s),
+            timeout=timeout_s + self.timeout,
+        )
 
     def heartbeat(self, job_id: int, token: str, rank: int) -> Any:
         """Heartbeat -> HeartbeatResponse (state, lease_s)."""
-        return self.stub.Heartbeat(pb.HeartbeatRequest(job_id=job_id, token=token, rank=rank), timeout=self.timeout)
+        return self.stub.Heartbeat(
+            pb.HeartbeatRequest(job_id=job_id, token=token, rank=rank), timeout=self.timeout
+        )
 
     def leave(self, job_id: int, token: str, rank: int) -> Any:
         """LeaveJob -> LeaveJobResponse (job_ended)."""
-        return self.stub.LeaveJob(pb.LeaveJobRequest(job_id=job_id, token=token, rank=rank), timeout=self.timeout)
+        return self.stub.LeaveJob(
+            pb.LeaveJobRequest(job_id=job_id, token=token, rank=rank), timeout=self.timeout
+        )
 
     # -- operators --------------------------------------------------------------------
 
@@ -70,7 +95,9 @@ class ControllerClient:
 
     def list_jobs(self, include_ended: bool = False) -> Any:
         """ListJobs -> ListJobsResponse."""
-        return self.stub.ListJobs(pb.ListJobsRequest(include_ended=include_ended), timeout=self.timeout)
+        return self.stub.ListJobs(
+            pb.ListJobsRequest(include_ended=include_ended), timeout=self.timeout
+        )
 
     def list_pools(self, switch: str = "") -> Any:
         """ListPools -> ListPoolsResponse."""
@@ -78,7 +105,9 @@ class ControllerClient:
 
     def counters(self, switch: str = "", job_id: int = 0) -> Any:
         """GetCounters -> GetCountersResponse."""
-        return self.stub.GetCounters(pb.GetCountersRequest(switch=switch, job_id=job_id), timeout=self.timeout)
+        return self.stub.GetCounters(
+            pb.GetCountersRequest(switch=switch, job_id=job_id), timeout=self.timeout
+        )
 
     def release(self, job_id: int) -> Any:
         """ReleaseJob -> ReleaseJobResponse."""

@@ -80,7 +80,9 @@ class _Reader:
             return default
         value = self.data[key]
         if isinstance(value, bool) or not isinstance(value, kind):
-            names = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
+            names = (
+                kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
+            )
             raise ConfigError(f"{self.where}.{key}: expected {names}, got {value!r}")
         return value
 
@@ -96,7 +98,9 @@ class _Reader:
     def seconds(self, key: str, default: float) -> float:
         value = float(self._get(key, (int, float), default))
         if not math.isfinite(value) or value <= 0:
-            raise ConfigError(f"{self.where}.{key}: expected a positive number of seconds, got {value}")
+            raise ConfigError(
+                f"{self.where}.{key}: expected a positive number of seconds, got {value}"
+            )
         return value
 
     def tables(self, key: str) -> list[Any]:
@@ -129,9 +133,11 @@ def _check(fn: Any, value: str, where: str) -> str:
 
 def _host(data: Any, where: str) -> Host:
     r = _Reader(data, where)
-    host = Host(ip=_check(ipv4_to_int, r.string("ip"), f"{where}.ip"),
-                mac=_check(mac_to_int, r.string("mac"), f"{where}.mac"),
-                switch_port=r.integer("switch_port", _REQUIRED, 0, MAX_SWITCH_PORT))
+    host = Host(
+        ip=_check(ipv4_to_int, r.string("ip"), f"{where}.ip"),
+        mac=_check(mac_to_int, r.string("mac"), f"{where}.mac"),
+        switch_port=r.integer("switch_port", _REQUIRED, 0, MAX_SWITCH_PORT),
+    )
     r.finish()
     return host
 
@@ -150,7 +156,8 @@ def _switch(data: Any, where: str) -> SwitchConfig:
         hosts=hosts,
         device_id=r.integer("device_id", 0, 0, 2**64 - 1),
         election_id=r.integer("election_id", 10, 1, 2**63 - 1),
-        timeout=r.seconds("timeout", 5.0))
+        timeout=r.seconds("timeout", 5.0),
+    )
     r.finish()
     ips = [h.ip for h in hosts]
     for ip in ips:
@@ -161,11 +168,15 @@ def _switch(data: Any, where: str) -> SwitchConfig:
     return sw
 
 
-def parse_config(data: Mapping[str, Any], base_dir: Path, where: str = "config") -> ControllerConfig:
+def parse_config(
+    data: Mapping[str, Any], base_dir: Path, where: str = "config"
+) -> ControllerConfig:
     """Validate a parsed TOML document; relative paths are taken from base_dir."""
     top = _Reader(data, where)
     ctl = _Reader(top._get("controller", Mapping, {}), f"{where}: controller")
-    switches = tuple(_switch(s, f"{where}: switch[{i}]") for i, s in enumerate(top.tables("switch")))
+    switches = tuple(
+        _switch(s, f"{where}: switch[{i}]") for i, s in enumerate(top.tables("switch"))
+    )
     top.finish()
     if not switches:
         raise ConfigError(f"{where}: no [[switch]] configured")
@@ -178,16 +189,21 @@ def parse_config(data: Mapping[str, Any], base_dir: Path, where: str = "config")
     config = ControllerConfig(
         switches=switches,
         database=database if database.is_absolute() else base_dir / database,
-        listen=check_address(ctl.string("listen", DEFAULT_LISTEN), f"{where}: controller.listen", any_port=True),
+        listen=check_address(
+            ctl.string("listen", DEFAULT_LISTEN), f"{where}: controller.listen", any_port=True
+        ),
         heartbeat_interval=ctl.seconds("heartbeat_interval", 2.0),
         lease=ctl.seconds("lease", 10.0),
         join_timeout=ctl.seconds("join_timeout", 60.0),
         default_pool_size=ctl.integer("default_pool_size", 64, 1, NUM_SLOTS),
-        rpc_threads=ctl.integer("rpc_threads", 128, 4, 4096))
+        rpc_threads=ctl.integer("rpc_threads", 128, 4, 4096),
+    )
     ctl.finish()
     if config.lease < 2 * config.heartbeat_interval:
-        raise ConfigError(f"{where}: controller.lease ({config.lease} s) must be at least twice "
-                          f"heartbeat_interval ({config.heartbeat_interval} s)")
+        raise ConfigError(
+            f"{where}: controller.lease ({config.lease} s) must be at least twice "
+            f"heartbeat_interval ({config.heartbeat_interval} s)"
+        )
     return config
 
 

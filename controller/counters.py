@@ -54,8 +54,9 @@ class SwitchCounters:
     jobs: list[JobCount] = field(default_factory=list)
 
 
-def _named(cells: dict[int, tuple[int, int]], names: type[IntEnum],
-           only: tuple[IntEnum, ...] = ()) -> list[CounterValue]:
+def _named(
+    cells: dict[int, tuple[int, int]], names: type[IntEnum], only: tuple[IntEnum, ...] = ()
+) -> list[CounterValue]:
     """The cells of the `only` members (default: every member), and any other cell ever counted."""
     listed = {int(m) for m in (only or names)}
     label = {int(m): m.name for m in names}
@@ -67,14 +68,17 @@ def _named(cells: dict[int, tuple[int, int]], names: type[IntEnum],
     return out
 
 
-def read_counters(conn: SwitchConnection, switch: str, job_names: dict[int, str],
-                  job_id: int | None = None) -> SwitchCounters:
+def read_counters(
+    conn: SwitchConnection, switch: str, job_names: dict[int, str], job_id: int | None = None
+) -> SwitchCounters:
     """Read every counter of the switch; job_names names the jobs (and, with job_id, only that one)."""
     result = SwitchCounters(switch)
     reasons = tuple(r for r in DropReason if r != DropReason.NONE)
     result.ingress_drops = _named(conn.read_counter(p4names.INGRESS_DROPS), DropReason, reasons)
     # Egress only drops results without a recipient; other cells are listed only if ever counted.
-    result.egress_drops = _named(conn.read_counter(p4names.EGRESS_DROPS), DropReason, (DropReason.NO_RECIPIENT,))
+    result.egress_drops = _named(
+        conn.read_counter(p4names.EGRESS_DROPS), DropReason, (DropReason.NO_RECIPIENT,)
+    )
     result.events = _named(conn.read_counter(p4names.EVENT_COUNTER), Event)
     jobs: dict[int, JobCount] = {}
     for entry, packets, nbytes in conn.read_direct_counters(p4names.JOB_TABLE):

@@ -18,7 +18,12 @@ def job_group(job: JobEntries) -> GroupSpec:
 
 def result_entries(job: JobEntries) -> list[EntrySpec]:
     """Per rank: the MAC, IPv4 address and UDP port its copy of a result is rewritten to."""
-    return [EntrySpec.of(p4names.RESULT_REWRITE, worker_key(job, w), p4names.TO_WORKER,
-                         {"mac": mac_to_int(w.mac), "ip": ipv4_to_int(w.ip),
-                          "udp_port": w.udp_port})
-            for w in job.workers]
+    return [
+        EntrySpec.of(
+            p4names.RESULT_REWRITE,
+            worker_key(job, w),
+            p4names.TO_WORKER,
+            {"mac": mac_to_int(w.mac), "ip": ipv4_to_int(w.ip), "udp_port": w.udp_port},
+        )
+        for w in job.workers
+    ]

@@ -24,8 +24,9 @@ class EntrySpec:
     params: tuple[tuple[str, int], ...]
 
     @classmethod
-    def of(cls, table: str, match: Mapping[str, MatchValue], action: str,
-           params: Mapping[str, int]) -> EntrySpec:
+    def of(
+        cls, table: str, match: Mapping[str, MatchValue], action: str, params: Mapping[str, int]
+    ) -> EntrySpec:
         """Build from dicts (the form SwitchConnection takes)."""
         return cls(table, tuple(sorted(match.items())), action, tuple(sorted(params.items())))
 

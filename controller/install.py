@@ -21,12 +21,12 @@ from controller.p4runtime_entities import WriteBatch
 from controller.switch_connection import P4RuntimeWriteError, SwitchConnection, SwitchError
 
 INSTALL_ORDER: tuple[str, ...] = (
-    p4names.ARP_RESPONDER,   # Forwarding: hosts and the service address resolve to the switch
-    p4names.IPV4_LPM,        # Forwarding: routes to hosts, the hand-off to aggregation
-    MULTICAST_GROUPS,        # delivery: a job's result copies, one per rank
+    p4names.ARP_RESPONDER,  # Forwarding: hosts and the service address resolve to the switch
+    p4names.IPV4_LPM,  # Forwarding: routes to hosts, the hand-off to aggregation
+    MULTICAST_GROUPS,  # delivery: a job's result copies, one per rank
     p4names.RESULT_REWRITE,  # delivery: where each copy of a result goes
-    p4names.WORKER_TABLE,    # aggregation: the ranks a job accepts, and on which port
-    p4names.JOB_TABLE,       # aggregation: the job itself, written last and removed first
+    p4names.WORKER_TABLE,  # aggregation: the ranks a job accepts, and on which port
+    p4names.JOB_TABLE,  # aggregation: the job itself, written last and removed first
 )
 
 
@@ -131,14 +131,16 @@ def remove_job(conn: SwitchConnection, job: JobEntries) -> list[SwitchError]:
 
 def held(conn: SwitchConnection) -> dict[tuple, Spec]:
     """What the switch holds: every entry of the program's tables and every multicast group."""
-    specs: list[Spec] = [EntrySpec.read(e) for table in p4names.TABLES
-                         for e in conn.read_entries(table)]
+    specs: list[Spec] = [
+        EntrySpec.read(e) for table in p4names.TABLES for e in conn.read_entries(table)
+    ]
     specs += [GroupSpec.of(gid, replicas) for gid, replicas in conn.read_multicast_groups().items()]
     return {s.key: s for s in specs}
 
 
-def reconcile(conn: SwitchConnection, desired: Sequence[Spec],
-              read_back: bool = True) -> Reconciled:
+def reconcile(
+    conn: SwitchConnection, desired: Sequence[Spec], read_back: bool = True
+) -> Reconciled:
     """Make the switch hold exactly `desired`: remove what is stale, then write what is missing
     or different, in INSTALL_ORDER. read_back=False: the switch holds nothing yet (a fresh
     pipeline), so nothing is read."""
@@ -154,4 +156,5 @@ def reconcile(conn: SwitchConnection, desired: Sequence[Spec],
 
     def entries(specs: list[Spec]) -> int:
         return sum(isinstance(s, EntrySpec) for s in specs)
+
     return Reconciled(entries(missing), entries(changed), entries(stale))

@@ -17,8 +17,16 @@ from controller import validation as check
 from controller.aggregation import JobEntries
 from controller.artifacts import BMV2_JSON_PATH, P4INFO_PATH
 from controller.config import ControllerConfig
-from controller.errors import (AlreadyExists, DeadlineExceeded, FailedPrecondition, InvalidArgument, NotFound,
-                               ResourceExhausted, Unauthenticated, Unavailable)
+from controller.errors import (
+    AlreadyExists,
+    DeadlineExceeded,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    ResourceExhausted,
+    Unauthenticated,
+    Unavailable,
+)
 from controller.model import Assignment, Job, JobState, JobWorker
 from controller.pools import PoolExhausted
 from controller.store import Store
@@ -31,16 +39,24 @@ log = logging.getLogger(__name__)
 class JobManager:
     """Jobs, pools and leases; every public method is thread-safe and raises ControllerError."""
 
-    def __init__(self, config: ControllerConfig, store: Store,
-                 artifacts: tuple[Path, Path] = (P4INFO_PATH, BMV2_JSON_PATH),
-                 clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time,
-                 poll_interval: float = 0.2, max_backoff: float = 5.0) -> None:
+    def __init__(
+        self,
+        config: ControllerConfig,
+        store: Store,
+        artifacts: tuple[Path, Path] = (P4INFO_PATH, BMV2_JSON_PATH),
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+        poll_interval: float = 0.2,
+        max_backoff: float = 5.0,
+    ) -> None:
         self.config, self.store = config, store
         self.clock, self.wall = clock, wall
         self.lock = threading.RLock()
         self.changed = threading.Condition(self.lock)  # notified on every job state change
-        self.switches = {s.name: ManagedSwitch(s, self.lock, self, artifacts, poll_interval, max_backoff)
-                         for s in config.switches}
+        self.switches = {
+            s.name: ManagedSwitch(s, self.lock, self, artifacts, poll_interval, max_backoff)
+            for s in config.switches
+        }
         self.jobs: dict[int, Job] = {}
         self.started = wall()
         self._stop = threading.Event()
@@ -112,15 +128,18 @@ class JobManager:
 
     # -- worker API -------------------------------------------------------------------
 
-    def create(self, name: str, world_size: int, codec: str, pool_size: int,
-               switch: str = "") -> tuple[Job, str]:
+    def create(
+        self, name: str, world_size: int, codec: str, pool_size: int, switch: str = ""
+    ) -> tuple[Job, str]:
         """A new job and its token; its pool is allocated now when its switch is known."""
         check.check_name(name)
         check.check_world_size(world_size)
         check.check_codec(codec)
         pool_size = check.check_pool_size(pool_size, self.config.default_pool_size)
         if switch and switch not in self.switches:
-            raise InvalidArgument(f"switch: no switch {switch!r} (configured: {', '.join(self.switches)})")
+            raise InvalidArgument(
+                f"switch: no switch {switch!r} (configured: {', '.join(self.switches)})"
+            )
         token, token_hash = check.new_token()
         job = Job(0, name, token_hash, world_size, codec, pool_size, self.wall())
         target = switch or (next(iter(self.switches)) if len(self.switches) == 1 else "")
@@ -138,16 +157,28 @@ class JobManager:
                 raise
             job.idle_deadline = self.clock() + self.config.join_timeout
             self.jobs[job.job_id] = job
-        log.info("job %d (%s) created: %d ranks, %s, pool size %d%s", job.job_id, name, world_size,
-                 codec, pool_size,
-                 f", slots {job.pool_base}+{pool_size} on {job.switch}" if job.switch else "")
+        log.info(
+            "job %d (%s) created: %d ranks, %s, pool size %d%s",
+            job.job_id,
+            name,
+            world_size,
+            codec,
+            pool_size,
+            f", slots {job.pool_base}+{pool_size} on {job.switch}" if job.switch else "",
+        )
         return job, token
 
-    def join(self, job_id: int, token: str, rank: int, mac: str, ip: str, udp_port: int,
-             switch_port: int) -> Job:
+    def join(
+        self, job_id: int, token: str, rank: int, mac: str, ip: str, udp_port: int, switch_port: int
+    ) -> Job:
         """Register a rank; the join that completes the world installs the job (if the switch is up)."""
-        new = JobWorker(check.check_rank(rank), check.check_mac(mac), check.check_ip(ip),
-                        check.check_udp_port(udp_port), check.check_switch_port(switch_port))
+        new = JobWorker(
+            check.check_rank(rank),
+            check.check_mac(mac),
+            check.check_ip(ip),
+            check.check_udp_port(udp_port),
+            check.check_switch_port(switch_port),
+        )
         with self.lock:
             job = self._authorize(job_id, token)
             check.check_rank(rank, job.world_size)
@@ -156,11 +187,18 @@ class JobManager:
                 if old.same_endpoint(new) and not old.left:
                     self._renew(job, old)  # a retried join
                     return job
-                raise AlreadyExists(f"rank {rank} of job {job_id} already joined from {old.ip}:{old.udp_port} "
-                                    f"({old.mac}, switch port {old.switch_port})")
-            clash = next((w for w in job.workers.values() if (w.ip, w.udp_port) == (new.ip, new.udp_port)), None)
+                raise AlreadyExists(
+                    f"rank {rank} of job {job_id} already joined from {old.ip}:{old.udp_port} "
+                    f"({old.mac}, switch port {old.switch_port})"
+                )
+            clash = next(
+                (w for w in job.workers.values() if (w.ip, w.udp_port) == (new.ip, new.udp_port)),
+                None,
+            )
             if clash is not None:
-                raise AlreadyExists(f"rank {clash.rank} of job {job_id} already receives at {ip}:{udp_port}")
+                raise AlreadyExists(
+                    f"rank {clash.rank} of job {job_id} already receives at {ip}:{udp_port}"
+                )
             sw = self._switch_for(job, new)
             placed = job.switch is None
             if placed:
@@ -174,18 +212,34 @@ class JobManager:
                     self._unplace(job)
                 raise
             self._renew(job, new)
-            log.info("job %d: rank %d joined from %s:%d (port %d), %d of %d", job_id, rank, ip, udp_port,
-                     switch_port, len(job.workers), job.world_size)
+            log.info(
+                "job %d: rank %d joined from %s:%d (port %d), %d of %d",
+                job_id,
+                rank,
+                ip,
+                udp_port,
+                switch_port,
+                len(job.workers),
+                job.world_size,
+            )
             if job.complete:
                 try:
                     self._try_install(job)
-                except Unavailable as exc:  # the join stands; the supervisor installs on reconnection
+                except (
+                    Unavailable
+                ) as exc:  # the join stands; the supervisor installs on reconnection
                     log.warning("job %d: %s", job_id, exc)
             self.changed.notify_all()
             return job
 
-    def wait_ready(self, job_id: int, token: str, rank: int, timeout: float,
-                   is_active: Callable[[], bool] = lambda: True) -> Assignment:
+    def wait_ready(
+        self,
+        job_id: int,
+        token: str,
+        rank: int,
+        timeout: float,
+        is_active: Callable[[], bool] = lambda: True,
+    ) -> Assignment:
         """Block until the job is installed; waiting keeps the rank's lease alive. At the timeout:
         DeadlineExceeded while ranks are missing, Unavailable while the switch is unreachable."""
         timeout = check.check_timeout(timeout)
@@ -207,10 +261,14 @@ class JobManager:
                     if job.complete:
                         assert job.switch is not None
                         self.switches[job.switch].require()  # Unavailable, saying why
-                        raise Unavailable(f"job {job_id} is not installed yet: switch {job.switch} is syncing")
+                        raise Unavailable(
+                            f"job {job_id} is not installed yet: switch {job.switch} is syncing"
+                        )
                     missing = [r for r in range(job.world_size) if r not in job.workers]
-                    raise DeadlineExceeded(f"job {job_id}: {len(job.workers)} of {job.world_size} ranks joined "
-                                           f"within {timeout:g} s (missing ranks {missing})")
+                    raise DeadlineExceeded(
+                        f"job {job_id}: {len(job.workers)} of {job.world_size} ranks joined "
+                        f"within {timeout:g} s (missing ranks {missing})"
+                    )
                 self.changed.wait(min(remaining, self.config.lease / 4))
 
     def heartbeat(self, job_id: int, token: str, rank: int) -> JobState:
@@ -291,7 +349,9 @@ class JobManager:
         check.check_rank(rank, job.world_size)
         worker = job.workers.get(rank)
         if worker is None:
-            raise FailedPrecondition(f"rank {rank} has not joined job {job.job_id}; call JoinJob first")
+            raise FailedPrecondition(
+                f"rank {rank} has not joined job {job.job_id}; call JoinJob first"
+            )
         if worker.left:
             raise FailedPrecondition(f"rank {rank} has left job {job.job_id}")
         return worker
@@ -307,31 +367,43 @@ class JobManager:
             host = sw.config.host_by_ip(worker.ip)
             if host is None:
                 continue
-            if (mac_to_int(host.mac) != mac_to_int(worker.mac)
-                    or host.switch_port != worker.switch_port):
-                raise InvalidArgument(f"per the topology {worker.ip} is {host.mac} on port "
-                                      f"{host.switch_port} of switch "
-                                      f"{sw.name}, not {worker.mac} on port {worker.switch_port}")
+            if (
+                mac_to_int(host.mac) != mac_to_int(worker.mac)
+                or host.switch_port != worker.switch_port
+            ):
+                raise InvalidArgument(
+                    f"per the topology {worker.ip} is {host.mac} on port "
+                    f"{host.switch_port} of switch "
+                    f"{sw.name}, not {worker.mac} on port {worker.switch_port}"
+                )
             if job.switch is not None and job.switch != sw.name:
-                raise FailedPrecondition(f"job {job.job_id} runs on switch {job.switch} but {worker.ip} is attached "
-                                         f"to {sw.name}: jobs spanning several switches are not supported")
+                raise FailedPrecondition(
+                    f"job {job.job_id} runs on switch {job.switch} but {worker.ip} is attached "
+                    f"to {sw.name}: jobs spanning several switches are not supported"
+                )
             return sw
         if job.switch is not None:
             return self.switches[job.switch]
         if len(self.switches) == 1:
             return next(iter(self.switches.values()))
-        raise InvalidArgument(f"{worker.ip} is not a host of any configured switch, so the job's switch "
-                              f"cannot be chosen: name the switch in CreateJob")
+        raise InvalidArgument(
+            f"{worker.ip} is not a host of any configured switch, so the job's switch "
+            f"cannot be chosen: name the switch in CreateJob"
+        )
 
     def _place(self, job: Job, sw: ManagedSwitch) -> None:
         """Allocate the job's pool on the switch (within its job and worker table sizes)."""
         there = [j for j in self.jobs.values() if j.switch == sw.name]
         if len(there) >= sw.max_jobs:
-            raise ResourceExhausted(f"switch {sw.name} already runs {len(there)} jobs, all its job table holds")
+            raise ResourceExhausted(
+                f"switch {sw.name} already runs {len(there)} jobs, all its job table holds"
+            )
         ranks = sum(j.world_size for j in there)
         if ranks + job.world_size > sw.max_workers:
-            raise ResourceExhausted(f"switch {sw.name} has room for {sw.max_workers - ranks} more ranks, "
-                                    f"the job has {job.world_size}")
+            raise ResourceExhausted(
+                f"switch {sw.name} has room for {sw.max_workers - ranks} more ranks, "
+                f"the job has {job.world_size}"
+            )
         try:
             job.pool_base = sw.pools.allocate(job.pool_size)
         except PoolExhausted as exc:
@@ -357,8 +429,14 @@ class JobManager:
             self._end(job, reason)
             raise FailedPrecondition(f"job {job.job_id} ended: {reason}") from None
         job.installed = True
-        log.info("job %d installed on %s: slots %d..%d, %d ranks", job.job_id, sw.name, job.pool_base,
-                 (job.pool_base or 0) + job.pool_size - 1, job.world_size)
+        log.info(
+            "job %d installed on %s: slots %d..%d, %d ranks",
+            job.job_id,
+            sw.name,
+            job.pool_base,
+            (job.pool_base or 0) + job.pool_size - 1,
+            job.world_size,
+        )
         self.changed.notify_all()
 
     def _end(self, job: Job, reason: str) -> None:
@@ -379,9 +457,20 @@ class JobManager:
     def _assignment(self, job: Job, rank: int) -> Assignment:
         assert job.switch is not None
         sw = self.switches[job.switch].config
-        return Assignment(job.job_id, rank, job.world_size, sw.name, sw.service_ip, AGG_UDP_PORT, sw.mac,
-                          job.pool_size, CELLS_PER_PKT, job.codec, self.config.heartbeat_interval,
-                          self.config.lease)
+        return Assignment(
+            job.job_id,
+            rank,
+            job.world_size,
+            sw.name,
+            sw.service_ip,
+            AGG_UDP_PORT,
+            sw.mac,
+            job.pool_size,
+            CELLS_PER_PKT,
+            job.codec,
+            self.config.heartbeat_interval,
+            self.config.lease,
+        )
 
     def _reap_loop(self) -> None:
         interval = min(0.5, self.config.lease / 4)
@@ -400,8 +489,14 @@ class JobManager:
                 live = job.live_ranks()
                 late = [w.rank for w in live if w.deadline < now]
                 if late:
-                    ranks = f"rank {late[0]}" if len(late) == 1 else f"ranks {', '.join(map(str, late))}"
-                    self._end(job, f"lease of {ranks} expired (no heartbeat for {self.config.lease:g} s)")
+                    ranks = (
+                        f"rank {late[0]}"
+                        if len(late) == 1
+                        else f"ranks {', '.join(map(str, late))}"
+                    )
+                    self._end(
+                        job, f"lease of {ranks} expired (no heartbeat for {self.config.lease:g} s)"
+                    )
                 elif not live and job.idle_deadline < now:
                     self._end(job, f"no live rank for {self.config.join_timeout:g} s")
                 else:

@@ -13,10 +13,10 @@ from controller.aggregation import JobEntries, Worker
 class JobState(str, Enum):
     """What a job is doing, as operators and workers see it."""
 
-    WAITING = "waiting"        # some ranks have not joined
+    WAITING = "waiting"  # some ranks have not joined
     INSTALLING = "installing"  # every rank joined; the entries are not (yet, or no longer known to be) on the switch
-    READY = "ready"            # installed: the data plane aggregates it
-    ENDED = "ended"            # entries removed and pool freed (left, expired or released)
+    READY = "ready"  # installed: the data plane aggregates it
+    ENDED = "ended"  # entries removed and pool freed (left, expired or released)
 
 
 @dataclass
@@ -33,8 +33,12 @@ class JobWorker:
 
     def same_endpoint(self, other: JobWorker) -> bool:
         """True when both describe the same worker (a retried join)."""
-        return (self.mac, self.ip, self.udp_port, self.switch_port) == \
-            (other.mac, other.ip, other.udp_port, other.switch_port)
+        return (self.mac, self.ip, self.udp_port, self.switch_port) == (
+            other.mac,
+            other.ip,
+            other.udp_port,
+            other.switch_port,
+        )
 
 
 @dataclass
@@ -53,7 +57,7 @@ class Job:
     ended: float | None = None
     end_reason: str = ""
     workers: dict[int, JobWorker] = field(default_factory=dict)
-    installed: bool = False     # entries verified or written since the switch (re)connected
+    installed: bool = False  # entries verified or written since the switch (re)connected
     idle_deadline: float = 0.0  # monotonic; ends a job that no live rank holds
 
     @property
@@ -78,12 +82,18 @@ class Job:
         """The data-plane view (only for a complete job with a pool)."""
         if self.pool_base is None or not self.complete:
             raise ValueError(f"job {self.job_id} has no pool or missing ranks")
-        workers = tuple(Worker(rank=w.rank, switch_port=w.switch_port, mac=w.mac, ip=w.ip,
-                               udp_port=w.udp_port)
-                        for w in sorted(self.workers.values(), key=lambda w: w.rank))
+        workers = tuple(
+            Worker(rank=w.rank, switch_port=w.switch_port, mac=w.mac, ip=w.ip, udp_port=w.udp_port)
+            for w in sorted(self.workers.values(), key=lambda w: w.rank)
+        )
         # The multicast group id is the job id: both are unique per switch and never reused early.
-        return JobEntries(job_id=self.job_id, pool_base=self.pool_base, pool_size=self.pool_size,
-                          mcast_grp=self.job_id, workers=workers)
+        return JobEntries(
+            job_id=self.job_id,
+            pool_base=self.pool_base,
+            pool_size=self.pool_size,
+            mcast_grp=self.job_id,
+            workers=workers,
+        )
 
 
 @dataclass(frozen=True)
@@ -104,6 +114,6 @@ class Assignment:
     lease_s: float
 
     @classmethod
-    def from_message(cls, msg: Any) -> "Assignment":
+    def from_message(cls, msg: Any) -> Assignment:
         """From the protobuf Assignment (same field names), e.g. on the worker's side."""
         return cls(**{f: getattr(msg, f) for f in cls.__dataclass_fields__})

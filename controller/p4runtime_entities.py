@@ -34,7 +34,9 @@ class TableEntry:
     is_default: bool = False
 
 
-def _field_match(table: TableInfo, name: str, value: MatchValue | None) -> p4runtime_pb2.FieldMatch | None:
+def _field_match(
+    table: TableInfo, name: str, value: MatchValue | None
+) -> p4runtime_pb2.FieldMatch | None:
     info = table.match_field(name)
     if value is None:
         return None
@@ -45,8 +47,12 @@ def _field_match(table: TableInfo, name: str, value: MatchValue | None) -> p4run
             raise TypeError(f"{kind} field {name} of {table.name} takes an int, got {value!r}")
         getattr(fm, kind).value = bytestrings.encode(value, width)
         return fm
-    if not (isinstance(value, tuple) and len(value) == 2 and all(isinstance(v, int) for v in value)):
-        what = {"lpm": "(value, prefix_len)", "ternary": "(value, mask)", "range": "(low, high)"}[kind]
+    if not (
+        isinstance(value, tuple) and len(value) == 2 and all(isinstance(v, int) for v in value)
+    ):
+        what = {"lpm": "(value, prefix_len)", "ternary": "(value, mask)", "range": "(low, high)"}[
+            kind
+        ]
         raise TypeError(f"{kind} field {name} of {table.name} takes {what}, got {value!r}")
     a, b = value
     if kind == "lpm":
@@ -65,7 +71,9 @@ def _field_match(table: TableInfo, name: str, value: MatchValue | None) -> p4run
     return fm
 
 
-def encode_match(table: TableInfo, match: Mapping[str, MatchValue | None]) -> list[p4runtime_pb2.FieldMatch]:
+def encode_match(
+    table: TableInfo, match: Mapping[str, MatchValue | None]
+) -> list[p4runtime_pb2.FieldMatch]:
     """FieldMatch messages for a name -> value dict (see the module docstring)."""
     out = []
     for name, value in match.items():
@@ -80,8 +88,10 @@ def encode_action(action: ActionInfo, params: Mapping[str, int]) -> p4runtime_pb
     missing = [p.name for p in action.params if p.name not in params]
     extra = [n for n in params if n not in action.params_by_name]
     if missing or extra:
-        raise ValueError(f"action {action.name} takes {[p.name for p in action.params]}: "
-                         f"missing {missing}, unknown {extra}")
+        raise ValueError(
+            f"action {action.name} takes {[p.name for p in action.params]}: "
+            f"missing {missing}, unknown {extra}"
+        )
     ta = p4runtime_pb2.TableAction()
     ta.action.action_id = action.id
     for p in action.params:
@@ -103,18 +113,25 @@ def decode_table_entry(p4info: P4InfoIndex, te: p4runtime_pb2.TableEntry) -> Tab
         elif kind == "lpm":
             match[info.name] = (bytestrings.decode(fm.lpm.value, width), fm.lpm.prefix_len)
         elif kind == "ternary":
-            match[info.name] = (bytestrings.decode(fm.ternary.value, width),
-                                bytestrings.decode(fm.ternary.mask, width))
+            match[info.name] = (
+                bytestrings.decode(fm.ternary.value, width),
+                bytestrings.decode(fm.ternary.mask, width),
+            )
         elif kind == "range":
-            match[info.name] = (bytestrings.decode(fm.range.low, width),
-                                bytestrings.decode(fm.range.high, width))
+            match[info.name] = (
+                bytestrings.decode(fm.range.low, width),
+                bytestrings.decode(fm.range.high, width),
+            )
     action_name, params = "", {}
     if te.action.WhichOneof("type") == "action":
         action = p4info.action(te.action.action.action_id)
         action_name = action.name
-        params = {action.param(p.param_id).name:
-                  bytestrings.decode(p.value, action.param(p.param_id).bitwidth)
-                  for p in te.action.action.params}
+        params = {
+            action.param(p.param_id).name: bytestrings.decode(
+                p.value, action.param(p.param_id).bitwidth
+            )
+            for p in te.action.action.params
+        }
     return TableEntry(table.name, match, action_name, params, te.priority, te.is_default_action)
 
 
@@ -128,7 +145,7 @@ def replica_port(replica: p4runtime_pb2.Replica) -> int:
 class WriteBatch:
     """Builds the updates of one WriteRequest; each method returns the batch, so calls chain.
 
-        conn.write_batch(conn.batch().insert_entry(...).delete_entry(...))
+    conn.write_batch(conn.batch().insert_entry(...).delete_entry(...))
     """
 
     def __init__(self, p4info: P4InfoIndex) -> None:
@@ -146,9 +163,15 @@ class WriteBatch:
         self.updates.append(update)
         return self
 
-    def _table_update(self, kind: int, table: str, match: Mapping[str, MatchValue | None],
-                      priority: int, action: str | None = None,
-                      params: Mapping[str, int] | None = None) -> WriteBatch:
+    def _table_update(
+        self,
+        kind: int,
+        table: str,
+        match: Mapping[str, MatchValue | None],
+        priority: int,
+        action: str | None = None,
+        params: Mapping[str, int] | None = None,
+    ) -> WriteBatch:
         info = self.p4info.table(table)
         update = Update(type=kind)
         te = update.entity.table_entry
@@ -159,21 +182,37 @@ class WriteBatch:
             te.action.CopyFrom(encode_action(self.p4info.action(action), params or {}))
         return self.add(update)
 
-    def insert_entry(self, table: str, match: Mapping[str, MatchValue | None], action: str,
-                     params: Mapping[str, int] | None = None, priority: int = 0) -> WriteBatch:
+    def insert_entry(
+        self,
+        table: str,
+        match: Mapping[str, MatchValue | None],
+        action: str,
+        params: Mapping[str, int] | None = None,
+        priority: int = 0,
+    ) -> WriteBatch:
         """INSERT a table entry."""
         return self._table_update(Update.INSERT, table, match, priority, action, params)
 
-    def modify_entry(self, table: str, match: Mapping[str, MatchValue | None], action: str,
-                     params: Mapping[str, int] | None = None, priority: int = 0) -> WriteBatch:
+    def modify_entry(
+        self,
+        table: str,
+        match: Mapping[str, MatchValue | None],
+        action: str,
+        params: Mapping[str, int] | None = None,
+        priority: int = 0,
+    ) -> WriteBatch:
         """MODIFY the action of a table entry."""
         return self._table_update(Update.MODIFY, table, match, priority, action, params)
 
-    def delete_entry(self, table: str, match: Mapping[str, MatchValue | None], priority: int = 0) -> WriteBatch:
+    def delete_entry(
+        self, table: str, match: Mapping[str, MatchValue | None], priority: int = 0
+    ) -> WriteBatch:
         """DELETE a table entry."""
         return self._table_update(Update.DELETE, table, match, priority)
 
-    def set_default_action(self, table: str, action: str, params: Mapping[str, int] | None = None) -> WriteBatch:
+    def set_default_action(
+        self, table: str, action: str, params: Mapping[str, int] | None = None
+    ) -> WriteBatch:
         """MODIFY the default entry (the action taken on a miss)."""
         update = Update(type=Update.MODIFY)
         te = update.entity.table_entry
@@ -189,7 +228,9 @@ class WriteBatch:
         update.entity.table_entry.is_default_action = True
         return self.add(update)
 
-    def multicast_group(self, kind: int, group_id: int, replicas: Sequence[tuple[int, int]] = ()) -> WriteBatch:
+    def multicast_group(
+        self, kind: int, group_id: int, replicas: Sequence[tuple[int, int]] = ()
+    ) -> WriteBatch:
         """INSERT, MODIFY or DELETE (Update.*) a multicast group of (port, instance) replicas."""
         update = Update(type=kind)
         group = update.entity.packet_replication_engine_entry.multicast_group_entry
@@ -208,8 +249,14 @@ class WriteBatch:
         ce.data.packet_count, ce.data.byte_count = packets, nbytes
         return self.add(update)
 
-    def write_direct_counter(self, table: str, match: Mapping[str, MatchValue | None], packets: int = 0,
-                             nbytes: int = 0, priority: int = 0) -> WriteBatch:
+    def write_direct_counter(
+        self,
+        table: str,
+        match: Mapping[str, MatchValue | None],
+        packets: int = 0,
+        nbytes: int = 0,
+        priority: int = 0,
+    ) -> WriteBatch:
         """Set the direct counter of one entry (MODIFY; 0, 0 resets it)."""
         info = self.p4info.table(table)
         update = Update(type=Update.MODIFY)

@@ -36,8 +36,10 @@ class SlotAllocator:
                     self._free[i] = (base + size, free - size)
                 self._used[base] = size
                 return base
-        raise PoolExhausted(f"no {size} contiguous free slots (largest free range: "
-                            f"{self.largest_free()}, {self.slots_free()} of {self.total} free)")
+        raise PoolExhausted(
+            f"no {size} contiguous free slots (largest free range: "
+            f"{self.largest_free()}, {self.slots_free()} of {self.total} free)"
+        )
 
     def reserve(self, base: int, size: int) -> None:
         """Mark an exact range as allocated (rebuilding persisted pools); ValueError if any slot is taken."""
@@ -48,7 +50,7 @@ class SlotAllocator:
             raise ValueError(f"slots {base}..{base + size - 1} are not all free")
         fbase, fsize = self._free[i]
         pieces = [(fbase, base - fbase), (base + size, fbase + fsize - base - size)]
-        self._free[i:i + 1] = [p for p in pieces if p[1] > 0]
+        self._free[i : i + 1] = [p for p in pieces if p[1] > 0]
         self._used[base] = size
 
     def release(self, base: int) -> int:

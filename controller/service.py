@@ -5,7 +5,6 @@ own code, anything unexpected as INTERNAL (logged here with its traceback, never
 from __future__ import annotations
 
 import dataclasses
-
 import functools
 import importlib.metadata
 import logging
@@ -49,32 +48,65 @@ def _guard(method: Callable) -> Callable:
             log.exception("%s failed", method.__name__)
             code, message = grpc.StatusCode.INTERNAL, f"internal error in {method.__name__}: {exc}"
         context.abort(code, message)
+
     return handler
 
 
 def job_info(m: JobManager, job: Job) -> Any:
     """A Job as the JobInfo message."""
-    info = pb.JobInfo(job_id=job.job_id, name=job.name, state=job.state.value, switch=job.switch or "",
-                      world_size=job.world_size, joined=len(job.workers), codec=job.codec,
-                      pool_base=job.pool_base or 0, pool_size=job.pool_size, created=job.created,
-                      ended=job.ended or 0.0, end_reason=job.end_reason)
+    info = pb.JobInfo(
+        job_id=job.job_id,
+        name=job.name,
+        state=job.state.value,
+        switch=job.switch or "",
+        world_size=job.world_size,
+        joined=len(job.workers),
+        codec=job.codec,
+        pool_base=job.pool_base or 0,
+        pool_size=job.pool_size,
+        created=job.created,
+        ended=job.ended or 0.0,
+        end_reason=job.end_reason,
+    )
     for w in sorted(job.workers.values(), key=lambda w: w.rank):
-        info.workers.add(rank=w.rank, mac=w.mac, ip=w.ip, udp_port=w.udp_port, switch_port=w.switch_port,
-                         left=w.left, lease_remaining_s=-1.0 if job.ended else m.lease_remaining(w))
+        info.workers.add(
+            rank=w.rank,
+            mac=w.mac,
+            ip=w.ip,
+            udp_port=w.udp_port,
+            switch_port=w.switch_port,
+            left=w.left,
+            lease_remaining_s=-1.0 if job.ended else m.lease_remaining(w),
+        )
     return info
 
 
 def _values(values: list[CounterValue]) -> list[Any]:
-    return [pb.CounterValue(name=v.name, index=v.index, packets=v.packets, bytes=v.bytes) for v in values]
+    return [
+        pb.CounterValue(name=v.name, index=v.index, packets=v.packets, bytes=v.bytes)
+        for v in values
+    ]
 
 
 def switch_counters(c: SwitchCounters) -> Any:
     """SwitchCounters as its message."""
-    msg = pb.SwitchCounters(switch=c.switch, error=c.error, ingress_drops=_values(c.ingress_drops),
-                            egress_drops=_values(c.egress_drops), events=_values(c.events))
+    msg = pb.SwitchCounters(
+        switch=c.switch,
+        error=c.error,
+        ingress_drops=_values(c.ingress_drops),
+        egress_drops=_values(c.egress_drops),
+        events=_values(c.events),
+    )
     for j in c.jobs:
-        msg.jobs.add(job_id=j.job_id, name=j.name, packets=j.packets, bytes=j.bytes,
-                     workers=[pb.WorkerCounters(rank=w.rank, packets=w.packets, bytes=w.bytes) for w in j.workers])
+        msg.jobs.add(
+            job_id=j.job_id,
+            name=j.name,
+            packets=j.packets,
+            bytes=j.bytes,
+            workers=[
+                pb.WorkerCounters(rank=w.rank, packets=w.packets, bytes=w.bytes) for w in j.workers
+            ],
+        )
     return msg
 
 
@@ -87,28 +119,50 @@ class ControllerService(jobs_pb2_grpc.ControllerServicer):
 
     @_guard
     def CreateJob(self, request: Any, context: grpc.ServicerContext) -> Any:
-        job, token = self.m.create(request.name, request.world_size, request.codec,
-                                   request.pool_size, request.switch)
+        job, token = self.m.create(
+            request.name, request.world_size, request.codec, request.pool_size, request.switch
+        )
         cfg = self.m.config
-        return pb.CreateJobResponse(job_id=job.job_id, token=token, switch=job.switch or "",
-                                    pool_size=job.pool_size, heartbeat_interval_s=cfg.heartbeat_interval,
-                                    lease_s=cfg.lease)
+        return pb.CreateJobResponse(
+            job_id=job.job_id,
+            token=token,
+            switch=job.switch or "",
+            pool_size=job.pool_size,
+            heartbeat_interval_s=cfg.heartbeat_interval,
+            lease_s=cfg.lease,
+        )
 
     @_guard
     def JoinJob(self, request: Any, context: grpc.ServicerContext) -> Any:
-        job = self.m.join(request.job_id, request.token, request.rank, request.mac, request.ip,
-                          request.udp_port, request.switch_port)
+        job = self.m.join(
+            request.job_id,
+            request.token,
+            request.rank,
+            request.mac,
+            request.ip,
+            request.udp_port,
+            request.switch_port,
+        )
         cfg = self.m.config
-        return pb.JoinJobResponse(joined=len(job.workers), world_size=job.world_size, ready=job.installed,
-                                  heartbeat_interval_s=cfg.heartbeat_interval, lease_s=cfg.lease)
+        return pb.JoinJobResponse(
+            joined=len(job.workers),
+            world_size=job.world_size,
+            ready=job.installed,
+            heartbeat_interval_s=cfg.heartbeat_interval,
+            lease_s=cfg.lease,
+        )
 
     @_guard
     def WaitReady(self, request: Any, context: grpc.ServicerContext) -> Any:
         timeout = check_timeout(request.timeout_s)
         remaining = context.time_remaining()
         if remaining is not None and 0 < remaining - 0.2 < timeout:
-            timeout = remaining - 0.2  # answer DEADLINE_EXCEEDED ourselves, naming the missing ranks
-        a = self.m.wait_ready(request.job_id, request.token, request.rank, timeout, context.is_active)
+            timeout = (
+                remaining - 0.2
+            )  # answer DEADLINE_EXCEEDED ourselves, naming the missing ranks
+        a = self.m.wait_ready(
+            request.job_id, request.token, request.rank, timeout, context.is_active
+        )
         return pb.Assignment(**dataclasses.asdict(a))
 
     @_guard
@@ -118,19 +172,38 @@ class ControllerService(jobs_pb2_grpc.ControllerServicer):
 
     @_guard
     def LeaveJob(self, request: Any, context: grpc.ServicerContext) -> Any:
-        return pb.LeaveJobResponse(job_ended=self.m.leave(request.job_id, request.token, request.rank))
+        return pb.LeaveJobResponse(
+            job_ended=self.m.leave(request.job_id, request.token, request.rank)
+        )
 
     @_guard
     def Status(self, request: Any, context: grpc.ServicerContext) -> Any:
         st = controller_status(self.m)
         return pb.StatusResponse(
-            version=version(), uptime_s=time.time() - st.started, database=st.database, listen=self.listen,
+            version=version(),
+            uptime_s=time.time() - st.started,
+            database=st.database,
+            listen=self.listen,
             active_jobs=st.active_jobs,
-            switches=[pb.SwitchStatus(name=s.name, address=s.address, device_id=s.device_id, connected=s.connected,
-                                      last_error=s.last_error, connects=s.connects,
-                                      pipeline_pushes=s.pipeline_pushes, slots_total=s.slots_total,
-                                      slots_used=s.slots_used, jobs=s.jobs, hosts=s.hosts, mac=s.mac,
-                                      service_ip=s.service_ip) for s in st.switches])
+            switches=[
+                pb.SwitchStatus(
+                    name=s.name,
+                    address=s.address,
+                    device_id=s.device_id,
+                    connected=s.connected,
+                    last_error=s.last_error,
+                    connects=s.connects,
+                    pipeline_pushes=s.pipeline_pushes,
+                    slots_total=s.slots_total,
+                    slots_used=s.slots_used,
+                    jobs=s.jobs,
+                    hosts=s.hosts,
+                    mac=s.mac,
+                    service_ip=s.service_ip,
+                )
+                for s in st.switches
+            ],
+        )
 
     @_guard
     def ListJobs(self, request: Any, context: grpc.ServicerContext) -> Any:
@@ -140,9 +213,14 @@ class ControllerService(jobs_pb2_grpc.ControllerServicer):
 
     @_guard
     def ListPools(self, request: Any, context: grpc.ServicerContext) -> Any:
-        return pb.ListPoolsResponse(ranges=[pb.PoolRange(switch=r.switch, base=r.base, size=r.size, job_id=r.job_id,
-                                                         job_name=r.job_name)
-                                            for r in pool_ranges(self.m, request.switch)])
+        return pb.ListPoolsResponse(
+            ranges=[
+                pb.PoolRange(
+                    switch=r.switch, base=r.base, size=r.size, job_id=r.job_id, job_name=r.job_name
+                )
+                for r in pool_ranges(self.m, request.switch)
+            ]
+        )
 
     @_guard
     def GetCounters(self, request: Any, context: grpc.ServicerContext) -> Any:
@@ -172,8 +250,11 @@ class ControllerServer:
 
     def start(self) -> int:
         """Start the switch supervisors and serve on config.listen; returns the bound port."""
-        server = grpc.server(futures.ThreadPoolExecutor(max_workers=self.config.rpc_threads,
-                                                        thread_name_prefix="rpc"))
+        server = grpc.server(
+            futures.ThreadPoolExecutor(
+                max_workers=self.config.rpc_threads, thread_name_prefix="rpc"
+            )
+        )
         try:
             port = server.add_insecure_port(self.config.listen)
         except RuntimeError as exc:
@@ -181,12 +262,19 @@ class ControllerServer:
         if port == 0:
             raise OSError(f"cannot listen on {self.config.listen}")
         host = self.config.listen.rpartition(":")[0]
-        jobs_pb2_grpc.add_ControllerServicer_to_server(ControllerService(self.manager, f"{host}:{port}"), server)
+        jobs_pb2_grpc.add_ControllerServicer_to_server(
+            ControllerService(self.manager, f"{host}:{port}"), server
+        )
         self.manager.start()
         server.start()
         self._server, self.port = server, port
-        log.info("controller listening on %s:%d (database %s, %d switch(es))", host, port, self.store.path,
-                 len(self.config.switches))
+        log.info(
+            "controller listening on %s:%d (database %s, %d switch(es))",
+            host,
+            port,
+            self.store.path,
+            len(self.config.switches),
+        )
         return port
 
     def stop(self, grace: float = 1.0) -> None:

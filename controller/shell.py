@@ -28,18 +28,30 @@ BANNER = """homagg P4Runtime shell on {address} (device {device_id}, election id
 
 def namespace(conn: SwitchConnection) -> dict[str, Any]:
     """The names the shell starts with."""
+
     def entries(table: str) -> list[Any]:
         return conn.read_entries(table)
 
     def drops() -> dict[str, int]:
-        return {DropReason(i).name if i in DropReason._value2member_map_ else str(i): pk
-                for i, (pk, _) in conn.read_counter(p4names.INGRESS_DROPS).items() if pk}
+        return {
+            DropReason(i).name if i in DropReason._value2member_map_ else str(i): pk
+            for i, (pk, _) in conn.read_counter(p4names.INGRESS_DROPS).items()
+            if pk
+        }
 
     def push() -> None:
         conn.set_pipeline(P4INFO_PATH, BMV2_JSON_PATH)
 
-    return {"conn": conn, "p4info": P4InfoIndex.from_text_file(P4INFO_PATH), "p4names": p4names,
-            "DropReason": DropReason, "Event": Event, "entries": entries, "drops": drops, "push": push}
+    return {
+        "conn": conn,
+        "p4info": P4InfoIndex.from_text_file(P4INFO_PATH),
+        "p4names": p4names,
+        "DropReason": DropReason,
+        "Event": Event,
+        "entries": entries,
+        "drops": drops,
+        "push": push,
+    }
 
 
 def run_shell(address: str, device_id: int = 0, election_id: int = 1, timeout: float = 5.0) -> None:
@@ -47,11 +59,21 @@ def run_shell(address: str, device_id: int = 0, election_id: int = 1, timeout: f
     conn = SwitchConnection(address, device_id, election_id, timeout)
     conn.connect(require_primary=False)
     try:
-        warning = "" if conn.is_primary else (
-            f"  NOTE: a client with election id {conn.primary_election_id} (the controller?) is primary: "
-            "reads work, writes are refused.\n")
-        banner = BANNER.format(address=address, device_id=device_id, election_id=election_id,
-                               role="primary" if conn.is_primary else "backup", warning=warning)
+        warning = (
+            ""
+            if conn.is_primary
+            else (
+                f"  NOTE: a client with election id {conn.primary_election_id} (the controller?) is primary: "
+                "reads work, writes are refused.\n"
+            )
+        )
+        banner = BANNER.format(
+            address=address,
+            device_id=device_id,
+            election_id=election_id,
+            role="primary" if conn.is_primary else "backup",
+            warning=warning,
+        )
         code.interact(banner=banner, local=namespace(conn), exitmsg="")
     finally:
         conn.close()

@@ -25,8 +25,10 @@ CREATE TABLE IF NOT EXISTS workers (
     mac TEXT NOT NULL, ip TEXT NOT NULL, udp_port INTEGER NOT NULL, switch_port INTEGER NOT NULL,
     left_job INTEGER NOT NULL, PRIMARY KEY (job_id, rank));
 """
-JOB_COLUMNS = ("job_id, name, token_hash, world_size, codec, pool_size, created, switch, "
-               "pool_base, ended, end_reason")
+JOB_COLUMNS = (
+    "job_id, name, token_hash, world_size, codec, pool_size, created, switch, "
+    "pool_base, ended, end_reason"
+)
 
 
 class StoreError(RuntimeError):
@@ -46,8 +48,10 @@ class Store:
             self._db.execute("PRAGMA journal_mode = WAL")
             version = self._db.execute("PRAGMA user_version").fetchone()[0]
             if version not in (0, 1, SCHEMA_VERSION):
-                raise StoreError(f"{self.path}: database schema {version}, this controller knows "
-                                 f"{SCHEMA_VERSION}")
+                raise StoreError(
+                    f"{self.path}: database schema {version}, this controller knows "
+                    f"{SCHEMA_VERSION}"
+                )
             if version == 0:
                 self._db.executescript(SCHEMA)  # idempotent: every statement is IF NOT EXISTS
                 self._db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
@@ -77,31 +81,54 @@ class Store:
                 candidate = candidate % MAX_JOB_ID + 1
             else:
                 raise OverflowError(f"all {MAX_JOB_ID} job ids are in use")
-            self._db.execute("INSERT OR REPLACE INTO meta VALUES ('next_job_id', ?)",
-                             (str(candidate % MAX_JOB_ID + 1),))
+            self._db.execute(
+                "INSERT OR REPLACE INTO meta VALUES ('next_job_id', ?)",
+                (str(candidate % MAX_JOB_ID + 1),),
+            )
         return candidate
 
     def save_job(self, job: Job) -> None:
         """Insert or replace a job and its ranks."""
         with self._lock, self._tx():
-            self._db.execute(f"INSERT OR REPLACE INTO jobs ({JOB_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
-                             (job.job_id, job.name, job.token_hash, job.world_size, job.codec,
-                              job.pool_size, job.created, job.switch, job.pool_base, job.ended,
-                              job.end_reason))
+            self._db.execute(
+                f"INSERT OR REPLACE INTO jobs ({JOB_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+                (
+                    job.job_id,
+                    job.name,
+                    job.token_hash,
+                    job.world_size,
+                    job.codec,
+                    job.pool_size,
+                    job.created,
+                    job.switch,
+                    job.pool_base,
+                    job.ended,
+                    job.end_reason,
+                ),
+            )
             self._db.execute("DELETE FROM workers WHERE job_id = ?", (job.job_id,))
-            self._db.executemany("INSERT INTO workers VALUES (?,?,?,?,?,?,?)",
-                                 [(job.job_id, w.rank, w.mac, w.ip, w.udp_port, w.switch_port, int(w.left))
-                                  for w in job.workers.values()])
+            self._db.executemany(
+                "INSERT INTO workers VALUES (?,?,?,?,?,?,?)",
+                [
+                    (job.job_id, w.rank, w.mac, w.ip, w.udp_port, w.switch_port, int(w.left))
+                    for w in job.workers.values()
+                ],
+            )
 
     def _jobs(self, where: str, args: tuple) -> list[Job]:
         with self._lock:
-            rows = self._db.execute(f"SELECT {JOB_COLUMNS} FROM jobs WHERE {where}", args).fetchall()
+            rows = self._db.execute(
+                f"SELECT {JOB_COLUMNS} FROM jobs WHERE {where}", args
+            ).fetchall()
             jobs = {r[0]: Job(*r) for r in rows}
             if jobs:
                 marks = ",".join("?" * len(jobs))
                 for job_id, rank, mac, ip, udp_port, port, left in self._db.execute(
-                        f"SELECT * FROM workers WHERE job_id IN ({marks})", tuple(jobs)):
-                    jobs[job_id].workers[rank] = JobWorker(rank, mac, ip, udp_port, port, bool(left))
+                    f"SELECT * FROM workers WHERE job_id IN ({marks})", tuple(jobs)
+                ):
+                    jobs[job_id].workers[rank] = JobWorker(
+                        rank, mac, ip, udp_port, port, bool(left)
+                    )
         return list(jobs.values())
 
     def active_jobs(self) -> list[Job]:

@@ -18,12 +18,25 @@ from typing import Any
 import grpc
 from google.rpc import code_pb2, status_pb2
 
-from controller.p4runtime_entities import MatchValue, TableEntry, WriteBatch, decode_table_entry, replica_port
+from controller.p4runtime_entities import (
+    MatchValue,
+    TableEntry,
+    WriteBatch,
+    decode_table_entry,
+    replica_port,
+)
 from p4rtproto.api import GRPC_OPTIONS, p4runtime_pb2, p4runtime_pb2_grpc
 from p4rtproto.p4info import P4InfoIndex
 
-__all__ = ["ArbitrationError", "P4RuntimeWriteError", "SwitchConnection", "SwitchError", "TableEntry",
-           "UpdateError", "WriteBatch"]
+__all__ = [
+    "ArbitrationError",
+    "P4RuntimeWriteError",
+    "SwitchConnection",
+    "SwitchError",
+    "TableEntry",
+    "UpdateError",
+    "WriteBatch",
+]
 
 log = logging.getLogger(__name__)
 Update = p4runtime_pb2.Update
@@ -45,7 +58,7 @@ class ArbitrationError(SwitchError):
 class UpdateError:
     """One failed update of a Write: its index in the batch, canonical code name, message."""
 
-    __slots__ = ("index", "code", "message")
+    __slots__ = ("code", "index", "message")
 
     def __init__(self, index: int, code: str, message: str) -> None:
         self.index, self.code, self.message = index, code, message
@@ -94,7 +107,9 @@ def _rpc_error(exc: grpc.RpcError) -> SwitchError:
 class SwitchConnection:
     """One P4Runtime session with one switch: arbitration, pipeline, entries, groups, counters."""
 
-    def __init__(self, address: str, device_id: int = 0, election_id: int = 1, timeout: float = 5.0) -> None:
+    def __init__(
+        self, address: str, device_id: int = 0, election_id: int = 1, timeout: float = 5.0
+    ) -> None:
         self.address = address
         self.device_id = device_id
         self.election_id = election_id
@@ -128,13 +143,17 @@ class SwitchConnection:
             grpc.channel_ready_future(self._channel).result(timeout=self.timeout)
         except grpc.FutureTimeoutError:
             self.close()
-            raise ArbitrationError(f"switch {self.address} unreachable within {self.timeout} s") from None
+            raise ArbitrationError(
+                f"switch {self.address} unreachable within {self.timeout} s"
+            ) from None
         self._stub = p4runtime_pb2_grpc.P4RuntimeStub(self._channel)
         self._requests = queue.Queue()
         self._arbitrated.clear()
         self._stream = self._stub.StreamChannel(self._request_iterator())
         self._alive = True
-        self._reader = threading.Thread(target=self._drain, name=f"p4rt-{self.address}", daemon=True)
+        self._reader = threading.Thread(
+            target=self._drain, name=f"p4rt-{self.address}", daemon=True
+        )
         self._reader.start()
         request = p4runtime_pb2.StreamMessageRequest()
         request.arbitration.device_id = self.device_id
@@ -147,8 +166,10 @@ class SwitchConnection:
         if require_primary and not self.is_primary:
             primary = self.primary_election_id
             self.close()
-            raise ArbitrationError(f"not primary on {self.address}: election id {self.election_id}, "
-                                   f"primary has {primary}")
+            raise ArbitrationError(
+                f"not primary on {self.address}: election id {self.election_id}, "
+                f"primary has {primary}"
+            )
 
     def close(self) -> None:
         """End the stream and close the channel (idempotent)."""
@@ -171,8 +192,12 @@ class SwitchConnection:
             self.connect()
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
         self.close()
 
     @property
@@ -196,7 +221,11 @@ class SwitchConnection:
                     arb = response.arbitration
                     self.primary_election_id = (arb.election_id.high << 64) | arb.election_id.low
                     self.is_primary = arb.status.code == code_pb2.OK
-                    if arb.status.code not in (code_pb2.OK, code_pb2.ALREADY_EXISTS, code_pb2.NOT_FOUND):
+                    if arb.status.code not in (
+                        code_pb2.OK,
+                        code_pb2.ALREADY_EXISTS,
+                        code_pb2.NOT_FOUND,
+                    ):
                         self.stream_error = f"arbitration refused: {arb.status.message}"
                     self._arbitrated.set()
                 elif kind == "error":
@@ -207,8 +236,14 @@ class SwitchConnection:
             self.stream_error = self.stream_error or "stream closed by the switch"
         except grpc.RpcError as exc:
             if not self._closing:
-                self.stream_error = f"{exc.code().name}: {exc.details()}" if isinstance(exc, grpc.Call) else str(exc)
-                log.warning("switch %s: P4Runtime stream lost (%s)", self.address, self.stream_error)
+                self.stream_error = (
+                    f"{exc.code().name}: {exc.details()}"
+                    if isinstance(exc, grpc.Call)
+                    else str(exc)
+                )
+                log.warning(
+                    "switch %s: P4Runtime stream lost (%s)", self.address, self.stream_error
+                )
         finally:
             self._alive = False
             self.is_primary = False
@@ -238,7 +273,9 @@ class SwitchConnection:
         else:
             index = P4InfoIndex.from_text_file(p4info_path)
         request = p4runtime_pb2.SetForwardingPipelineConfigRequest(
-            device_id=self.device_id, action=p4runtime_pb2.SetForwardingPipelineConfigRequest.VERIFY_AND_COMMIT)
+            device_id=self.device_id,
+            action=p4runtime_pb2.SetForwardingPipelineConfigRequest.VERIFY_AND_COMMIT,
+        )
         self._set_election_id(request.election_id)
         request.config.p4info.CopyFrom(index.proto)
         request.config.p4_device_config = Path(device_config_path).read_bytes()
@@ -249,7 +286,8 @@ class SwitchConnection:
         """The P4Info the switch runs (GetForwardingPipelineConfig), cached for later calls."""
         request = p4runtime_pb2.GetForwardingPipelineConfigRequest(
             device_id=self.device_id,
-            response_type=p4runtime_pb2.GetForwardingPipelineConfigRequest.P4INFO_AND_COOKIE)
+            response_type=p4runtime_pb2.GetForwardingPipelineConfigRequest.P4INFO_AND_COOKIE,
+        )
         response = self._call("GetForwardingPipelineConfig", request)
         self._p4info = P4InfoIndex(response.config.p4info)
         return self._p4info
@@ -278,13 +316,25 @@ class SwitchConnection:
         if request.updates:
             self._call("Write", request)
 
-    def insert_entry(self, table: str, match: Mapping[str, MatchValue], action: str,
-                     params: Mapping[str, int], priority: int = 0) -> None:
+    def insert_entry(
+        self,
+        table: str,
+        match: Mapping[str, MatchValue],
+        action: str,
+        params: Mapping[str, int],
+        priority: int = 0,
+    ) -> None:
         """Add a table entry (match values: see controller.p4runtime_entities)."""
         self.write_batch(self.batch().insert_entry(table, match, action, params, priority))
 
-    def modify_entry(self, table: str, match: Mapping[str, MatchValue], action: str,
-                     params: Mapping[str, int], priority: int = 0) -> None:
+    def modify_entry(
+        self,
+        table: str,
+        match: Mapping[str, MatchValue],
+        action: str,
+        params: Mapping[str, int],
+        priority: int = 0,
+    ) -> None:
         """Change the action of a table entry."""
         self.write_batch(self.batch().modify_entry(table, match, action, params, priority))
 
@@ -296,8 +346,9 @@ class SwitchConnection:
         """Set the action a table takes on a miss."""
         self.write_batch(self.batch().set_default_action(table, action, params))
 
-    def write_multicast_group(self, group_id: int, replicas: Sequence[tuple[int, int]],
-                              modify: bool = False) -> None:
+    def write_multicast_group(
+        self, group_id: int, replicas: Sequence[tuple[int, int]], modify: bool = False
+    ) -> None:
         """Create (or with modify=True replace) a multicast group of (port, instance) replicas."""
         kind = Update.MODIFY if modify else Update.INSERT
         self.write_batch(self.batch().multicast_group(kind, group_id, replicas))
@@ -316,7 +367,9 @@ class SwitchConnection:
         request = p4runtime_pb2.ReadRequest(device_id=self.device_id, entities=[entity])
         stub = self._stub_method("Read")
         try:
-            return [e for response in stub(request, timeout=self.timeout) for e in response.entities]
+            return [
+                e for response in stub(request, timeout=self.timeout) for e in response.entities
+            ]
         except grpc.RpcError as exc:
             raise _rpc_error(exc) from None
 
@@ -343,7 +396,9 @@ class SwitchConnection:
         groups: dict[int, list[tuple[int, int]]] = {}
         for e in self._read(entity):
             group = e.packet_replication_engine_entry.multicast_group_entry
-            groups[group.multicast_group_id] = [(replica_port(r), r.instance) for r in group.replicas]
+            groups[group.multicast_group_id] = [
+                (replica_port(r), r.instance) for r in group.replicas
+            ]
         return groups
 
     def read_counter(self, name: str, index: int | None = None) -> dict[int, tuple[int, int]]:
@@ -352,13 +407,24 @@ class SwitchConnection:
         entity.counter_entry.counter_id = self.p4info.counter(name).id
         if index is not None:
             entity.counter_entry.index.index = index
-        return {e.counter_entry.index.index: (e.counter_entry.data.packet_count, e.counter_entry.data.byte_count)
-                for e in self._read(entity)}
+        return {
+            e.counter_entry.index.index: (
+                e.counter_entry.data.packet_count,
+                e.counter_entry.data.byte_count,
+            )
+            for e in self._read(entity)
+        }
 
     def read_direct_counters(self, table: str) -> list[tuple[TableEntry, int, int]]:
         """Each entry of a table with its direct counter: (entry, packets, bytes)."""
         entity = p4runtime_pb2.Entity()
         entity.table_entry.table_id = self.p4info.table_id(table)
         entity.table_entry.counter_data.SetInParent()  # ask for the counter values
-        return [(decode_table_entry(self.p4info, e.table_entry), e.table_entry.counter_data.packet_count,
-                 e.table_entry.counter_data.byte_count) for e in self._read(entity)]
+        return [
+            (
+                decode_table_entry(self.p4info, e.table_entry),
+                e.table_entry.counter_data.packet_count,
+                e.table_entry.counter_data.byte_count,
+            )
+            for e in self._read(entity)
+        ]

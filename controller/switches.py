@@ -28,7 +28,12 @@ from controller.switch_connection import SwitchConnection, SwitchError
 from p4rtproto.p4info import P4InfoIndex
 
 log = logging.getLogger(__name__)
-LINK_CODES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED, None)
+LINK_CODES = (
+    grpc.StatusCode.UNAVAILABLE,
+    grpc.StatusCode.DEADLINE_EXCEEDED,
+    grpc.StatusCode.CANCELLED,
+    None,
+)
 
 
 class SwitchRejected(Exception):
@@ -58,9 +63,15 @@ def _same_program(a: P4InfoIndex, b: P4InfoIndex) -> bool:
 class ManagedSwitch:
     """A configured switch kept in sync by its supervisor thread; owns the switch's slot pools."""
 
-    def __init__(self, config: SwitchConfig, lock: threading.RLock, listener: SwitchListener,
-                 artifacts: tuple[Path, Path] = (P4INFO_PATH, BMV2_JSON_PATH),
-                 poll_interval: float = 0.2, max_backoff: float = 5.0) -> None:
+    def __init__(
+        self,
+        config: SwitchConfig,
+        lock: threading.RLock,
+        listener: SwitchListener,
+        artifacts: tuple[Path, Path] = (P4INFO_PATH, BMV2_JSON_PATH),
+        poll_interval: float = 0.2,
+        max_backoff: float = 5.0,
+    ) -> None:
         self.config = config
         self.name = config.name
         self.lock = lock
@@ -114,8 +125,11 @@ class ManagedSwitch:
                 self._stop.wait(self.poll_interval)
                 continue
             if self.conn is not None and not self.conn.is_connected:
-                log.warning("switch %s: P4Runtime session lost (%s); reconnecting", self.name,
-                            self.conn.stream_error)
+                log.warning(
+                    "switch %s: P4Runtime session lost (%s); reconnecting",
+                    self.name,
+                    self.conn.stream_error,
+                )
                 self.last_error = self.conn.stream_error or "session lost"
                 with self.lock:
                     self._drop()
@@ -127,7 +141,9 @@ class ManagedSwitch:
                 if isinstance(exc, (SwitchError, SwitchRejected)):
                     log.warning("switch %s: %s (retrying in %.1f s)", self.name, exc, backoff)
                 else:
-                    log.exception("switch %s: synchronisation failed (retrying in %.1f s)", self.name, backoff)
+                    log.exception(
+                        "switch %s: synchronisation failed (retrying in %.1f s)", self.name, backoff
+                    )
                 with self.lock:
                     self._drop()
                 self._stop.wait(backoff)
@@ -143,8 +159,12 @@ class ManagedSwitch:
     def _sync(self) -> None:
         conn, fresh = self.conn, self.conn is None
         if conn is None:
-            conn = SwitchConnection(self.config.address, self.config.device_id, self.config.election_id,
-                                    self.config.timeout)
+            conn = SwitchConnection(
+                self.config.address,
+                self.config.device_id,
+                self.config.election_id,
+                self.config.timeout,
+            )
             conn.connect()
         with self.lock:
             try:
@@ -181,11 +201,15 @@ class ManagedSwitch:
     def reconcile(self, conn: SwitchConnection, jobs: Sequence[JobEntries]) -> str:
         """Make the switch hold exactly the forwarding entries and these jobs; returns a summary."""
         pushed = self.ensure_pipeline(conn)
-        desired: list[Spec] = [*self.forwarding_entries(),
-                               *(s for job in jobs for s in job_specs(job))]
+        desired: list[Spec] = [
+            *self.forwarding_entries(),
+            *(s for job in jobs for s in job_specs(job)),
+        ]
         done = reconcile(conn, desired, read_back=not pushed)
-        summary = (f"pipeline {'pushed' if pushed else 'kept'}, {done.installed} entries "
-                   f"installed, {done.modified} modified, {done.removed} removed, {len(jobs)} jobs")
+        summary = (
+            f"pipeline {'pushed' if pushed else 'kept'}, {done.installed} entries "
+            f"installed, {done.modified} modified, {done.removed} removed, {len(jobs)} jobs"
+        )
         log.info("switch %s synced: %s", self.name, summary)
         return summary
 
@@ -201,8 +225,10 @@ class ManagedSwitch:
             if exc.leftovers:
                 self.needs_sync = True  # leftovers are removed by the next reconciliation
             if exc.code in LINK_CODES or not conn.is_connected:
-                raise Unavailable(f"switch {self.name} became unreachable while installing job "
-                                  f"{job.job_id}: {exc}") from None
+                raise Unavailable(
+                    f"switch {self.name} became unreachable while installing job "
+                    f"{job.job_id}: {exc}"
+                ) from None
             raise SwitchRejected(str(exc)) from None
 
     def remove(self, job: JobEntries) -> None:

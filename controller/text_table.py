@@ -31,28 +31,98 @@ def clock(unix: float) -> str:
 
 def render_status(st: Any) -> str:
     """`aggctl status`."""
-    head = (f"controller {st.listen}  version {st.version}  up {duration(st.uptime_s)}  "
-            f"active jobs {st.active_jobs}\ndatabase   {st.database}\n")
-    rows = [(s.name, s.address, s.device_id, "yes" if s.connected else "NO", f"{s.slots_used}/{s.slots_total}",
-             s.jobs, s.hosts, s.service_ip, s.connects, s.pipeline_pushes, s.last_error or "-")
-            for s in st.switches]
-    return head + "\n" + table(("SWITCH", "ADDRESS", "DEVICE", "CONNECTED", "SLOTS USED", "JOBS", "HOSTS",
-                                "SERVICE IP", "CONNECTS", "PUSHES", "LAST ERROR"), rows)
+    head = (
+        f"controller {st.listen}  version {st.version}  up {duration(st.uptime_s)}  "
+        f"active jobs {st.active_jobs}\ndatabase   {st.database}\n"
+    )
+    rows = [
+        (
+            s.name,
+            s.address,
+            s.device_id,
+            "yes" if s.connected else "NO",
+            f"{s.slots_used}/{s.slots_total}",
+            s.jobs,
+            s.hosts,
+            s.service_ip,
+            s.connects,
+            s.pipeline_pushes,
+            s.last_error or "-",
+        )
+        for s in st.switches
+    ]
+    return (
+        head
+        + "\n"
+        + table(
+            (
+                "SWITCH",
+                "ADDRESS",
+                "DEVICE",
+                "CONNECTED",
+                "SLOTS USED",
+                "JOBS",
+                "HOSTS",
+                "SERVICE IP",
+                "CONNECTS",
+                "PUSHES",
+                "LAST ERROR",
+            ),
+            rows,
+        )
+    )
 
 
 def render_jobs(jobs: Sequence[Any], ranks: bool) -> str:
     """`aggctl jobs` (with ranks: one more table, a row per rank)."""
     if not jobs:
         return "no jobs"
-    rows = [(j.job_id, j.name, j.state, j.switch or "-", f"{j.joined}/{j.world_size}", j.codec,
-             f"{j.pool_base}..{j.pool_base + j.pool_size - 1}" if j.switch else "-", j.pool_size,
-             clock(j.created), j.end_reason or "") for j in jobs]
-    out = table(("JOB", "NAME", "STATE", "SWITCH", "RANKS", "CODEC", "SLOTS", "POOL SIZE",
-                 "CREATED", "ENDED BECAUSE"), rows)
+    rows = [
+        (
+            j.job_id,
+            j.name,
+            j.state,
+            j.switch or "-",
+            f"{j.joined}/{j.world_size}",
+            j.codec,
+            f"{j.pool_base}..{j.pool_base + j.pool_size - 1}" if j.switch else "-",
+            j.pool_size,
+            clock(j.created),
+            j.end_reason or "",
+        )
+        for j in jobs
+    ]
+    out = table(
+        (
+            "JOB",
+            "NAME",
+            "STATE",
+            "SWITCH",
+            "RANKS",
+            "CODEC",
+            "SLOTS",
+            "POOL SIZE",
+            "CREATED",
+            "ENDED BECAUSE",
+        ),
+        rows,
+    )
     if ranks:
-        rank_rows = [(j.job_id, w.rank, w.ip, w.udp_port, w.mac, w.switch_port,
-                 "left" if w.left else ("-" if j.state == "ended" else f"{w.lease_remaining_s:.1f}s"))
-                for j in jobs for w in j.workers]
+        rank_rows = [
+            (
+                j.job_id,
+                w.rank,
+                w.ip,
+                w.udp_port,
+                w.mac,
+                w.switch_port,
+                "left"
+                if w.left
+                else ("-" if j.state == "ended" else f"{w.lease_remaining_s:.1f}s"),
+            )
+            for j in jobs
+            for w in j.workers
+        ]
         headers = ("JOB", "RANK", "IP", "UDP", "MAC", "SWITCH PORT", "LEASE LEFT")
         out += "\n\n" + (table(headers, rank_rows) if rank_rows else "no ranks joined")
     return out
@@ -60,8 +130,15 @@ def render_jobs(jobs: Sequence[Any], ranks: bool) -> str:
 
 def render_pools(ranges: Sequence[Any]) -> str:
     """`aggctl pools`."""
-    rows = [(r.switch, f"{r.base}..{r.base + r.size - 1}", r.size,
-             f"job {r.job_id} ({r.job_name})" if r.job_id else "free") for r in ranges]
+    rows = [
+        (
+            r.switch,
+            f"{r.base}..{r.base + r.size - 1}",
+            r.size,
+            f"job {r.job_id} ({r.job_name})" if r.job_id else "free",
+        )
+        for r in ranges
+    ]
     return table(("SWITCH", "SLOTS", "SIZE", "OWNER"), rows)
 
 
@@ -72,15 +149,26 @@ def render_counters(switches: Sequence[Any], show_zero: bool) -> str:
         if sw.error:
             parts.append(f"switch {sw.switch}: cannot read counters: {sw.error}")
             continue
-        drops = [(where, d.name, d.packets, d.bytes) for where, values in
-                 (("ingress", sw.ingress_drops), ("egress", sw.egress_drops))
-                 for d in values if show_zero or d.packets]
+        drops = [
+            (where, d.name, d.packets, d.bytes)
+            for where, values in (("ingress", sw.ingress_drops), ("egress", sw.egress_drops))
+            for d in values
+            if show_zero or d.packets
+        ]
         events = [(e.name, e.packets) for e in sw.events if show_zero or e.packets]
         jobs = [(j.job_id, j.name, "all", j.packets, j.bytes) for j in sw.jobs]
         jobs += [(j.job_id, j.name, w.rank, w.packets, w.bytes) for j in sw.jobs for w in j.workers]
         jobs.sort(key=lambda r: (r[0], -1 if r[2] == "all" else r[2]))
-        parts.append(f"switch {sw.switch}\n\n"
-                     + (table(("DROPPED AT", "REASON", "PACKETS", "BYTES"), drops) if drops else "no drops") + "\n\n"
-                     + (table(("EVENT", "PACKETS"), events) if events else "no aggregation events") + "\n\n"
-                     + (table(("JOB", "NAME", "RANK", "PACKETS", "BYTES"), jobs) if jobs else "no installed jobs"))
+        parts.append(
+            f"switch {sw.switch}\n\n"
+            + (table(("DROPPED AT", "REASON", "PACKETS", "BYTES"), drops) if drops else "no drops")
+            + "\n\n"
+            + (table(("EVENT", "PACKETS"), events) if events else "no aggregation events")
+            + "\n\n"
+            + (
+                table(("JOB", "NAME", "RANK", "PACKETS", "BYTES"), jobs)
+                if jobs
+                else "no installed jobs"
+            )
+        )
     return "\n\n".join(parts) if parts else "no counters (the job has no switch yet)"

@@ -47,8 +47,9 @@ def check_pool_size(pool_size: int, default: int) -> int:
     if pool_size == 0:
         return default
     if not 1 <= pool_size <= NUM_SLOTS:
-        raise InvalidArgument(f"pool_size: {pool_size} slots outside 1..{NUM_SLOTS} "
-                              f"(0: the default, {default})")
+        raise InvalidArgument(
+            f"pool_size: {pool_size} slots outside 1..{NUM_SLOTS} (0: the default, {default})"
+        )
     return pool_size
 
 
@@ -97,7 +98,9 @@ def check_timeout(timeout: float) -> float:
     if timeout == 0:
         return DEFAULT_WAIT
     if not math.isfinite(timeout) or not 0 < timeout <= MAX_WAIT:
-        raise InvalidArgument(f"timeout_s: {timeout} outside (0, {MAX_WAIT:g}] (0: {DEFAULT_WAIT:g} s)")
+        raise InvalidArgument(
+            f"timeout_s: {timeout} outside (0, {MAX_WAIT:g}] (0: {DEFAULT_WAIT:g} s)"
+        )
     return timeout
 
 

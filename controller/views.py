@@ -57,10 +57,23 @@ def controller_status(m: JobManager) -> ControllerStatus:
         switches = []
         for sw in m.switches.values():
             c = sw.config
-            switches.append(SwitchState(
-                c.name, c.address, c.device_id, sw.connected, sw.last_error, sw.connects, sw.pipeline_pushes,
-                sw.pools.total, sw.pools.total - sw.pools.slots_free(),
-                sum(1 for j in m.jobs.values() if j.switch == c.name), len(c.hosts), c.mac, c.service_ip))
+            switches.append(
+                SwitchState(
+                    c.name,
+                    c.address,
+                    c.device_id,
+                    sw.connected,
+                    sw.last_error,
+                    sw.connects,
+                    sw.pipeline_pushes,
+                    sw.pools.total,
+                    sw.pools.total - sw.pools.slots_free(),
+                    sum(1 for j in m.jobs.values() if j.switch == c.name),
+                    len(c.hosts),
+                    c.mac,
+                    c.service_ip,
+                )
+            )
         return ControllerStatus(m.started, str(m.store.path), len(m.jobs), switches)
 
 
@@ -77,8 +90,10 @@ def pool_ranges(m: JobManager, switch: str = "") -> list[PoolRange]:
         for name in _switch_names(m, switch):
             owners = {j.pool_base: j for j in m.jobs.values() if j.switch == name}
             pools = m.switches[name].pools
-            ranges = [PoolRange(name, base, size, owners[base].job_id, owners[base].name)
-                      for base, size in pools.used_ranges()]
+            ranges = [
+                PoolRange(name, base, size, owners[base].job_id, owners[base].name)
+                for base, size in pools.used_ranges()
+            ]
             ranges += [PoolRange(name, base, size) for base, size in pools.free_ranges()]
             out += sorted(ranges, key=lambda r: r.base)
         return out
@@ -92,7 +107,9 @@ def job_counters(m: JobManager, switch: str = "", job_id: int = 0) -> list[Switc
             job = m.jobs.get(job_id)
             if job is None:
                 if m.store.job(job_id) is not None:
-                    raise FailedPrecondition(f"job {job_id} has ended: its entries and counters are gone")
+                    raise FailedPrecondition(
+                        f"job {job_id} has ended: its entries and counters are gone"
+                    )
                 raise NotFound(f"no job {job_id}")
             if job.switch is None:
                 return []

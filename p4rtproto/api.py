@@ -8,12 +8,16 @@ try:
     from p4rtproto.gen.p4.config.v1 import p4info_pb2
     from p4rtproto.gen.p4.v1 import p4data_pb2, p4runtime_pb2, p4runtime_pb2_grpc
 except ImportError as exc:  # pragma: no cover - only on a checkout that skipped the build
-    raise ImportError("P4Runtime modules are not generated yet: run `make venv` "
-                      "(or `python -m p4rtproto.generate`)") from exc
+    raise ImportError(
+        "P4Runtime modules are not generated yet: run `make venv` "
+        "(or `python -m p4rtproto.generate`)"
+    ) from exc
 
-__all__ = ["GRPC_OPTIONS", "p4info_pb2", "p4data_pb2", "p4runtime_pb2", "p4runtime_pb2_grpc"]
+__all__ = ["GRPC_OPTIONS", "p4data_pb2", "p4info_pb2", "p4runtime_pb2", "p4runtime_pb2_grpc"]
 
 # Pipelines are large (the 256-cell BMv2 JSON is ~10 MB): gRPC's 4 MB default is too small.
 # PI's server accepts such messages too.
-GRPC_OPTIONS = (("grpc.max_receive_message_length", 64 << 20),
-                ("grpc.max_send_message_length", 64 << 20))
+GRPC_OPTIONS = (
+    ("grpc.max_receive_message_length", 64 << 20),
+    ("grpc.max_send_message_length", 64 << 20),
+)

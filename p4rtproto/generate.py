@@ -79,8 +79,14 @@ def main() -> int:
         set_path = Path(tmp) / "p4runtime.pb"
         set_path.write_bytes(descriptor_set().SerializeToString())
         names = [PREFIX + rel.replace("_pb2.py", ".proto") for rel in WHEEL_FILES]
-        protoc([f"--descriptor_set_in={set_path}", f"--python_out={root}",
-                f"--grpc_python_out={root}", *names])
+        protoc(
+            [
+                f"--descriptor_set_in={set_path}",
+                f"--python_out={root}",
+                f"--grpc_python_out={root}",
+                *names,
+            ]
+        )
     for d in [PACKAGE_DIR / "gen", *(PACKAGE_DIR / "gen").rglob("*")]:
         if d.is_dir() and not (d / "__init__.py").exists():
             (d / "__init__.py").write_text("")

@@ -80,7 +80,9 @@ class ActionInfo:
         """Look a parameter up by name or id."""
         found = self.params_by_id.get(key) if isinstance(key, int) else self.params_by_name.get(key)
         if found is None:
-            raise P4InfoLookupError(f"parameter of action {self.name}", key, list(self.params_by_name))
+            raise P4InfoLookupError(
+                f"parameter of action {self.name}", key, list(self.params_by_name)
+            )
         return found
 
 
@@ -102,13 +104,17 @@ class TableInfo:
     is_const: bool = False
     implementation_id: int = 0
     fields_by_id: dict[int, MatchFieldInfo] = field(default_factory=dict, repr=False, compare=False)
-    fields_by_name: dict[str, MatchFieldInfo] = field(default_factory=dict, repr=False, compare=False)
+    fields_by_name: dict[str, MatchFieldInfo] = field(
+        default_factory=dict, repr=False, compare=False
+    )
 
     def match_field(self, key: str | int) -> MatchFieldInfo:
         """Look a key field up by name or id."""
         found = self.fields_by_id.get(key) if isinstance(key, int) else self.fields_by_name.get(key)
         if found is None:
-            raise P4InfoLookupError(f"match field of table {self.name}", key, list(self.fields_by_name))
+            raise P4InfoLookupError(
+                f"match field of table {self.name}", key, list(self.fields_by_name)
+            )
         return found
 
     @property
@@ -169,28 +175,46 @@ class _Entities(Generic[T]):
 
 
 def _table(t: p4info_pb2.Table, direct_counters: dict[int, int]) -> TableInfo:
-    fields = tuple(MatchFieldInfo(f.id, f.name, f.bitwidth, MATCH_TYPES.get(f.match_type, "unspecified"))
-                   for f in t.match_fields)
+    fields = tuple(
+        MatchFieldInfo(f.id, f.name, f.bitwidth, MATCH_TYPES.get(f.match_type, "unspecified"))
+        for f in t.match_fields
+    )
     initial = None
     if t.HasField("initial_default_action"):
         call = t.initial_default_action
         initial = (call.action_id, tuple((a.param_id, a.value) for a in call.arguments))
     counter_id = next((r for r in t.direct_resource_ids if r in direct_counters), 0)
-    counter_id = counter_id or next((c for c, tid in direct_counters.items() if tid == t.preamble.id), 0)
+    counter_id = counter_id or next(
+        (c for c, tid in direct_counters.items() if tid == t.preamble.id), 0
+    )
     return TableInfo(
-        id=t.preamble.id, name=t.preamble.name, alias=t.preamble.alias, match_fields=fields,
+        id=t.preamble.id,
+        name=t.preamble.name,
+        alias=t.preamble.alias,
+        match_fields=fields,
         action_ids=tuple(a.id for a in t.action_refs),
         action_scopes={a.id: SCOPES.get(a.scope, "table_and_default") for a in t.action_refs},
-        const_default_action_id=t.const_default_action_id, initial_default_action=initial,
-        direct_counter_id=counter_id, size=t.size, is_const=t.is_const_table,
+        const_default_action_id=t.const_default_action_id,
+        initial_default_action=initial,
+        direct_counter_id=counter_id,
+        size=t.size,
+        is_const=t.is_const_table,
         implementation_id=t.implementation_id,
-        fields_by_id={f.id: f for f in fields}, fields_by_name={f.name: f for f in fields})
+        fields_by_id={f.id: f for f in fields},
+        fields_by_name={f.name: f for f in fields},
+    )
 
 
 def _action(a: p4info_pb2.Action) -> ActionInfo:
     params = tuple(ParamInfo(p.id, p.name, p.bitwidth) for p in a.params)
-    return ActionInfo(a.preamble.id, a.preamble.name, a.preamble.alias, params,
-                      {p.id: p for p in params}, {p.name: p for p in params})
+    return ActionInfo(
+        a.preamble.id,
+        a.preamble.name,
+        a.preamble.alias,
+        params,
+        {p.id: p for p in params},
+        {p.name: p for p in params},
+    )
 
 
 def _register_bitwidth(r: p4info_pb2.Register) -> int:
@@ -208,17 +232,47 @@ class P4InfoIndex:
     def __init__(self, p4info: p4info_pb2.P4Info) -> None:
         self.proto = p4info
         direct = {c.preamble.id: c.direct_table_id for c in p4info.direct_counters}
-        self.tables: _Entities[TableInfo] = _Entities("table", [_table(t, direct) for t in p4info.tables])
-        self.actions: _Entities[ActionInfo] = _Entities("action", [_action(a) for a in p4info.actions])
-        self.counters: _Entities[CounterInfo] = _Entities("counter", [
-            CounterInfo(c.preamble.id, c.preamble.name, c.preamble.alias, COUNTER_UNITS.get(c.spec.unit, "unspecified"),
-                        size=c.size) for c in p4info.counters])
-        self.direct_counters: _Entities[CounterInfo] = _Entities("direct counter", [
-            CounterInfo(c.preamble.id, c.preamble.name, c.preamble.alias, COUNTER_UNITS.get(c.spec.unit, "unspecified"),
-                        direct_table_id=c.direct_table_id) for c in p4info.direct_counters])
-        self.registers: _Entities[RegisterInfo] = _Entities("register", [
-            RegisterInfo(r.preamble.id, r.preamble.name, r.preamble.alias, r.size, _register_bitwidth(r))
-            for r in p4info.registers])
+        self.tables: _Entities[TableInfo] = _Entities(
+            "table", [_table(t, direct) for t in p4info.tables]
+        )
+        self.actions: _Entities[ActionInfo] = _Entities(
+            "action", [_action(a) for a in p4info.actions]
+        )
+        self.counters: _Entities[CounterInfo] = _Entities(
+            "counter",
+            [
+                CounterInfo(
+                    c.preamble.id,
+                    c.preamble.name,
+                    c.preamble.alias,
+                    COUNTER_UNITS.get(c.spec.unit, "unspecified"),
+                    size=c.size,
+                )
+                for c in p4info.counters
+            ],
+        )
+        self.direct_counters: _Entities[CounterInfo] = _Entities(
+            "direct counter",
+            [
+                CounterInfo(
+                    c.preamble.id,
+                    c.preamble.name,
+                    c.preamble.alias,
+                    COUNTER_UNITS.get(c.spec.unit, "unspecified"),
+                    direct_table_id=c.direct_table_id,
+                )
+                for c in p4info.direct_counters
+            ],
+        )
+        self.registers: _Entities[RegisterInfo] = _Entities(
+            "register",
+            [
+                RegisterInfo(
+                    r.preamble.id, r.preamble.name, r.preamble.alias, r.size, _register_bitwidth(r)
+                )
+                for r in p4info.registers
+            ],
+        )
 
     @classmethod
     def from_text(cls, text: str) -> P4InfoIndex:

@@ -26,11 +26,11 @@ from aggwire.constants import (
 from refswitch.device import Device
 from refswitch.packet import Headers, Metadata, StandardMetadata
 
-VERDICT_FRESH = 1      # first of a newer round (or another job): overwrite
-VERDICT_COMBINE = 2    # same round, new worker: combine with op
-VERDICT_RESEND = 3     # same round, worker seen, round complete: result back to sender
+VERDICT_FRESH = 1  # first of a newer round (or another job): overwrite
+VERDICT_COMBINE = 2  # same round, new worker: combine with op
+VERDICT_RESEND = 3  # same round, worker seen, round complete: result back to sender
 VERDICT_DUPLICATE = 4  # same round, worker seen, round open: drop
-VERDICT_STALE = 5      # an older round of the same job: drop
+VERDICT_STALE = 5  # an older round of the same job: drop
 
 
 class AggregationRegisters:
@@ -95,8 +95,9 @@ def _combine_cells(regs: AggregationRegisters, hdr: Headers, meta: Metadata) -> 
     hdr.cells = stored.copy()
 
 
-def aggregation(device: Device, regs: AggregationRegisters, hdr: Headers, meta: Metadata,
-                std: StandardMetadata) -> None:
+def aggregation(
+    device: Device, regs: AggregationRegisters, hdr: Headers, meta: Metadata, std: StandardMetadata
+) -> None:
     """Aggregation.apply()."""
     agg = hdr.agg
     if agg is None:
@@ -105,8 +106,12 @@ def aggregation(device: Device, regs: AggregationRegisters, hdr: Headers, meta: 
     if agg.version != AGG_VERSION or agg.shadow > 1 or agg.flags & Flag.RESULT:
         meta.drop_reason = DropReason.BAD_HEADER
         return
-    if (agg.ncells == 0 or agg.ncells > CELLS_PER_PKT or hdr.udp.length != AGG_UDP_LENGTH
-            or hdr.ipv4.total_len != AGG_IPV4_LENGTH):
+    if (
+        agg.ncells == 0
+        or agg.ncells > CELLS_PER_PKT
+        or hdr.udp.length != AGG_UDP_LENGTH
+        or hdr.ipv4.total_len != AGG_IPV4_LENGTH
+    ):
         meta.drop_reason = DropReason.BAD_LENGTH
         return
     if agg.op < Op.ADD or agg.op > Op.MAX:
@@ -118,8 +123,9 @@ def aggregation(device: Device, regs: AggregationRegisters, hdr: Headers, meta: 
         return
     meta.pool_base, meta.pool_size = params["pool_base"], params["pool_size"]
     meta.num_workers, meta.mcast_grp = params["num_workers"], params["mcast_grp"]
-    hit, _, params = device.table(p4names.WORKER_TABLE).lookup((agg.job_id, agg.rank),
-                                                                 std.packet_length)
+    hit, _, params = device.table(p4names.WORKER_TABLE).lookup(
+        (agg.job_id, agg.rank), std.packet_length
+    )
     if not hit:
         meta.drop_reason = DropReason.BAD_RANK
         return

@@ -14,7 +14,8 @@ def result_delivery(device: Device, hdr: Headers, meta: Metadata, std: StandardM
     if std.egress_rid != 0:
         hdr.agg.rank = (std.egress_rid - 1) & 0xFF
     _, action, params = device.table(p4names.RESULT_REWRITE).lookup(
-        (hdr.agg.job_id, hdr.agg.rank), std.packet_length)
+        (hdr.agg.job_id, hdr.agg.rank), std.packet_length
+    )
     if action == p4names.TO_WORKER:
         hdr.ethernet.src_addr = hdr.ethernet.dst_addr
         hdr.ethernet.dst_addr = params["mac"]

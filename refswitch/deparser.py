@@ -14,9 +14,18 @@ _agg_fields = attrgetter(*FIELD_NAMES)  # agg_h's field values in wire order, as
 
 def _ipv4_bytes(hdr: Headers, checksum: int) -> bytes:
     ip = hdr.ipv4
-    return IPV4_STRUCT.pack((ip.version << 4) | ip.ihl, ip.diffserv, ip.total_len, ip.identification,
-                      (ip.flags << 13) | ip.frag_offset, ip.ttl, ip.protocol, checksum,
-                      ip.src_addr.to_bytes(4, "big"), ip.dst_addr.to_bytes(4, "big"))
+    return IPV4_STRUCT.pack(
+        (ip.version << 4) | ip.ihl,
+        ip.diffserv,
+        ip.total_len,
+        ip.identification,
+        (ip.flags << 13) | ip.frag_offset,
+        ip.ttl,
+        ip.protocol,
+        checksum,
+        ip.src_addr.to_bytes(4, "big"),
+        ip.dst_addr.to_bytes(4, "big"),
+    )
 
 
 def compute_checksum(hdr: Headers) -> None:
@@ -30,13 +39,26 @@ def deparse(hdr: Headers) -> bytes:
     parts = []
     if hdr.ethernet is not None:
         e = hdr.ethernet
-        parts.append(ETH_STRUCT.pack(e.dst_addr.to_bytes(6, "big"), e.src_addr.to_bytes(6, "big"),
-                               e.ether_type))
+        parts.append(
+            ETH_STRUCT.pack(
+                e.dst_addr.to_bytes(6, "big"), e.src_addr.to_bytes(6, "big"), e.ether_type
+            )
+        )
     if hdr.arp is not None:
         a = hdr.arp
-        parts.append(ARP_STRUCT.pack(a.htype, a.ptype, a.hlen, a.plen, a.oper, a.sha.to_bytes(6, "big"),
-                               a.spa.to_bytes(4, "big"), a.tha.to_bytes(6, "big"),
-                               a.tpa.to_bytes(4, "big")))
+        parts.append(
+            ARP_STRUCT.pack(
+                a.htype,
+                a.ptype,
+                a.hlen,
+                a.plen,
+                a.oper,
+                a.sha.to_bytes(6, "big"),
+                a.spa.to_bytes(4, "big"),
+                a.tha.to_bytes(6, "big"),
+                a.tpa.to_bytes(4, "big"),
+            )
+        )
     if hdr.ipv4 is not None:
         parts.append(_ipv4_bytes(hdr, hdr.ipv4.hdr_checksum))
     if hdr.udp is not None:

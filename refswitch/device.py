@@ -63,7 +63,9 @@ class Counter:
 
     def _check(self, index: int) -> None:
         if not 0 <= index < self.size:
-            raise IndexError(f"index {index} out of range for counter {self.name} of size {self.size}")
+            raise IndexError(
+                f"index {index} out of range for counter {self.name} of size {self.size}"
+            )
 
 
 class Device:
@@ -83,7 +85,9 @@ class Device:
         self.multicast_port_widths: dict[int, dict[tuple[int, int], int]] = {}
         self._tables: dict[int, Table] = {}
         self._counters: dict[int, Counter] = {}
-        self._tables_by_name: dict[str, Table] = {}  # full names and aliases: one dict read per packet
+        self._tables_by_name: dict[
+            str, Table
+        ] = {}  # full names and aliases: one dict read per packet
         self._counters_by_name: dict[str, Counter] = {}
 
     def load_pipeline(self, p4info: p4info_pb2.P4Info, device_config: bytes) -> None:
@@ -112,7 +116,9 @@ class Device:
         try:
             return self._tables_by_name[name]
         except KeyError:
-            raise P4InfoLookupError("table", name, [t.name for t in self._tables.values()]) from None
+            raise P4InfoLookupError(
+                "table", name, [t.name for t in self._tables.values()]
+            ) from None
 
     def table_by_id(self, table_id: int) -> Table:
         """A table by P4Info id."""
@@ -127,7 +133,9 @@ class Device:
         try:
             return self._counters_by_name[name]
         except KeyError:
-            raise P4InfoLookupError("counter", name, [c.name for c in self._counters.values()]) from None
+            raise P4InfoLookupError(
+                "counter", name, [c.name for c in self._counters.values()]
+            ) from None
 
     def counter_by_id(self, counter_id: int) -> Counter:
         """An indirect counter array by P4Info id."""
@@ -150,7 +158,9 @@ def _by_name(items: Iterable[Table | Counter]) -> dict[str, Any]:
     return out
 
 
-def _apply_bmv2_defaults(index: P4InfoIndex, tables: dict[int, Table], device_config: bytes) -> None:
+def _apply_bmv2_defaults(
+    index: P4InfoIndex, tables: dict[int, Table], device_config: bytes
+) -> None:
     """Set each table's initial default action from a BMv2 JSON's "default_entry", if any.
 
     P4Info carries no default action for a non-const `default_action = a(...)`: only the
@@ -162,8 +172,11 @@ def _apply_bmv2_defaults(index: P4InfoIndex, tables: dict[int, Table], device_co
         return
     if not isinstance(program, dict):
         return
-    action_names = {a["id"]: str(a["name"]) for a in program.get("actions", [])
-                    if isinstance(a, dict) and "id" in a and "name" in a}
+    action_names = {
+        a["id"]: str(a["name"])
+        for a in program.get("actions", [])
+        if isinstance(a, dict) and "id" in a and "name" in a
+    }
     for pipeline in program.get("pipelines", []):
         for t in pipeline.get("tables", []):
             entry = t.get("default_entry")
@@ -178,4 +191,6 @@ def _apply_bmv2_defaults(index: P4InfoIndex, tables: dict[int, Table], device_co
                 continue
             if len(values) != len(action.params) or action.id not in table.info.action_scopes:
                 continue
-            table.set_initial_default(action, {p.name: v for p, v in zip(action.params, values, strict=True)})
+            table.set_initial_default(
+                action, {p.name: v for p, v in zip(action.params, values, strict=True)}
+            )

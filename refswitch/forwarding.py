@@ -18,9 +18,16 @@ def forwarding(device: Device, hdr: Headers, meta: Metadata, std: StandardMetada
     """Forwarding.apply()."""
     if hdr.arp is not None:
         arp = hdr.arp
-        if (arp.oper == ARP_OPER_REQUEST and arp.htype == ARP_HTYPE_ETHERNET
-                and arp.ptype == ETHERTYPE_IPV4 and arp.hlen == 6 and arp.plen == 4):
-            _, action, params = device.table(p4names.ARP_RESPONDER).lookup((arp.tpa,), std.packet_length)
+        if (
+            arp.oper == ARP_OPER_REQUEST
+            and arp.htype == ARP_HTYPE_ETHERNET
+            and arp.ptype == ETHERTYPE_IPV4
+            and arp.hlen == 6
+            and arp.plen == 4
+        ):
+            _, action, params = device.table(p4names.ARP_RESPONDER).lookup(
+                (arp.tpa,), std.packet_length
+            )
             if action == p4names.ARP_REPLY:
                 mac = params["mac"]
                 target = arp.tpa
@@ -43,7 +50,9 @@ def forwarding(device: Device, hdr: Headers, meta: Metadata, std: StandardMetada
         elif ip.ttl <= 1:
             meta.drop_reason = DropReason.TTL_EXPIRED
         else:
-            _, action, params = device.table(p4names.IPV4_LPM).lookup((ip.dst_addr,), std.packet_length)
+            _, action, params = device.table(p4names.IPV4_LPM).lookup(
+                (ip.dst_addr,), std.packet_length
+            )
             if action == p4names.ROUTE:
                 std.egress_spec = params["port"]
                 hdr.ethernet.src_addr = params["src_mac"]

@@ -38,8 +38,9 @@ class Pipeline:
                 self.registers = AggregationRegisters()
                 self._config_generation = device.config_generation
             hdr, error = parse(frame)
-            std = StandardMetadata(ingress_port=ingress_port, packet_length=len(frame),
-                                   parser_error=error)
+            std = StandardMetadata(
+                ingress_port=ingress_port, packet_length=len(frame), parser_error=error
+            )
             meta = Metadata()
             self._ingress(hdr, meta, std)
             if std.mcast_grp:

@@ -49,7 +49,9 @@ def read_entities(device: Device, request: p4runtime_pb2.ReadRequest) -> list[p4
             elif kind == "packet_replication_engine_entry":
                 _read_pre(device, entity.packet_replication_engine_entry, out)
             elif kind in _UNSUPPORTED_READS:
-                raise DeviceError(code_pb2.UNIMPLEMENTED, f"{_UNSUPPORTED_READS[kind]} not supported yet")
+                raise DeviceError(
+                    code_pb2.UNIMPLEMENTED, f"{_UNSUPPORTED_READS[kind]} not supported yet"
+                )
             else:
                 raise DeviceError(code_pb2.UNKNOWN, "Incorrect entity type")
     return out
@@ -92,7 +94,9 @@ def _action(entry: Entry) -> p4runtime_pb2.TableAction:
     return ta
 
 
-def _table_entry(table: Table, entry: Entry, with_counter: bool, default: bool = False) -> p4runtime_pb2.Entity:
+def _table_entry(
+    table: Table, entry: Entry, with_counter: bool, default: bool = False
+) -> p4runtime_pb2.Entity:
     entity = p4runtime_pb2.Entity()
     te = entity.table_entry
     te.table_id = table.info.id
@@ -112,10 +116,14 @@ def _table_entry(table: Table, entry: Entry, with_counter: bool, default: bool =
     return entity
 
 
-def _read_tables(device: Device, request: p4runtime_pb2.TableEntry, out: list[p4runtime_pb2.Entity]) -> None:
+def _read_tables(
+    device: Device, request: p4runtime_pb2.TableEntry, out: list[p4runtime_pb2.Entity]
+) -> None:
     if request.HasField("time_since_last_hit"):
-        raise invalid("Do not set time_since_last_hit for a ReadRequest if the table does not "
-                      "support idle timeout")
+        raise invalid(
+            "Do not set time_since_last_hit for a ReadRequest if the table does not "
+            "support idle timeout"
+        )
     tables = device.tables() if request.table_id == 0 else [table_of(device, request.table_id)]
     with_counter = request.HasField("counter_data")
     for table in tables:
@@ -143,8 +151,12 @@ def _counter_entity(counter: Counter, index: int) -> p4runtime_pb2.Entity:
     return entity
 
 
-def _read_counters(device: Device, request: p4runtime_pb2.CounterEntry, out: list[p4runtime_pb2.Entity]) -> None:
-    counters = device.counters() if request.counter_id == 0 else [counter_of(device, request.counter_id)]
+def _read_counters(
+    device: Device, request: p4runtime_pb2.CounterEntry, out: list[p4runtime_pb2.Entity]
+) -> None:
+    counters = (
+        device.counters() if request.counter_id == 0 else [counter_of(device, request.counter_id)]
+    )
     for counter in counters:
         if request.HasField("index"):
             index = request.index.index
@@ -157,7 +169,9 @@ def _read_counters(device: Device, request: p4runtime_pb2.CounterEntry, out: lis
             out.extend(_counter_entity(counter, i) for i in range(counter.size))
 
 
-def _direct_entity(table: Table, entry: Entry, request: p4runtime_pb2.TableEntry | None) -> p4runtime_pb2.Entity:
+def _direct_entity(
+    table: Table, entry: Entry, request: p4runtime_pb2.TableEntry | None
+) -> p4runtime_pb2.Entity:
     entity = p4runtime_pb2.Entity()
     dce = entity.direct_counter_entry
     if request is not None:  # a single entry: PI echoes the request's table entry
@@ -171,14 +185,17 @@ def _direct_entity(table: Table, entry: Entry, request: p4runtime_pb2.TableEntry
     return entity
 
 
-def _read_direct_counters(device: Device, request: p4runtime_pb2.DirectCounterEntry,
-                          out: list[p4runtime_pb2.Entity]) -> None:
+def _read_direct_counters(
+    device: Device, request: p4runtime_pb2.DirectCounterEntry, out: list[p4runtime_pb2.Entity]
+) -> None:
     if not request.HasField("table_entry"):
         raise invalid("Missing table_entry field in DirectCounterEntry")
     te = request.table_entry
     if te.table_id == 0:
-        raise DeviceError(code_pb2.UNIMPLEMENTED,
-                          "Reading all direct counters for ALL tables is not supported yet")
+        raise DeviceError(
+            code_pb2.UNIMPLEMENTED,
+            "Reading all direct counters for ALL tables is not supported yet",
+        )
     if len(te.match) or te.is_default_action:
         table, entry = direct_entry_of(device, te)
         out.append(_direct_entity(table, entry, te))
@@ -207,11 +224,16 @@ def _group_entity(device: Device, group_id: int) -> p4runtime_pb2.Entity:
     return entity
 
 
-def _read_pre(device: Device, request: p4runtime_pb2.PacketReplicationEngineEntry,
-              out: list[p4runtime_pb2.Entity]) -> None:
+def _read_pre(
+    device: Device,
+    request: p4runtime_pb2.PacketReplicationEngineEntry,
+    out: list[p4runtime_pb2.Entity],
+) -> None:
     kind = request.WhichOneof("type")
     if kind == "clone_session_entry":
-        raise DeviceError(code_pb2.UNIMPLEMENTED, "Clone sessions are not supported by this switch model")
+        raise DeviceError(
+            code_pb2.UNIMPLEMENTED, "Clone sessions are not supported by this switch model"
+        )
     if kind != "multicast_group_entry":
         raise invalid("Invalid PRE operation")
     group_id = request.multicast_group_entry.multicast_group_id

@@ -55,7 +55,9 @@ GetType = p4runtime_pb2.GetForwardingPipelineConfigRequest
 class RpcFailure(Exception):
     """Ends an RPC with a gRPC status (and optional google.rpc.Status details)."""
 
-    def __init__(self, code: grpc.StatusCode, message: str, details: status_pb2.Status | None = None) -> None:
+    def __init__(
+        self, code: grpc.StatusCode, message: str, details: status_pb2.Status | None = None
+    ) -> None:
         super().__init__(message)
         self.code, self.message, self.details = code, message, details
 
@@ -66,13 +68,16 @@ def _grpc_code(code: int) -> grpc.StatusCode:
 
 def _fail(context: grpc.ServicerContext, failure: RpcFailure) -> None:
     if failure.details is not None:
-        context.set_trailing_metadata((("grpc-status-details-bin", failure.details.SerializeToString()),))
+        context.set_trailing_metadata(
+            (("grpc-status-details-bin", failure.details.SerializeToString()),)
+        )
     context.set_code(failure.code)
     context.set_details(failure.message)
 
 
 def _guard(response_type: type) -> Callable:
     """Turn RpcFailure into a status and any other exception into INTERNAL (unary handlers)."""
+
     def wrap(method: Callable) -> Callable:
         @functools.wraps(method)
         def handler(self: P4RuntimeServicer, request: Any, context: grpc.ServicerContext) -> Any:
@@ -84,7 +89,9 @@ def _guard(response_type: type) -> Callable:
                 log.exception("P4Runtime %s failed", method.__name__)
                 _fail(context, RpcFailure(grpc.StatusCode.INTERNAL, f"internal error: {exc}"))
             return response_type()
+
         return handler
+
     return wrap
 
 
@@ -132,8 +139,10 @@ class _Arbiter:
             if not known and len(self.connections) >= MAX_CONNECTIONS:
                 raise RpcFailure(grpc.StatusCode.RESOURCE_EXHAUSTED, "Too many connections")
             if any(c.election_id == election_id for c in self.connections if c is not conn):
-                raise RpcFailure(grpc.StatusCode.INVALID_ARGUMENT,
-                                 "New election id already exists" if known else "Election id already exists")
+                raise RpcFailure(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    "New election id already exists" if known else "Election id already exists",
+                )
             was_primary = known and self.primary() is conn
             conn.election_id = election_id
             if not known:
@@ -169,7 +178,10 @@ class _Arbiter:
         response = p4runtime_pb2.StreamMessageResponse()
         arb = response.arbitration
         arb.device_id = self.device_id
-        arb.election_id.high, arb.election_id.low = primary.election_id >> 64, primary.election_id & (2**64 - 1)
+        arb.election_id.high, arb.election_id.low = (
+            primary.election_id >> 64,
+            primary.election_id & (2**64 - 1),
+        )
         if conn is primary:
             arb.status.code, arb.status.message = code_pb2.OK, "Is primary"
         else:
@@ -180,8 +192,13 @@ class _Arbiter:
 class P4RuntimeServicer(p4runtime_pb2_grpc.P4RuntimeServicer):
     """The P4Runtime service over one Device (see the module docstring for the semantics)."""
 
-    def __init__(self, device: Device, device_id: int, validate_config: ConfigValidator | None = None,
-                 api_version: str = API_VERSION) -> None:
+    def __init__(
+        self,
+        device: Device,
+        device_id: int,
+        validate_config: ConfigValidator | None = None,
+        api_version: str = API_VERSION,
+    ) -> None:
         self.device = device
         self.device_id = device_id
         self.validate_config = validate_config
@@ -208,31 +225,38 @@ class P4RuntimeServicer(p4runtime_pb2_grpc.P4RuntimeServicer):
 
     def _check_pipeline(self) -> None:
         if self.device.p4info is None:
-            raise RpcFailure(grpc.StatusCode.FAILED_PRECONDITION,
-                             "No forwarding pipeline config set for this device")
+            raise RpcFailure(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                "No forwarding pipeline config set for this device",
+            )
 
     # -- unary RPCs -------------------------------------------------------------------
 
     @_guard(p4runtime_pb2.CapabilitiesResponse)
-    def Capabilities(self, request: p4runtime_pb2.CapabilitiesRequest,
-                     context: grpc.ServicerContext) -> p4runtime_pb2.CapabilitiesResponse:
+    def Capabilities(
+        self, request: p4runtime_pb2.CapabilitiesRequest, context: grpc.ServicerContext
+    ) -> p4runtime_pb2.CapabilitiesResponse:
         return p4runtime_pb2.CapabilitiesResponse(p4runtime_api_version=self.api_version)
 
     @_guard(p4runtime_pb2.WriteResponse)
-    def Write(self, request: p4runtime_pb2.WriteRequest,
-              context: grpc.ServicerContext) -> p4runtime_pb2.WriteResponse:
+    def Write(
+        self, request: p4runtime_pb2.WriteRequest, context: grpc.ServicerContext
+    ) -> p4runtime_pb2.WriteResponse:
         self._check_device(request.device_id)
         self._check_role(request)
         self._check_primary(request)
         self._check_pipeline()
         if request.atomicity != p4runtime_pb2.WriteRequest.CONTINUE_ON_ERROR:
-            raise RpcFailure(grpc.StatusCode.UNIMPLEMENTED,
-                             "Support for atomic write modes has not been implemented yet")
+            raise RpcFailure(
+                grpc.StatusCode.UNIMPLEMENTED,
+                "Support for atomic write modes has not been implemented yet",
+            )
         results = apply_write(self.device, request)
         failed = sum(1 for code, _ in results if code != code_pb2.OK)
         if failed:
-            status = status_pb2.Status(code=code_pb2.UNKNOWN,
-                                       message=f"{failed} of {len(results)} updates failed")
+            status = status_pb2.Status(
+                code=code_pb2.UNKNOWN, message=f"{failed} of {len(results)} updates failed"
+            )
             for code, message in results:
                 err = p4runtime_pb2.Error(canonical_code=code, message=message)
                 if code != code_pb2.OK:
@@ -244,15 +268,25 @@ class P4RuntimeServicer(p4runtime_pb2_grpc.P4RuntimeServicer):
         return p4runtime_pb2.WriteResponse()
 
     @_guard(p4runtime_pb2.SetForwardingPipelineConfigResponse)
-    def SetForwardingPipelineConfig(self, request: p4runtime_pb2.SetForwardingPipelineConfigRequest,
-                                    context: grpc.ServicerContext) -> p4runtime_pb2.SetForwardingPipelineConfigResponse:
+    def SetForwardingPipelineConfig(
+        self,
+        request: p4runtime_pb2.SetForwardingPipelineConfigRequest,
+        context: grpc.ServicerContext,
+    ) -> p4runtime_pb2.SetForwardingPipelineConfigResponse:
         self._check_device(request.device_id)
         self._check_role(request)
         self._check_primary(request)
         action = request.action
-        if action not in (SetAction.VERIFY, SetAction.VERIFY_AND_SAVE, SetAction.VERIFY_AND_COMMIT,
-                          SetAction.COMMIT, SetAction.RECONCILE_AND_COMMIT):
-            raise RpcFailure(grpc.StatusCode.INVALID_ARGUMENT, "Invalid SetForwardingPipeline action")
+        if action not in (
+            SetAction.VERIFY,
+            SetAction.VERIFY_AND_SAVE,
+            SetAction.VERIFY_AND_COMMIT,
+            SetAction.COMMIT,
+            SetAction.RECONCILE_AND_COMMIT,
+        ):
+            raise RpcFailure(
+                grpc.StatusCode.INVALID_ARGUMENT, "Invalid SetForwardingPipeline action"
+            )
         config = request.config
         if action == SetAction.COMMIT:
             if not self._saved:
@@ -262,32 +296,48 @@ class P4RuntimeServicer(p4runtime_pb2_grpc.P4RuntimeServicer):
         try:
             P4InfoIndex(config.p4info)
         except Exception as exc:  # any malformed P4Info
-            raise RpcFailure(grpc.StatusCode.UNKNOWN, f"Error when importing p4info: {exc}") from exc
+            raise RpcFailure(
+                grpc.StatusCode.UNKNOWN, f"Error when importing p4info: {exc}"
+            ) from exc
         if self.validate_config is not None:
             try:
                 self.validate_config(config.p4info, config.p4_device_config)
             except ValueError as exc:
-                raise RpcFailure(grpc.StatusCode.INVALID_ARGUMENT, f"Invalid device config: {exc}") from exc
+                raise RpcFailure(
+                    grpc.StatusCode.INVALID_ARGUMENT, f"Invalid device config: {exc}"
+                ) from exc
         if action == SetAction.VERIFY:
             return p4runtime_pb2.SetForwardingPipelineConfigResponse()
         with self.device.lock:
             self.device.load_pipeline(config.p4info, config.p4_device_config)
             self.device.cookie = config.cookie.cookie if config.HasField("cookie") else None
         self._saved = action == SetAction.VERIFY_AND_SAVE
-        log.info("pipeline installed (%d tables, %d bytes of device config)",
-                 len(config.p4info.tables), len(config.p4_device_config))
+        log.info(
+            "pipeline installed (%d tables, %d bytes of device config)",
+            len(config.p4info.tables),
+            len(config.p4_device_config),
+        )
         return p4runtime_pb2.SetForwardingPipelineConfigResponse()
 
     @_guard(p4runtime_pb2.GetForwardingPipelineConfigResponse)
-    def GetForwardingPipelineConfig(self, request: p4runtime_pb2.GetForwardingPipelineConfigRequest,
-                                    context: grpc.ServicerContext) -> p4runtime_pb2.GetForwardingPipelineConfigResponse:
+    def GetForwardingPipelineConfig(
+        self,
+        request: p4runtime_pb2.GetForwardingPipelineConfigRequest,
+        context: grpc.ServicerContext,
+    ) -> p4runtime_pb2.GetForwardingPipelineConfigResponse:
         self._check_device(request.device_id)
         self._check_pipeline()
         kind = request.response_type
-        if kind not in (GetType.ALL, GetType.COOKIE_ONLY, GetType.P4INFO_AND_COOKIE,
-                        GetType.DEVICE_CONFIG_AND_COOKIE):
-            raise RpcFailure(grpc.StatusCode.INVALID_ARGUMENT,
-                             "Invalid response_type in GetForwardingPipelineConfigRequest")
+        if kind not in (
+            GetType.ALL,
+            GetType.COOKIE_ONLY,
+            GetType.P4INFO_AND_COOKIE,
+            GetType.DEVICE_CONFIG_AND_COOKIE,
+        ):
+            raise RpcFailure(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                "Invalid response_type in GetForwardingPipelineConfigRequest",
+            )
         response = p4runtime_pb2.GetForwardingPipelineConfigResponse()
         with self.device.lock:
             assert self.device.p4info_proto is not None
@@ -301,8 +351,9 @@ class P4RuntimeServicer(p4runtime_pb2_grpc.P4RuntimeServicer):
 
     # -- streaming RPCs -------------------------------------------------------------------
 
-    def Read(self, request: p4runtime_pb2.ReadRequest,
-             context: grpc.ServicerContext) -> Iterator[p4runtime_pb2.ReadResponse]:
+    def Read(
+        self, request: p4runtime_pb2.ReadRequest, context: grpc.ServicerContext
+    ) -> Iterator[p4runtime_pb2.ReadResponse]:
         try:
             self._check_device(request.device_id)
             self._check_pipeline()
@@ -318,14 +369,21 @@ class P4RuntimeServicer(p4runtime_pb2_grpc.P4RuntimeServicer):
             _fail(context, RpcFailure(grpc.StatusCode.INTERNAL, f"internal error: {exc}"))
             return
         for start in range(0, max(len(entities), 1), READ_CHUNK):
-            yield p4runtime_pb2.ReadResponse(entities=entities[start:start + READ_CHUNK])
+            yield p4runtime_pb2.ReadResponse(entities=entities[start : start + READ_CHUNK])
 
-    def StreamChannel(self, request_iterator: Iterator[p4runtime_pb2.StreamMessageRequest],
-                      context: grpc.ServicerContext) -> Iterator[p4runtime_pb2.StreamMessageResponse]:
+    def StreamChannel(
+        self,
+        request_iterator: Iterator[p4runtime_pb2.StreamMessageRequest],
+        context: grpc.ServicerContext,
+    ) -> Iterator[p4runtime_pb2.StreamMessageResponse]:
         conn = _Connection()
         context.add_callback(lambda: conn.outbox.put(_END))
-        reader = threading.Thread(target=self._read_stream, args=(request_iterator, conn),
-                                  name="p4rt-stream-reader", daemon=True)
+        reader = threading.Thread(
+            target=self._read_stream,
+            args=(request_iterator, conn),
+            name="p4rt-stream-reader",
+            daemon=True,
+        )
         reader.start()
         try:
             while True:
@@ -339,7 +397,9 @@ class P4RuntimeServicer(p4runtime_pb2_grpc.P4RuntimeServicer):
         finally:
             self.arbiter.remove(conn)
 
-    def _read_stream(self, requests: Iterator[p4runtime_pb2.StreamMessageRequest], conn: _Connection) -> None:
+    def _read_stream(
+        self, requests: Iterator[p4runtime_pb2.StreamMessageRequest], conn: _Connection
+    ) -> None:
         try:
             for request in requests:
                 kind = request.WhichOneof("update")
@@ -359,7 +419,9 @@ class P4RuntimeServicer(p4runtime_pb2_grpc.P4RuntimeServicer):
             self.arbiter.remove(conn)
             conn.outbox.put(_END)
 
-    def _on_arbitration(self, conn: _Connection, arb: p4runtime_pb2.MasterArbitrationUpdate) -> None:
+    def _on_arbitration(
+        self, conn: _Connection, arb: p4runtime_pb2.MasterArbitrationUpdate
+    ) -> None:
         if arb.device_id != self.device_id:
             raise RpcFailure(grpc.StatusCode.NOT_FOUND, f"Unknown device id {arb.device_id}")
         if arb.role.name or arb.role.id or arb.role.HasField("config"):
@@ -374,7 +436,9 @@ class P4RuntimeServicer(p4runtime_pb2_grpc.P4RuntimeServicer):
     def _on_packet_out(self, conn: _Connection, packet: p4runtime_pb2.PacketOut) -> None:
         if self.device.p4info is None or not self.arbiter.is_primary(conn.election_id or 0):
             return
-        log.warning("PacketOut of %d bytes refused: the program has no controller port", len(packet.payload))
+        log.warning(
+            "PacketOut of %d bytes refused: the program has no controller port", len(packet.payload)
+        )
         response = p4runtime_pb2.StreamMessageResponse()
         response.error.canonical_code = code_pb2.UNIMPLEMENTED
         response.error.message = "PacketOut is not supported: the program has no controller port"
@@ -389,9 +453,16 @@ class P4RuntimeServicer(p4runtime_pb2_grpc.P4RuntimeServicer):
 class P4RuntimeServer:
     """A gRPC server exposing P4RuntimeServicer for one Device."""
 
-    def __init__(self, device: Device, device_id: int, address: str = "127.0.0.1:0", *,
-                 validate_config: ConfigValidator | None = None, max_workers: int = 40,
-                 api_version: str = API_VERSION) -> None:
+    def __init__(
+        self,
+        device: Device,
+        device_id: int,
+        address: str = "127.0.0.1:0",
+        *,
+        validate_config: ConfigValidator | None = None,
+        max_workers: int = 40,
+        api_version: str = API_VERSION,
+    ) -> None:
         self.device = device
         self.device_id = device_id
         self.address = address
@@ -404,9 +475,10 @@ class P4RuntimeServer:
         """Bind and serve; returns the bound port (the OS picks it when the address ends in :0)."""
         if self._server is not None:
             raise RuntimeError("P4Runtime server already started")
-        server = grpc.server(futures.ThreadPoolExecutor(max_workers=self._max_workers,
-                                                        thread_name_prefix="p4rt"),
-                             options=GRPC_OPTIONS)
+        server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=self._max_workers, thread_name_prefix="p4rt"),
+            options=GRPC_OPTIONS,
+        )
         p4runtime_pb2_grpc.add_P4RuntimeServicer_to_server(self.servicer, server)
         try:
             port = server.add_insecure_port(self.address)
@@ -416,7 +488,9 @@ class P4RuntimeServer:
             raise OSError(f"cannot bind the P4Runtime server to {self.address}")
         server.start()
         self._server, self.port = server, port
-        log.info("P4Runtime server for device %d on %s (port %d)", self.device_id, self.address, port)
+        log.info(
+            "P4Runtime server for device %d on %s (port %d)", self.device_id, self.address, port
+        )
         return port
 
     def stop(self, grace: float | None = None) -> None:

@@ -94,7 +94,9 @@ def table_of(device: Device, table_id: int) -> Table:
 # -- table entries -----------------------------------------------------------------
 
 
-def decode_match(table: Table, entry: p4runtime_pb2.TableEntry) -> tuple[tuple[FieldMatch, ...], int]:
+def decode_match(
+    table: Table, entry: p4runtime_pb2.TableEntry
+) -> tuple[tuple[FieldMatch, ...], int]:
     """The (match, priority) of a non-default entry; INVALID_ARGUMENT for a malformed key."""
     fields = table.info.match_fields
     if len(entry.match) > len(fields):
@@ -131,8 +133,10 @@ def _value(data: bytes, info: MatchFieldInfo | int) -> int:
 def _field(info: MatchFieldInfo, fm: p4runtime_pb2.FieldMatch) -> FieldMatch:
     kind = fm.WhichOneof("field_match_type")
     if kind != info.match_type:
-        raise invalid(f"Invalid match type for field {info.name}: "
-                      f"got {kind or 'none'}, the P4Info says {info.match_type}")
+        raise invalid(
+            f"Invalid match type for field {info.name}: "
+            f"got {kind or 'none'}, the P4Info says {info.match_type}"
+        )
     full = (1 << info.bitwidth) - 1
     if kind == "exact":
         return _value(fm.exact.value, info), full
@@ -140,25 +144,33 @@ def _field(info: MatchFieldInfo, fm: p4runtime_pb2.FieldMatch) -> FieldMatch:
         if fm.lpm.prefix_len < 0:
             raise invalid("Prefix length cannot be < 0")
         if fm.lpm.prefix_len == 0:
-            raise invalid("Invalid representation of 'don't care' LPM match, "
-                          "omit match field instead of using a prefix length of 0")
+            raise invalid(
+                "Invalid representation of 'don't care' LPM match, "
+                "omit match field instead of using a prefix length of 0"
+            )
         return _value(fm.lpm.value, info), fm.lpm.prefix_len
     if kind == "ternary":
         mask = _value(fm.ternary.mask, info)
         if mask == 0:
-            raise invalid("Invalid representation of 'don't care' ternary match, "
-                          "omit match field instead of using 0 mask")
+            raise invalid(
+                "Invalid representation of 'don't care' ternary match, "
+                "omit match field instead of using 0 mask"
+            )
         return _value(fm.ternary.value, info), mask
     if kind == "range":
         low, high = _value(fm.range.low, info), _value(fm.range.high, info)
         if (low, high) == (0, full):
-            raise invalid("Invalid representation of 'don't care' range match, "
-                          "omit match field instead of using low=0 and high=2**bitwidth-1")
+            raise invalid(
+                "Invalid representation of 'don't care' range match, "
+                "omit match field instead of using low=0 and high=2**bitwidth-1"
+            )
         return low, high
     return _value(fm.optional.value, info), full  # optional
 
 
-def decode_action(p4info: P4InfoIndex, table_action: p4runtime_pb2.TableAction) -> tuple[ActionInfo, dict[str, int]]:
+def decode_action(
+    p4info: P4InfoIndex, table_action: p4runtime_pb2.TableAction
+) -> tuple[ActionInfo, dict[str, int]]:
     """The action and params of a direct TableAction; INVALID_ARGUMENT for unknown ids or bad values."""
     if table_action.WhichOneof("type") != "action":
         raise invalid("Cannot provide indirect action for direct table")
@@ -168,8 +180,10 @@ def decode_action(p4info: P4InfoIndex, table_action: p4runtime_pb2.TableAction) 
     except P4InfoLookupError:
         raise invalid(f"Invalid P4 id: no action with id {call.action_id}") from None
     if len(call.params) != len(action.params):
-        raise invalid(f"Unexpected number of action parameters for {action.name}: "
-                      f"got {len(call.params)}, expected {len(action.params)}")
+        raise invalid(
+            f"Unexpected number of action parameters for {action.name}: "
+            f"got {len(call.params)}, expected {len(action.params)}"
+        )
     params: dict[str, int] = {}
     for p in call.params:
         info = action.params_by_id.get(p.param_id)
@@ -189,7 +203,9 @@ def _check_entry_extras(table: Table, entry: p4runtime_pb2.TableEntry) -> None:
     if entry.idle_timeout_ns < 0:
         raise invalid("idle_timeout_ns must be a positive value")
     if entry.idle_timeout_ns > 0:
-        raise invalid("idle_timeout_ns must be set to 0 for tables which do not support idle timeout")
+        raise invalid(
+            "idle_timeout_ns must be set to 0 for tables which do not support idle timeout"
+        )
 
 
 def _store_extras(entry: Entry, msg: p4runtime_pb2.TableEntry) -> None:
@@ -200,8 +216,9 @@ def _store_extras(entry: Entry, msg: p4runtime_pb2.TableEntry) -> None:
         entry.bytes = msg.counter_data.byte_count
 
 
-def _write_table_entry(device: Device, p4info: P4InfoIndex, update_type: int,
-                       msg: p4runtime_pb2.TableEntry) -> None:
+def _write_table_entry(
+    device: Device, p4info: P4InfoIndex, update_type: int, msg: p4runtime_pb2.TableEntry
+) -> None:
     table = table_of(device, msg.table_id)
     _check_type(update_type)
     _check_entry_extras(table, msg)
@@ -250,7 +267,9 @@ def counter_of(device: Device, counter_id: int) -> Counter:
         raise invalid(f"Invalid P4 id: no counter with id {counter_id}") from None
 
 
-def _merge(unit: str, data: p4runtime_pb2.CounterData, packets: int, nbytes: int) -> tuple[int, int]:
+def _merge(
+    unit: str, data: p4runtime_pb2.CounterData, packets: int, nbytes: int
+) -> tuple[int, int]:
     """New (packets, bytes) for a MODIFY: only the unit's fields are written, as PI does on BMv2."""
     if unit in ("packets", "both"):
         packets = data.packet_count
@@ -262,7 +281,9 @@ def _merge(unit: str, data: p4runtime_pb2.CounterData, packets: int, nbytes: int
 def _write_counter(device: Device, update_type: int, msg: p4runtime_pb2.CounterEntry) -> None:
     counter = counter_of(device, msg.counter_id)
     if not msg.HasField("index"):
-        raise error(code_pb2.UNIMPLEMENTED, "Wildcard write is not supported for indirect counters yet")
+        raise error(
+            code_pb2.UNIMPLEMENTED, "Wildcard write is not supported for indirect counters yet"
+        )
     index = msg.index.index
     if index < 0:
         raise invalid("A negative number is not a valid index value")
@@ -293,8 +314,9 @@ def direct_entry_of(device: Device, msg: p4runtime_pb2.TableEntry) -> tuple[Tabl
     return table, entry
 
 
-def _write_direct_counter(device: Device, p4info: P4InfoIndex, update_type: int,
-                          msg: p4runtime_pb2.DirectCounterEntry) -> None:
+def _write_direct_counter(
+    device: Device, p4info: P4InfoIndex, update_type: int, msg: p4runtime_pb2.DirectCounterEntry
+) -> None:
     if not msg.HasField("table_entry"):
         raise invalid("Missing table_entry field in DirectCounterEntry")
     table, entry = direct_entry_of(device, msg.table_entry)
@@ -322,14 +344,18 @@ def _replica_port(replica: p4runtime_pb2.Replica) -> tuple[int, int]:
     if not data:
         raise invalid("Port must not be the empty string")
     if len(data) > 4:
-        raise error(code_pb2.UNIMPLEMENTED, f"Got port of {len(data)} bytes, but only 4 bytes are supported")
+        raise error(
+            code_pb2.UNIMPLEMENTED, f"Got port of {len(data)} bytes, but only 4 bytes are supported"
+        )
     port = int.from_bytes(data, "big")
     if port == 0 or port >= 1 << 31:  # PI reads the bytes as a signed int and wants it > 0
         raise invalid("Port must be non-negative.")
     return port, len(data)
 
 
-def _write_pre(device: Device, update_type: int, msg: p4runtime_pb2.PacketReplicationEngineEntry) -> None:
+def _write_pre(
+    device: Device, update_type: int, msg: p4runtime_pb2.PacketReplicationEngineEntry
+) -> None:
     kind = msg.WhichOneof("type")
     if kind == "clone_session_entry":
         raise error(code_pb2.UNIMPLEMENTED, "Clone sessions are not supported by this switch model")

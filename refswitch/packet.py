@@ -90,11 +90,16 @@ class Headers:
     cells: np.ndarray | None = None  # int32 (CELLS_PER_PKT,)
     payload: bytes = b""
 
-    def clone(self) -> "Headers":
+    def clone(self) -> Headers:
         """A deep copy, as the replication engine makes for each multicast replica."""
-        return Headers(*(None if h is None else dup(h) for h in
-                         (self.ethernet, self.arp, self.ipv4, self.udp, self.agg)),
-                       cells=None if self.cells is None else self.cells.copy(), payload=self.payload)
+        return Headers(
+            *(
+                None if h is None else dup(h)
+                for h in (self.ethernet, self.arp, self.ipv4, self.udp, self.agg)
+            ),
+            cells=None if self.cells is None else self.cells.copy(),
+            payload=self.payload,
+        )
 
 
 @dataclass(slots=True)

@@ -48,7 +48,7 @@ def parse(frame: bytes) -> tuple[Headers, str]:
             return hdr, PACKET_TOO_SHORT
         f = ARP_STRUCT.unpack_from(frame, off)
         hdr.arp = Arp(f[0], f[1], f[2], f[3], f[4], _int(f[5]), _int(f[6]), _int(f[7]), _int(f[8]))
-        hdr.payload = frame[off + ARP_STRUCT.size:]
+        hdr.payload = frame[off + ARP_STRUCT.size :]
         return hdr, "NoError"
     if ether_type != ETHERTYPE_IPV4:
         hdr.payload = frame[off:]
@@ -56,8 +56,20 @@ def parse(frame: bytes) -> tuple[Headers, str]:
     if n < off + IPV4_STRUCT.size:
         return hdr, PACKET_TOO_SHORT
     f = IPV4_STRUCT.unpack_from(frame, off)
-    hdr.ipv4 = Ipv4(f[0] >> 4, f[0] & 0xF, f[1], f[2], f[3], f[4] >> 13, f[4] & 0x1FFF, f[5],
-                    f[6], f[7], _int(f[8]), _int(f[9]))
+    hdr.ipv4 = Ipv4(
+        f[0] >> 4,
+        f[0] & 0xF,
+        f[1],
+        f[2],
+        f[3],
+        f[4] >> 13,
+        f[4] & 0x1FFF,
+        f[5],
+        f[6],
+        f[7],
+        _int(f[8]),
+        _int(f[9]),
+    )
     off += IPV4_STRUCT.size
     ip = hdr.ipv4
     if not (ip.ihl == 5 and ip.frag_offset == 0 and ip.protocol == IP_PROTO_UDP):
@@ -77,5 +89,5 @@ def parse(frame: bytes) -> tuple[Headers, str]:
     if n < off + _CELLS_BYTES:
         return hdr, PACKET_TOO_SHORT
     hdr.cells = np.frombuffer(frame, CELLS_DTYPE, CELLS_PER_PKT, off).astype(np.int32)
-    hdr.payload = frame[off + _CELLS_BYTES:]
+    hdr.payload = frame[off + _CELLS_BYTES :]
     return hdr, "NoError"

@@ -32,19 +32,27 @@ def check_program(p4info: p4info_pb2.P4Info, device_config: bytes) -> None:
         except (ValueError, KeyError, TypeError, IndexError) as exc:
             raise ValueError(f"device config is not the homagg BMv2 JSON: {exc}") from exc
         if bits != 32 * CELLS_PER_PKT:
-            raise ValueError(f"program built for {bits // 32} cells per packet, this switch "
-                             f"model has {CELLS_PER_PKT}")
+            raise ValueError(
+                f"program built for {bits // 32} cells per packet, this switch "
+                f"model has {CELLS_PER_PKT}"
+            )
 
 
 class ReferenceSwitch:
     """Stands in for simple_switch_grpc: same ports, same P4Runtime, same packet semantics."""
 
-    def __init__(self, ports: dict[int, str], grpc_address: str, device_id: int = 0,
-                 stats_interval: float = 10.0) -> None:
+    def __init__(
+        self,
+        ports: dict[int, str],
+        grpc_address: str,
+        device_id: int = 0,
+        stats_interval: float = 10.0,
+    ) -> None:
         self.device = Device()
         self.pipeline = Pipeline(self.device)
-        self.server = P4RuntimeServer(self.device, device_id, grpc_address,
-                                      validate_config=check_program)
+        self.server = P4RuntimeServer(
+            self.device, device_id, grpc_address, validate_config=check_program
+        )
         self.ports = PortSet(ports) if ports else None
         self.stats_interval = stats_interval
         self._stop = threading.Event()
@@ -76,8 +84,12 @@ class ReferenceSwitch:
                 next_stats = time.monotonic() + self.stats_interval
                 drops = dict(self.pipeline.drops)
                 if drops != reported:
-                    log.info("packets in %d out %d; drops %s", self.packets_in, self.packets_out,
-                             ", ".join(f"{k}={v}" for k, v in sorted(drops.items())))
+                    log.info(
+                        "packets in %d out %d; drops %s",
+                        self.packets_in,
+                        self.packets_out,
+                        ", ".join(f"{k}={v}" for k, v in sorted(drops.items())),
+                    )
                     reported = drops
 
     def close(self) -> None:

@@ -36,11 +36,30 @@ class DeviceError(Exception):
 class Entry:
     """A table entry (or a table's default entry): decoded match, action and direct counter."""
 
-    __slots__ = ("match", "priority", "action", "action_name", "params", "packets",
-                 "bytes", "controller_metadata", "metadata", "idle_timeout_ns", "seq", "masked", "ranges")
+    __slots__ = (
+        "action",
+        "action_name",
+        "bytes",
+        "controller_metadata",
+        "idle_timeout_ns",
+        "masked",
+        "match",
+        "metadata",
+        "packets",
+        "params",
+        "priority",
+        "ranges",
+        "seq",
+    )
 
-    def __init__(self, match: tuple[FieldMatch, ...], priority: int, action: ActionInfo,
-                 params: dict[str, int], seq: int = 0) -> None:
+    def __init__(
+        self,
+        match: tuple[FieldMatch, ...],
+        priority: int,
+        action: ActionInfo,
+        params: dict[str, int],
+        seq: int = 0,
+    ) -> None:
         self.match = match
         self.priority = priority
         self.seq = seq
@@ -49,7 +68,9 @@ class Entry:
         self.controller_metadata = 0
         self.metadata = b""
         self.idle_timeout_ns = 0
-        self.masked: tuple[tuple[int, int, int], ...] = ()  # (field index, mask, value), set by Table
+        self.masked: tuple[
+            tuple[int, int, int], ...
+        ] = ()  # (field index, mask, value), set by Table
         self.ranges: tuple[tuple[int, int, int], ...] = ()  # (field index, low, high)
         self.set_action(action, params)
 
@@ -124,7 +145,7 @@ class Table:
         if self.kind == "lpm":
             i = self._lpm_field
             for _plen, mask, bucket in self._lpm_levels:
-                entry = bucket.get(key[:i] + (key[i] & mask,) + key[i + 1:])
+                entry = bucket.get(key[:i] + (key[i] & mask,) + key[i + 1 :])
                 if entry is not None:
                     return entry
             return None
@@ -157,24 +178,37 @@ class Table:
         """The match of an omitted field `index` (see the module docstring)."""
         return (0, self._full[index]) if self._kinds[index] == "range" else (0, 0)
 
-    def insert(self, match: tuple[FieldMatch, ...], action: ActionInfo, params: dict[str, int],
-               priority: int = 0) -> Entry:
+    def insert(
+        self,
+        match: tuple[FieldMatch, ...],
+        action: ActionInfo,
+        params: dict[str, int],
+        priority: int = 0,
+    ) -> Entry:
         """Add an entry; ALREADY_EXISTS if present, RESOURCE_EXHAUSTED when the table is full."""
         self.check_match(match, priority)
         self.check_action(action, params, default=False)
         if (match, priority) in self._entries:
-            raise DeviceError(code_pb2.ALREADY_EXISTS,
-                              "Match entry exists, use MODIFY if you wish to change action")
+            raise DeviceError(
+                code_pb2.ALREADY_EXISTS,
+                "Match entry exists, use MODIFY if you wish to change action",
+            )
         if self.info.size and len(self._entries) >= self.info.size:
-            raise DeviceError(code_pb2.RESOURCE_EXHAUSTED,
-                              f"Table {self.name} is full ({self.info.size} entries)")
+            raise DeviceError(
+                code_pb2.RESOURCE_EXHAUSTED, f"Table {self.name} is full ({self.info.size} entries)"
+            )
         entry = Entry(match, priority, action, params, next(self._seq))
         self._index(entry)
         self._entries[entry.key] = entry
         return entry
 
-    def modify(self, match: tuple[FieldMatch, ...], action: ActionInfo, params: dict[str, int],
-               priority: int = 0) -> Entry:
+    def modify(
+        self,
+        match: tuple[FieldMatch, ...],
+        action: ActionInfo,
+        params: dict[str, int],
+        priority: int = 0,
+    ) -> Entry:
         """Change an entry's action; NOT_FOUND if absent. Its direct counter is kept."""
         self.check_match(match, priority)
         self.check_action(action, params, default=False)
@@ -221,28 +255,46 @@ class Table:
     def check_match(self, match: tuple[FieldMatch, ...], priority: int) -> None:
         """INVALID_ARGUMENT unless `match` is well formed for this table (PI's checks and messages)."""
         if len(match) != len(self._kinds):
-            raise DeviceError(code_pb2.INVALID_ARGUMENT,
-                              f"Match key of table {self.name} needs {len(self._kinds)} fields, got {len(match)}")
-        for kind, full, field, (a, b) in zip(self._kinds, self._full, self.info.match_fields, match):
+            raise DeviceError(
+                code_pb2.INVALID_ARGUMENT,
+                f"Match key of table {self.name} needs {len(self._kinds)} fields, got {len(match)}",
+            )
+        for kind, full, field, (a, b) in zip(
+            self._kinds, self._full, self.info.match_fields, match
+        ):
             width = field.bitwidth
             if a < 0 or b < 0 or a > full or (kind != "lpm" and b > full):
-                raise DeviceError(code_pb2.INVALID_ARGUMENT,
-                                  f"Bytestring provided does not fit within {width} bits ({field.name})")
+                raise DeviceError(
+                    code_pb2.INVALID_ARGUMENT,
+                    f"Bytestring provided does not fit within {width} bits ({field.name})",
+                )
             if kind == "exact" and b != full:
-                raise DeviceError(code_pb2.INVALID_ARGUMENT, f"Exact field {field.name} needs a full mask")
+                raise DeviceError(
+                    code_pb2.INVALID_ARGUMENT, f"Exact field {field.name} needs a full mask"
+                )
             elif kind == "lpm":
                 if b > width:
-                    raise DeviceError(code_pb2.INVALID_ARGUMENT, "Prefix length cannot be > bitwidth")
+                    raise DeviceError(
+                        code_pb2.INVALID_ARGUMENT, "Prefix length cannot be > bitwidth"
+                    )
                 if a & ((1 << (width - b)) - 1):
-                    raise DeviceError(code_pb2.INVALID_ARGUMENT,
-                                      "Invalid LPM value, incorrect number of trailing zeros")
+                    raise DeviceError(
+                        code_pb2.INVALID_ARGUMENT,
+                        "Invalid LPM value, incorrect number of trailing zeros",
+                    )
             elif kind == "ternary" and a & b != a:
-                raise DeviceError(code_pb2.INVALID_ARGUMENT,
-                                  "Invalid ternary value, make sure value & mask == value")
+                raise DeviceError(
+                    code_pb2.INVALID_ARGUMENT,
+                    "Invalid ternary value, make sure value & mask == value",
+                )
             elif kind == "range" and a > b:
-                raise DeviceError(code_pb2.INVALID_ARGUMENT, "Invalid range value, make sure low <= high")
+                raise DeviceError(
+                    code_pb2.INVALID_ARGUMENT, "Invalid range value, make sure low <= high"
+                )
             elif kind == "optional" and (b not in (0, full) or a & b != a):
-                raise DeviceError(code_pb2.INVALID_ARGUMENT, f"Invalid optional match on {field.name}")
+                raise DeviceError(
+                    code_pb2.INVALID_ARGUMENT, f"Invalid optional match on {field.name}"
+                )
         if priority < 0:
             raise DeviceError(code_pb2.INVALID_ARGUMENT, "Priority must be >= 0")
         if self.info.needs_priority and priority == 0:
@@ -254,27 +306,39 @@ class Table:
         """INVALID_ARGUMENT unless `action` is allowed here with exactly its params, in range."""
         scope = self.info.action_scopes.get(action.id)
         if scope is None:
-            raise DeviceError(code_pb2.INVALID_ARGUMENT,
-                              f"Invalid action for table: {action.name} is not an action of {self.name}")
+            raise DeviceError(
+                code_pb2.INVALID_ARGUMENT,
+                f"Invalid action for table: {action.name} is not an action of {self.name}",
+            )
         if scope == "table_only" and default:
-            raise DeviceError(code_pb2.PERMISSION_DENIED, "Cannot use TABLE_ONLY action as default action")
+            raise DeviceError(
+                code_pb2.PERMISSION_DENIED, "Cannot use TABLE_ONLY action as default action"
+            )
         if scope == "default_only" and not default:
-            raise DeviceError(code_pb2.PERMISSION_DENIED, "Cannot use DEFAULT_ONLY action in table entry")
+            raise DeviceError(
+                code_pb2.PERMISSION_DENIED, "Cannot use DEFAULT_ONLY action in table entry"
+            )
         if set(params) != set(action.params_by_name):
-            raise DeviceError(code_pb2.INVALID_ARGUMENT,
-                              f"Unexpected action parameters for {action.name}: got {sorted(params)}, "
-                              f"expected {[p.name for p in action.params]}")
+            raise DeviceError(
+                code_pb2.INVALID_ARGUMENT,
+                f"Unexpected action parameters for {action.name}: got {sorted(params)}, "
+                f"expected {[p.name for p in action.params]}",
+            )
         for p in action.params:
             if not 0 <= params[p.name] < 1 << p.bitwidth:
-                raise DeviceError(code_pb2.INVALID_ARGUMENT,
-                                  f"Value of parameter {p.name} does not fit within {p.bitwidth} bits")
+                raise DeviceError(
+                    code_pb2.INVALID_ARGUMENT,
+                    f"Value of parameter {p.name} does not fit within {p.bitwidth} bits",
+                )
 
     def check_default_writable(self) -> None:
         """PERMISSION_DENIED if the table's default action is const."""
         if self.info.const_default_action_id:
-            raise DeviceError(code_pb2.PERMISSION_DENIED,
-                              f"Cannot set / reset default action for table {self.info.id} "
-                              "which has a const default action")
+            raise DeviceError(
+                code_pb2.PERMISSION_DENIED,
+                f"Cannot set / reset default action for table {self.info.id} "
+                "which has a const default action",
+            )
 
     def _fallback_default(self) -> tuple[ActionInfo, dict[str, int]]:
         """The default action known from the P4Info alone (BMv2 JSON may refine it later).
@@ -287,7 +351,9 @@ class Table:
         if info.initial_default_action is not None:
             action = p4.action(info.initial_default_action[0])
             args = dict(info.initial_default_action[1])
-            return action, {p.name: int.from_bytes(args.get(p.id, b""), "big") for p in action.params}
+            return action, {
+                p.name: int.from_bytes(args.get(p.id, b""), "big") for p in action.params
+            }
         if info.const_default_action_id:
             action = p4.action(info.const_default_action_id)
             return action, {p.name: 0 for p in action.params}
@@ -342,4 +408,5 @@ class Table:
         full = (1 << width) - 1
         self._lpm_levels = tuple(
             (plen, full ^ ((1 << (width - plen)) - 1), self._lpm[plen])
-            for plen in sorted(self._lpm, reverse=True))
+            for plen in sorted(self._lpm, reverse=True)
+        )

@@ -19,9 +19,9 @@ class JobShape:
     items: int = 4000
     dim: int = 16
     batch: int = 64
-    negatives: int = 1        # sampled negatives per positive
+    negatives: int = 1  # sampled negatives per positive
     seed: int = 0
-    features: int = 64        # dense model: inputs, hidden width and classes
+    features: int = 64  # dense model: inputs, hidden width and classes
     hidden: int = 256
     classes: int = 10
 
@@ -62,7 +62,9 @@ class Feedback:
         s = self.shape
         g = torch.Generator().manual_seed(s.seed * 1_000_003 + rank * 10_007 + step)
         users = torch.multinomial(self.user_w, s.batch, replacement=True, generator=g)
-        cand = torch.multinomial(self.item_w, s.batch * 8, replacement=True, generator=g).view(s.batch, 8)
+        cand = torch.multinomial(self.item_w, s.batch * 8, replacement=True, generator=g).view(
+            s.batch, 8
+        )
         score = (self.u[users].unsqueeze(1) * self.v[cand]).sum(-1) + self.pop[cand]
         pos = cand.gather(1, score.argmax(1, keepdim=True)).squeeze(1)
         neg = torch.randint(0, s.items, (s.batch * s.negatives,), generator=g)
@@ -77,9 +79,13 @@ class MLP(nn.Module):
 
     def __init__(self, shape: JobShape) -> None:
         super().__init__()
-        self.net = nn.Sequential(nn.Linear(shape.features, shape.hidden), nn.ReLU(),
-                                 nn.Linear(shape.hidden, shape.hidden), nn.ReLU(),
-                                 nn.Linear(shape.hidden, shape.classes))
+        self.net = nn.Sequential(
+            nn.Linear(shape.features, shape.hidden),
+            nn.ReLU(),
+            nn.Linear(shape.hidden, shape.hidden),
+            nn.ReLU(),
+            nn.Linear(shape.hidden, shape.classes),
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Class logits."""
@@ -108,9 +114,9 @@ class Task:
     """A model, its data and its loss: what one training step needs."""
 
     model: nn.Module
-    batch: Callable[[int, int], tuple[torch.Tensor, ...]]   # (rank, step) -> (*inputs, labels)
+    batch: Callable[[int, int], tuple[torch.Tensor, ...]]  # (rank, step) -> (*inputs, labels)
     loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-    sparse: bool                                            # gradients touch few rows
+    sparse: bool  # gradients touch few rows
 
 
 MODELS = ("ncf", "mlp")
@@ -122,7 +128,9 @@ def make_task(name: str, shape: JobShape) -> Task:
     parameters initialised from shape.seed, alike on every rank."""
     torch.manual_seed(shape.seed)
     if name == "ncf":
-        return Task(NCF(shape), Feedback(shape).batch, nn.functional.binary_cross_entropy_with_logits, True)
+        return Task(
+            NCF(shape), Feedback(shape).batch, nn.functional.binary_cross_entropy_with_logits, True
+        )
     if name == "mlp":
         return Task(MLP(shape), Clusters(shape).batch, nn.functional.cross_entropy, False)
     raise ValueError(f"unknown model {name!r}; expected one of {MODELS}")

@@ -29,7 +29,7 @@ class Topology:
     bw_mbit: float = 0.0
 
     @staticmethod
-    def load(path: Path, **overrides: Any) -> "Topology":
+    def load(path: Path, **overrides: Any) -> Topology:
         """Read [topology] hosts / bw_mbit from a TOML file; non-None overrides win."""
         data = tomllib.loads(path.read_text()).get("topology", {})
         unknown = set(data) - {"hosts", "bw_mbit"}
@@ -48,8 +48,9 @@ class P4Switch(Switch):
     """A Mininet switch backed by a P4Runtime switch process listening on 127.0.0.1; the
     controller pushes the pipeline (no p4c, the committed artifacts)."""
 
-    def __init__(self, name: str, target: str = "refswitch", log_path: str = "/tmp/switch.log",
-                 **params: Any) -> None:
+    def __init__(
+        self, name: str, target: str = "refswitch", log_path: str = "/tmp/switch.log", **params: Any
+    ) -> None:
         super().__init__(name, **params)
         self.target, self.log_path = target, Path(log_path)
         self.process: SwitchProcess | None = None
@@ -74,14 +75,28 @@ def build(topo: Topology, target: str, log_dir: Path) -> Mininet:
     """Build and start the network (hosts h1..hN, controller host hgc0 in the root namespace)."""
     link = TCLink if topo.bw_mbit > 0 else Link
     link_opts = {"bw": topo.bw_mbit} if topo.bw_mbit > 0 else {}
-    net = Mininet(topo=None, build=False, controller=None, link=link, autoSetMacs=False,
-                  autoStaticArp=False, waitConnected=False)
-    sw = net.addSwitch(SWITCH_NAME, cls=P4Switch, target=target, log_path=str(log_dir / "switch.log"))
+    net = Mininet(
+        topo=None,
+        build=False,
+        controller=None,
+        link=link,
+        autoSetMacs=False,
+        autoStaticArp=False,
+        waitConnected=False,
+    )
+    sw = net.addSwitch(
+        SWITCH_NAME, cls=P4Switch, target=target, log_path=str(log_dir / "switch.log")
+    )
     for i in range(topo.hosts):
         h = net.addHost(f"h{i + 1}", ip=f"10.0.0.{i + 1}/24", mac=host_mac(i))
         net.addLink(h, sw, port2=i + 1, **link_opts)
-    c = net.addHost(CONTROLLER_HOST, cls=Host, inNamespace=False, ip=f"{CONTROLLER_IP}/24",
-                    mac="02:00:00:00:01:64")
+    c = net.addHost(
+        CONTROLLER_HOST,
+        cls=Host,
+        inNamespace=False,
+        ip=f"{CONTROLLER_IP}/24",
+        mac="02:00:00:00:01:64",
+    )
     net.addLink(c, sw, port2=topo.hosts + 1, **link_opts)
     net.build()
     return net
@@ -92,7 +107,11 @@ def prepare_hosts(net: Mininet, python: str) -> None:
     frames a wire would carry: no oversized TSO segments, no partial checksums)."""
     for h in net.hosts:
         if h.inNamespace:
-            h.cmd("sysctl -qw net.ipv6.conf.all.disable_ipv6=1 net.ipv6.conf.default.disable_ipv6=1")
-            h.cmd(f"{python} -c 'from testnet.rawsock import disable_offloads as d; d(\"{h.defaultIntf().name}\")'")
+            h.cmd(
+                "sysctl -qw net.ipv6.conf.all.disable_ipv6=1 net.ipv6.conf.default.disable_ipv6=1"
+            )
+            h.cmd(
+                f"{python} -c 'from testnet.rawsock import disable_offloads as d; d(\"{h.defaultIntf().name}\")'"
+            )
         else:
             disable_offloads(h.defaultIntf().name)

@@ -27,7 +27,9 @@ def fixed_point_bound(steps: list[dict[str, Any]], world: int, lr: float) -> flo
     total = 0.0
     for s in steps:
         e = math.frexp(s["grad_max"])[1] if s["grad_max"] > 0 else -126
-        total += lr * (2.0 ** (e - p - 1) + 2.0 ** (e - 24)) + 2.0 ** (math.frexp(s["param_max"])[1] - 24)
+        total += lr * (2.0 ** (e - p - 1) + 2.0 ** (e - 24)) + 2.0 ** (
+            math.frexp(s["param_max"])[1] - 24
+        )
     return total
 
 
@@ -43,15 +45,34 @@ def _row(name: str, steps: list[dict[str, Any]]) -> list[str]:
     dense = steps[0]["dense_bytes"]
     retx = sum(s.get("retransmissions", 0) for s in steps)
     fb = sum(s.get("fallback_buckets", 0) for s in steps)
-    return [name, str(len(steps)), f"{steps[0]['loss']:.4f}", f"{steps[-1]['loss']:.4f}",
-            f"{statistics.median(secs) * 1e3:.1f}", f"{sum(s['seconds'] for s in steps):.1f}",
-            f"{wire / 1e3:.1f}", f"{wire / dense:.2f}x", str(retx), str(fb)]
+    return [
+        name,
+        str(len(steps)),
+        f"{steps[0]['loss']:.4f}",
+        f"{steps[-1]['loss']:.4f}",
+        f"{statistics.median(secs) * 1e3:.1f}",
+        f"{sum(s['seconds'] for s in steps):.1f}",
+        f"{wire / 1e3:.1f}",
+        f"{wire / dense:.2f}x",
+        str(retx),
+        str(fb),
+    ]
 
 
 def summary_table(runs: dict[str, list[dict[str, Any]]]) -> str:
     """One line per run: losses, median iteration time, bytes per rank and step vs dense."""
-    head = ["RUN", "STEPS", "LOSS FIRST", "LOSS LAST", "MEDIAN ITER ms", "TOTAL s",
-            "WIRE kB/RANK/STEP", "VS DENSE", "RETX", "FALLBACK BUCKETS"]
+    head = [
+        "RUN",
+        "STEPS",
+        "LOSS FIRST",
+        "LOSS LAST",
+        "MEDIAN ITER ms",
+        "TOTAL s",
+        "WIRE kB/RANK/STEP",
+        "VS DENSE",
+        "RETX",
+        "FALLBACK BUCKETS",
+    ]
     rows = [head] + [_row(name, steps) for name, steps in runs.items()]
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
@@ -60,6 +81,7 @@ def summary_table(runs: dict[str, list[dict[str, Any]]]) -> str:
 def plot(runs: dict[str, list[dict[str, Any]]], path: Path, title: str) -> None:
     """Loss and iteration time per step of each run, side by side, as a PNG."""
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

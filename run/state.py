@@ -12,7 +12,7 @@ from pathlib import Path
 from testnet.namespace import delete_link, ip
 
 STATE_DIR = Path(tempfile.gettempdir()) / "homagg-run"
-SWITCH_NAME = "hgs1"        # every root-namespace interface of a run starts with hgs1- or hgc0-
+SWITCH_NAME = "hgs1"  # every root-namespace interface of a run starts with hgs1- or hgc0-
 CONTROLLER_HOST = "hgc0"
 
 
@@ -71,8 +71,10 @@ def kill_group(pgid: int) -> bool:
 
 def our_links() -> list[str]:
     """Root-namespace interfaces named like ours (hgs1-ethN, hgc0-eth0)."""
-    names = [line.split(":")[1].strip().split("@")[0]
-             for line in ip("-o", "link", "show", check=False).stdout.splitlines()]
+    names = [
+        line.split(":")[1].strip().split("@")[0]
+        for line in ip("-o", "link", "show", check=False).stdout.splitlines()
+    ]
     return [n for n in names if n.startswith((f"{SWITCH_NAME}-", f"{CONTROLLER_HOST}-"))]
 
 
@@ -83,8 +85,10 @@ def cleanup(path: Path = STATE_DIR / "state.json") -> list[str]:
     if path.exists():
         data = json.loads(path.read_text() or "{}")
         if any(alive(p) for p in data.get("owner", [])):
-            raise RuntimeError(f"the run that wrote {path} (pid {data['owner']}) is still running; "
-                               "stop it with Ctrl-C or kill that PID")
+            raise RuntimeError(
+                f"the run that wrote {path} (pid {data['owner']}) is still running; "
+                "stop it with Ctrl-C or kill that PID"
+            )
         for ns in data.get("netns", []):
             for pid in pids_in_netns(ns):
                 os.kill(pid, signal.SIGKILL)

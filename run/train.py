@@ -58,12 +58,23 @@ def train(a: argparse.Namespace) -> None:
     tracked: Tracked | None = None
     agent = None
     if a.mode == "switch":
-        cfg = AgentConfig(controller=a.controller, job_id=a.job_id, token=a.token, rank=rank, ip=a.ip,
-                          udp_port=a.udp_port, switch_port=a.switch_port, iface=a.iface, ready_timeout=60)
+        cfg = AgentConfig(
+            controller=a.controller,
+            job_id=a.job_id,
+            token=a.token,
+            rank=rank,
+            ip=a.ip,
+            udp_port=a.udp_port,
+            switch_port=a.switch_port,
+            iface=a.iface,
+            ready_timeout=60,
+        )
         agent, reason = open_agent(cfg)
         # One support key per embedding row: the index phase shrinks dim-fold.
         opts = {"support_block": a.dim} if a.codec == "lossless" and task.sparse else {}
-        tracked = Tracked(SwitchHookState(agent, codec=a.codec, unavailable_reason=reason, codec_options=opts))
+        tracked = Tracked(
+            SwitchHookState(agent, codec=a.codec, unavailable_reason=reason, codec_options=opts)
+        )
         model.register_comm_hook(tracked, tracked_hook)
     opt = torch.optim.SGD(model.parameters(), lr=a.lr if a.lr is not None else DEFAULT_LR[a.model])
     out = Path(a.out)
@@ -83,10 +94,21 @@ def train(a: argparse.Namespace) -> None:
             after = _stats(tracked)
             local_max = tracked.local_max if tracked else 0.0
             # One tiny all_reduce for the report (not part of the timed step).
-            t = torch.tensor([loss.item(), seconds, float(wire), local_max,
-                              float(after[0] - before[0]), float(after[1] - before[1]),
-                              float(after[2] - before[2]), float(after[3] - before[3]),
-                              after[4] - before[4], after[5] - before[5]], dtype=torch.float64)
+            t = torch.tensor(
+                [
+                    loss.item(),
+                    seconds,
+                    float(wire),
+                    local_max,
+                    float(after[0] - before[0]),
+                    float(after[1] - before[1]),
+                    float(after[2] - before[2]),
+                    float(after[3] - before[3]),
+                    after[4] - before[4],
+                    after[5] - before[5],
+                ],
+                dtype=torch.float64,
+            )
             dist.all_reduce(t)
             if tracked:
                 tracked.local_max = 0.0
@@ -95,17 +117,29 @@ def train(a: argparse.Namespace) -> None:
                 local_max = float(m)
             if log is not None:
                 pmax = max(float(p.detach().abs().max()) for p in model.parameters())
-                rec = {"step": step, "loss": float(t[0]) / world, "seconds": float(t[1]) / world,
-                       "tx_bytes": float(t[2]) / world, "dense_bytes": dense, "agg_wire": float(t[4]) / world,
-                       "agg_dense": float(t[5]) / world, "retransmissions": int(t[6]),
-                       "fallback_buckets": int(t[7]), "switch_seconds": float(t[8]) / world,
-                       "agreement_seconds": float(t[9]) / world, "grad_max": local_max, "param_max": pmax}
+                rec = {
+                    "step": step,
+                    "loss": float(t[0]) / world,
+                    "seconds": float(t[1]) / world,
+                    "tx_bytes": float(t[2]) / world,
+                    "dense_bytes": dense,
+                    "agg_wire": float(t[4]) / world,
+                    "agg_dense": float(t[5]) / world,
+                    "retransmissions": int(t[6]),
+                    "fallback_buckets": int(t[7]),
+                    "switch_seconds": float(t[8]) / world,
+                    "agreement_seconds": float(t[9]) / world,
+                    "grad_max": local_max,
+                    "param_max": pmax,
+                }
                 log.write(json.dumps(rec) + "\n")
                 log.flush()
                 print(_progress(a.mode, a.steps, rec), flush=True)
         if rank == 0:
-            torch.save({k: v.detach().clone() for k, v in model.module.state_dict().items()},
-                       out / f"{a.mode}.pt")
+            torch.save(
+                {k: v.detach().clone() for k, v in model.module.state_dict().items()},
+                out / f"{a.mode}.pt",
+            )
     finally:
         if log is not None:
             log.close()
@@ -117,21 +151,36 @@ def _stats(tracked: Tracked | None) -> tuple[int, int, int, int, float, float]:
     if tracked is None:
         return 0, 0, 0, 0, 0.0, 0.0
     s = tracked.inner.stats
-    return (s.wire_bytes, s.dense_bytes, s.retransmissions, s.fallback_buckets, s.switch_seconds,
-            s.agreement_seconds)
+    return (
+        s.wire_bytes,
+        s.dense_bytes,
+        s.retransmissions,
+        s.fallback_buckets,
+        s.switch_seconds,
+        s.agreement_seconds,
+    )
 
 
 def _progress(mode: str, steps: int, r: dict[str, Any]) -> str:
     ratio = r["tx_bytes"] / r["dense_bytes"] if r["dense_bytes"] else math.nan
-    extra = f"  retx {r['retransmissions']}  fallback buckets {r['fallback_buckets']}" if mode == "switch" else ""
-    return (f"[{mode:6}] step {r['step'] + 1:4}/{steps}  loss {r['loss']:.4f}  {r['seconds'] * 1e3:7.1f} ms"
-            f"  wire {r['tx_bytes'] / 1e3:8.1f} kB/rank = {ratio:5.2f}x dense{extra}")
+    extra = (
+        f"  retx {r['retransmissions']}  fallback buckets {r['fallback_buckets']}"
+        if mode == "switch"
+        else ""
+    )
+    return (
+        f"[{mode:6}] step {r['step'] + 1:4}/{steps}  loss {r['loss']:.4f}  {r['seconds'] * 1e3:7.1f} ms"
+        f"  wire {r['tx_bytes'] / 1e3:8.1f} kB/rank = {ratio:5.2f}x dense{extra}"
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
     """Command line (one rank; torchrun sets RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT)."""
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n")[1],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        epilog=__doc__.split("\n\n")[1],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--mode", choices=["switch", "gloo"], required=True)
     p.add_argument("--codec", default="lossless")
     p.add_argument("--model", choices=MODELS, default="ncf")

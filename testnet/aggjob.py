@@ -29,23 +29,53 @@ class Job:
         self.job_id = next(_job_ids)
         # Pools of different jobs never overlap within a module's switch.
         self.entries = JobEntries(
-            job_id=self.job_id, pool_base=(self.job_id * 64) % (NUM_SLOTS - 64),
-            pool_size=pool_size, mcast_grp=self.job_id,
-            workers=tuple(Worker(rank=r, switch_port=h.switch_port, mac=h.mac, ip=h.ip,
-                                 udp_port=WORKER_UDP_BASE + r) for r, h in enumerate(hosts)))
+            job_id=self.job_id,
+            pool_base=(self.job_id * 64) % (NUM_SLOTS - 64),
+            pool_size=pool_size,
+            mcast_grp=self.job_id,
+            workers=tuple(
+                Worker(
+                    rank=r,
+                    switch_port=h.switch_port,
+                    mac=h.mac,
+                    ip=h.ip,
+                    udp_port=WORKER_UDP_BASE + r,
+                )
+                for r, h in enumerate(hosts)
+            ),
+        )
         install_job(fabric.conn, self.entries)
-        self.templates = [FrameTemplate(h.mac, SWITCH_MAC, h.ip, SERVICE_IP, WORKER_UDP_BASE + r)
-                          for r, h in enumerate(hosts)]
+        self.templates = [
+            FrameTemplate(h.mac, SWITCH_MAC, h.ip, SERVICE_IP, WORKER_UDP_BASE + r)
+            for r, h in enumerate(hosts)
+        ]
 
     @property
     def world(self) -> int:
         return len(self.hosts)
 
-    def frame(self, sender: int, cells: np.ndarray, slot: int = 0, shadow: int = 0, chunk: int = 0,
-              op: int = Op.ADD, exp: int = 0, **fields: int) -> bytes:
+    def frame(
+        self,
+        sender: int,
+        cells: np.ndarray,
+        slot: int = 0,
+        shadow: int = 0,
+        chunk: int = 0,
+        op: int = Op.ADD,
+        exp: int = 0,
+        **fields: int,
+    ) -> bytes:
         """The frame rank `sender` would send (fields override header fields, e.g. job_id, rank)."""
-        header = AggHeader(job_id=fields.pop("job_id", self.job_id), slot=slot, shadow=shadow,
-                           rank=fields.pop("rank", sender), op=op, chunk=chunk, exp=exp, **fields)
+        header = AggHeader(
+            job_id=fields.pop("job_id", self.job_id),
+            slot=slot,
+            shadow=shadow,
+            rank=fields.pop("rank", sender),
+            op=op,
+            chunk=chunk,
+            exp=exp,
+            **fields,
+        )
         return self.templates[sender].frame(pack_payload(header, np.asarray(cells, np.int32)))
 
     def send(self, rank: int, cells: np.ndarray, via: FabricHost | None = None, **kw: int) -> bytes:
@@ -54,17 +84,20 @@ class Job:
         (via or self.hosts[rank]).raw.send(frame)
         return frame
 
-    def collect(self, ranks: list[int] | None = None, per_rank: int = 1,
-                timeout: float = 3.0) -> dict[int, list[Ether]]:
+    def collect(
+        self, ranks: list[int] | None = None, per_rank: int = 1, timeout: float = 3.0
+    ) -> dict[int, list[Ether]]:
         """Frames arriving at the hosts of `ranks` (all ranks by default), parsed by Scapy."""
         out = {}
-        for r in (range(self.world) if ranks is None else ranks):
+        for r in range(self.world) if ranks is None else ranks:
             frames = self.hosts[r].raw.receive(timeout, count=per_rank)
             out[r] = [Ether(f) for f in frames]
         return out
 
 
-def random_cells(rng: np.random.Generator, low: int = -(1 << 24), high: int = 1 << 24) -> np.ndarray:
+def random_cells(
+    rng: np.random.Generator, low: int = -(1 << 24), high: int = 1 << 24
+) -> np.ndarray:
     """One packet's worth of random int32 cells."""
     return rng.integers(low, high, CELLS_PER_PKT, dtype=np.int64).astype(np.int32)
 
@@ -89,8 +122,10 @@ class CounterDelta:
 
     def _read(self) -> dict[str, dict[int, int]]:
         conn = self.fabric.conn
-        return {name: {i: pk for i, (pk, _) in conn.read_counter(name).items()}
-                for name in (p4names.INGRESS_DROPS, p4names.EGRESS_DROPS, p4names.EVENT_COUNTER)}
+        return {
+            name: {i: pk for i, (pk, _) in conn.read_counter(name).items()}
+            for name in (p4names.INGRESS_DROPS, p4names.EGRESS_DROPS, p4names.EVENT_COUNTER)
+        }
 
     def drops(self) -> dict[DropReason, int]:
         """Packets dropped per reason since creation (ingress and egress), zeros left out."""
@@ -107,5 +142,8 @@ class CounterDelta:
         """Aggregation events since creation, zeros left out."""
         now = self._read()[p4names.EVENT_COUNTER]
         base = self.base[p4names.EVENT_COUNTER]
-        return {Event(i): v - base.get(i, 0) for i, v in now.items()
-                if i < len(Event) and v - base.get(i, 0)}
+        return {
+            Event(i): v - base.get(i, 0)
+            for i, v in now.items()
+            if i < len(Event) and v - base.get(i, 0)
+        }

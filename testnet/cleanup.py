@@ -24,8 +24,10 @@ def _alive(pid: int) -> bool:
 def cleanup(include_live: bool = False) -> list[str]:
     """Remove leftovers of fabrics whose owner process is gone (or all, with include_live)."""
     removed = []
-    links = [line.split(":")[1].strip().split("@")[0]
-             for line in ip("-o", "link", "show", check=False).stdout.splitlines()]
+    links = [
+        line.split(":")[1].strip().split("@")[0]
+        for line in ip("-o", "link", "show", check=False).stdout.splitlines()
+    ]
     namespaces = [line.split()[0] for line in ip("netns", "list", check=False).stdout.splitlines()]
     for name in namespaces + links:
         m = TAG_PATTERN.match(name)

@@ -15,6 +15,7 @@ from testnet.poll import wait_for
 
 def config_toml(doc: dict) -> str:
     """A controller configuration document ({"controller": {...}, "switch": [{...}]}) as TOML."""
+
     def value(v: object) -> str:
         if isinstance(v, str):
             return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
@@ -23,6 +24,7 @@ def config_toml(doc: dict) -> str:
         if isinstance(v, dict):
             return "{ " + ", ".join(f"{k} = {value(x)}" for k, x in v.items()) + " }"
         return str(v).lower() if isinstance(v, bool) else str(v)
+
     lines = ["[controller]"] + [f"{k} = {value(v)}" for k, v in doc["controller"].items()]
     for sw in doc["switch"]:
         lines += ["", "[[switch]]"] + [f"{k} = {value(v)}" for k, v in sw.items()]
@@ -46,18 +48,30 @@ class ControllerProcess:
     def start(self, timeout: float = 30.0) -> ControllerClient:
         """Start it and wait until it serves and every switch is connected; returns a client."""
         with open(self.log, "ab") as log:
-            self.proc = subprocess.Popen([sys.executable, "-m", "controller", "serve", "--config",
-                                          str(self.config), *self.extra_args],
-                                         stdout=log, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, start_new_session=True)
+            self.proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "controller",
+                    "serve",
+                    "--config",
+                    str(self.config),
+                    *self.extra_args,
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
         client = ControllerClient(self.address, timeout=2.0)
 
         def synced() -> bool:
             assert self.proc is not None and self.proc.poll() is None, self.log.read_text()[-3000:]
             try:
                 return all(s.connected for s in client.status().switches)
-            except Exception:  # noqa: BLE001 - not up yet
+            except Exception:
                 return False
+
         wait_for(synced, timeout, "the controller process to serve and sync")
         return client
 

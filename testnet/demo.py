@@ -41,22 +41,32 @@ def run(target: str, hosts: int, rounds: int, pool_size: int) -> int:
                     errors += 1
             if (k + 1) % max(1, rounds // 10) == 0:
                 rate = (k + 1) / (time.monotonic() - start)
-                print(f"  round {k + 1}/{rounds}: {rate:.0f} rounds/s, wrong results {errors}",
-                      flush=True)
+                print(
+                    f"  round {k + 1}/{rounds}: {rate:.0f} rounds/s, wrong results {errors}",
+                    flush=True,
+                )
         events = counters.events()
-        print(f"\n{rounds} rounds x {hosts} workers on {target}: "
-              f"{events.get(Event.CONTRIBUTION, 0)} contributions, "
-              f"{events.get(Event.RESULT, 0)} results multicast, wrong or missing: {errors}")
+        print(
+            f"\n{rounds} rounds x {hosts} workers on {target}: "
+            f"{events.get(Event.CONTRIBUTION, 0)} contributions, "
+            f"{events.get(Event.RESULT, 0)} results multicast, wrong or missing: {errors}"
+        )
         print(f"drops by reason: {counters.drops() or 'none'}")
         return errors
 
 
 def main(argv: list[str] | None = None) -> int:
     """Command line entry point."""
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                epilog="example: python -m testnet.demo --hosts 4 --rounds 200")
-    p.add_argument("--target", choices=["auto", "refswitch", "bmv2"], default="auto",
-                   help="switch to run (auto: BMv2 when simple_switch_grpc is installed)")
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        epilog="example: python -m testnet.demo --hosts 4 --rounds 200",
+    )
+    p.add_argument(
+        "--target",
+        choices=["auto", "refswitch", "bmv2"],
+        default="auto",
+        help="switch to run (auto: BMv2 when simple_switch_grpc is installed)",
+    )
     p.add_argument("--hosts", type=int, default=4, help="workers, one per host (default 4)")
     p.add_argument("--rounds", type=int, default=200, help="aggregation rounds (default 200)")
     p.add_argument("--pool-size", type=int, default=8, help="slots of the job's pool (default 8)")

@@ -61,8 +61,13 @@ class Fabric:
     """num_hosts hosts on ports 1..num_hosts of one switch of kind `target`, running the
     program in `artifacts` (P4Info, BMv2 JSON)."""
 
-    def __init__(self, target: str, num_hosts: int, workdir: Path | None = None,
-                 artifacts: tuple[Path, Path] = (P4INFO_PATH, BMV2_JSON_PATH)) -> None:
+    def __init__(
+        self,
+        target: str,
+        num_hosts: int,
+        workdir: Path | None = None,
+        artifacts: tuple[Path, Path] = (P4INFO_PATH, BMV2_JSON_PATH),
+    ) -> None:
         self.target = target
         self.artifacts = artifacts
         self.tag = fabric_tag(os.getpid(), next(_fabric_ids))
@@ -79,9 +84,15 @@ class Fabric:
 
     def _build(self, num_hosts: int) -> None:
         for i in range(num_hosts):
-            host = FabricHost(index=i, namespace=f"{self.tag}h{i}", iface=f"{self.tag}h{i}",
-                              switch_iface=f"{self.tag}s{i}", switch_port=i + 1,
-                              mac=f"02:00:00:00:01:{i + 1:02x}", ip=f"10.0.0.{i + 1}")
+            host = FabricHost(
+                index=i,
+                namespace=f"{self.tag}h{i}",
+                iface=f"{self.tag}h{i}",
+                switch_iface=f"{self.tag}s{i}",
+                switch_port=i + 1,
+                mac=f"02:00:00:00:01:{i + 1:02x}",
+                ip=f"10.0.0.{i + 1}",
+            )
             self.hosts.append(host)
             add_namespace(host.namespace)
             add_veth(host.switch_iface, host.iface, host.namespace)
@@ -89,9 +100,11 @@ class Fabric:
             with in_namespace(host.namespace):
                 disable_offloads(host.iface)
                 host.raw = RawPort(host.iface)
-        self.switch = SwitchProcess(self.target,
-                                    {h.switch_port: h.switch_iface for h in self.hosts},
-                                    self.workdir / "switch.log")
+        self.switch = SwitchProcess(
+            self.target,
+            {h.switch_port: h.switch_iface for h in self.hosts},
+            self.workdir / "switch.log",
+        )
         PID_DIR.mkdir(exist_ok=True)
         (PID_DIR / f"{self.tag}.pid").write_text(str(self.switch.proc.pid))
         self.conn = SwitchConnection(self.switch.address)
@@ -108,10 +121,12 @@ class Fabric:
             os.killpg(old.proc.pid, signal.SIGKILL)
         old.stop()
         self._restarts += 1
-        self.switch = SwitchProcess(self.target,
-                                    {h.switch_port: h.switch_iface for h in self.hosts},
-                                    self.workdir / f"switch-{self._restarts}.log",
-                                    grpc_port=old.grpc_port)
+        self.switch = SwitchProcess(
+            self.target,
+            {h.switch_port: h.switch_iface for h in self.hosts},
+            self.workdir / f"switch-{self._restarts}.log",
+            grpc_port=old.grpc_port,
+        )
         (PID_DIR / f"{self.tag}.pid").write_text(str(self.switch.proc.pid))
 
     def drain(self) -> None:
@@ -132,7 +147,7 @@ class Fabric:
             delete_namespace(h.namespace)
             delete_link(h.switch_iface)
 
-    def __enter__(self) -> "Fabric":
+    def __enter__(self) -> Fabric:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -27,38 +27,75 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def switch_command(target: str, ports: dict[int, str], grpc_port: int, device_id: int = 0,
-                   log_level: str | None = None) -> list[str]:
+def switch_command(
+    target: str,
+    ports: dict[int, str],
+    grpc_port: int,
+    device_id: int = 0,
+    log_level: str | None = None,
+) -> list[str]:
     """The command line that starts `target` with the given PORT -> interface map; the log
     level defaults to info (reference switch) or warn (BMv2)."""
     ifaces = [arg for port, iface in sorted(ports.items()) for arg in ("-i", f"{port}@{iface}")]
     addr = f"127.0.0.1:{grpc_port}"
     if target == "refswitch":
-        return [sys.executable, "-m", "refswitch", *ifaces, "--device-id", str(device_id),
-                "--grpc-server-addr", addr, "--log-level", log_level or "info"]
+        return [
+            sys.executable,
+            "-m",
+            "refswitch",
+            *ifaces,
+            "--device-id",
+            str(device_id),
+            "--grpc-server-addr",
+            addr,
+            "--log-level",
+            log_level or "info",
+        ]
     if target == "bmv2":
         # BMv2 evaluates its per-packet log calls at its default level (trace) even with no
         # log sink: that halves its packet rate (docs/performance.md). Warn keeps them out.
-        return ["simple_switch_grpc", *ifaces, "--device-id", str(device_id), "--no-p4",
-                "--log-console", "--log-level", log_level or "warn",
-                "--thrift-port", str(free_port()), "--", "--grpc-server-addr", addr]
+        return [
+            "simple_switch_grpc",
+            *ifaces,
+            "--device-id",
+            str(device_id),
+            "--no-p4",
+            "--log-console",
+            "--log-level",
+            log_level or "warn",
+            "--thrift-port",
+            str(free_port()),
+            "--",
+            "--grpc-server-addr",
+            addr,
+        ]
     raise ValueError(f"unknown switch target {target!r}; expected one of {TARGETS}")
 
 
 class SwitchProcess:
     """A running switch; stop() ends it (SIGTERM, then SIGKILL) by its PID only."""
 
-    def __init__(self, target: str, ports: dict[int, str], log_path: Path,
-                 device_id: int = 0, startup_timeout: float = 20.0,
-                 grpc_port: int | None = None) -> None:
+    def __init__(
+        self,
+        target: str,
+        ports: dict[int, str],
+        log_path: Path,
+        device_id: int = 0,
+        startup_timeout: float = 20.0,
+        grpc_port: int | None = None,
+    ) -> None:
         self.target = target
         self.grpc_port = grpc_port or free_port()
         self.address = f"127.0.0.1:{self.grpc_port}"
         self.log_path = log_path
         self._log = open(log_path, "wb")
-        self.proc = subprocess.Popen(switch_command(target, ports, self.grpc_port, device_id),
-                                     stdout=self._log, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, start_new_session=True)
+        self.proc = subprocess.Popen(
+            switch_command(target, ports, self.grpc_port, device_id),
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         try:
             self._wait_listening(startup_timeout)
         except BaseException:
@@ -69,13 +106,17 @@ class SwitchProcess:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.target} exited with {self.proc.returncode}:\n{self.log_tail()}")
+                raise RuntimeError(
+                    f"{self.target} exited with {self.proc.returncode}:\n{self.log_tail()}"
+                )
             try:
                 with socket.create_connection(("127.0.0.1", self.grpc_port), timeout=0.5):
                     return
             except OSError:
                 time.sleep(0.1)
-        raise TimeoutError(f"{self.target} did not open P4Runtime within {timeout}s:\n{self.log_tail()}")
+        raise TimeoutError(
+            f"{self.target} did not open P4Runtime within {timeout}s:\n{self.log_tail()}"
+        )
 
     def log_tail(self, lines: int = 30) -> str:
         """The last lines the switch logged."""

@@ -72,5 +72,9 @@ def header_fields(header: str) -> list[tuple[str, int]]:
 def named_slices(prefix: str) -> dict[str, tuple[int, int]]:
     """NAME -> (hi, lo) for every `#define <prefix>NAME hi:lo` of constants.p4, in order."""
     text = source(CONSTANTS_P4)
-    return {name: (int(hi), int(lo)) for name, hi, lo in
-            re.findall(rf"^#define[ \t]+{prefix}(\w+)[ \t]+(\d+):(\d+)[ \t]*$", text, re.M)}
+    return {
+        name: (int(hi), int(lo))
+        for name, hi, lo in re.findall(
+            rf"^#define[ \t]+{prefix}(\w+)[ \t]+(\d+):(\d+)[ \t]*$", text, re.M
+        )
+    }

@@ -22,8 +22,11 @@ from worker.transport import SwitchTransport, TransportConfig
 log = logging.getLogger(__name__)
 
 # Heartbeat answers after which the job cannot come back: the agent stays unhealthy.
-_FATAL_CODES = (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.NOT_FOUND,
-                grpc.StatusCode.UNAUTHENTICATED)
+_FATAL_CODES = (
+    grpc.StatusCode.FAILED_PRECONDITION,
+    grpc.StatusCode.NOT_FOUND,
+    grpc.StatusCode.UNAUTHENTICATED,
+)
 
 
 class AgentError(RuntimeError):
@@ -45,11 +48,11 @@ class AgentConfig:
     ip: str
     udp_port: int
     switch_port: int
-    mac: str = ""              # empty: read from /sys/class/net/<iface>/address
+    mac: str = ""  # empty: read from /sys/class/net/<iface>/address
     iface: str = ""
     ready_timeout: float = 30.0
     rpc_timeout: float = 5.0
-    initial_timeout: float = 0.02   # transport retransmission timing (TransportConfig)
+    initial_timeout: float = 0.02  # transport retransmission timing (TransportConfig)
     max_timeout: float = 0.5
     max_retries: int = 12
 
@@ -75,8 +78,9 @@ class WorkerAgent:
     `socket_factory` makes the UDP socket (e.g. inside a network namespace); the agent binds
     it to (ip, udp_port). Use as a context manager: close() stops the heartbeat and leaves."""
 
-    def __init__(self, config: AgentConfig,
-                 socket_factory: Callable[[], socket.socket] | None = None) -> None:
+    def __init__(
+        self, config: AgentConfig, socket_factory: Callable[[], socket.socket] | None = None
+    ) -> None:
         self.config = config
         self.healthy = False
         self.unhealthy_reason = "not started"
@@ -91,12 +95,15 @@ class WorkerAgent:
         self.client = ControllerClient(config.controller, timeout=config.rpc_timeout)
         try:
             self._register()
-            self._open_transport(socket_factory or (lambda: socket.socket(socket.AF_INET, socket.SOCK_DGRAM)))
+            self._open_transport(
+                socket_factory or (lambda: socket.socket(socket.AF_INET, socket.SOCK_DGRAM))
+            )
         except BaseException:
             self.close()
             raise
-        self._thread = threading.Thread(target=self._heartbeat_loop, name=f"heartbeat-r{config.rank}",
-                                        daemon=True)
+        self._thread = threading.Thread(
+            target=self._heartbeat_loop, name=f"heartbeat-r{config.rank}", daemon=True
+        )
         self._thread.start()
 
     @property
@@ -111,11 +118,15 @@ class WorkerAgent:
     def _register(self) -> None:
         cfg = self.config
         try:
-            self.client.join(cfg.job_id, cfg.token, cfg.rank, self.mac, cfg.ip, cfg.udp_port, cfg.switch_port)
+            self.client.join(
+                cfg.job_id, cfg.token, cfg.rank, self.mac, cfg.ip, cfg.udp_port, cfg.switch_port
+            )
         except grpc.RpcError as exc:
             raise _rpc_error("JoinJob", exc, cfg.controller) from exc
         try:
-            msg = self.client.wait_ready(cfg.job_id, cfg.token, cfg.rank, timeout_s=cfg.ready_timeout)
+            msg = self.client.wait_ready(
+                cfg.job_id, cfg.token, cfg.rank, timeout_s=cfg.ready_timeout
+            )
         except grpc.RpcError as exc:
             raise _rpc_error("WaitReady", exc, cfg.controller) from exc
         self.assignment = Assignment.from_message(msg)
@@ -131,9 +142,15 @@ class WorkerAgent:
             sock.close()
             raise AgentError(f"cannot bind UDP {cfg.ip}:{cfg.udp_port}: {exc}") from exc
         channel: Channel = UdpChannel(sock, (a.service_ip, a.udp_port))
-        tcfg = TransportConfig(job_id=a.job_id, rank=a.rank, world_size=a.world_size,
-                               pool_size=a.pool_size, initial_timeout=cfg.initial_timeout,
-                               max_timeout=cfg.max_timeout, max_retries=cfg.max_retries)
+        tcfg = TransportConfig(
+            job_id=a.job_id,
+            rank=a.rank,
+            world_size=a.world_size,
+            pool_size=a.pool_size,
+            initial_timeout=cfg.initial_timeout,
+            max_timeout=cfg.max_timeout,
+            max_retries=cfg.max_retries,
+        )
         self.transport = SwitchTransport(tcfg, channel)
 
     def _heartbeat_loop(self) -> None:
@@ -166,7 +183,11 @@ class WorkerAgent:
             try:
                 self.client.leave(self.config.job_id, self.config.token, self.config.rank)
             except grpc.RpcError as exc:
-                log.info("LeaveJob of rank %d: %s", self.config.rank, _rpc_error("LeaveJob", exc, "").args[0])
+                log.info(
+                    "LeaveJob of rank %d: %s",
+                    self.config.rank,
+                    _rpc_error("LeaveJob", exc, "").args[0],
+                )
         self.healthy = False
         self.unhealthy_reason = "closed"
         if self.transport is not None:
@@ -176,13 +197,18 @@ class WorkerAgent:
     def __enter__(self) -> WorkerAgent:
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
         self.close()
 
 
-def open_agent(config: AgentConfig, socket_factory: Callable[[], socket.socket] | None = None
-               ) -> tuple[WorkerAgent | None, str]:
+def open_agent(
+    config: AgentConfig, socket_factory: Callable[[], socket.socket] | None = None
+) -> tuple[WorkerAgent | None, str]:
     """(agent, "") or (None, reason): for training scripts that fall back instead of failing."""
     try:
         return WorkerAgent(config, socket_factory), ""

@@ -72,8 +72,14 @@ class FaultyChannel:
     passes (or a short while). Seeded, so a failing test can be replayed.
     """
 
-    def __init__(self, inner: Channel, loss: float = 0.0, duplicate: float = 0.0,
-                 reorder: float = 0.0, seed: int = 0) -> None:
+    def __init__(
+        self,
+        inner: Channel,
+        loss: float = 0.0,
+        duplicate: float = 0.0,
+        reorder: float = 0.0,
+        seed: int = 0,
+    ) -> None:
         self.inner = inner
         self.loss, self.duplicate, self.reorder = loss, duplicate, reorder
         self.rng = random.Random(seed)

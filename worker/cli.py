@@ -22,50 +22,87 @@ from worker.ddp_hook import CODECS, make_codec
 
 EXAMPLES = {
     "create": "python -m worker create --controller 127.0.0.1:50051 --name demo --world-size 2 --codec lossless",
-    "join": ("python -m worker join --controller 127.0.0.1:50051 --job-id 1 --token TOKEN --rank 0 "
-             "--ip 10.0.0.1 --udp-port 41000 --switch-port 1 --iface eth0 --json"),
-    "bench": ("python -m worker bench --controller 127.0.0.1:50051 --job-id 1 --token TOKEN --rank 0 "
-              "--ip 10.0.0.1 --udp-port 41000 --switch-port 1 --mac 02:00:00:00:01:01 "
-              "--codec lossless --size 1000000 --density 0.01 --rounds 10   # run once per rank"),
+    "join": (
+        "python -m worker join --controller 127.0.0.1:50051 --job-id 1 --token TOKEN --rank 0 "
+        "--ip 10.0.0.1 --udp-port 41000 --switch-port 1 --iface eth0 --json"
+    ),
+    "bench": (
+        "python -m worker bench --controller 127.0.0.1:50051 --job-id 1 --token TOKEN --rank 0 "
+        "--ip 10.0.0.1 --udp-port 41000 --switch-port 1 --mac 02:00:00:00:01:01 "
+        "--codec lossless --size 1000000 --density 0.01 --rounds 10   # run once per rank"
+    ),
 }
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m worker", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog="examples:\n  " + "\n  ".join(EXAMPLES.values()))
+    p = argparse.ArgumentParser(
+        prog="python -m worker",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="examples:\n  " + "\n  ".join(EXAMPLES.values()),
+    )
     sub = p.add_subparsers(dest="command", required=True)
-    c = sub.add_parser("create", help="create a job; prints its id and token", epilog="example:\n  " +
-                       EXAMPLES["create"], formatter_class=argparse.RawDescriptionHelpFormatter)
+    c = sub.add_parser(
+        "create",
+        help="create a job; prints its id and token",
+        epilog="example:\n  " + EXAMPLES["create"],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     c.add_argument("--controller", default=DEFAULT_LISTEN, help="default %(default)s")
     c.add_argument("--name", default="job")
     c.add_argument("--world-size", type=int, required=True)
     c.add_argument("--codec", default="lossless")
-    c.add_argument("--pool-size", type=int, default=0,
-                   help="slots of the job's pool (0: the controller's default)")
+    c.add_argument(
+        "--pool-size",
+        type=int,
+        default=0,
+        help="slots of the job's pool (0: the controller's default)",
+    )
     c.add_argument("--json", action="store_true")
-    for name, help_text in (("join", "join a job, wait until ready, print the assignment"),
-                            ("bench", "synthetic aggregation rounds through the switch")):
-        s = sub.add_parser(name, help=help_text, epilog="example:\n  " + EXAMPLES[name],
-                           formatter_class=argparse.RawDescriptionHelpFormatter)
+    for name, help_text in (
+        ("join", "join a job, wait until ready, print the assignment"),
+        ("bench", "synthetic aggregation rounds through the switch"),
+    ):
+        s = sub.add_parser(
+            name,
+            help=help_text,
+            epilog="example:\n  " + EXAMPLES[name],
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
         s.add_argument("--controller", default=DEFAULT_LISTEN, help="default %(default)s")
         s.add_argument("--job-id", type=int, required=True)
         s.add_argument("--token", required=True)
         s.add_argument("--rank", type=int, required=True)
-        s.add_argument("--ip", required=True, help="this worker's IPv4 address (the UDP socket binds to it)")
+        s.add_argument(
+            "--ip", required=True, help="this worker's IPv4 address (the UDP socket binds to it)"
+        )
         s.add_argument("--udp-port", type=int, default=41000)
-        s.add_argument("--switch-port", type=int, required=True, help="the switch port this host is attached to")
+        s.add_argument(
+            "--switch-port",
+            type=int,
+            required=True,
+            help="the switch port this host is attached to",
+        )
         s.add_argument("--mac", default="", help="this worker's MAC (default: read from --iface)")
         s.add_argument("--iface", default="")
-        s.add_argument("--netns", default="", help="open the UDP socket inside this network namespace (root)")
+        s.add_argument(
+            "--netns", default="", help="open the UDP socket inside this network namespace (root)"
+        )
         s.add_argument("--ready-timeout", type=float, default=30.0)
         s.add_argument("--json", action="store_true")
         if name == "join":
-            s.add_argument("--hold", type=float, default=0.0, help="stay joined (heartbeating) this many seconds")
+            s.add_argument(
+                "--hold",
+                type=float,
+                default=0.0,
+                help="stay joined (heartbeating) this many seconds",
+            )
         else:
             s.add_argument("--codec", choices=CODECS, default="lossless")
             s.add_argument("--size", type=int, default=100_000, help="float32 elements per round")
-            s.add_argument("--density", type=float, default=0.01, help="nonzero fraction (1: dense)")
+            s.add_argument(
+                "--density", type=float, default=0.01, help="nonzero fraction (1: dense)"
+            )
             s.add_argument("--rounds", type=int, default=10)
             s.add_argument("--seed", type=int, default=0)
     return p
@@ -79,13 +116,23 @@ def _socket_factory(netns: str) -> Callable[[], socket.socket] | None:
     def make() -> socket.socket:
         with in_namespace(netns):
             return socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+
     return make
 
 
 def _agent(a: argparse.Namespace) -> WorkerAgent:
-    cfg = AgentConfig(controller=a.controller, job_id=a.job_id, token=a.token, rank=a.rank, ip=a.ip,
-                      udp_port=a.udp_port, switch_port=a.switch_port, mac=a.mac, iface=a.iface,
-                      ready_timeout=a.ready_timeout)
+    cfg = AgentConfig(
+        controller=a.controller,
+        job_id=a.job_id,
+        token=a.token,
+        rank=a.rank,
+        ip=a.ip,
+        udp_port=a.udp_port,
+        switch_port=a.switch_port,
+        mac=a.mac,
+        iface=a.iface,
+        ready_timeout=a.ready_timeout,
+    )
     return WorkerAgent(cfg, _socket_factory(a.netns))
 
 
@@ -93,7 +140,12 @@ def cmd_create(a: argparse.Namespace) -> int:
     """Create a job and print job_id, token and pool."""
     with ControllerClient(a.controller) as c:
         job = c.create_job(a.name, world_size=a.world_size, codec=a.codec, pool_size=a.pool_size)
-    out = {"job_id": job.job_id, "token": job.token, "switch": job.switch, "pool_size": job.pool_size}
+    out = {
+        "job_id": job.job_id,
+        "token": job.token,
+        "switch": job.switch,
+        "pool_size": job.pool_size,
+    }
     print(json.dumps(out) if a.json else "  ".join(f"{k}={v}" for k, v in out.items()))
     return 0
 
@@ -135,23 +187,41 @@ def cmd_bench(a: argparse.Namespace) -> int:
             transport.run(codec.aggregate(x))
             secs = time.perf_counter() - start
             wire = (transport.stats.packets_sent - sent0) * AGG_FRAME_BYTES
-            rows.append({"round": i, "ms": secs * 1e3, "dense_gbps": x.nbytes * 8 / secs / 1e9,
-                         "wire_bytes": wire, "wire_vs_dense": wire / x.nbytes,
-                         "retransmissions": transport.stats.retransmissions - retx0})
+            rows.append(
+                {
+                    "round": i,
+                    "ms": secs * 1e3,
+                    "dense_gbps": x.nbytes * 8 / secs / 1e9,
+                    "wire_bytes": wire,
+                    "wire_vs_dense": wire / x.nbytes,
+                    "retransmissions": transport.stats.retransmissions - retx0,
+                }
+            )
             if not a.json:
                 r = rows[-1]
-                print(f"round {i:3d}  {r['ms']:9.2f} ms  {r['dense_gbps']:7.3f} Gbit/s dense-equivalent  "
-                      f"wire {wire:>10} B ({r['wire_vs_dense']:.3f} x dense)  retx {r['retransmissions']}")
-    summary = {"codec": a.codec, "size": a.size, "density": a.density, "world_size": asg.world_size,
-               "median_ms": float(np.median([r["ms"] for r in rows])) if rows else 0.0,
-               "wire_vs_dense": float(np.mean([r["wire_vs_dense"] for r in rows])) if rows else 0.0,
-               "retransmissions": sum(r["retransmissions"] for r in rows),
-               **transport.stats.latency_percentiles()}
+                print(
+                    f"round {i:3d}  {r['ms']:9.2f} ms  {r['dense_gbps']:7.3f} Gbit/s dense-equivalent  "
+                    f"wire {wire:>10} B ({r['wire_vs_dense']:.3f} x dense)  retx {r['retransmissions']}"
+                )
+    summary = {
+        "codec": a.codec,
+        "size": a.size,
+        "density": a.density,
+        "world_size": asg.world_size,
+        "median_ms": float(np.median([r["ms"] for r in rows])) if rows else 0.0,
+        "wire_vs_dense": float(np.mean([r["wire_vs_dense"] for r in rows])) if rows else 0.0,
+        "retransmissions": sum(r["retransmissions"] for r in rows),
+        **transport.stats.latency_percentiles(),
+    }
     if a.json:
         print(json.dumps({"rounds": rows, "summary": summary}))
     else:
-        print("summary  " + "  ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
-                                      for k, v in summary.items()))
+        print(
+            "summary  "
+            + "  ".join(
+                f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in summary.items()
+            )
+        )
     return 0
 
 
@@ -164,5 +234,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     except grpc.RpcError as exc:
-        print(f"error: controller {a.controller}: {exc.code().name}: {exc.details()}", file=sys.stderr)
+        print(
+            f"error: controller {a.controller}: {exc.code().name}: {exc.details()}", file=sys.stderr
+        )
         return 1

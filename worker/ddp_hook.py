@@ -6,7 +6,6 @@ when the switch cannot be used (docs/worker.md: the decision protocol and its co
     ddp_model.register_comm_hook(state, switch_allreduce_hook)
 """
 
-
 # No `from __future__ import annotations`: DDP checks the hook's annotations at runtime.
 import logging
 import time
@@ -30,8 +29,12 @@ CODECS = ("lossless", "fixed_point", "cltk", "ef_fixed_point")
 
 # Failure kinds, exchanged as MAX over ranks: the highest one names the agreed reason.
 OK, UNHEALTHY, CODEC_FAILED, SWITCH_TIMEOUT, ERROR = 0, 1, 2, 3, 4
-_KIND_TEXT = {UNHEALTHY: "an agent is missing or unhealthy", CODEC_FAILED: "a codec error",
-              SWITCH_TIMEOUT: "the switch timed out (TransportError)", ERROR: "an unexpected error"}
+_KIND_TEXT = {
+    UNHEALTHY: "an agent is missing or unhealthy",
+    CODEC_FAILED: "a codec error",
+    SWITCH_TIMEOUT: "the switch timed out (TransportError)",
+    ERROR: "an unexpected error",
+}
 
 
 def make_codec(name: str, world: int, rank: int, **options: Any) -> Codec:
@@ -53,10 +56,10 @@ class HookStats:
 
     switch_buckets: int = 0
     fallback_buckets: int = 0
-    fallbacks: int = 0              # switch -> fallback transitions
-    agreements: int = 0             # tiny all_reduces of the decision protocol
-    dense_bytes: int = 0            # float32 bytes of the buckets sent through the switch
-    wire_bytes: int = 0             # aggregation frames sent for them (retransmissions included)
+    fallbacks: int = 0  # switch -> fallback transitions
+    agreements: int = 0  # tiny all_reduces of the decision protocol
+    dense_bytes: int = 0  # float32 bytes of the buckets sent through the switch
+    wire_bytes: int = 0  # aggregation frames sent for them (retransmissions included)
     retransmissions: int = 0
     switch_seconds: float = 0.0
     agreement_seconds: float = 0.0
@@ -68,10 +71,17 @@ class SwitchHookState:
     collective decision between switch and fallback, and stats. Picklable (without the
     agent and process group, like PowerSGDState): `attach()` an agent after unpickling."""
 
-    def __init__(self, agent: WorkerAgent | None, codec: str = "lossless", *,
-                 process_group: dist.ProcessGroup | None = None, world_size: int | None = None,
-                 cooldown_steps: int = 5, unavailable_reason: str = "",
-                 codec_options: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        agent: WorkerAgent | None,
+        codec: str = "lossless",
+        *,
+        process_group: dist.ProcessGroup | None = None,
+        world_size: int | None = None,
+        cooldown_steps: int = 5,
+        unavailable_reason: str = "",
+        codec_options: dict[str, Any] | None = None,
+    ) -> None:
         if codec not in CODECS:
             raise ValueError(f"unknown codec {codec!r}; expected one of {CODECS}")
         self.agent = agent
@@ -86,7 +96,7 @@ class SwitchHookState:
         self.stats = HookStats()
         self.warned = False
         self.steps = 0
-        self._use_switch: bool | None = None   # None: agree before the next bucket
+        self._use_switch: bool | None = None  # None: agree before the next bucket
         self._cooldown_left = 0
         self._fell_back_in_step = -1
 
@@ -96,7 +106,9 @@ class SwitchHookState:
         self._use_switch = None
 
     def __getstate__(self) -> dict[str, Any]:
-        state = {k: v for k, v in self.__dict__.items() if k not in ("agent", "process_group", "codecs")}
+        state = {
+            k: v for k, v in self.__dict__.items() if k not in ("agent", "process_group", "codecs")
+        }
         if self.process_group is not None:
             log.warning("SwitchHookState pickled without its non-default process group")
         return state
@@ -129,7 +141,10 @@ class SwitchHookState:
         """The codec of bucket `index`, re-created when the bucket's size changed (rebuilds)."""
         held = self.codecs.get(index)
         if held is None or held[0] != numel:
-            held = (numel, make_codec(self.codec_name, self.world_size, self.rank, **self.codec_options))
+            held = (
+                numel,
+                make_codec(self.codec_name, self.world_size, self.rank, **self.codec_options),
+            )
             self.codecs[index] = held
         return held[1]
 
@@ -164,9 +179,12 @@ class SwitchHookState:
         self._realign(chunk)
         if not self.warned:
             self.warned = True
-            warnings.warn(f"homagg: rank {self.rank} falls back to the process group's all_reduce: "
-                          f"{reason}; retrying the switch every {self.cooldown_steps} step(s)",
-                          RuntimeWarning, stacklevel=3)
+            warnings.warn(
+                f"homagg: rank {self.rank} falls back to the process group's all_reduce: "
+                f"{reason}; retrying the switch every {self.cooldown_steps} step(s)",
+                RuntimeWarning,
+                stacklevel=3,
+            )
         log.info("rank %d: fallback (%s)", self.rank, reason)
 
     def use_switch(self) -> bool:
@@ -191,7 +209,9 @@ class SwitchHookState:
         self.steps += 1
 
 
-def _through_switch(state: SwitchHookState, index: int, flat: np.ndarray) -> tuple[np.ndarray | None, int, str]:
+def _through_switch(
+    state: SwitchHookState, index: int, flat: np.ndarray
+) -> tuple[np.ndarray | None, int, str]:
     """(decoded sum, OK, "") or (None, failure kind, reason) for one bucket on this rank."""
     agent = state.agent
     if agent is None or agent.transport is None or not agent.healthy:
@@ -205,7 +225,7 @@ def _through_switch(state: SwitchHookState, index: int, flat: np.ndarray) -> tup
         return None, SWITCH_TIMEOUT, str(exc)
     except CodecError as exc:
         return None, CODEC_FAILED, f"{type(exc).__name__}: {exc}"
-    except Exception as exc:  # noqa: BLE001 - every rank must reach the agreement
+    except Exception as exc:
         log.exception("rank %d: switch aggregation failed", state.rank)
         return None, ERROR, f"{type(exc).__name__}: {exc}"
     finally:
@@ -231,7 +251,9 @@ def _completed(tensor: torch.Tensor) -> torch.futures.Future[torch.Tensor]:
     return fut
 
 
-def switch_allreduce_hook(state: SwitchHookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+def switch_allreduce_hook(
+    state: SwitchHookState, bucket: dist.GradBucket
+) -> torch.futures.Future[torch.Tensor]:
     """DDP comm hook: the bucket's gradients summed through the switch (or, agreed by every
     rank, by the process group's all_reduce) and divided by the world size."""
     buf = bucket.buffer()

@@ -62,7 +62,7 @@ class SwitchTransport:
     """All-reduce of int32 cells through the switch under one op, chunk by chunk."""
 
     def __init__(self, config: TransportConfig, channel: Channel, first_chunk: int = 0) -> None:
-        if not 1 <= config.pool_size:
+        if not config.pool_size >= 1:
             raise ValueError("pool_size must be at least 1")
         self.config = config
         self.channel = channel
@@ -122,8 +122,9 @@ class SwitchTransport:
         while remaining:
             now = time.monotonic()
             # Self-clocking: chunk i goes once chunk i - pool_size is done (or of an earlier call).
-            while next_to_send < count and (next_to_send < cfg.pool_size
-                                            or done[next_to_send - cfg.pool_size]):
+            while next_to_send < count and (
+                next_to_send < cfg.pool_size or done[next_to_send - cfg.pool_size]
+            ):
                 self.channel.send(payloads[next_to_send].tobytes())
                 sent_at[next_to_send] = now
                 deadline[next_to_send] = now + cfg.initial_timeout
@@ -133,14 +134,20 @@ class SwitchTransport:
             expired = inflight[deadline[inflight] <= now]
             for i in expired:
                 if tries[i] >= cfg.max_retries:
-                    raise TransportError(f"no result for chunk {first + i} of job {cfg.job_id} "
-                                         f"after {tries[i]} retransmissions")
+                    raise TransportError(
+                        f"no result for chunk {first + i} of job {cfg.job_id} "
+                        f"after {tries[i]} retransmissions"
+                    )
                 tries[i] += 1
                 self.channel.send(_with_retx(payloads[i]))
                 stats.packets_sent += 1
                 stats.retransmissions += 1
                 deadline[i] = now + min(cfg.max_timeout, cfg.initial_timeout * 2.0 ** tries[i])
-            wait = max(0.0, float(deadline[inflight].min()) - time.monotonic()) if inflight.size else 0.0
+            wait = (
+                max(0.0, float(deadline[inflight].min()) - time.monotonic())
+                if inflight.size
+                else 0.0
+            )
             data = self.channel.recv(wait)
             while data is not None:
                 i = self._accept(data, first, count, done, out)
@@ -151,8 +158,9 @@ class SwitchTransport:
                     stats.latencies.append(time.monotonic() - sent_at[i])
                 data = self.channel.recv(0.0)
 
-    def _accept(self, data: bytes, first: int, count: int, done: np.ndarray,
-                out: np.ndarray) -> int | None:
+    def _accept(
+        self, data: bytes, first: int, count: int, done: np.ndarray, out: np.ndarray
+    ) -> int | None:
         """Place a result; returns its index in this call, or None for anything to ignore."""
         if len(data) != PAYLOAD_BYTES:
             self.stats.ignored += 1
@@ -160,11 +168,16 @@ class SwitchTransport:
         headers, cells = parse_payloads(data)
         h = headers[0]
         i = (int(h["chunk"]) - first) & 0xFFFFFFFF
-        if (not int(h["flags"]) & Flag.RESULT or int(h["job_id"]) != self.config.job_id
-                or int(h["rank"]) != self.config.rank or i >= count or done[i]):
+        if (
+            not int(h["flags"]) & Flag.RESULT
+            or int(h["job_id"]) != self.config.job_id
+            or int(h["rank"]) != self.config.rank
+            or i >= count
+            or done[i]
+        ):
             self.stats.ignored += 1  # stray, late (an earlier call) or duplicate
             return None
-        out[i * CELLS_PER_PKT:(i + 1) * CELLS_PER_PKT] = cells[0]
+        out[i * CELLS_PER_PKT : (i + 1) * CELLS_PER_PKT] = cells[0]
         return i
 
 

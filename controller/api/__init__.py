@@ -17,5 +17,7 @@ def __getattr__(name: str) -> ModuleType:
     try:
         return importlib.import_module(f"{__name__}.{name}")
     except ModuleNotFoundError as exc:
-        raise ImportError("the controller's gRPC modules are not generated yet: run `make venv` "
-                          "(or `python -m controller.api.generate`)") from exc
+        raise ImportError(
+            "the controller's gRPC modules are not generated yet: run `make venv` "
+            "(or `python -m controller.api.generate`)"
+        ) from exc

@@ -20,8 +20,15 @@ def main() -> int:
     root = API_DIR.parent.parent
     include = Path(grpc_tools.__file__).parent / "_proto"
     protos = sorted(API_DIR.glob("*.proto"))
-    protoc([f"-I{root}", f"-I{include}", f"--python_out={root}", f"--grpc_python_out={root}",
-            *[str(p.relative_to(root)) for p in protos]])
+    protoc(
+        [
+            f"-I{root}",
+            f"-I{include}",
+            f"--python_out={root}",
+            f"--grpc_python_out={root}",
+            *[str(p.relative_to(root)) for p in protos],
+        ]
+    )
     print(f"generated the controller API modules under {API_DIR}")
     return 0
 

@@ -34,7 +34,7 @@ def test_wire_constants_match_the_p4_program():
 
 def test_every_p4_drop_reason_is_known_to_python():
     p4 = constant_values()
-    names = {k[len("DROP_"):] for k in p4 if k.startswith("DROP_")}
+    names = {k[len("DROP_") :] for k in p4 if k.startswith("DROP_")}
     assert names == {r.name for r in c.DropReason}
 
 

@@ -47,10 +47,11 @@ def test_numpy_dtype_is_the_table():
 
 
 def test_scapy_layer_is_the_table():
-    header_fields_desc = Agg.fields_desc[:len(AGG_HEADER_FIELDS)]
-    assert [(fld.name, int(fld.sz * 8)) for fld in header_fields_desc] == \
-        [(f.name, f.bits) for f in AGG_HEADER_FIELDS]
-    assert [fld.name for fld in Agg.fields_desc[len(AGG_HEADER_FIELDS):]] == ["cells"]
+    header_fields_desc = Agg.fields_desc[: len(AGG_HEADER_FIELDS)]
+    assert [(fld.name, int(fld.sz * 8)) for fld in header_fields_desc] == [
+        (f.name, f.bits) for f in AGG_HEADER_FIELDS
+    ]
+    assert [fld.name for fld in Agg.fields_desc[len(AGG_HEADER_FIELDS) :]] == ["cells"]
 
 
 def test_agg_header_has_exactly_the_table_fields():
@@ -72,7 +73,7 @@ def test_each_field_lands_on_the_same_bytes_in_every_form(name):
     via_dataclass = AggHeader(**values).to_record().tobytes()
     assert via_numpy == via_struct == via_scapy == via_dataclass
     start = FIELD_OFFSETS[name]
-    assert via_numpy[start:start + bits // 8] == value.to_bytes(bits // 8, "big")
+    assert via_numpy[start : start + bits // 8] == value.to_bytes(bits // 8, "big")
     assert via_numpy.count(0) == AGG_HEADER_BYTES - bits // 8
 
 
@@ -83,8 +84,9 @@ def test_header_view_sets_the_retransmission_flag_in_place():
     assert Agg(one.tobytes()).flags == Flag.RETX
     resent = AggHeader.from_record(header_view(one)[0])
     assert resent == dataclasses.replace(header, flags=Flag.RETX)
-    batch = pack_payloads(np.concatenate([header.to_record()] * 3),
-                          np.zeros((3, CELLS_PER_PKT), np.int32))
+    batch = pack_payloads(
+        np.concatenate([header.to_record()] * 3), np.zeros((3, CELLS_PER_PKT), np.int32)
+    )
     header_view(batch)[1:]["flags"] |= int(Flag.RESULT)
     assert [int(Agg(row.tobytes()).flags) for row in batch] == [0, Flag.RESULT, Flag.RESULT]
     assert batch.shape == (3, PAYLOAD_BYTES)
@@ -97,9 +99,15 @@ def test_header_view_sets_the_retransmission_flag_in_place():
 def test_ipv4_checksum_is_scapys():
     rng = np.random.default_rng(5)
     for _ in range(200):
-        pkt = IP(src=".".join(map(str, rng.integers(0, 256, 4))), dst="10.0.0.254",
-                 ttl=int(rng.integers(1, 256)), id=int(rng.integers(0, 1 << 16)),
-                 len=int(rng.integers(20, 1 << 16)), proto=17, chksum=0)
+        pkt = IP(
+            src=".".join(map(str, rng.integers(0, 256, 4))),
+            dst="10.0.0.254",
+            ttl=int(rng.integers(1, 256)),
+            id=int(rng.integers(0, 1 << 16)),
+            len=int(rng.integers(20, 1 << 16)),
+            proto=17,
+            chksum=0,
+        )
         raw = bytes(pkt)[:20]  # checksum field zero
         rebuilt = IP(raw)
         del rebuilt.chksum  # Scapy computes it

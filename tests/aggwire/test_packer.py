@@ -57,8 +57,9 @@ def test_each_parses_the_others_output():
     packed = pack_payloads(headers, cells)
     for i in range(0, N_PACKETS, 7):
         layer = Agg(packed[i].tobytes())
-        assert {n: layer.getfieldval(n) for n in HEADER_DTYPE.names} == \
-            {n: int(headers[i][n]) for n in HEADER_DTYPE.names}
+        assert {n: layer.getfieldval(n) for n in HEADER_DTYPE.names} == {
+            n: int(headers[i][n]) for n in HEADER_DTYPE.names
+        }
         assert layer.cells == cells[i].tolist()
 
 
@@ -76,15 +77,21 @@ def test_single_packet_round_trip_and_errors():
 
 def test_frame_template_matches_scapy():
     tpl = FrameTemplate("02:00:00:00:00:01", "02:00:00:00:00:fe", "10.0.0.1", "10.0.0.254", 41000)
-    payload = pack_payload(AggHeader(job_id=1, slot=0, shadow=0, rank=0, op=1, chunk=5),
-                           np.zeros(CELLS_PER_PKT, np.int32))
+    payload = pack_payload(
+        AggHeader(job_id=1, slot=0, shadow=0, rank=0, op=1, chunk=5),
+        np.zeros(CELLS_PER_PKT, np.int32),
+    )
     frame = tpl.frame(payload)
     assert len(frame) == AGG_FRAME_BYTES
     pkt = Ether(frame)
-    rebuilt = (Ether(src="02:00:00:00:00:01", dst="02:00:00:00:00:fe")
-               / IP(src="10.0.0.1", dst="10.0.0.254", flags="DF", id=0)
-               / UDP(sport=41000, dport=AGG_UDP_PORT, chksum=0) / Agg(payload))
+    rebuilt = (
+        Ether(src="02:00:00:00:00:01", dst="02:00:00:00:00:fe")
+        / IP(src="10.0.0.1", dst="10.0.0.254", flags="DF", id=0)
+        / UDP(sport=41000, dport=AGG_UDP_PORT, chksum=0)
+        / Agg(payload)
+    )
     assert bytes(rebuilt) == frame
     assert pkt[Agg].chunk == 5
-    np.testing.assert_array_equal(tpl.frames(np.frombuffer(payload, np.uint8)[None, :])[0],
-                                  np.frombuffer(frame, np.uint8))
+    np.testing.assert_array_equal(
+        tpl.frames(np.frombuffer(payload, np.uint8)[None, :])[0], np.frombuffer(frame, np.uint8)
+    )

@@ -14,11 +14,17 @@ def _record(fixed_s: float, lossless_s: float) -> dict:
     rec = {}
     for w in aggregation.WORLDS:
         rec[("refswitch", 1000, w, "gloo", None)] = {"secs": [0.001, 0.002, 0.003], "retx": 0}
-        rec[("refswitch", 1000, w, "fixed_point", None)] = {"secs": [fixed_s, fixed_s * 2, fixed_s / 2], "retx": 3}
+        rec[("refswitch", 1000, w, "fixed_point", None)] = {
+            "secs": [fixed_s, fixed_s * 2, fixed_s / 2],
+            "retx": 3,
+        }
         for d in aggregation.DENSITIES:
             for m in ("lossless", "cltk"):
                 rec[("refswitch", 1000, w, m, d)] = {"secs": [lossless_s] * 3, "retx": 0}
-        rec[("refswitch", 1000, w, "lossless_sketch", aggregation.SKETCH_DENSITY)] = {"secs": [1.0], "retx": 0}
+        rec[("refswitch", 1000, w, "lossless_sketch", aggregation.SKETCH_DENSITY)] = {
+            "secs": [1.0],
+            "retx": 0,
+        }
     return rec
 
 
@@ -29,7 +35,9 @@ def test_aggregation_report_judges_the_target_from_medians(lossless_s, verdict):
     ratio = 1.0 / lossless_s
     assert f"W=2 {ratio:.1f}x, W=4 {ratio:.1f}x (target >= 10x: {verdict})" in line
     table = "\n".join(lines)
-    assert "| 2 | switch, dense fixed point | any | 0.00 [0.00, 0.00] | 0.00x | 1.00x | 3 |" in table
+    assert (
+        "| 2 | switch, dense fixed point | any | 0.00 [0.00, 0.00] | 0.00x | 1.00x | 3 |" in table
+    )
     assert "switch, lossless (count sketch) | 1.0% |" in table
 
 
@@ -38,8 +46,9 @@ def test_summary_line_reads_the_parts(tmp_path, monkeypatch, capsys):
     args = Namespace(n=1000, bmv2_n=100, reps=3, bmv2_reps=2)
     lines, _ = aggregation.report(_record(1.0, 0.05), 12.0, args)
     (tmp_path / "aggregation.md").write_text("\n".join(lines) + "\n")
-    (tmp_path / "training.md").write_text("x\n\nSummary: training W=4 (bmv2), speed vs DDP over gloo: ncf: "
-                                          "lossless 4.50x.\n")
+    (tmp_path / "training.md").write_text(
+        "x\n\nSummary: training W=4 (bmv2), speed vs DDP over gloo: ncf: lossless 4.50x.\n"
+    )
     assert summary.main(["90"]) == 0
     out = capsys.readouterr().out
     assert "1.5 min" in out and "W=2 20.0x, W=4 20.0x (target >= 10x: MET)" in out

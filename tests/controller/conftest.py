@@ -14,8 +14,9 @@ from controller.switch_connection import SwitchConnection
 
 
 @pytest.fixture(scope="module", params=TARGETS)
-def shared_switch(request: pytest.FixtureRequest,
-                  tmp_path_factory: pytest.TempPathFactory) -> Iterator[SwitchUnderTest]:
+def shared_switch(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[SwitchUnderTest]:
     """One switch of each target kind per test module (starting BMv2 and pushing it the
     pipeline takes a second, so tests share it)."""
     sw = SwitchUnderTest(request.param, tmp_path_factory.mktemp(f"switch-{request.param}"))
@@ -51,14 +52,16 @@ def start_controller() -> Iterator[Callable[[ControllerConfig], RunningControlle
         if sync:
             ctl.wait_synced()
         return ctl
+
     yield start
     for ctl in running:
         ctl.stop()
 
 
 @pytest.fixture
-def controller(switch: SwitchUnderTest, tmp_path: Path,
-               start_controller: Callable[..., RunningController]) -> RunningController:
+def controller(
+    switch: SwitchUnderTest, tmp_path: Path, start_controller: Callable[..., RunningController]
+) -> RunningController:
     """A controller managing `switch` as s1."""
     return start_controller(make_config(switch.address, tmp_path))
 
@@ -76,6 +79,7 @@ def reader(switch: SwitchUnderTest) -> Iterator[Callable[[], SwitchConnection]]:
         conn.connect(require_primary=False)
         opened.append(conn)
         return conn
+
     yield session
     for conn in opened:
         conn.close()

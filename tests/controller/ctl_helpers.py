@@ -22,19 +22,27 @@ from controller.config import ControllerConfig, parse_config
 from controller.service import ControllerServer
 from controller.switch_connection import SwitchConnection
 from refswitch.switch import ReferenceSwitch
-from testnet.poll import wait_for  # noqa: F401 (re-exported)
+from testnet.poll import wait_for
 from testnet.switch_process import bmv2_available, free_port, switch_command
 
 SWITCH_MAC = "02:00:00:00:00:fe"
 SERVICE_IP = "10.0.0.254"
-HOSTS = [{"ip": f"10.0.0.{i + 1}", "mac": f"02:00:00:00:01:{i + 1:02x}", "switch_port": i + 1}
-         for i in range(4)]
+HOSTS = [
+    {"ip": f"10.0.0.{i + 1}", "mac": f"02:00:00:00:01:{i + 1:02x}", "switch_port": i + 1}
+    for i in range(4)
+]
 TIMING = {"heartbeat_interval": 0.5, "lease": 3.0, "join_timeout": 10.0}
 TARGETS = [
     pytest.param("refswitch", id="refswitch"),
-    pytest.param("bmv2", id="bmv2", marks=pytest.mark.skipif(
-        not bmv2_available(), reason="simple_switch_grpc is not installed (BMv2 is built by hand, "
-                                     "see docs/bmv2.md); the reference switch ran instead")),
+    pytest.param(
+        "bmv2",
+        id="bmv2",
+        marks=pytest.mark.skipif(
+            not bmv2_available(),
+            reason="simple_switch_grpc is not installed (BMv2 is built by hand, "
+            "see docs/bmv2.md); the reference switch ran instead",
+        ),
+    ),
 ]
 
 
@@ -58,8 +66,13 @@ class SwitchUnderTest:
             self.refswitch.start()
             return
         log = open(self.workdir / f"bmv2-{self.starts}.log", "wb")
-        self.proc = subprocess.Popen(switch_command("bmv2", {}, self.port), stdout=log, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, start_new_session=True)
+        self.proc = subprocess.Popen(
+            switch_command("bmv2", {}, self.port),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         log.close()
 
         def listening() -> bool:
@@ -69,6 +82,7 @@ class SwitchUnderTest:
                 return True
             except grpc.FutureTimeoutError:
                 return False
+
         wait_for(listening, 20, "simple_switch_grpc to listen")
 
     @property
@@ -93,12 +107,30 @@ class SwitchUnderTest:
         self.start()
 
 
-def config_dict(switches: list[tuple[str, str, list[dict]]], tmp_path: Path, **controller: Any) -> dict:
+def config_dict(
+    switches: list[tuple[str, str, list[dict]]], tmp_path: Path, **controller: Any
+) -> dict:
     """A configuration document: (name, address, hosts) per switch, 10.0.<i>.254 service IPs."""
-    ctl = {"listen": "127.0.0.1:0", "database": str(tmp_path / "controller.db"), **TIMING, **controller}
-    return {"controller": ctl, "switch": [
-        {"name": name, "address": address, "mac": SWITCH_MAC, "service_ip": f"10.0.{100 + i}.254", "timeout": 1.0,
-         "hosts": hosts} for i, (name, address, hosts) in enumerate(switches)]}
+    ctl = {
+        "listen": "127.0.0.1:0",
+        "database": str(tmp_path / "controller.db"),
+        **TIMING,
+        **controller,
+    }
+    return {
+        "controller": ctl,
+        "switch": [
+            {
+                "name": name,
+                "address": address,
+                "mac": SWITCH_MAC,
+                "service_ip": f"10.0.{100 + i}.254",
+                "timeout": 1.0,
+                "hosts": hosts,
+            }
+            for i, (name, address, hosts) in enumerate(switches)
+        ],
+    }
 
 
 def make_config(address: str, tmp_path: Path, **controller: Any) -> ControllerConfig:
@@ -121,7 +153,11 @@ class RunningController:
 
     def wait_synced(self, timeout: float = 10.0) -> None:
         """Until every switch is connected and reconciled."""
-        wait_for(lambda: all(s.connected for s in self.client.status().switches), timeout, "switches to sync")
+        wait_for(
+            lambda: all(s.connected for s in self.client.status().switches),
+            timeout,
+            "switches to sync",
+        )
 
     def stop(self) -> None:
         self.client.close()
@@ -130,19 +166,31 @@ class RunningController:
 
 def job_state(conn: SwitchConnection) -> dict[str, Any]:
     """What the switch holds for jobs: job_table by job id, worker/rewrite keys, multicast groups."""
+
     def ranks(table: str) -> list[tuple]:
-        return sorted((e.match["hdr.agg.job_id"], e.match["hdr.agg.rank"]) for e in conn.read_entries(table))
+        return sorted(
+            (e.match["hdr.agg.job_id"], e.match["hdr.agg.rank"]) for e in conn.read_entries(table)
+        )
 
     jobs = {e.match["hdr.agg.job_id"]: e.params for e in conn.read_entries(p4names.JOB_TABLE)}
-    return {"jobs": jobs, "workers": ranks(p4names.WORKER_TABLE), "rewrites": ranks(p4names.RESULT_REWRITE),
-            "groups": conn.read_multicast_groups()}
+    return {
+        "jobs": jobs,
+        "workers": ranks(p4names.WORKER_TABLE),
+        "rewrites": ranks(p4names.RESULT_REWRITE),
+        "groups": conn.read_multicast_groups(),
+    }
 
 
-def join_all(client: ControllerClient, job: Any, hosts: list[dict], udp_base: int = 41000) -> list[Any]:
+def join_all(
+    client: ControllerClient, job: Any, hosts: list[dict], udp_base: int = 41000
+) -> list[Any]:
     """Join every rank of a job from hosts[rank]; returns the JoinJob responses."""
-    return [client.join(job.job_id, job.token, rank, h["mac"], h["ip"], udp_base + rank,
-                        h["switch_port"])
-            for rank, h in enumerate(hosts)]
+    return [
+        client.join(
+            job.job_id, job.token, rank, h["mac"], h["ip"], udp_base + rank, h["switch_port"]
+        )
+        for rank, h in enumerate(hosts)
+    ]
 
 
 def rpc_code(call: Callable[[], Any]) -> tuple[grpc.StatusCode, str]:
@@ -160,12 +208,14 @@ class Env:
         self.ctl, self.c, self.reader = ctl, ctl.client, reader
         self.open = self.c.create_job("open", 2, "dense", pool_size=8)
         h0, h2 = HOSTS[0], HOSTS[2]
-        self.open_join = dict(rank=0, mac=h0["mac"], ip=h0["ip"], udp_port=41000,
-                              switch_port=h0["switch_port"])
+        self.open_join = dict(
+            rank=0, mac=h0["mac"], ip=h0["ip"], udp_port=41000, switch_port=h0["switch_port"]
+        )
         self.c.join(self.open.job_id, self.open.token, **self.open_join)
         self.full = self.c.create_job("full", 1, "dense", pool_size=8)
-        self.full_join = dict(rank=0, mac=h2["mac"], ip=h2["ip"], udp_port=41000,
-                              switch_port=h2["switch_port"])
+        self.full_join = dict(
+            rank=0, mac=h2["mac"], ip=h2["ip"], udp_port=41000, switch_port=h2["switch_port"]
+        )
         self.c.join(self.full.job_id, self.full.token, **self.full_join)
         self.gone = self.c.create_job("gone", 1, "dense", pool_size=8)
         self.c.release(self.gone.job_id)

@@ -38,9 +38,12 @@ def create(**kw: Any) -> Any:
 def join(job: str = "open", token: str | None = None, job_id: int | None = None, **kw: Any) -> Any:
     def call(e: Env) -> Any:
         j = getattr(e, job)
-        args = dict(rank=1, mac=H1["mac"], ip=H1["ip"], udp_port=41001,
-                    switch_port=H1["switch_port"]) | kw
+        args = (
+            dict(rank=1, mac=H1["mac"], ip=H1["ip"], udp_port=41001, switch_port=H1["switch_port"])
+            | kw
+        )
         return e.c.join(j.job_id if job_id is None else job_id, token or j.token, **args)
+
     return call
 
 
@@ -59,9 +62,11 @@ CASES = {
     "join/rank outside world": (join(rank=2), C.INVALID_ARGUMENT, "rank"),
     "join/rank beyond 31": (join(rank=40), C.INVALID_ARGUMENT, "rank"),
     "join/duplicate rank": (join(rank=0), C.ALREADY_EXISTS, "rank 0"),
-    "join/same endpoint as rank 0": (join(ip=H0["ip"], mac=H0["mac"], switch_port=H0["switch_port"],
-                                          udp_port=41000),
-                                     C.ALREADY_EXISTS, "already receives"),
+    "join/same endpoint as rank 0": (
+        join(ip=H0["ip"], mac=H0["mac"], switch_port=H0["switch_port"], udp_port=41000),
+        C.ALREADY_EXISTS,
+        "already receives",
+    ),
     "join/rank of a ready job": (join("full", rank=0), C.ALREADY_EXISTS, "rank 0"),
     "join/bad mac": (join(mac="02:00:00:00:01"), C.INVALID_ARGUMENT, "mac"),
     "join/bad ip": (join(ip="10.0.0"), C.INVALID_ARGUMENT, "ip"),
@@ -70,22 +75,57 @@ CASES = {
     "join/udp port 70000": (join(udp_port=70000), C.INVALID_ARGUMENT, "udp_port"),
     "join/switch port 600": (join(switch_port=600), C.INVALID_ARGUMENT, "switch_port"),
     "join/port contradicts topology": (join(switch_port=3), C.INVALID_ARGUMENT, "per the topology"),
-    "join/mac contradicts topology": (join(mac="02:00:00:00:99:99"), C.INVALID_ARGUMENT, "per the topology"),
-    "wait/rank not joined": (lambda e: e.c.wait_ready(e.open.job_id, e.open.token, 1, 1),
-                             C.FAILED_PRECONDITION, "has not joined"),
-    "wait/timeout too long": (lambda e: e.c.wait_ready(e.open.job_id, e.open.token, 0, 1000),
-                              C.INVALID_ARGUMENT, "timeout_s"),
-    "wait/negative timeout": (lambda e: e.c.stub.WaitReady(jobs_pb2.WaitReadyRequest(
-        job_id=e.open.job_id, token=e.open.token, rank=0, timeout_s=-1), timeout=5), C.INVALID_ARGUMENT, "timeout_s"),
-    "wait/wrong token": (lambda e: e.c.wait_ready(e.open.job_id, "x", 0, 1), C.UNAUTHENTICATED, "wrong token"),
+    "join/mac contradicts topology": (
+        join(mac="02:00:00:00:99:99"),
+        C.INVALID_ARGUMENT,
+        "per the topology",
+    ),
+    "wait/rank not joined": (
+        lambda e: e.c.wait_ready(e.open.job_id, e.open.token, 1, 1),
+        C.FAILED_PRECONDITION,
+        "has not joined",
+    ),
+    "wait/timeout too long": (
+        lambda e: e.c.wait_ready(e.open.job_id, e.open.token, 0, 1000),
+        C.INVALID_ARGUMENT,
+        "timeout_s",
+    ),
+    "wait/negative timeout": (
+        lambda e: e.c.stub.WaitReady(
+            jobs_pb2.WaitReadyRequest(
+                job_id=e.open.job_id, token=e.open.token, rank=0, timeout_s=-1
+            ),
+            timeout=5,
+        ),
+        C.INVALID_ARGUMENT,
+        "timeout_s",
+    ),
+    "wait/wrong token": (
+        lambda e: e.c.wait_ready(e.open.job_id, "x", 0, 1),
+        C.UNAUTHENTICATED,
+        "wrong token",
+    ),
     "heartbeat/no such job": (lambda e: e.c.heartbeat(4321, "x", 0), C.NOT_FOUND, "no job"),
-    "heartbeat/rank not joined": (lambda e: e.c.heartbeat(e.open.job_id, e.open.token, 1),
-                                  C.FAILED_PRECONDITION, "has not joined"),
-    "heartbeat/ended job": (lambda e: e.c.heartbeat(e.gone.job_id, e.gone.token, 0),
-                            C.FAILED_PRECONDITION, "has ended"),
-    "leave/rank not joined": (lambda e: e.c.leave(e.open.job_id, e.open.token, 1),
-                              C.FAILED_PRECONDITION, "has not joined"),
-    "leave/wrong token": (lambda e: e.c.leave(e.full.job_id, "x", 0), C.UNAUTHENTICATED, "wrong token"),
+    "heartbeat/rank not joined": (
+        lambda e: e.c.heartbeat(e.open.job_id, e.open.token, 1),
+        C.FAILED_PRECONDITION,
+        "has not joined",
+    ),
+    "heartbeat/ended job": (
+        lambda e: e.c.heartbeat(e.gone.job_id, e.gone.token, 0),
+        C.FAILED_PRECONDITION,
+        "has ended",
+    ),
+    "leave/rank not joined": (
+        lambda e: e.c.leave(e.open.job_id, e.open.token, 1),
+        C.FAILED_PRECONDITION,
+        "has not joined",
+    ),
+    "leave/wrong token": (
+        lambda e: e.c.leave(e.full.job_id, "x", 0),
+        C.UNAUTHENTICATED,
+        "wrong token",
+    ),
     "release/no such job": (lambda e: e.c.release(777), C.NOT_FOUND, "no job 777"),
     "pools/unknown switch": (lambda e: e.c.list_pools("nope"), C.INVALID_ARGUMENT, "nope"),
 }
@@ -104,17 +144,26 @@ def test_rejected_without_side_effects(env: Env, case: str) -> None:
 
 def test_retried_join_is_idempotent(env: Env) -> None:
     before = env.snapshot()
-    again = env.c.join(env.open.job_id, env.open.token, 0, H0["mac"], H0["ip"], 41000,
-                       H0["switch_port"])
+    again = env.c.join(
+        env.open.job_id, env.open.token, 0, H0["mac"], H0["ip"], 41000, H0["switch_port"]
+    )
     assert again.joined == 1 and not again.ready
     assert env.snapshot() == before
 
 
-@pytest.mark.parametrize("ip, unicast", [
-    ("0.0.0.0", False), ("255.255.255.255", False),
-    ("224.0.0.0", False), ("239.255.255.255", False),
-    ("0.0.0.1", True), ("223.255.255.255", True), ("240.0.0.1", True), ("255.255.255.254", True),
-])
+@pytest.mark.parametrize(
+    "ip, unicast",
+    [
+        ("0.0.0.0", False),
+        ("255.255.255.255", False),
+        ("224.0.0.0", False),
+        ("239.255.255.255", False),
+        ("0.0.0.1", True),
+        ("223.255.255.255", True),
+        ("240.0.0.1", True),
+        ("255.255.255.254", True),
+    ],
+)
 def test_ip_check_at_the_edges_of_unicast(ip: str, unicast: bool) -> None:
     if unicast:
         assert check_ip(ip) == ip

@@ -19,11 +19,14 @@ from testnet.switch_process import free_port
 
 @pytest.fixture
 def running(refswitch, tmp_path, start_controller):
-    ctl = start_controller(make_config(refswitch.address, tmp_path, lease=30.0, heartbeat_interval=5.0))
+    ctl = start_controller(
+        make_config(refswitch.address, tmp_path, lease=30.0, heartbeat_interval=5.0)
+    )
     job = ctl.client.create_job("cli-job", 2, "dense", pool_size=32)
     for rank, h in enumerate(HOSTS[:2]):
-        ctl.client.join(job.job_id, job.token, rank, h["mac"], h["ip"], 41000 + rank,
-                        h["switch_port"])
+        ctl.client.join(
+            job.job_id, job.token, rank, h["mac"], h["ip"], 41000 + rank, h["switch_port"]
+        )
     return ctl, job
 
 
@@ -49,7 +52,10 @@ def test_json_output(running, capsys):
     assert (j["job_id"], j["name"], j["state"], j["joined"]) == (job.job_id, "cli-job", "ready", 2)
     assert [w["rank"] for w in j["workers"]] == [0, 1]
     ranges = run_json(capsys, ctl, "pools")["ranges"]
-    assert [(r["base"], r["size"], r["job_id"]) for r in ranges] == [(0, 32, job.job_id), (32, 4064, 0)]
+    assert [(r["base"], r["size"], r["job_id"]) for r in ranges] == [
+        (0, 32, job.job_id),
+        (32, 4064, 0),
+    ]
     [counters] = run_json(capsys, ctl, "counters", "--job", str(job.job_id))["switches"]
     assert counters["jobs"][0]["job_id"] == job.job_id and len(counters["jobs"][0]["workers"]) == 2
     assert counters["jobs"][0]["packets"] == 0  # a number, not proto3 JSON's string
@@ -64,10 +70,16 @@ def test_tables(running, capsys):
     ctl, job = running
     code, out, _ = run(capsys, "--controller", ctl.address, "status")
     assert code == 0 and "SWITCH" in out and "CONNECTED" in out and "32/4096" in out
-    code, out, _ = run(capsys, "jobs", "--ranks", "--controller", ctl.address)  # options after the command too
-    assert code == 0 and "cli-job" in out and "ready" in out and "0..31" in out and "LEASE LEFT" in out
+    code, out, _ = run(
+        capsys, "jobs", "--ranks", "--controller", ctl.address
+    )  # options after the command too
+    assert (
+        code == 0 and "cli-job" in out and "ready" in out and "0..31" in out and "LEASE LEFT" in out
+    )
     code, out, _ = run(capsys, "--controller", ctl.address, "pools")
-    assert code == 0 and f"job {job.job_id} (cli-job)" in out and "32..4095" in out and "free" in out
+    assert (
+        code == 0 and f"job {job.job_id} (cli-job)" in out and "32..4095" in out and "free" in out
+    )
     code, out, _ = run(capsys, "--controller", ctl.address, "counters", "--zero")
     assert code == 0 and "UNKNOWN_JOB" in out and "CONTRIBUTION" in out and "cli-job" in out
     code, out, _ = run(capsys, "--controller", ctl.address, "release", str(job.job_id))
@@ -75,10 +87,20 @@ def test_tables(running, capsys):
 
 
 def test_jobs_table_names_the_pool_size_and_shows_no_slots_before_placement():
-    placed = jobs_pb2.JobInfo(job_id=1, name="a", state="ready", switch="s1", world_size=2,
-                              joined=2, codec="dense", pool_base=64, pool_size=16)
-    unplaced = jobs_pb2.JobInfo(job_id=2, name="b", state="waiting", world_size=2, codec="dense",
-                                pool_size=8)
+    placed = jobs_pb2.JobInfo(
+        job_id=1,
+        name="a",
+        state="ready",
+        switch="s1",
+        world_size=2,
+        joined=2,
+        codec="dense",
+        pool_base=64,
+        pool_size=16,
+    )
+    unplaced = jobs_pb2.JobInfo(
+        job_id=2, name="b", state="waiting", world_size=2, codec="dense", pool_size=8
+    )
     header, row_a, row_b = render_jobs([placed, unplaced], ranks=False).splitlines()
     assert header.split()[6:9] == ["SLOTS", "POOL", "SIZE"]
     assert row_a.split()[6:8] == ["64..79", "16"] and row_b.split()[6:8] == ["-", "8"]
@@ -88,7 +110,9 @@ def test_errors_are_one_line(running, capsys):
     ctl, _ = running
     code, out, err = run(capsys, "--controller", ctl.address, "release", "999")
     assert code == 1 and out == "" and err.strip() == "aggctl: NOT_FOUND: no job 999"
-    code, _, err = run(capsys, "--controller", f"127.0.0.1:{free_port()}", "--timeout", "0.5", "status")
+    code, _, err = run(
+        capsys, "--controller", f"127.0.0.1:{free_port()}", "--timeout", "0.5", "status"
+    )
     assert code == 1 and "UNAVAILABLE" in err and "no controller answers" in err
 
 
@@ -105,15 +129,25 @@ def test_help_explains_each_command_with_an_example(command, capsys):
         main([command, "--help"])
     assert info.value.code == 0
     out = capsys.readouterr().out
-    assert "Example" in out and f"aggctl {command}" in out.replace("aggctl --controller 10.0.0.5:50051", "aggctl")
+    assert "Example" in out and f"aggctl {command}" in out.replace(
+        "aggctl --controller 10.0.0.5:50051", "aggctl"
+    )
 
 
 def test_installed_script_and_module(refswitch):
     script = Path(sys.executable).with_name("aggctl")
     out = subprocess.run([str(script), "--help"], capture_output=True, text=True, timeout=30)
     assert out.returncode == 0 and "serve" in out.stdout and "counters" in out.stdout
-    shell = subprocess.run([sys.executable, "-m", "controller", "shell", "--switch", refswitch.address],
-                           input="print('PUSHED', push())\nprint('ROUTES', len(entries(p4names.IPV4_LPM)))\n",
-                           capture_output=True, text=True, timeout=30)
+    shell = subprocess.run(
+        [sys.executable, "-m", "controller", "shell", "--switch", refswitch.address],
+        input="print('PUSHED', push())\nprint('ROUTES', len(entries(p4names.IPV4_LPM)))\n",
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert shell.returncode == 0, shell.stderr
-    assert "PUSHED None" in shell.stdout and "ROUTES 0" in shell.stdout and "P4Runtime shell" in shell.stderr
+    assert (
+        "PUSHED None" in shell.stdout
+        and "ROUTES 0" in shell.stdout
+        and "P4Runtime shell" in shell.stderr
+    )

@@ -19,9 +19,16 @@ def test_example_parses():
     cfg = load_config(EXAMPLE)
     assert cfg.listen == "127.0.0.1:50051" and cfg.lease == 10.0 and cfg.heartbeat_interval == 2.0
     [sw] = cfg.switches
-    assert (sw.name, sw.address, sw.election_id, sw.service_ip) == ("s1", "127.0.0.1:9559", 10, "10.0.0.254")
+    assert (sw.name, sw.address, sw.election_id, sw.service_ip) == (
+        "s1",
+        "127.0.0.1:9559",
+        10,
+        "10.0.0.254",
+    )
     assert [(h.ip, h.switch_port) for h in sw.hosts] == [("10.0.0.1", 1), ("10.0.0.2", 2)]
-    assert sw.host_by_ip("10.0.0.2").mac == "02:00:00:00:01:02" and sw.host_by_ip("10.0.0.3") is None
+    assert (
+        sw.host_by_ip("10.0.0.2").mac == "02:00:00:00:01:02" and sw.host_by_ip("10.0.0.3") is None
+    )
     assert cfg.switch("s1") is sw and cfg.switch("s2") is None
 
 
@@ -48,6 +55,7 @@ def _set(path: str, value):
             del node[last]
         else:
             node[last] = value
+
     return mutate
 
 
@@ -58,10 +66,14 @@ BAD = {
     "bad mac": (_set("switch.0.mac", "02:00:00"), "switch[0].mac"),
     "bad service ip": (_set("switch.0.service_ip", "10.0.0.300"), "switch[0].service_ip"),
     "bad host ip": (_set("switch.0.hosts.1.ip", "nope"), "hosts[1].ip"),
-    "host port range": (_set("switch.0.hosts.0.switch_port", 512),
-                        "hosts[0].switch_port: 512 outside 0..511"),
-    "host port missing": (_set("switch.0.hosts.0.switch_port", KeyError),
-                          "missing key 'switch_port'"),
+    "host port range": (
+        _set("switch.0.hosts.0.switch_port", 512),
+        "hosts[0].switch_port: 512 outside 0..511",
+    ),
+    "host port missing": (
+        _set("switch.0.hosts.0.switch_port", KeyError),
+        "missing key 'switch_port'",
+    ),
     "duplicate host": (_set("switch.0.hosts.1.ip", "10.0.0.1"), "10.0.0.1 is listed twice"),
     "service ip is a host": (_set("switch.0.service_ip", "10.0.0.2"), "also a host's address"),
     "bad address": (_set("switch.0.address", "localhost"), "expected HOST:PORT"),
@@ -71,8 +83,10 @@ BAD = {
     "bool is not a number": (_set("switch.0.device_id", True), "device_id: expected int"),
     "negative seconds": (_set("controller.heartbeat_interval", -1), "positive number of seconds"),
     "lease too short": (_set("controller.lease", 3.0), "at least twice"),
-    "pool size too big": (_set("controller.default_pool_size", 5000),
-                          "default_pool_size: 5000 outside 1..4096"),
+    "pool size too big": (
+        _set("controller.default_pool_size", 5000),
+        "default_pool_size: 5000 outside 1..4096",
+    ),
     "election id 0": (_set("switch.0.election_id", 0), "election_id: 0 outside"),
 }
 

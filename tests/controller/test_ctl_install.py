@@ -17,8 +17,15 @@ from controller.config import SwitchConfig
 from controller.entries import MULTICAST_GROUPS
 from controller.errors import Unavailable
 from controller.forwarding import Host, forwarding_entries
-from controller.install import (INSTALL_ORDER, InstallError, Reconciled, install_job, job_specs,
-                                reconcile, remove_job)
+from controller.install import (
+    INSTALL_ORDER,
+    InstallError,
+    Reconciled,
+    install_job,
+    job_specs,
+    reconcile,
+    remove_job,
+)
 from controller.p4runtime_entities import WriteBatch, decode_table_entry, replica_port
 from controller.switch_connection import P4RuntimeWriteError, SwitchError, UpdateError
 from controller.switches import ManagedSwitch, SwitchRejected
@@ -27,16 +34,32 @@ from p4rtproto.p4info import P4InfoIndex
 
 P4INFO = P4InfoIndex.from_text_file(P4INFO_PATH)
 Update = p4runtime_pb2.Update
-JOB = JobEntries(job_id=9, pool_base=0, pool_size=8, mcast_grp=9, workers=tuple(
-    Worker(rank=r, switch_port=r + 1, mac=f"02:00:00:00:01:0{r + 1}", ip=f"10.0.0.{r + 1}",
-           udp_port=41000) for r in range(3)))
+JOB = JobEntries(
+    job_id=9,
+    pool_base=0,
+    pool_size=8,
+    mcast_grp=9,
+    workers=tuple(
+        Worker(
+            rank=r,
+            switch_port=r + 1,
+            mac=f"02:00:00:00:01:0{r + 1}",
+            ip=f"10.0.0.{r + 1}",
+            udp_port=41000,
+        )
+        for r in range(3)
+    ),
+)
 
 
 def key(update: p4runtime_pb2.Update) -> tuple:
     """What an update addresses: ("group", id) or (table name, encoded match)."""
     entity = update.entity
     if entity.HasField("packet_replication_engine_entry"):
-        return "group", entity.packet_replication_engine_entry.multicast_group_entry.multicast_group_id
+        return (
+            "group",
+            entity.packet_replication_engine_entry.multicast_group_entry.multicast_group_id,
+        )
     te = entity.table_entry
     return P4INFO.table(te.table_id).name, tuple(m.SerializeToString() for m in te.match)
 
@@ -69,14 +92,20 @@ class ScriptedSwitch:
         if self.writes == self.link_down_on_write:
             self.is_connected = False
         if not self.is_connected:
-            raise SwitchError("P4Runtime call failed with UNAVAILABLE: socket closed", grpc.StatusCode.UNAVAILABLE)
+            raise SwitchError(
+                "P4Runtime call failed with UNAVAILABLE: socket closed", grpc.StatusCode.UNAVAILABLE
+            )
         errors = []
         for i, update in enumerate(batch):
             k = key(update)
             code = self.refuse(update)
             if code is None and update.type == Update.INSERT and k in self.held:
                 code = "ALREADY_EXISTS"
-            if code is None and update.type in (Update.MODIFY, Update.DELETE) and k not in self.held:
+            if (
+                code is None
+                and update.type in (Update.MODIFY, Update.DELETE)
+                and k not in self.held
+            ):
                 code = "NOT_FOUND"
             if code is not None:
                 errors.append(UpdateError(i, code, "scripted"))
@@ -90,14 +119,22 @@ class ScriptedSwitch:
             raise P4RuntimeWriteError(errors, len(batch), grpc.StatusCode.UNKNOWN)
 
     def read_entries(self, table):
-        return [decode_table_entry(P4INFO, u.entity.table_entry) for k, u in self.state.items()
-                if k[0] == table]
+        return [
+            decode_table_entry(P4INFO, u.entity.table_entry)
+            for k, u in self.state.items()
+            if k[0] == table
+        ]
 
     def read_multicast_groups(self):
-        groups = [u.entity.packet_replication_engine_entry.multicast_group_entry
-                  for k, u in self.state.items() if k[0] == "group"]
-        return {g.multicast_group_id: [(replica_port(r), r.instance) for r in g.replicas]
-                for g in groups}
+        groups = [
+            u.entity.packet_replication_engine_entry.multicast_group_entry
+            for k, u in self.state.items()
+            if k[0] == "group"
+        ]
+        return {
+            g.multicast_group_id: [(replica_port(r), r.instance) for r in g.replicas]
+            for g in groups
+        }
 
 
 class Listener:
@@ -112,8 +149,11 @@ class Listener:
 
 
 def managed(conn: ScriptedSwitch) -> ManagedSwitch:
-    sw = ManagedSwitch(SwitchConfig("s1", "127.0.0.1:1", "02:00:00:00:00:fe", "10.0.0.254"),
-                       threading.RLock(), Listener())
+    sw = ManagedSwitch(
+        SwitchConfig("s1", "127.0.0.1:1", "02:00:00:00:00:fe", "10.0.0.254"),
+        threading.RLock(),
+        Listener(),
+    )
     sw.conn = conn  # type: ignore[assignment]
     return sw
 
@@ -137,7 +177,9 @@ def test_install_writes_group_results_workers_then_job_and_removes_in_reverse():
     job_order = [MULTICAST_GROUPS, p4names.RESULT_REWRITE, p4names.WORKER_TABLE, p4names.JOB_TABLE]
     assert stages(conn.log) == [(Update.INSERT, k) for k in job_order]
     tables = sorted(k[0] for k in conn.held)
-    assert tables == sorted(["group", p4names.JOB_TABLE] + [p4names.WORKER_TABLE, p4names.RESULT_REWRITE] * 3)
+    assert tables == sorted(
+        ["group", p4names.JOB_TABLE] + [p4names.WORKER_TABLE, p4names.RESULT_REWRITE] * 3
+    )
     conn.log.clear()
     sw.remove(JOB)
     assert stages(conn.log) == [(Update.DELETE, k) for k in reversed(job_order)]
@@ -160,6 +202,7 @@ def test_refused_update_rolls_everything_back(refused_table):
         if te.table_id == P4INFO.table_id(refused_table) and update.type == Update.INSERT:
             return "RESOURCE_EXHAUSTED"
         return None
+
     conn = ScriptedSwitch(refuse)
     sw = managed(conn)
     with pytest.raises(SwitchRejected, match="RESOURCE_EXHAUSTED"):
@@ -209,6 +252,10 @@ def test_reconcile_writes_the_difference_in_install_order():
     # Gone: host 2's two entries, the service address's, rank 2's two; changed: the job entry.
     assert (done.installed, done.modified, done.removed) == (0, 1, 6)
     assert stages(conn.log) == [
-        (Update.DELETE, p4names.WORKER_TABLE), (Update.DELETE, p4names.RESULT_REWRITE),
-        (Update.DELETE, p4names.IPV4_LPM), (Update.DELETE, p4names.ARP_RESPONDER),
-        (Update.MODIFY, MULTICAST_GROUPS), (Update.MODIFY, p4names.JOB_TABLE)]
+        (Update.DELETE, p4names.WORKER_TABLE),
+        (Update.DELETE, p4names.RESULT_REWRITE),
+        (Update.DELETE, p4names.IPV4_LPM),
+        (Update.DELETE, p4names.ARP_RESPONDER),
+        (Update.MODIFY, MULTICAST_GROUPS),
+        (Update.MODIFY, p4names.JOB_TABLE),
+    ]

@@ -26,8 +26,13 @@ from controller.artifacts import P4INFO_PATH
 from p4rtproto.bytestrings import ipv4_to_int
 from p4rtproto.p4info import P4InfoIndex
 
-OK_JOIN = dict(rank=0, mac=HOSTS[0]["mac"], ip=HOSTS[0]["ip"], udp_port=41000,
-               switch_port=HOSTS[0]["switch_port"])
+OK_JOIN = dict(
+    rank=0,
+    mac=HOSTS[0]["mac"],
+    ip=HOSTS[0]["ip"],
+    udp_port=41000,
+    switch_port=HOSTS[0]["switch_port"],
+)
 
 
 def test_pipeline_and_forwarding_are_pushed(switch, reader, tmp_path, start_controller):
@@ -53,10 +58,13 @@ def test_create_join_ready_leave(controller, reader):
     assert job_state(reader())["jobs"] == {}  # nothing installed while ranks are missing
 
     waiter: dict = {}
-    thread = threading.Thread(target=lambda: waiter.update(a=c.wait_ready(job.job_id, job.token, 0, 10)))
+    thread = threading.Thread(
+        target=lambda: waiter.update(a=c.wait_ready(job.job_id, job.token, 0, 10))
+    )
     thread.start()
-    last = c.join(job.job_id, job.token, 2, HOSTS[2]["mac"], HOSTS[2]["ip"], 41002,
-                  HOSTS[2]["switch_port"])
+    last = c.join(
+        job.job_id, job.token, 2, HOSTS[2]["mac"], HOSTS[2]["ip"], 41002, HOSTS[2]["switch_port"]
+    )
     assert last.ready and last.joined == 3
     thread.join(10)
     a = waiter["a"]
@@ -67,8 +75,14 @@ def test_create_join_ready_leave(controller, reader):
 
     held = job_state(reader())
     pool_base = c.list_jobs().jobs[0].pool_base
-    assert held["jobs"] == {job.job_id: {"pool_base": pool_base, "pool_size": 16, "num_workers": 3,
-                                         "mcast_grp": job.job_id}}
+    assert held["jobs"] == {
+        job.job_id: {
+            "pool_base": pool_base,
+            "pool_size": 16,
+            "num_workers": 3,
+            "mcast_grp": job.job_id,
+        }
+    }
     assert held["workers"] == held["rewrites"] == [(job.job_id, r) for r in range(3)]
     assert sorted(held["groups"][job.job_id]) == [(1, 1), (2, 2), (3, 3)]
     assert c.heartbeat(job.job_id, job.token, 1).state == "ready"
@@ -78,7 +92,10 @@ def test_create_join_ready_leave(controller, reader):
     assert job_state(reader())["jobs"]  # still aggregating for the last rank
     assert c.leave(job.job_id, job.token, 2).job_ended
     assert job_state(reader()) == {"jobs": {}, "workers": [], "rewrites": [], "groups": {}}
-    assert c.list_jobs().jobs == [] and c.list_jobs(include_ended=True).jobs[0].end_reason == "every rank left"
+    assert (
+        c.list_jobs().jobs == []
+        and c.list_jobs(include_ended=True).jobs[0].end_reason == "every rank left"
+    )
     assert [(r.base, r.size, r.job_id) for r in c.list_pools().ranges] == [(0, NUM_SLOTS, 0)]
     code, details = rpc_code(lambda: c.heartbeat(job.job_id, job.token, 2))
     assert code == grpc.StatusCode.FAILED_PRECONDITION and "ended" in details
@@ -117,7 +134,9 @@ def test_pool_exhaustion_is_resource_exhausted(controller):
 
 
 def test_lease_expiry_reclaims_everything(switch, reader, tmp_path, start_controller):
-    c = start_controller(make_config(switch.address, tmp_path, lease=1.0, heartbeat_interval=0.2)).client
+    c = start_controller(
+        make_config(switch.address, tmp_path, lease=1.0, heartbeat_interval=0.2)
+    ).client
     job = c.create_job("short", 2, "dense", pool_size=8)
     join_all(c, job, HOSTS[:2])
     assert job_state(reader())["jobs"]
@@ -180,6 +199,7 @@ def test_switch_restart_repushes_pipeline_and_entries(switch, controller, reader
     def repushed() -> bool:
         s = c.status().switches[0]
         return s.connected and (s.pipeline_pushes, s.connects) == (pushes + 1, connects + 1)
+
     wait_for(repushed, 15, "the controller to re-push the restarted switch")
     assert job_state(reader()) == before
     assert len(reader().read_entries(p4names.ARP_RESPONDER)) == len(HOSTS) + 1
@@ -193,8 +213,9 @@ def test_unreachable_switch_is_unavailable_until_it_returns(switch, controller, 
     c.join(job.job_id, job.token, **OK_JOIN)
     switch.stop()
     wait_for(lambda: not c.status().switches[0].connected, 5, "the controller to notice")
-    last = c.join(job.job_id, job.token, 1, HOSTS[1]["mac"], HOSTS[1]["ip"], 41001,
-                  HOSTS[1]["switch_port"])
+    last = c.join(
+        job.job_id, job.token, 1, HOSTS[1]["mac"], HOSTS[1]["ip"], 41001, HOSTS[1]["switch_port"]
+    )
     assert last.joined == 2 and not last.ready  # the join stands
     start = time.monotonic()
     code, details = rpc_code(lambda: c.wait_ready(job.job_id, job.token, 0, 0.5))
@@ -218,6 +239,8 @@ def test_counters_per_job_and_reason(controller):
     assert {d.name for d in sw.ingress_drops} >= {"UNKNOWN_JOB", "BAD_RANK", "WRONG_PORT", "STALE"}
     assert [d.name for d in sw.egress_drops] == ["NO_RECIPIENT"]
     assert [e.name for e in sw.events] == ["CONTRIBUTION", "RESULT", "RESENT"]
-    assert [(j.job_id, j.name, [w.rank for w in j.workers]) for j in sw.jobs] == [(job.job_id, "counted", [0, 1])]
+    assert [(j.job_id, j.name, [w.rank for w in j.workers]) for j in sw.jobs] == [
+        (job.job_id, "counted", [0, 1])
+    ]
     assert [j.job_id for j in c.counters(job_id=job.job_id).switches[0].jobs] == [job.job_id]
     assert rpc_code(lambda: c.counters(job_id=4242))[0] == grpc.StatusCode.NOT_FOUND

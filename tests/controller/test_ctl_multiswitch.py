@@ -18,7 +18,9 @@ S1_HOSTS, S2_HOSTS = HOSTS[:2], HOSTS[2:]
 @pytest.fixture
 def two(tmp_path: Path, start_controller):
     switches = [SwitchUnderTest("refswitch", tmp_path), SwitchUnderTest("refswitch", tmp_path)]
-    doc = config_dict([("s1", switches[0].address, S1_HOSTS), ("s2", switches[1].address, S2_HOSTS)], tmp_path)
+    doc = config_dict(
+        [("s1", switches[0].address, S1_HOSTS), ("s2", switches[1].address, S2_HOSTS)], tmp_path
+    )
     ctl = start_controller(parse_config(doc, tmp_path))
     readers = []
     for i, sw in enumerate(switches):
@@ -33,8 +35,9 @@ def two(tmp_path: Path, start_controller):
 
 
 def join(c, job, rank, host, udp=41000):
-    return c.join(job.job_id, job.token, rank, host["mac"], host["ip"], udp + rank,
-                  host["switch_port"])
+    return c.join(
+        job.job_id, job.token, rank, host["mac"], host["ip"], udp + rank, host["switch_port"]
+    )
 
 
 def test_job_goes_to_the_switch_of_its_workers(two):
@@ -50,7 +53,10 @@ def test_job_goes_to_the_switch_of_its_workers(two):
     assert list(job_state(r2)["jobs"]) == [job.job_id] and job_state(r1)["jobs"] == {}
     pinned = c.create_job("pinned", 1, "dense", pool_size=8, switch="s1")
     assert pinned.switch == "s1" and pinned.pool_size == 8
-    assert {(s.name, s.slots_used, s.jobs) for s in c.status().switches} == {("s1", 8, 1), ("s2", 32, 1)}
+    assert {(s.name, s.slots_used, s.jobs) for s in c.status().switches} == {
+        ("s1", 8, 1),
+        ("s2", 32, 1),
+    }
 
 
 def test_workers_on_two_switches_are_refused(two):
@@ -72,4 +78,6 @@ def test_unknown_host_cannot_choose_the_switch(two):
     assert code == grpc.StatusCode.INVALID_ARGUMENT and "name the switch" in details
     assert c.list_jobs().jobs[0].switch == ""
     pinned = c.create_job("there", 1, "dense", switch="s2")
-    assert join(c, pinned, 0, stranger).ready  # hosts outside the topology are fine once the switch is known
+    assert join(
+        c, pinned, 0, stranger
+    ).ready  # hosts outside the topology are fine once the switch is known

@@ -85,5 +85,7 @@ def test_random_workload_never_overlaps():
         assert a.used_ranges() == used
         assert all(b1 + s1 <= b2 for (b1, s1), (b2, _) in zip(used, used[1:]))
         free = a.free_ranges()
-        assert all(f1 + s1 < f2 for (f1, s1), (f2, _) in zip(free, free[1:]))  # coalesced: never adjacent
+        assert all(
+            f1 + s1 < f2 for (f1, s1), (f2, _) in zip(free, free[1:])
+        )  # coalesced: never adjacent
         assert a.slots_free() + sum(live.values()) == 4096

@@ -24,12 +24,21 @@ from testnet.switch_process import free_port
 
 
 @pytest.fixture(params=TARGETS)
-def setup(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[SwitchUnderTest, ControllerProcess]]:
+def setup(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> Iterator[tuple[SwitchUnderTest, ControllerProcess]]:
     switch = SwitchUnderTest(request.param, tmp_path)
     address = f"127.0.0.1:{free_port()}"
-    doc = config_dict([("s1", switch.address, HOSTS)], tmp_path, listen=address, lease=3.0, heartbeat_interval=0.5)
-    proc = ControllerProcess(write_toml(doc, tmp_path / "controller.toml"), address, tmp_path / "controller.log",
-                             "--log-level", "debug")
+    doc = config_dict(
+        [("s1", switch.address, HOSTS)], tmp_path, listen=address, lease=3.0, heartbeat_interval=0.5
+    )
+    proc = ControllerProcess(
+        write_toml(doc, tmp_path / "controller.toml"),
+        address,
+        tmp_path / "controller.log",
+        "--log-level",
+        "debug",
+    )
     try:
         yield switch, proc
     finally:
@@ -60,13 +69,22 @@ def test_controller_restart_keeps_the_live_job(setup):
     # While the controller is down: the switch loses one entry of the job and gains a stray job.
     conn = as_primary(switch)
     conn.delete_entry(p4names.WORKER_TABLE, {"hdr.agg.job_id": job.job_id, "hdr.agg.rank": 1})
-    conn.insert_entry(p4names.JOB_TABLE, {"hdr.agg.job_id": 777}, p4names.SET_JOB,
-                      {"pool_base": 4000, "pool_size": 8, "num_workers": 1, "mcast_grp": 777})
+    conn.insert_entry(
+        p4names.JOB_TABLE,
+        {"hdr.agg.job_id": 777},
+        p4names.SET_JOB,
+        {"pool_base": 4000, "pool_size": 8, "num_workers": 1, "mcast_grp": 777},
+    )
     conn.close()
 
     client = proc.start()
     [listed] = client.list_jobs().jobs
-    assert (listed.job_id, listed.state, listed.pool_size, listed.joined) == (job.job_id, "ready", 64, 2)
+    assert (listed.job_id, listed.state, listed.pool_size, listed.joined) == (
+        job.job_id,
+        "ready",
+        64,
+        2,
+    )
     assert client.heartbeat(job.job_id, job.token, 0).state == "ready"
     assert client.heartbeat(job.job_id, job.token, 1).state == "ready"
     status = client.status().switches[0]

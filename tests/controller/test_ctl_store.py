@@ -26,7 +26,9 @@ def test_jobs_round_trip(tmp_path):
     loaded = {x.job_id: x for x in store.active_jobs()}
     assert set(loaded) == {3, 4}
     assert (loaded[3].switch, loaded[3].pool_base, loaded[3].pool_size) == ("s1", 64, 16)
-    assert loaded[3].workers == {1: JobWorker(1, "02:00:00:00:01:02", "10.0.0.2", 41001, 2, left=True)}
+    assert loaded[3].workers == {
+        1: JobWorker(1, "02:00:00:00:01:02", "10.0.0.2", 41001, 2, left=True)
+    }
     assert loaded[4].switch is None and loaded[4].workers == {}
     ended = loaded[4]
     ended.ended, ended.end_reason = 2000.0, "released"
@@ -74,8 +76,9 @@ def test_schema_1_database_is_migrated(tmp_path):
     path = tmp_path / "v1.db"
     db = sqlite3.connect(path)
     db.executescript(SCHEMA.replace("pool_size INTEGER", "window INTEGER"))
-    db.execute("INSERT INTO jobs VALUES (7, 'old', 'ab', 2, 'dense', 24, 1000.0, 's1', 96, NULL, "
-               "'')")
+    db.execute(
+        "INSERT INTO jobs VALUES (7, 'old', 'ab', 2, 'dense', 24, 1000.0, 's1', 96, NULL, '')"
+    )
     db.execute("PRAGMA user_version = 1")
     db.commit()
     db.close()

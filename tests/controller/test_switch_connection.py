@@ -44,13 +44,16 @@ def connect(p4rt_switch: Any) -> Iterator[Callable[..., SwitchConnection]]:
         opened.append(conn)
         conn.connect(require_primary=require_primary)
         return conn
+
     yield make
     for conn in opened:
         conn.close()
 
 
 @pytest.fixture
-def conn(connect: Callable[..., SwitchConnection], test_p4info_path: Path, device_config: Path) -> SwitchConnection:
+def conn(
+    connect: Callable[..., SwitchConnection], test_p4info_path: Path, device_config: Path
+) -> SwitchConnection:
     """The primary connection, with the test pipeline pushed."""
     c = connect(1)
     c.set_pipeline(test_p4info_path, device_config)
@@ -75,8 +78,9 @@ def write_codes(fn: Callable[[], None]) -> list[tuple[int, str]]:
 # -- session ---------------------------------------------------------------------------------
 
 
-def test_arbitration_backup_and_handover(connect: Callable[..., SwitchConnection],
-                                         test_p4info_path: Path, device_config: Path) -> None:
+def test_arbitration_backup_and_handover(
+    connect: Callable[..., SwitchConnection], test_p4info_path: Path, device_config: Path
+) -> None:
     a = connect(10)
     assert a.is_connected and a.is_primary
     with pytest.raises(ArbitrationError, match="not primary"):
@@ -123,19 +127,25 @@ def test_lost_stream_is_detected(p4rt_switch: Any) -> None:
     assert not conn.is_connected
 
 
-def test_write_before_pipeline(connect: Callable[..., SwitchConnection], test_p4info_path: Path) -> None:
+def test_write_before_pipeline(
+    connect: Callable[..., SwitchConnection], test_p4info_path: Path
+) -> None:
     conn = connect(1)
     with pytest.raises(SwitchError) as info:
         conn.get_p4info()
     assert info.value.code == grpc.StatusCode.FAILED_PRECONDITION
-    conn._p4info = P4InfoIndex.from_text_file(test_p4info_path)  # known P4Info, so the Write is sent
+    conn._p4info = P4InfoIndex.from_text_file(
+        test_p4info_path
+    )  # known P4Info, so the Write is sent
     with pytest.raises(SwitchError) as info:
         conn.insert_entry(ARP, {"hdr.arp.tpa": 1}, "arp_reply", {"mac": 1})
     assert info.value.code == grpc.StatusCode.FAILED_PRECONDITION
     assert not isinstance(info.value, P4RuntimeWriteError)
 
 
-def test_get_p4info_from_the_switch(conn: SwitchConnection, connect: Callable[..., SwitchConnection]) -> None:
+def test_get_p4info_from_the_switch(
+    conn: SwitchConnection, connect: Callable[..., SwitchConnection]
+) -> None:
     other = connect(0, require_primary=False)
     assert other.get_p4info().table(LPM).size == 16
     assert other.p4info.action("route").name == ROUTE
@@ -149,22 +159,38 @@ def test_entries_round_trip(conn: SwitchConnection, p4rt_switch: Any) -> None:
     conn.insert_entry(ARP, {"hdr.arp.tpa": ip}, "arp_reply", {"mac": mac})
     route = {"port": 3, "src_mac": mac, "dst_mac": 7}
     conn.insert_entry(LPM, {"hdr.ipv4.dst_addr": (ipv4_to_int("10.1.0.0"), 16)}, "route", route)
-    conn.insert_entry(ACL, {"hdr.ipv4.protocol": 17, "hdr.udp.dst_port": (0x1200, 0xFF00)}, "set_port",
-                      {"port": 4}, priority=10)
+    conn.insert_entry(
+        ACL,
+        {"hdr.ipv4.protocol": 17, "hdr.udp.dst_port": (0x1200, 0xFF00)},
+        "set_port",
+        {"port": 4},
+        priority=10,
+    )
     conn.insert_entry(ACL, {"hdr.ipv4.protocol": 6}, "NoAction", {}, priority=1)  # ternary left out
     entries = conn.read_entries()
     assert entries == [
-        TableEntry("SwitchIngress.forwarding.arp_responder", {"hdr.arp.tpa": ip},
-                   "SwitchIngress.forwarding.arp_reply", {"mac": mac}),
-        TableEntry(LPM, {"hdr.ipv4.dst_addr": (0x0a010000, 16)}, ROUTE, route),
-        TableEntry("SwitchIngress.acl", {"hdr.ipv4.protocol": 17, "hdr.udp.dst_port": (0x1200, 0xFF00)},
-                   "SwitchIngress.set_port", {"port": 4}, 10),
+        TableEntry(
+            "SwitchIngress.forwarding.arp_responder",
+            {"hdr.arp.tpa": ip},
+            "SwitchIngress.forwarding.arp_reply",
+            {"mac": mac},
+        ),
+        TableEntry(LPM, {"hdr.ipv4.dst_addr": (0x0A010000, 16)}, ROUTE, route),
+        TableEntry(
+            "SwitchIngress.acl",
+            {"hdr.ipv4.protocol": 17, "hdr.udp.dst_port": (0x1200, 0xFF00)},
+            "SwitchIngress.set_port",
+            {"port": 4},
+            10,
+        ),
         TableEntry("SwitchIngress.acl", {"hdr.ipv4.protocol": 6}, "NoAction", {}, 1),
     ]
-    assert p4rt_switch.device.table(LPM).lookup((0x0a010203,), 1) == (True, ROUTE, route)
-    conn.modify_entry(LPM, {"hdr.ipv4.dst_addr": (0x0a010000, 16)}, "aggregate", {})
+    assert p4rt_switch.device.table(LPM).lookup((0x0A010203,), 1) == (True, ROUTE, route)
+    conn.modify_entry(LPM, {"hdr.ipv4.dst_addr": (0x0A010000, 16)}, "aggregate", {})
     assert [e.action for e in conn.read_entries(LPM)] == ["SwitchIngress.forwarding.aggregate"]
-    conn.delete_entry(ACL, {"hdr.ipv4.protocol": 17, "hdr.udp.dst_port": (0x1200, 0xFF00)}, priority=10)
+    conn.delete_entry(
+        ACL, {"hdr.ipv4.protocol": 17, "hdr.udp.dst_port": (0x1200, 0xFF00)}, priority=10
+    )
     conn.delete_entry(ARP, {"hdr.arp.tpa": ip})
     assert [e.match for e in conn.read_entries(ACL)] == [{"hdr.ipv4.protocol": 6}]
     assert conn.read_entries(ARP) == []
@@ -173,32 +199,48 @@ def test_entries_round_trip(conn: SwitchConnection, p4rt_switch: Any) -> None:
 def test_default_actions(conn: SwitchConnection, p4rt_switch: Any) -> None:
     conn.set_default_action(LPM, "route", {"port": 1, "src_mac": 2, "dst_mac": 3})
     default = conn.read_default_action(LPM)
-    assert default.is_default and (default.action, default.params) == (ROUTE, {"port": 1, "src_mac": 2, "dst_mac": 3})
+    assert default.is_default and (default.action, default.params) == (
+        ROUTE,
+        {"port": 1, "src_mac": 2, "dst_mac": 3},
+    )
     assert p4rt_switch.device.table(LPM).lookup((1,), 1)[:2] == (False, ROUTE)
     assert conn.read_default_action(JOB).action == "SwitchIngress.aggregation.unknown_job"
-    assert write_codes(lambda: conn.set_default_action(JOB, "unknown_job", {})) == [(0, "PERMISSION_DENIED")]
+    assert write_codes(lambda: conn.set_default_action(JOB, "unknown_job", {})) == [
+        (0, "PERMISSION_DENIED")
+    ]
     conn.write_batch(conn.batch().reset_default_action(LPM))
     assert conn.read_default_action(LPM).action == ""
 
 
 def test_batch_and_per_update_errors(conn: SwitchConnection, test_p4info: Any) -> None:
-    batch = (conn.batch()
-             .insert_entry(ARP, {"hdr.arp.tpa": 1}, "arp_reply", {"mac": 1})
-             .insert_entry(ARP, {"hdr.arp.tpa": 1}, "arp_reply", {"mac": 2})  # duplicate
-             .modify_entry(ARP, {"hdr.arp.tpa": 9}, "arp_reply", {"mac": 2})  # missing
-             .delete_entry(ARP, {"hdr.arp.tpa": 8})  # missing
-             .insert_entry(ARP, {"hdr.arp.tpa": 2}, "no_route", {})
-             .insert_entry(ARP, {"hdr.arp.tpa": 3}, "route", {"port": 1, "src_mac": 1, "dst_mac": 1})  # not allowed
-             .insert_entry(ACL, {"hdr.ipv4.protocol": 17, "hdr.udp.dst_port": (1, 1)}, "set_port", {"port": 1})
-             .insert_entry(ARP, {"hdr.arp.tpa": 4}, "no_route", {})
-             .insert_entry(ARP, {"hdr.arp.tpa": 5}, "no_route", {})
-             .insert_entry(ARP, {"hdr.arp.tpa": 6}, "no_route", {}))  # table full (size 4)
+    batch = (
+        conn.batch()
+        .insert_entry(ARP, {"hdr.arp.tpa": 1}, "arp_reply", {"mac": 1})
+        .insert_entry(ARP, {"hdr.arp.tpa": 1}, "arp_reply", {"mac": 2})  # duplicate
+        .modify_entry(ARP, {"hdr.arp.tpa": 9}, "arp_reply", {"mac": 2})  # missing
+        .delete_entry(ARP, {"hdr.arp.tpa": 8})  # missing
+        .insert_entry(ARP, {"hdr.arp.tpa": 2}, "no_route", {})
+        .insert_entry(
+            ARP, {"hdr.arp.tpa": 3}, "route", {"port": 1, "src_mac": 1, "dst_mac": 1}
+        )  # not allowed
+        .insert_entry(
+            ACL, {"hdr.ipv4.protocol": 17, "hdr.udp.dst_port": (1, 1)}, "set_port", {"port": 1}
+        )
+        .insert_entry(ARP, {"hdr.arp.tpa": 4}, "no_route", {})
+        .insert_entry(ARP, {"hdr.arp.tpa": 5}, "no_route", {})
+        .insert_entry(ARP, {"hdr.arp.tpa": 6}, "no_route", {})
+    )  # table full (size 4)
     assert len(batch) == 10
     with pytest.raises(P4RuntimeWriteError) as info:
         conn.write_batch(batch)
     assert [(e.index, e.code) for e in info.value.errors] == [
-        (1, "ALREADY_EXISTS"), (2, "NOT_FOUND"), (3, "NOT_FOUND"), (5, "INVALID_ARGUMENT"),
-        (6, "INVALID_ARGUMENT"), (9, "RESOURCE_EXHAUSTED")]
+        (1, "ALREADY_EXISTS"),
+        (2, "NOT_FOUND"),
+        (3, "NOT_FOUND"),
+        (5, "INVALID_ARGUMENT"),
+        (6, "INVALID_ARGUMENT"),
+        (9, "RESOURCE_EXHAUSTED"),
+    ]
     assert info.value.code == grpc.StatusCode.UNKNOWN
     assert "Zero priority" in info.value.errors[4].message
     assert len(conn.read_entries(ARP)) == 4  # the others applied (CONTINUE_ON_ERROR)
@@ -209,7 +251,9 @@ def test_server_side_validation_errors(conn: SwitchConnection, test_p4info: Any)
     arp = test_p4info.table(ARP)
     reply = test_p4info.action("arp_reply")
 
-    def raw(value: bytes, kind: str = "exact", params: tuple[tuple[int, bytes], ...] = ((1, b"\x01"),)) -> Any:
+    def raw(
+        value: bytes, kind: str = "exact", params: tuple[tuple[int, bytes], ...] = ((1, b"\x01"),)
+    ) -> Any:
         u = p4runtime_pb2.Update(type=p4runtime_pb2.Update.INSERT)
         te = u.entity.table_entry
         te.table_id = arp.id
@@ -222,11 +266,19 @@ def test_server_side_validation_errors(conn: SwitchConnection, test_p4info: Any)
         for pid, v in params:
             te.action.action.params.add(param_id=pid, value=v)
         return u
+
     batch = conn.batch()
-    for u in (raw(b"\x01\x00\x00\x00\x00"), raw(b"\x01", "lpm"), raw(b"\x02", params=()),
-              raw(b"\x03", params=((1, b"\x01"), (2, b"\x01"))), raw(b"\x04", params=((1, b"\x01" * 7),))):
+    for u in (
+        raw(b"\x01\x00\x00\x00\x00"),
+        raw(b"\x01", "lpm"),
+        raw(b"\x02", params=()),
+        raw(b"\x03", params=((1, b"\x01"), (2, b"\x01"))),
+        raw(b"\x04", params=((1, b"\x01" * 7),)),
+    ):
         batch.add(u)
-    assert write_codes(lambda: conn.write_batch(batch)) == [(i, "INVALID_ARGUMENT") for i in range(5)]
+    assert write_codes(lambda: conn.write_batch(batch)) == [
+        (i, "INVALID_ARGUMENT") for i in range(5)
+    ]
 
 
 def test_client_side_errors(conn: SwitchConnection) -> None:
@@ -285,7 +337,10 @@ def test_direct_counters(conn: SwitchConnection, p4rt_switch: Any) -> None:
     job = p4rt_switch.device.table(JOB)
     for _ in range(3):
         job.lookup((2,), 500)
-    got = {e.match["hdr.agg.job_id"]: (packets, nbytes) for e, packets, nbytes in conn.read_direct_counters(JOB)}
+    got = {
+        e.match["hdr.agg.job_id"]: (packets, nbytes)
+        for e, packets, nbytes in conn.read_direct_counters(JOB)
+    }
     assert got == {1: (0, 0), 2: (3, 1500)}
     conn.write_batch(conn.batch().write_direct_counter(JOB, {"hdr.agg.job_id": 2}))
     assert [c[1:] for c in conn.read_direct_counters(JOB)] == [(0, 0), (0, 0)]

@@ -20,8 +20,10 @@ REPORT: list[str] = []
 @pytest.fixture
 def fault_report(request: pytest.FixtureRequest):
     """report(line): adds a line under the test's id to the end-of-run fault report."""
+
     def report(line: str) -> None:
         REPORT.append(f"{request.node.nodeid}: {line}")
+
     return report
 
 

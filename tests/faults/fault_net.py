@@ -26,11 +26,18 @@ from worker.agent import AgentConfig, WorkerAgent
 
 UDP_BASE = 41000
 TIMING = {"heartbeat_interval": 0.2, "lease": 3.0, "join_timeout": 30.0}
-NEEDS_ROOT = pytest.mark.skipif(not have_privileges(), reason="needs root and iproute2 (network namespaces)")
+NEEDS_ROOT = pytest.mark.skipif(
+    not have_privileges(), reason="needs root and iproute2 (network namespaces)"
+)
 TARGETS = [
     pytest.param("refswitch", id="refswitch"),
-    pytest.param("bmv2", id="bmv2", marks=pytest.mark.skipif(
-        not bmv2_available(), reason="simple_switch_grpc is not installed (see docs/bmv2.md)")),
+    pytest.param(
+        "bmv2",
+        id="bmv2",
+        marks=pytest.mark.skipif(
+            not bmv2_available(), reason="simple_switch_grpc is not installed (see docs/bmv2.md)"
+        ),
+    ),
 ]
 
 
@@ -40,9 +47,24 @@ def host_dicts(fabric: Fabric) -> list[dict[str, Any]]:
 
 def config_doc(fabric: Fabric, tmp: Path, listen: str = "127.0.0.1:0", **timing: Any) -> dict:
     """A controller configuration for the fabric's switch as s1 with its hosts."""
-    return {"controller": {"listen": listen, "database": str(tmp / "controller.db"), **TIMING, **timing},
-            "switch": [{"name": "s1", "address": fabric.switch.address, "mac": SWITCH_MAC,
-                        "service_ip": SERVICE_IP, "timeout": 2.0, "hosts": host_dicts(fabric)}]}
+    return {
+        "controller": {
+            "listen": listen,
+            "database": str(tmp / "controller.db"),
+            **TIMING,
+            **timing,
+        },
+        "switch": [
+            {
+                "name": "s1",
+                "address": fabric.switch.address,
+                "mac": SWITCH_MAC,
+                "service_ip": SERVICE_IP,
+                "timeout": 2.0,
+                "hosts": host_dicts(fabric),
+            }
+        ],
+    }
 
 
 def make_fabric(target: str, n: int, tmp: Path) -> Fabric:
@@ -62,7 +84,7 @@ def make_fabric(target: str, n: int, tmp: Path) -> Fabric:
 def synced(client: ControllerClient) -> bool:
     try:
         return all(s.connected for s in client.status().switches)
-    except Exception:  # noqa: BLE001 - not up yet
+    except Exception:
         return False
 
 
@@ -71,6 +93,7 @@ class InProcessController:
 
     def __init__(self, doc: dict, tmp: Path) -> None:
         from controller.config import parse_config
+
         self.server = ControllerServer(parse_config(doc, tmp), poll_interval=0.05, max_backoff=0.3)
         self.address = f"127.0.0.1:{self.server.start()}"
         self.client = ControllerClient(self.address, timeout=5.0)
@@ -81,13 +104,23 @@ class InProcessController:
         self.server.stop(0)
 
 
-def agent_config(address: str, fabric: Fabric, job: Any, rank: int, host: int | None = None,
-                 **kw: Any) -> AgentConfig:
+def agent_config(
+    address: str, fabric: Fabric, job: Any, rank: int, host: int | None = None, **kw: Any
+) -> AgentConfig:
     """Rank `rank` on fabric host `host` (default: host `rank`)."""
     h = fabric.hosts[rank if host is None else host]
-    fields = dict(controller=address, job_id=job.job_id, token=job.token, rank=rank, ip=h.ip,
-                  udp_port=UDP_BASE + rank, switch_port=h.switch_port, mac=h.mac,
-                  ready_timeout=20.0, rpc_timeout=2.0)
+    fields = dict(
+        controller=address,
+        job_id=job.job_id,
+        token=job.token,
+        rank=rank,
+        ip=h.ip,
+        udp_port=UDP_BASE + rank,
+        switch_port=h.switch_port,
+        mac=h.mac,
+        ready_timeout=20.0,
+        rpc_timeout=2.0,
+    )
     fields.update(kw)
     return AgentConfig(**fields)
 
@@ -96,6 +129,7 @@ def socket_factory(namespace: str) -> Callable[[], socket.socket]:
     def make() -> socket.socket:
         with in_namespace(namespace):
             return socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+
     return make
 
 
@@ -107,8 +141,9 @@ def run_threads(work: Callable[[int], Any], n: int, timeout: float) -> list[Any]
     def target(i: int) -> None:
         try:
             out[i] = work(i)
-        except BaseException as exc:  # noqa: BLE001 - handed back
+        except BaseException as exc:
             out[i] = exc
+
     threads = [threading.Thread(target=target, args=(i,), daemon=True) for i in range(n)]
     deadline = time.monotonic() + timeout
     for t in threads:
@@ -121,8 +156,13 @@ def run_threads(work: Callable[[int], Any], n: int, timeout: float) -> list[Any]
 
 def open_agents(address: str, fabric: Fabric, job: Any, world: int, **kw: Any) -> list[WorkerAgent]:
     """One agent per rank, opened concurrently (WaitReady blocks until all joined)."""
-    got = run_threads(lambda r: WorkerAgent(agent_config(address, fabric, job, r, **kw),
-                                            socket_factory(fabric.hosts[r].namespace)), world, 40)
+    got = run_threads(
+        lambda r: WorkerAgent(
+            agent_config(address, fabric, job, r, **kw), socket_factory(fabric.hosts[r].namespace)
+        ),
+        world,
+        40,
+    )
     errors = [g for g in got if isinstance(g, BaseException)]
     if errors:
         for g in got:
@@ -134,7 +174,7 @@ def open_agents(address: str, fabric: Fabric, job: Any, world: int, **kw: Any) -
 
 def round_parts(seed: int, world: int, n: int) -> list[np.ndarray]:
     rng = np.random.default_rng(seed)
-    return [rng.integers(-2**28, 2**28, n).astype(np.int32) for _ in range(world)]
+    return [rng.integers(-(2**28), 2**28, n).astype(np.int32) for _ in range(world)]
 
 
 def expected_sum(parts: list[np.ndarray]) -> np.ndarray:

@@ -12,11 +12,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import numpy as np  # noqa: E402
-from fault_net import expected_sum, round_parts, socket_factory  # noqa: E402
+import numpy as np
+from fault_net import expected_sum, round_parts, socket_factory
 
-from aggwire.constants import Op  # noqa: E402
-from worker.agent import AgentConfig, WorkerAgent  # noqa: E402
+from aggwire.constants import Op
+from worker.agent import AgentConfig, WorkerAgent
 
 
 def main() -> int:

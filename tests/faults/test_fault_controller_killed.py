@@ -38,8 +38,11 @@ def test_aggregation_continues_while_the_controller_is_down(target, tmp_path, fa
     the job ready, pushes no pipeline and answers the workers' heartbeats."""
     fabric = make_fabric(target, WORLD, tmp_path)
     address = f"127.0.0.1:{free_port()}"
-    ctl = ControllerProcess(write_toml(config_doc(fabric, tmp_path, listen=address), tmp_path / "controller.toml"),
-                            address, tmp_path / "controller.log")
+    ctl = ControllerProcess(
+        write_toml(config_doc(fabric, tmp_path, listen=address), tmp_path / "controller.toml"),
+        address,
+        tmp_path / "controller.log",
+    )
     agents = []
     try:
         client = ctl.start()
@@ -60,15 +63,23 @@ def test_aggregation_continues_while_the_controller_is_down(target, tmp_path, fa
             return out
 
         results: list = []
-        runner = threading.Thread(target=lambda: results.extend(run_threads(worker, WORLD, 100)), daemon=True)
+        runner = threading.Thread(
+            target=lambda: results.extend(run_threads(worker, WORLD, 100)), daemon=True
+        )
         runner.start()
         wait_for(lambda: phase["k"] >= 20, 20, "rounds before the kill")
         ctl.kill()
         marks["killed"] = phase["k"]
         client.close()
-        wait_for(lambda: not any(a.healthy for a in agents), 10, "the agents to notice the controller is gone")
+        wait_for(
+            lambda: not any(a.healthy for a in agents),
+            10,
+            "the agents to notice the controller is gone",
+        )
         marks["noticed"] = phase["k"]
-        wait_for(lambda: phase["k"] >= marks["noticed"] + 30, 30, "rounds while the controller is down")
+        wait_for(
+            lambda: phase["k"] >= marks["noticed"] + 30, 30, "rounds while the controller is down"
+        )
         marks["down"] = phase["k"] - marks["killed"]
         client = ctl.start()
         wait_for(lambda: all(a.healthy for a in agents), 15, "heartbeats to be answered again")
@@ -86,11 +97,14 @@ def test_aggregation_continues_while_the_controller_is_down(target, tmp_path, fa
                 raise got
             assert len(got) >= phase["k"]
             for k, value in enumerate(got):
-                np.testing.assert_array_equal(value, expected_sum(round_parts(k, WORLD, n)),
-                                              err_msg=f"rank {r} round {k}")
-        fault_report(f"{len(results[0])} rounds, {marks['down']} of them while the controller was down; "
-                     f"heartbeat failures {[a.heartbeat_failures for a in agents]}, "
-                     f"retransmissions {[a.transport.stats.retransmissions for a in agents]}")
+                np.testing.assert_array_equal(
+                    value, expected_sum(round_parts(k, WORLD, n)), err_msg=f"rank {r} round {k}"
+                )
+        fault_report(
+            f"{len(results[0])} rounds, {marks['down']} of them while the controller was down; "
+            f"heartbeat failures {[a.heartbeat_failures for a in agents]}, "
+            f"retransmissions {[a.transport.stats.retransmissions for a in agents]}"
+        )
         client.close()
     finally:
         for a in agents:

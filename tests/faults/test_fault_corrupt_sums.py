@@ -32,12 +32,12 @@ def inputs(rng: np.random.Generator) -> list[np.ndarray]:
 
 def corruptions(rng: np.random.Generator):
     def random_words(c):
-        return rng.integers(-2**31, 2**31, c.size, dtype=np.int64).astype(np.int32)
+        return rng.integers(-(2**31), 2**31, c.size, dtype=np.int64).astype(np.int32)
 
     def zero_run(c):
         c = c.copy()
         start = int(rng.integers(c.size))
-        c[start:start + int(rng.integers(1, 64))] = 0
+        c[start : start + int(rng.integers(1, 64))] = 0
         return c
 
     def all_ones(c):
@@ -48,6 +48,7 @@ def corruptions(rng: np.random.Generator):
 
     def swap_halves(c):
         return np.roll(c, c.size // 2)
+
     return [random_words, zero_run, all_ones, offset, swap_halves]
 
 
@@ -69,18 +70,24 @@ def test_corrupted_sums_are_an_error_in_bounded_time(values, phase_op, fault_rep
                 hit["n"] += 1
                 return change(combined.copy())
             return combined
+
         started = time.monotonic()
         try:
             out = simulate([LosslessSparse(WORLD, values=values) for _ in xs], xs, tamper=tamper)
         except CorruptResultError:
             detected += 1
         else:
-            np.testing.assert_array_equal(out[0].view(np.uint32), expected.view(np.uint32),
-                                          err_msg=f"trial {trial}: a corrupted sum decoded to a wrong result")
+            np.testing.assert_array_equal(
+                out[0].view(np.uint32),
+                expected.view(np.uint32),
+                err_msg=f"trial {trial}: a corrupted sum decoded to a wrong result",
+            )
             exact += 1
         took = time.monotonic() - started
         slowest = max(slowest, took)
         assert took < BOUND_S, f"trial {trial} took {took:.1f} s"
-    fault_report(f"{TRIALS} corrupted {phase_op.name} phases: {detected} detected, {exact} still exact, "
-                 f"slowest decode {slowest * 1e3:.0f} ms")
+    fault_report(
+        f"{TRIALS} corrupted {phase_op.name} phases: {detected} detected, {exact} still exact, "
+        f"slowest decode {slowest * 1e3:.0f} ms"
+    )
     assert detected > 0

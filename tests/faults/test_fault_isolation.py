@@ -35,11 +35,13 @@ def drops(c) -> dict[str, int]:
     return {v.name: v.packets for v in c.counters().switches[0].ingress_drops}
 
 
-def forged(job_id: int, rank: int, pool_size: int, first: int, count: int,
-           channel) -> SwitchTransport:
+def forged(
+    job_id: int, rank: int, pool_size: int, first: int, count: int, channel
+) -> SwitchTransport:
     """A transport that packs another identity's packets, over the attacker's channel."""
-    t = SwitchTransport(TransportConfig(job_id=job_id, rank=rank, world_size=2,
-                                        pool_size=pool_size), channel)
+    t = SwitchTransport(
+        TransportConfig(job_id=job_id, rank=rank, world_size=2, pool_size=pool_size), channel
+    )
     t.next_chunk = first
     return t
 
@@ -57,16 +59,28 @@ def test_a_worker_cannot_write_into_another_jobs_slots(target, tmp_path, fault_r
         b = c.create_job("B", 2, "dense", pool_size=POOL_SIZE)
         # ranks 0, 1 of A on hosts 0, 1; ranks 0, 1 of B on hosts 2, 3
         specs = [(a, 0, 0), (a, 1, 1), (b, 0, 2), (b, 1, 3)]
-        got = run_threads(lambda i: WorkerAgent(agent_config(ctl.address, fabric, specs[i][0], specs[i][1],
-                                                             host=specs[i][2]),
-                                                socket_factory(fabric.hosts[specs[i][2]].namespace)), 4, 40)
+        got = run_threads(
+            lambda i: WorkerAgent(
+                agent_config(ctl.address, fabric, specs[i][0], specs[i][1], host=specs[i][2]),
+                socket_factory(fabric.hosts[specs[i][2]].namespace),
+            ),
+            4,
+            40,
+        )
         agents = [g for g in got if isinstance(g, WorkerAgent)]
         assert len(agents) == 4, got
 
         code = None
         try:
-            c.join(b.job_id, a.token, 0, fabric.hosts[0].mac, fabric.hosts[0].ip, 41000,
-                   fabric.hosts[0].switch_port)
+            c.join(
+                b.job_id,
+                a.token,
+                0,
+                fabric.hosts[0].mac,
+                fabric.hosts[0].ip,
+                41000,
+                fabric.hosts[0].switch_port,
+            )
         except grpc.RpcError as exc:
             code = exc.code()
         assert code == grpc.StatusCode.UNAUTHENTICATED
@@ -79,7 +93,9 @@ def test_a_worker_cannot_write_into_another_jobs_slots(target, tmp_path, fault_r
         def attack(k: int) -> None:
             for rank in (0, 1):  # B's identities, B's slot and chunk of round k
                 t = forged(b.job_id, rank, POOL_SIZE, k, 1, attacker)
-                attacker.send(t.pack_chunks(Op.ADD, k, garbage.reshape(1, -1), CELLS_PER_PKT)[0].tobytes())
+                attacker.send(
+                    t.pack_chunks(Op.ADD, k, garbage.reshape(1, -1), CELLS_PER_PKT)[0].tobytes()
+                )
                 sent["WRONG_PORT"] += 1
             # A's own id, a slot beyond its pool
             t = forged(a.job_id, 0, 4096, POOL_SIZE + k, 1, attacker)
@@ -92,9 +108,12 @@ def test_a_worker_cannot_write_into_another_jobs_slots(target, tmp_path, fault_r
             out = []
             for k in range(ROUNDS):
                 if job is a and rank == 0:  # A's rank 0 forges before each of its honest rounds
-                    attack(k)           # (paced by its rounds: a burst would overrun BMv2's queue)
-                out.append(agents[i].transport.allreduce(Op.ADD, round_parts(1000 * job.job_id + k, 2,
-                                                                              CELLS_PER_PKT)[rank]))
+                    attack(k)  # (paced by its rounds: a burst would overrun BMv2's queue)
+                out.append(
+                    agents[i].transport.allreduce(
+                        Op.ADD, round_parts(1000 * job.job_id + k, 2, CELLS_PER_PKT)[rank]
+                    )
+                )
             return out
 
         results = run_threads(work, 4, 90)
@@ -103,17 +122,27 @@ def test_a_worker_cannot_write_into_another_jobs_slots(target, tmp_path, fault_r
                 raise r
         for i in (2, 3):  # B's ranks: every sum exact although A forged into every round
             for k, value in enumerate(results[i]):
-                np.testing.assert_array_equal(value, expected_sum(round_parts(1000 * b.job_id + k, 2, CELLS_PER_PKT)),
-                                              err_msg=f"job B rank {specs[i][1]} round {k}")
+                np.testing.assert_array_equal(
+                    value,
+                    expected_sum(round_parts(1000 * b.job_id + k, 2, CELLS_PER_PKT)),
+                    err_msg=f"job B rank {specs[i][1]} round {k}",
+                )
         for i in (0, 1):  # A's ranks too
             for k, value in enumerate(results[i]):
-                np.testing.assert_array_equal(value, expected_sum(round_parts(1000 * a.job_id + k, 2, CELLS_PER_PKT)),
-                                              err_msg=f"job A rank {i} round {k}")
+                np.testing.assert_array_equal(
+                    value,
+                    expected_sum(round_parts(1000 * a.job_id + k, 2, CELLS_PER_PKT)),
+                    err_msg=f"job A rank {i} round {k}",
+                )
+
         # the drops were counted by reason, one per forged packet
         def delta() -> dict[str, int]:
             after = drops(c)
             return {k: after.get(k, 0) - before.get(k, 0) for k in sent}
-        wait_for(lambda: delta() == sent, 15, f"drops counted by reason to reach {sent} (last {delta()})")
+
+        wait_for(
+            lambda: delta() == sent, 15, f"drops counted by reason to reach {sent} (last {delta()})"
+        )
         fault_report(f"forged {sent}; drops counted {delta()}; job B: {ROUNDS} exact rounds")
     finally:
         for ag in agents:

@@ -43,7 +43,9 @@ def faulty_transports(fabric: Fabric, faults: dict, seed: int) -> list[SwitchTra
         with in_namespace(h.namespace):
             sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         sock.bind((h.ip, WORKER_UDP_BASE + r))
-        chan = FaultyChannel(UdpChannel(sock, (SERVICE_IP, AGG_UDP_PORT)), seed=seed * 100 + r, **faults)
+        chan = FaultyChannel(
+            UdpChannel(sock, (SERVICE_IP, AGG_UDP_PORT)), seed=seed * 100 + r, **faults
+        )
         cfg = TransportConfig(job_id=job.job_id, rank=r, world_size=WORLD, pool_size=POOL_SIZE)
         out.append(SwitchTransport(cfg, chan))
     return out
@@ -61,8 +63,11 @@ def test_rounds_stay_exact_under_faults(fabric, case, fault_report):
     rounds = [round_parts(seed * 10_000 + k, WORLD, CELLS_PER_PKT) for k in range(ROUNDS)]
     started = time.monotonic()
     try:
-        got = run_threads(lambda r: [transports[r].allreduce(Op.ADD, rounds[k][r]) for k in range(ROUNDS)],
-                          WORLD, 100)
+        got = run_threads(
+            lambda r: [transports[r].allreduce(Op.ADD, rounds[k][r]) for k in range(ROUNDS)],
+            WORLD,
+            100,
+        )
     finally:
         for t in transports:
             t.channel.close()
@@ -71,13 +76,20 @@ def test_rounds_stay_exact_under_faults(fabric, case, fault_report):
         if isinstance(per_rank, BaseException):
             raise per_rank
         for k in range(ROUNDS):
-            np.testing.assert_array_equal(per_rank[k], expected_sum(rounds[k]), err_msg=f"rank {r} round {k}")
-    injected = {k: sum(t.channel.injected[k] for t in transports) for k in ("lost", "duplicated", "reordered")}
+            np.testing.assert_array_equal(
+                per_rank[k], expected_sum(rounds[k]), err_msg=f"rank {r} round {k}"
+            )
+    injected = {
+        k: sum(t.channel.injected[k] for t in transports)
+        for k in ("lost", "duplicated", "reordered")
+    }
     retx = sum(t.stats.retransmissions for t in transports)
     sent = sum(t.stats.packets_sent for t in transports)
     ignored = sum(t.stats.ignored for t in transports)
-    fault_report(f"{ROUNDS} rounds x {WORLD} workers in {elapsed:.1f} s: injected {injected}, "
-                 f"packets sent {sent}, retransmissions {retx}, results ignored {ignored}")
+    fault_report(
+        f"{ROUNDS} rounds x {WORLD} workers in {elapsed:.1f} s: injected {injected}, "
+        f"packets sent {sent}, retransmissions {retx}, results ignored {ignored}"
+    )
     assert sum(injected.values()) > 0
     assert all(t.stats.chunks == ROUNDS for t in transports)
     if faults.get("loss"):

@@ -54,6 +54,7 @@ def test_workers_resume_after_a_switch_restart(target, tmp_path, fault_report):
             wait_for(lambda: progress["k"] >= BEFORE, 60, "rounds before the restart")
             fabric.restart_switch()
             restarted.set()
+
         chaos = threading.Thread(target=restarter, daemon=True)
         chaos.start()
 
@@ -62,7 +63,9 @@ def test_workers_resume_after_a_switch_restart(target, tmp_path, fault_report):
         resumed_after = None
         after_restart = 0  # exact rounds completed once the new switch was up
         while after_restart < AFTER:
-            assert time.monotonic() - started < 90, f"no progress: round {k}, {timeouts} timed-out rounds"
+            assert time.monotonic() - started < 90, (
+                f"no progress: round {k}, {timeouts} timed-out rounds"
+            )
             parts = round_parts(k, WORLD, n)
             got = run_threads(lambda r: agents[r].transport.allreduce(Op.ADD, parts[r]), WORLD, 30)
             errors = [g for g in got if isinstance(g, BaseException)]
@@ -75,7 +78,9 @@ def test_workers_resume_after_a_switch_restart(target, tmp_path, fault_report):
                     a.transport.next_chunk = agreed
                 continue
             for r in range(WORLD):
-                np.testing.assert_array_equal(got[r], expected_sum(parts), err_msg=f"rank {r} round {k}")
+                np.testing.assert_array_equal(
+                    got[r], expected_sum(parts), err_msg=f"rank {r} round {k}"
+                )
             if failed_at is not None and resumed_after is None:
                 resumed_after = time.monotonic() - failed_at
             if restarted.is_set():
@@ -92,8 +97,10 @@ def test_workers_resume_after_a_switch_restart(target, tmp_path, fault_report):
         finally:
             reader.close()
         assert all(a.healthy for a in agents)
-        fault_report(f"{k} exact rounds; {timeouts} round(s) timed out during the restart; "
-                     f"resumed {resumed_after:.1f} s after the first timeout")
+        fault_report(
+            f"{k} exact rounds; {timeouts} round(s) timed out during the restart; "
+            f"resumed {resumed_after:.1f} s after the first timeout"
+        )
     finally:
         for a in agents:
             a.close()

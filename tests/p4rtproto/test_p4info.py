@@ -18,7 +18,8 @@ def test_tables_by_name_alias_and_id(test_p4info: P4InfoIndex) -> None:
     assert test_p4info.table_name(33554434) == "SwitchIngress.forwarding.ipv4_lpm"
     assert lpm.size == 16
     assert [(f.id, f.name, f.bitwidth, f.match_type) for f in lpm.match_fields] == [
-        (1, "hdr.ipv4.dst_addr", 32, "lpm")]
+        (1, "hdr.ipv4.dst_addr", 32, "lpm")
+    ]
     assert not lpm.needs_priority
     assert test_p4info.table("acl").needs_priority
     assert len(test_p4info.tables) == 5
@@ -39,8 +40,11 @@ def test_actions_and_params(test_p4info: P4InfoIndex) -> None:
     assert route.name == "SwitchIngress.forwarding.route"
     assert test_p4info.action_id("SwitchIngress.forwarding.route") == route.id
     assert test_p4info.action_name(route.id) == route.name
-    assert [(p.id, p.name, p.bitwidth) for p in route.params] == [(1, "port", 9), (2, "src_mac", 48),
-                                                                  (3, "dst_mac", 48)]
+    assert [(p.id, p.name, p.bitwidth) for p in route.params] == [
+        (1, "port", 9),
+        (2, "src_mac", 48),
+        (3, "dst_mac", 48),
+    ]
     assert route.param("src_mac").id == 2
     assert route.param(3).name == "dst_mac"
     with pytest.raises(P4InfoLookupError, match="port, src_mac, dst_mac"):
@@ -48,7 +52,11 @@ def test_actions_and_params(test_p4info: P4InfoIndex) -> None:
 
 
 def test_table_actions_scopes_and_defaults(test_p4info: P4InfoIndex) -> None:
-    assert [a.alias for a in test_p4info.table_actions("ipv4_lpm")] == ["route", "aggregate", "no_route"]
+    assert [a.alias for a in test_p4info.table_actions("ipv4_lpm")] == [
+        "route",
+        "aggregate",
+        "no_route",
+    ]
     job = test_p4info.table("job_table")
     unknown = test_p4info.action("unknown_job")
     assert job.const_default_action_id == unknown.id
@@ -87,7 +95,9 @@ def test_unknown_names_list_the_known_ones(test_p4info: P4InfoIndex) -> None:
 def test_from_bytes_and_text_agree(test_p4info_path: Path, test_p4info: P4InfoIndex) -> None:
     again = P4InfoIndex.from_bytes(test_p4info.proto.SerializeToString())
     assert again.proto == test_p4info.proto
-    assert P4InfoIndex.from_text(test_p4info_path.read_text()).table("acl") == test_p4info.table("acl")
+    assert P4InfoIndex.from_text(test_p4info_path.read_text()).table("acl") == test_p4info.table(
+        "acl"
+    )
 
 
 def test_direct_counter_found_from_direct_table_id() -> None:

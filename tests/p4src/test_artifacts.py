@@ -29,23 +29,35 @@ def test_artifacts_are_the_program_the_python_side_expects():
 
 def test_every_name_the_controller_uses_exists():
     p4info = load_p4info()
-    names = {o.preamble.name for group in (p4info.tables, p4info.actions, p4info.counters,
-                                           p4info.direct_counters) for o in group}
+    names = {
+        o.preamble.name
+        for group in (p4info.tables, p4info.actions, p4info.counters, p4info.direct_counters)
+        for o in group
+    }
     used = {v for k, v in vars(p4names).items() if k.isupper() and isinstance(v, str)}
     assert used - names == set()
 
 
-@pytest.mark.skipif(shutil.which("p4c") is None,
-                    reason="p4c is not installed: the committed artifacts are used as they are")
+@pytest.mark.skipif(
+    shutil.which("p4c") is None,
+    reason="p4c is not installed: the committed artifacts are used as they are",
+)
 def test_committed_artifacts_match_a_fresh_compile(tmp_path):
     out = tmp_path / "build"
-    subprocess.run(["make", "--no-print-directory", "-B", "p4", f"P4_BUILD={out}"], cwd=REPO,
-                   check=True, capture_output=True, timeout=600)
+    subprocess.run(
+        ["make", "--no-print-directory", "-B", "p4", f"P4_BUILD={out}"],
+        cwd=REPO,
+        check=True,
+        capture_output=True,
+        timeout=600,
+    )
     stale = "is stale: run `make p4` and commit it"
-    fresh_json, committed_json = (json.loads(p.read_text()) for p in (out / BMV2_JSON_PATH.name,
-                                                                     BMV2_JSON_PATH))
+    fresh_json, committed_json = (
+        json.loads(p.read_text()) for p in (out / BMV2_JSON_PATH.name, BMV2_JSON_PATH)
+    )
     for doc in (fresh_json, committed_json):
         doc.pop("program")  # the path of p4c's preprocessed file in its output directory
     assert fresh_json == committed_json, f"{BMV2_JSON_PATH.relative_to(REPO)} {stale}"
-    assert (out / P4INFO_PATH.name).read_text() == P4INFO_PATH.read_text(), \
+    assert (out / P4INFO_PATH.name).read_text() == P4INFO_PATH.read_text(), (
         f"{P4INFO_PATH.relative_to(REPO)} {stale}"
+    )

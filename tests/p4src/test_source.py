@@ -51,8 +51,9 @@ def test_slot_state_fields_have_the_widths_of_their_values():
 def test_update_slot_reads_by_name_and_writes_back_in_the_same_order():
     body = update_slot_body()
     reads = re.findall(r"\bst\[([^\]]*)\]", body)
-    assert sorted(reads) == sorted(f"SLOT_STATE_{n}" for n in SLOT_STATE_ORDER), \
+    assert sorted(reads) == sorted(f"SLOT_STATE_{n}" for n in SLOT_STATE_ORDER), (
         f"slot_state read through bare bit positions: {reads}"
+    )
     write = re.search(r"slot_state\.write\(\s*meta\.slot_index\s*,([^;]*)\);", body)
     assert write, "update_slot does not write slot_state"
     parts = [p.strip() for p in write.group(1).split("++")]

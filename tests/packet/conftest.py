@@ -8,13 +8,20 @@ import pytest
 from testnet.namespace import have_privileges
 from testnet.switch_process import bmv2_available
 
-NEEDS_ROOT = pytest.mark.skipif(not have_privileges(),
-                                reason="packet tests need root and iproute2 (network namespaces)")
+NEEDS_ROOT = pytest.mark.skipif(
+    not have_privileges(), reason="packet tests need root and iproute2 (network namespaces)"
+)
 TARGETS = [
     pytest.param("refswitch", id="refswitch"),
-    pytest.param("bmv2", id="bmv2", marks=pytest.mark.skipif(
-        not bmv2_available(), reason="simple_switch_grpc is not installed (BMv2 is built by "
-                                     "hand, see docs/bmv2.md); the reference switch ran instead")),
+    pytest.param(
+        "bmv2",
+        id="bmv2",
+        marks=pytest.mark.skipif(
+            not bmv2_available(),
+            reason="simple_switch_grpc is not installed (BMv2 is built by "
+            "hand, see docs/bmv2.md); the reference switch ran instead",
+        ),
+    ),
 ]
 
 

@@ -50,8 +50,10 @@ def test_full_round_returns_exact_sum_to_every_worker(fabric, rng, world):
 @pytest.mark.parametrize("op", [Op.OR, Op.MAX])
 def test_or_and_max(fabric, rng, op):
     job = Job(fabric, fabric.hosts[:4])
-    parts = [rng.integers(-(1 << 31), 1 << 31, CELLS_PER_PKT, dtype=np.int64).astype(np.int32)
-             for _ in range(4)]
+    parts = [
+        rng.integers(-(1 << 31), 1 << 31, CELLS_PER_PKT, dtype=np.int64).astype(np.int32)
+        for _ in range(4)
+    ]
     for r in range(4):
         job.send(r, parts[r], op=op)
     expected = np.bitwise_or.reduce(parts) if op == Op.OR else np.maximum.reduce(parts)

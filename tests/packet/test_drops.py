@@ -35,10 +35,12 @@ CASES = {
     "too many cells": (DropReason.BAD_LENGTH, lambda job, c: job.frame(0, c, ncells=1000)),
     "bad version": (DropReason.BAD_HEADER, lambda job, c: job.frame(0, c, version=7)),
     "shadow 2": (DropReason.BAD_HEADER, lambda job, c: job.frame(0, c, shadow=2)),
-    "result flag from a worker": (DropReason.BAD_HEADER,
-                                  lambda job, c: job.frame(0, c, flags=Flag.RESULT)),
+    "result flag from a worker": (
+        DropReason.BAD_HEADER,
+        lambda job, c: job.frame(0, c, flags=Flag.RESULT),
+    ),
     "truncated cells": (DropReason.TRUNCATED, lambda job, c: job.frame(0, c)[:-9]),
-    "truncated header": (DropReason.TRUNCATED, lambda job, c: job.frame(0, c)[:14 + 20 + 8 + 6]),
+    "truncated header": (DropReason.TRUNCATED, lambda job, c: job.frame(0, c)[: 14 + 20 + 8 + 6]),
 }
 
 

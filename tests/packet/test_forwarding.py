@@ -26,20 +26,34 @@ def fabric(target, tmp_path_factory):
 
 
 def _udp_frame(src, dst_ip: str, ttl: int = 64) -> bytes:
-    return bytes(Ether(src=src.mac, dst=SWITCH_MAC) / IP(src=src.ip, dst=dst_ip, ttl=ttl)
-                 / UDP(sport=1234, dport=5678) / Raw(b"hello"))
+    return bytes(
+        Ether(src=src.mac, dst=SWITCH_MAC)
+        / IP(src=src.ip, dst=dst_ip, ttl=ttl)
+        / UDP(sport=1234, dport=5678)
+        / Raw(b"hello")
+    )
 
 
 @pytest.mark.parametrize("target_ip", ["10.0.0.2", SERVICE_IP])
 def test_arp_requests_are_answered_with_the_switch_mac(fabric, target_ip):
     h0 = fabric.hosts[0]
     fabric.drain()
-    h0.raw.send(bytes(Ether(src=h0.mac, dst="ff:ff:ff:ff:ff:ff")
-                      / ARP(op=1, hwsrc=h0.mac, psrc=h0.ip, pdst=target_ip)))
+    h0.raw.send(
+        bytes(
+            Ether(src=h0.mac, dst="ff:ff:ff:ff:ff:ff")
+            / ARP(op=1, hwsrc=h0.mac, psrc=h0.ip, pdst=target_ip)
+        )
+    )
     replies = [Ether(f) for f in h0.raw.receive(2.0, count=1)]
     assert len(replies) == 1
     arp = replies[0][ARP]
-    assert (arp.op, arp.hwsrc, arp.psrc, arp.hwdst, arp.pdst) == (2, SWITCH_MAC, target_ip, h0.mac, h0.ip)
+    assert (arp.op, arp.hwsrc, arp.psrc, arp.hwdst, arp.pdst) == (
+        2,
+        SWITCH_MAC,
+        target_ip,
+        h0.mac,
+        h0.ip,
+    )
     assert replies[0][Ether].dst == h0.mac
 
 
@@ -59,16 +73,35 @@ def test_ipv4_is_routed_with_neighbor_rewrite(fabric):
     assert [p for p in map(Ether, h2.raw.receive(QUIET)) if UDP in p] == []
 
 
-@pytest.mark.parametrize(("frame", "reason"), [
-    (lambda h: _udp_frame(h, "192.0.2.9"), DropReason.NO_ROUTE),
-    (lambda h: _udp_frame(h, "10.0.0.2", ttl=1), DropReason.TTL_EXPIRED),
-    (lambda h: bytes(Ether(src=h.mac, dst=SWITCH_MAC, type=0x86DD) / Raw(b"\x60" + b"\x00" * 39)),
-     DropReason.UNSUPPORTED),
-    (lambda h: bytes(Ether(src=h.mac, dst=SWITCH_MAC) / IP(src=h.ip, dst=SERVICE_IP)
-                     / UDP(sport=1, dport=9) / Raw(b"x")), DropReason.BAD_HEADER),
-    (lambda h: bytes(Ether(src=h.mac, dst=SWITCH_MAC) / ARP(op=1, psrc=h.ip, pdst="10.9.9.9")),
-     DropReason.NO_ROUTE),
-], ids=["no-route", "ttl", "ipv6", "not-aggregation-to-service", "arp-unknown"])
+@pytest.mark.parametrize(
+    ("frame", "reason"),
+    [
+        (lambda h: _udp_frame(h, "192.0.2.9"), DropReason.NO_ROUTE),
+        (lambda h: _udp_frame(h, "10.0.0.2", ttl=1), DropReason.TTL_EXPIRED),
+        (
+            lambda h: bytes(
+                Ether(src=h.mac, dst=SWITCH_MAC, type=0x86DD) / Raw(b"\x60" + b"\x00" * 39)
+            ),
+            DropReason.UNSUPPORTED,
+        ),
+        (
+            lambda h: bytes(
+                Ether(src=h.mac, dst=SWITCH_MAC)
+                / IP(src=h.ip, dst=SERVICE_IP)
+                / UDP(sport=1, dport=9)
+                / Raw(b"x")
+            ),
+            DropReason.BAD_HEADER,
+        ),
+        (
+            lambda h: bytes(
+                Ether(src=h.mac, dst=SWITCH_MAC) / ARP(op=1, psrc=h.ip, pdst="10.9.9.9")
+            ),
+            DropReason.NO_ROUTE,
+        ),
+    ],
+    ids=["no-route", "ttl", "ipv6", "not-aggregation-to-service", "arp-unknown"],
+)
 def test_unroutable_traffic_is_dropped_by_reason(fabric, frame, reason):
     h0 = fabric.hosts[0]
     counters = CounterDelta(fabric)

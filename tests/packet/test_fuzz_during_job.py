@@ -20,8 +20,16 @@ PER_ROUND = 200  # malformed frames between two rounds: 10,000 in all
 # bursts stay below that and the next waits until the counters account for the last.
 BATCH = 25
 INVALID = [  # (header field, bogus value) making a frame from rank 0's own port invalid
-    ("op", 0), ("op", 4), ("op", 255), ("ncells", 0), ("ncells", CELLS_PER_PKT + 1),
-    ("version", 2), ("shadow", 2), ("flags", Flag.RESULT), ("rank", 7), ("rank", 1),
+    ("op", 0),
+    ("op", 4),
+    ("op", 255),
+    ("ncells", 0),
+    ("ncells", CELLS_PER_PKT + 1),
+    ("version", 2),
+    ("shadow", 2),
+    ("flags", Flag.RESULT),
+    ("rank", 7),
+    ("rank", 1),
     ("job_id", 999),
 ]
 
@@ -46,12 +54,17 @@ def malformed(job: Job, rng: np.random.Generator, n: int) -> list[tuple[int, byt
             out.append((3, job.templates[0].frame(payload.tobytes())))
         elif kind == 1:  # one bogus field from rank 0's port, the rest valid
             field, value = INVALID[int(rng.integers(len(INVALID)))]
-            bad = job.frame(0, cells[i], slot=int(rng.integers(4)), chunk=int(rng.integers(1 << 20)),
-                            **{field: value})
+            bad = job.frame(
+                0,
+                cells[i],
+                slot=int(rng.integers(4)),
+                chunk=int(rng.integers(1 << 20)),
+                **{field: value},
+            )
             out.append((0, bad))
         elif kind == 2:  # truncated inside the aggregation header or the cells
             frame = job.frame(0, cells[i])
-            out.append((0, frame[:int(rng.integers(43, AGG_FRAME_BYTES))]))
+            out.append((0, frame[: int(rng.integers(43, AGG_FRAME_BYTES))]))
         else:  # oversized: more cells than the lengths allow, lengths adjusted
             frame = bytearray(job.frame(0, cells[i]) + bytes(int(rng.integers(4, 200))))
             frame[16:18] = (len(frame) - 14).to_bytes(2, "big")
@@ -91,7 +104,14 @@ def test_malformed_flood_during_a_job(fabric):
             np.testing.assert_array_equal(result_cells(got[r][0]), wrapped_sum(parts))
     drops = wait_for_drops(counters, sent)
     assert sum(drops.values()) == sent, drops
-    assert set(drops) <= {DropReason.TRUNCATED, DropReason.BAD_HEADER, DropReason.BAD_LENGTH,
-                          DropReason.BAD_OP, DropReason.UNKNOWN_JOB, DropReason.BAD_RANK,
-                          DropReason.WRONG_PORT, DropReason.SLOT_OUT_OF_POOL}, drops
+    assert set(drops) <= {
+        DropReason.TRUNCATED,
+        DropReason.BAD_HEADER,
+        DropReason.BAD_LENGTH,
+        DropReason.BAD_OP,
+        DropReason.UNKNOWN_JOB,
+        DropReason.BAD_RANK,
+        DropReason.WRONG_PORT,
+        DropReason.SLOT_OUT_OF_POOL,
+    }, drops
     assert len(drops) >= 6, f"the fuzz should reach most reasons: {drops}"

@@ -50,20 +50,28 @@ def rogue(fabric, victim) -> Iterator[Callable[[int, int], int]]:
     def install(pool_base: int, pool_size: int) -> int:
         job_id = next(_rogue_ids)
         key = {"hdr.agg.job_id": job_id, "hdr.agg.rank": 0}
-        fabric.conn.insert_entry(p4names.WORKER_TABLE, key, p4names.SET_WORKER,
-                                 {"port": victim.hosts[0].switch_port, "worker_bit": 1})
+        fabric.conn.insert_entry(
+            p4names.WORKER_TABLE,
+            key,
+            p4names.SET_WORKER,
+            {"port": victim.hosts[0].switch_port, "worker_bit": 1},
+        )
         # Two workers: a rogue contribution alone never completes a round.
-        fabric.conn.insert_entry(p4names.JOB_TABLE, {"hdr.agg.job_id": job_id}, p4names.SET_JOB,
-                                 {"pool_base": pool_base, "pool_size": pool_size,
-                                  "num_workers": 2, "mcast_grp": job_id})
+        fabric.conn.insert_entry(
+            p4names.JOB_TABLE,
+            {"hdr.agg.job_id": job_id},
+            p4names.SET_JOB,
+            {"pool_base": pool_base, "pool_size": pool_size, "num_workers": 2, "mcast_grp": job_id},
+        )
         installed.append(job_id)
         return job_id
 
     yield install
     for job_id in installed:
         fabric.conn.delete_entry(p4names.JOB_TABLE, {"hdr.agg.job_id": job_id})
-        fabric.conn.delete_entry(p4names.WORKER_TABLE, {"hdr.agg.job_id": job_id,
-                                                        "hdr.agg.rank": 0})
+        fabric.conn.delete_entry(
+            p4names.WORKER_TABLE, {"hdr.agg.job_id": job_id, "hdr.agg.rank": 0}
+        )
 
 
 def accounted(counters: CounterDelta) -> int:
@@ -76,10 +84,15 @@ CASES = {
     "base 2^32-1, size 4": lambda p: (U32, 4, [0, 1, 2, 3]),
     "base 2^32-2, size 4": lambda p: (U32 - 1, 4, [0, 1, 2, 3]),
     "base 2^32-2, slots wrapping onto the victim's": lambda p: (
-        U32 - 1, p + 2 + VICTIM_SLOTS, list(range(p + 2, p + 2 + VICTIM_SLOTS))),
+        U32 - 1,
+        p + 2 + VICTIM_SLOTS,
+        list(range(p + 2, p + 2 + VICTIM_SLOTS)),
+    ),
     "base 2^32-4096, slots wrapping onto the victim's": lambda p: (
-        2**32 - NUM_SLOTS, NUM_SLOTS + p + VICTIM_SLOTS,
-        list(range(NUM_SLOTS + p, NUM_SLOTS + p + VICTIM_SLOTS))),
+        2**32 - NUM_SLOTS,
+        NUM_SLOTS + p + VICTIM_SLOTS,
+        list(range(NUM_SLOTS + p, NUM_SLOTS + p + VICTIM_SLOTS)),
+    ),
     "base NUM_SLOTS": lambda p: (NUM_SLOTS, 4, [0, 1, 2, 3]),
     "pool past the switch's last slot": lambda p: (NUM_SLOTS - 2, 4, [2, 3]),
 }
@@ -96,10 +109,14 @@ def test_edge_pool_is_dropped_and_other_jobs_untouched(fabric, victim, rogue, rn
         victim.send(0, parts[0][s], slot=s, chunk=CHUNK)
     for s in slots:  # same port as the victim's rank 0, so they follow its packets
         victim.send(0, random_cells(rng), job_id=rogue_id, slot=s, chunk=CHUNK + 1)
-    wait_for(lambda: accounted(counters) >= VICTIM_SLOTS + len(slots), 5.0,
-             "the switch to count every packet sent so far")
-    assert counters.drops() == {DropReason.SLOT_OUT_OF_POOL: len(slots)}, \
+    wait_for(
+        lambda: accounted(counters) >= VICTIM_SLOTS + len(slots),
+        5.0,
+        "the switch to count every packet sent so far",
+    )
+    assert counters.drops() == {DropReason.SLOT_OUT_OF_POOL: len(slots)}, (
         f"not all dropped as SLOT_OUT_OF_POOL; events {counters.events()}"
+    )
     for s in range(VICTIM_SLOTS):
         victim.send(1, parts[1][s], slot=s, chunk=CHUNK)
     got = victim.collect(per_rank=VICTIM_SLOTS)
@@ -107,8 +124,9 @@ def test_edge_pool_is_dropped_and_other_jobs_untouched(fabric, victim, rogue, rn
         assert sorted(p[Agg].slot for p in pkts) == list(range(VICTIM_SLOTS)), f"rank {r}"
         for pkt in pkts:
             s = pkt[Agg].slot
-            np.testing.assert_array_equal(result_cells(pkt), wrapped_sum([parts[0][s],
-                                                                          parts[1][s]]))
+            np.testing.assert_array_equal(
+                result_cells(pkt), wrapped_sum([parts[0][s], parts[1][s]])
+            )
     assert counters.events() == {Event.CONTRIBUTION: 2 * VICTIM_SLOTS, Event.RESULT: VICTIM_SLOTS}
     assert counters.drops() == {DropReason.SLOT_OUT_OF_POOL: len(slots)}
 

@@ -14,8 +14,24 @@ from refswitch import aggregation
 from refswitch.aggregation import slot_in_pool
 
 U32 = 2**32 - 1
-POOL_BASES = [0, 1, NUM_SLOTS - 5, NUM_SLOTS - 4, NUM_SLOTS - 1, NUM_SLOTS, NUM_SLOTS + 1,
-              2**16, 2**31 - 1, 2**31, U32 - NUM_SLOTS, U32 - 4, U32 - 3, U32 - 2, U32 - 1, U32]
+POOL_BASES = [
+    0,
+    1,
+    NUM_SLOTS - 5,
+    NUM_SLOTS - 4,
+    NUM_SLOTS - 1,
+    NUM_SLOTS,
+    NUM_SLOTS + 1,
+    2**16,
+    2**31 - 1,
+    2**31,
+    U32 - NUM_SLOTS,
+    U32 - 4,
+    U32 - 3,
+    U32 - 2,
+    U32 - 1,
+    U32,
+]
 POOL_SIZES = [0, 1, 4, NUM_SLOTS - 1, NUM_SLOTS, 2**16 - 1]
 SLOTS = [0, 1, 2, 3, 4, NUM_SLOTS - 1, NUM_SLOTS, 2**16 - 1]
 
@@ -32,13 +48,25 @@ def old_in_pool(pool_base: int, pool_size: int, slot: int) -> bool:
     return slot < pool_size and (pool_base + slot) & U32 < NUM_SLOTS
 
 
-@pytest.mark.parametrize("pool_base, pool_size, slot, inside", [
-    (0, 4, 0, True), (0, 4, 3, True), (0, 4, 4, False), (0, 0, 0, False),
-    (NUM_SLOTS - 4, 4, 3, True), (NUM_SLOTS - 3, 4, 3, False), (NUM_SLOTS - 1, 1, 0, True),
-    (NUM_SLOTS, 4, 0, False), (0, 2**16 - 1, NUM_SLOTS - 1, True), (0, 2**16 - 1, NUM_SLOTS, False),
-    (U32, 4, 1, False), (U32 - 1, 4, 2, False), (U32 - 1, 4, 3, False),
-    (U32 - 1, 2**16 - 1, 102, False),  # wrapped, this was slot 100 of the switch
-])
+@pytest.mark.parametrize(
+    "pool_base, pool_size, slot, inside",
+    [
+        (0, 4, 0, True),
+        (0, 4, 3, True),
+        (0, 4, 4, False),
+        (0, 0, 0, False),
+        (NUM_SLOTS - 4, 4, 3, True),
+        (NUM_SLOTS - 3, 4, 3, False),
+        (NUM_SLOTS - 1, 1, 0, True),
+        (NUM_SLOTS, 4, 0, False),
+        (0, 2**16 - 1, NUM_SLOTS - 1, True),
+        (0, 2**16 - 1, NUM_SLOTS, False),
+        (U32, 4, 1, False),
+        (U32 - 1, 4, 2, False),
+        (U32 - 1, 4, 3, False),
+        (U32 - 1, 2**16 - 1, 102, False),  # wrapped, this was slot 100 of the switch
+    ],
+)
 def test_pool_check_at_the_edges(pool_base, pool_size, slot, inside):
     assert slot_in_pool(pool_base, pool_size, slot) is inside
     assert bmv2_in_pool(pool_base, pool_size, slot) is inside
@@ -60,5 +88,6 @@ def test_the_old_32_bit_check_let_wrapped_slots_in():
 def test_verdict_codes_are_the_p4_programs():
     p4 = constant_values()
     names = [n for n in vars(aggregation) if n.startswith("VERDICT_")]
-    assert names and {n: getattr(aggregation, n) for n in names} == \
-        {n: v for n, v in p4.items() if n.startswith("VERDICT_")}
+    assert names and {n: getattr(aggregation, n) for n in names} == {
+        n: v for n, v in p4.items() if n.startswith("VERDICT_")
+    }

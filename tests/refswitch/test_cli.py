@@ -13,8 +13,9 @@ from testnet.switch_process import free_port
 
 
 def run(*args: str, timeout: float = 20) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "refswitch", *args], capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "refswitch", *args], capture_output=True, text=True, timeout=timeout
+    )
 
 
 def test_help_explains_the_flags():
@@ -35,9 +36,19 @@ def test_missing_interface_is_a_clear_error():
 
 def test_sigterm_stops_cleanly():
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "refswitch", "--no-p4", "--",
-                             "--grpc-server-addr", f"127.0.0.1:{port}"],
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "refswitch",
+            "--no-p4",
+            "--",
+            "--grpc-server-addr",
+            f"127.0.0.1:{port}",
+        ],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         lines = [proc.stderr.readline() for _ in range(2)]
         assert any(f"P4Runtime on port {port}" in line for line in lines), lines

@@ -78,13 +78,19 @@ def streams(stub: p4runtime_pb2_grpc.P4RuntimeStub) -> Iterator[Any]:
         if election_id is not None:
             s.arbitrate(election_id)
         return s
+
     yield open_stream
     for s in opened:
         s.close()
 
 
-def push(stub: Any, p4info: p4info_pb2.P4Info, election_id: int | None = 1,
-         action: int = SetAction.VERIFY_AND_COMMIT, config: bytes = b"{}") -> None:
+def push(
+    stub: Any,
+    p4info: p4info_pb2.P4Info,
+    election_id: int | None = 1,
+    action: int = SetAction.VERIFY_AND_COMMIT,
+    config: bytes = b"{}",
+) -> None:
     request = SetAction(device_id=0, action=action)
     if election_id is not None:
         request.election_id.low = election_id
@@ -102,7 +108,9 @@ def primary(stub: Any, streams: Any, test_p4info: P4InfoIndex) -> Stream:
     return s
 
 
-def write(stub: Any, *updates: p4runtime_pb2.Update, election_id: int | None = 1, **fields: Any) -> None:
+def write(
+    stub: Any, *updates: p4runtime_pb2.Update, election_id: int | None = 1, **fields: Any
+) -> None:
     request = p4runtime_pb2.WriteRequest(device_id=0, updates=updates, **fields)
     if election_id is not None:
         request.election_id.low = election_id
@@ -130,9 +138,15 @@ def update_errors(exc: grpc.RpcError) -> list[p4runtime_pb2.Error]:
     return errors
 
 
-def table_update(p4info: P4InfoIndex, kind: int, table: str, fields: list[tuple[str, str, Any]],
-                 action: str | None = None, params: dict[str, bytes] | None = None,
-                 priority: int = 0) -> p4runtime_pb2.Update:
+def table_update(
+    p4info: P4InfoIndex,
+    kind: int,
+    table: str,
+    fields: list[tuple[str, str, Any]],
+    action: str | None = None,
+    params: dict[str, bytes] | None = None,
+    priority: int = 0,
+) -> p4runtime_pb2.Update:
     """An update from raw bytes: fields are (name, kind, value or (a, b)), params are name -> bytes."""
     info = p4info.table(table)
     update = Update(type=kind)
@@ -158,7 +172,12 @@ def table_update(p4info: P4InfoIndex, kind: int, table: str, fields: list[tuple[
 
 
 def test_capabilities_and_arbitration(stub: Any, streams: Any) -> None:
-    assert stub.Capabilities(p4runtime_pb2.CapabilitiesRequest(), timeout=TIMEOUT).p4runtime_api_version == "1.3.0"
+    assert (
+        stub.Capabilities(
+            p4runtime_pb2.CapabilitiesRequest(), timeout=TIMEOUT
+        ).p4runtime_api_version
+        == "1.3.0"
+    )
     a = streams(5)
     assert a.status() == (code_pb2.OK, 5)
     b = streams(3)  # lower: backup, told who is primary; a hears nothing
@@ -193,7 +212,10 @@ def test_wrong_device_and_roles(stub: Any, streams: Any) -> None:
     assert r.recv().arbitration.status.code == code_pb2.UNIMPLEMENTED
     assert r.recv().code() == grpc.StatusCode.UNIMPLEMENTED
     request = p4runtime_pb2.ReadRequest(device_id=7)
-    assert rpc_error(lambda: list(stub.Read(request, timeout=TIMEOUT))).code() == grpc.StatusCode.NOT_FOUND
+    assert (
+        rpc_error(lambda: list(stub.Read(request, timeout=TIMEOUT))).code()
+        == grpc.StatusCode.NOT_FOUND
+    )
 
 
 def test_packet_out_gets_a_stream_error(primary: Stream) -> None:
@@ -210,20 +232,32 @@ def test_packet_out_gets_a_stream_error(primary: Stream) -> None:
 
 def test_no_pipeline_yet(stub: Any, streams: Any, test_p4info: P4InfoIndex) -> None:
     streams(1).status()
-    update = table_update(test_p4info, Update.INSERT, "arp_responder", [("hdr.arp.tpa", "exact", b"\x01")],
-                          "arp_reply", {"mac": b"\x01"})
+    update = table_update(
+        test_p4info,
+        Update.INSERT,
+        "arp_responder",
+        [("hdr.arp.tpa", "exact", b"\x01")],
+        "arp_reply",
+        {"mac": b"\x01"},
+    )
     assert rpc_error(write, stub, update).code() == grpc.StatusCode.FAILED_PRECONDITION
     entity = p4runtime_pb2.Entity()
     entity.table_entry.SetInParent()
     assert rpc_error(read, stub, entity).code() == grpc.StatusCode.FAILED_PRECONDITION
     get = p4runtime_pb2.GetForwardingPipelineConfigRequest(device_id=0)
-    assert rpc_error(stub.GetForwardingPipelineConfig, get).code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert (
+        rpc_error(stub.GetForwardingPipelineConfig, get).code()
+        == grpc.StatusCode.FAILED_PRECONDITION
+    )
 
 
 def test_pipeline_needs_the_primary(stub: Any, streams: Any, test_p4info: P4InfoIndex) -> None:
     streams(2).status()
     for election_id in (1, None):
-        assert rpc_error(push, stub, test_p4info.proto, election_id).code() == grpc.StatusCode.PERMISSION_DENIED
+        assert (
+            rpc_error(push, stub, test_p4info.proto, election_id).code()
+            == grpc.StatusCode.PERMISSION_DENIED
+        )
     push(stub, test_p4info.proto, 2)
 
 
@@ -232,15 +266,21 @@ def test_no_stream_no_election_id_is_accepted_like_pi(stub: Any, test_p4info: P4
     push(stub, test_p4info.proto, None)
 
 
-def test_pipeline_actions(p4rt_switch: Any, stub: Any, streams: Any, test_p4info: P4InfoIndex) -> None:
+def test_pipeline_actions(
+    p4rt_switch: Any, stub: Any, streams: Any, test_p4info: P4InfoIndex
+) -> None:
     streams(1).status()
     device: Device = p4rt_switch.device
     push(stub, test_p4info.proto, action=SetAction.VERIFY)
     assert device.p4info is None
-    assert rpc_error(push, stub, test_p4info.proto, action=SetAction.COMMIT).code() == \
-        grpc.StatusCode.FAILED_PRECONDITION
-    assert rpc_error(push, stub, test_p4info.proto, action=SetAction.UNSPECIFIED).code() == \
-        grpc.StatusCode.INVALID_ARGUMENT
+    assert (
+        rpc_error(push, stub, test_p4info.proto, action=SetAction.COMMIT).code()
+        == grpc.StatusCode.FAILED_PRECONDITION
+    )
+    assert (
+        rpc_error(push, stub, test_p4info.proto, action=SetAction.UNSPECIFIED).code()
+        == grpc.StatusCode.INVALID_ARGUMENT
+    )
     push(stub, test_p4info.proto, action=SetAction.VERIFY_AND_SAVE, config=b'{"saved": 1}')
     assert device.device_config == b'{"saved": 1}'
     push(stub, test_p4info.proto, action=SetAction.COMMIT)
@@ -257,28 +297,41 @@ def test_get_pipeline_response_types(stub: Any, primary: Stream, test_p4info: P4
     request.config.p4_device_config = b"json"
     request.config.cookie.cookie = 42
     stub.SetForwardingPipelineConfig(request, timeout=TIMEOUT)
-    for kind, has_p4info, has_config in [(Get.ALL, True, True), (Get.COOKIE_ONLY, False, False),
-                                         (Get.P4INFO_AND_COOKIE, True, False),
-                                         (Get.DEVICE_CONFIG_AND_COOKIE, False, True)]:
-        config = stub.GetForwardingPipelineConfig(Get(device_id=0, response_type=kind), timeout=TIMEOUT).config
+    for kind, has_p4info, has_config in [
+        (Get.ALL, True, True),
+        (Get.COOKIE_ONLY, False, False),
+        (Get.P4INFO_AND_COOKIE, True, False),
+        (Get.DEVICE_CONFIG_AND_COOKIE, False, True),
+    ]:
+        config = stub.GetForwardingPipelineConfig(
+            Get(device_id=0, response_type=kind), timeout=TIMEOUT
+        ).config
         assert config.HasField("p4info") == has_p4info
         assert (config.p4_device_config == b"json") == has_config
         assert config.cookie.cookie == 42
-    assert P4InfoIndex(stub.GetForwardingPipelineConfig(Get(device_id=0), timeout=TIMEOUT).config.p4info
-                       ).proto == test_p4info.proto
+    assert (
+        P4InfoIndex(
+            stub.GetForwardingPipelineConfig(Get(device_id=0), timeout=TIMEOUT).config.p4info
+        ).proto
+        == test_p4info.proto
+    )
 
 
 def test_validate_config_hook(test_p4info: P4InfoIndex) -> None:
     def validate(p4info: p4info_pb2.P4Info, config: bytes) -> None:
         if config != b"good":
             raise ValueError("not the program")
+
     server = P4RuntimeServer(Device(), 0, validate_config=validate)
     port = server.start()
     try:
         with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
             stub = p4runtime_pb2_grpc.P4RuntimeStub(channel)
             exc = rpc_error(push, stub, test_p4info.proto, None, config=b"bad")
-            assert exc.code() == grpc.StatusCode.INVALID_ARGUMENT and "not the program" in exc.details()
+            assert (
+                exc.code() == grpc.StatusCode.INVALID_ARGUMENT
+                and "not the program" in exc.details()
+            )
             push(stub, test_p4info.proto, None, config=b"good")
     finally:
         server.stop(0)
@@ -287,11 +340,18 @@ def test_validate_config_hook(test_p4info: P4InfoIndex) -> None:
 # -- writes ----------------------------------------------------------------------------------
 
 
-def test_write_needs_the_primary_election_id(stub: Any, primary: Stream, streams: Any,
-                                             test_p4info: P4InfoIndex) -> None:
+def test_write_needs_the_primary_election_id(
+    stub: Any, primary: Stream, streams: Any, test_p4info: P4InfoIndex
+) -> None:
     streams(0).status()  # a backup
-    update = table_update(test_p4info, Update.INSERT, "arp_responder", [("hdr.arp.tpa", "exact", b"\x01")],
-                          "arp_reply", {"mac": b"\x01"})
+    update = table_update(
+        test_p4info,
+        Update.INSERT,
+        "arp_responder",
+        [("hdr.arp.tpa", "exact", b"\x01")],
+        "arp_reply",
+        {"mac": b"\x01"},
+    )
     for election_id in (0, 2, None):
         exc = rpc_error(write, stub, update, election_id=election_id)
         assert exc.code() == grpc.StatusCode.PERMISSION_DENIED and exc.details() == "Not primary"
@@ -300,10 +360,20 @@ def test_write_needs_the_primary_election_id(stub: Any, primary: Stream, streams
 
 def test_per_update_errors(stub: Any, primary: Stream, test_p4info: P4InfoIndex) -> None:
     def arp(value: bytes, kind: int = Update.INSERT, **params: bytes) -> Update:
-        return table_update(test_p4info, kind, "arp_responder", [("hdr.arp.tpa", "exact", value)],
-                            "arp_reply", params or {"mac": b"\x01"})
+        return table_update(
+            test_p4info,
+            kind,
+            "arp_responder",
+            [("hdr.arp.tpa", "exact", value)],
+            "arp_reply",
+            params or {"mac": b"\x01"},
+        )
+
     lpm_fields = [("hdr.ipv4.dst_addr", "exact", b"\x0a")]  # wrong match kind
-    acl_fields = [("hdr.ipv4.protocol", "exact", b"\x11"), ("hdr.udp.dst_port", "ternary", (b"\x10", b"\xf0"))]
+    acl_fields = [
+        ("hdr.ipv4.protocol", "exact", b"\x11"),
+        ("hdr.udp.dst_port", "ternary", (b"\x10", b"\xf0")),
+    ]
     unknown_table = Update(type=Update.INSERT)
     unknown_table.entity.table_entry.table_id = 1234
     register = Update(type=Update.MODIFY)
@@ -317,21 +387,46 @@ def test_per_update_errors(stub: Any, primary: Stream, test_p4info: P4InfoIndex)
         arp(b"\x02", Update.DELETE),  # 4 missing
         table_update(test_p4info, Update.INSERT, "ipv4_lpm", lpm_fields, "aggregate"),  # 5 kind
         unknown_table,  # 6
-        table_update(test_p4info, Update.INSERT, "acl", acl_fields, "set_port", {"port": b"\x01"}),  # 7 priority
-        table_update(test_p4info, Update.INSERT, "arp_responder", [("hdr.arp.tpa", "exact", b"\x03")],
-                     "route", {"port": b"\x01", "src_mac": b"\x01", "dst_mac": b"\x01"}),  # 8 not allowed
+        table_update(
+            test_p4info, Update.INSERT, "acl", acl_fields, "set_port", {"port": b"\x01"}
+        ),  # 7 priority
+        table_update(
+            test_p4info,
+            Update.INSERT,
+            "arp_responder",
+            [("hdr.arp.tpa", "exact", b"\x03")],
+            "route",
+            {"port": b"\x01", "src_mac": b"\x01", "dst_mac": b"\x01"},
+        ),  # 8 not allowed
         arp(b"\x04"),  # 9 unknown param id (set below)
         arp(b"\x05", mac=b"\x01\x00\x00\x00\x00\x00\x00"),  # 10 param too wide
         register,  # 11
-        arp(b"\x06"), arp(b"\x07"), arp(b"\x08"),  # 12-14: fills the 4 entries
+        arp(b"\x06"),
+        arp(b"\x07"),
+        arp(b"\x08"),  # 12-14: fills the 4 entries
         arp(b"\x09"),  # 15 full
     ]
     updates[9].entity.table_entry.action.action.params[0].param_id = 99
     errors = update_errors(rpc_error(write, stub, *updates))
     codes = [code_pb2.Code.Name(e.canonical_code) for e in errors]
-    assert codes == ["OK", "ALREADY_EXISTS", "INVALID_ARGUMENT", "NOT_FOUND", "NOT_FOUND", "INVALID_ARGUMENT",
-                     "INVALID_ARGUMENT", "INVALID_ARGUMENT", "INVALID_ARGUMENT", "INVALID_ARGUMENT",
-                     "INVALID_ARGUMENT", "UNIMPLEMENTED", "OK", "OK", "OK", "RESOURCE_EXHAUSTED"]
+    assert codes == [
+        "OK",
+        "ALREADY_EXISTS",
+        "INVALID_ARGUMENT",
+        "NOT_FOUND",
+        "NOT_FOUND",
+        "INVALID_ARGUMENT",
+        "INVALID_ARGUMENT",
+        "INVALID_ARGUMENT",
+        "INVALID_ARGUMENT",
+        "INVALID_ARGUMENT",
+        "INVALID_ARGUMENT",
+        "UNIMPLEMENTED",
+        "OK",
+        "OK",
+        "OK",
+        "RESOURCE_EXHAUSTED",
+    ]
     assert "32 bits" in errors[2].message and "priority" in errors[7].message.lower()
     assert errors[1].space == "ALL-sswitch-p4org" and errors[0].space == ""
 
@@ -352,11 +447,20 @@ def test_const_default_action(stub: Any, primary: Stream, test_p4info: P4InfoInd
 # -- reads ----------------------------------------------------------------------------------
 
 
-def test_read_back_is_canonical(p4rt_switch: Any, stub: Any, primary: Stream, test_p4info: P4InfoIndex) -> None:
-    write(stub, table_update(test_p4info, Update.INSERT, "ipv4_lpm",
-                             [("hdr.ipv4.dst_addr", "lpm", (b"\x00\x0a\x00\x00\x00", 8))],
-                             "route", {"port": b"\x00\x01", "src_mac": b"\x00\x00\x00\x00\x00\x02",
-                                       "dst_mac": b"\x03"}))
+def test_read_back_is_canonical(
+    p4rt_switch: Any, stub: Any, primary: Stream, test_p4info: P4InfoIndex
+) -> None:
+    write(
+        stub,
+        table_update(
+            test_p4info,
+            Update.INSERT,
+            "ipv4_lpm",
+            [("hdr.ipv4.dst_addr", "lpm", (b"\x00\x0a\x00\x00\x00", 8))],
+            "route",
+            {"port": b"\x00\x01", "src_mac": b"\x00\x00\x00\x00\x00\x02", "dst_mac": b"\x03"},
+        ),
+    )
     entity = p4runtime_pb2.Entity()
     entity.table_entry.table_id = test_p4info.table_id("ipv4_lpm")
     (got,) = read(stub, entity)
@@ -398,26 +502,47 @@ def test_counters(p4rt_switch: Any, stub: Any, primary: Stream, test_p4info: P4I
     write(stub, update)
     assert p4rt_switch.device.counter("drop_counter").read(2) == (0, 0)
     update.type = Update.INSERT
-    assert update_errors(rpc_error(write, stub, update))[0].canonical_code == code_pb2.INVALID_ARGUMENT
+    assert (
+        update_errors(rpc_error(write, stub, update))[0].canonical_code == code_pb2.INVALID_ARGUMENT
+    )
 
 
-def test_direct_counters(p4rt_switch: Any, stub: Any, primary: Stream, test_p4info: P4InfoIndex) -> None:
+def test_direct_counters(
+    p4rt_switch: Any, stub: Any, primary: Stream, test_p4info: P4InfoIndex
+) -> None:
     key = [("hdr.agg.job_id", "exact", b"\x07")]
-    write(stub, table_update(test_p4info, Update.INSERT, "job_table", key, "set_job",
-                             {"pool_base": b"\x01", "pool_size": b"\x02", "num_workers": b"\x03"}))
+    write(
+        stub,
+        table_update(
+            test_p4info,
+            Update.INSERT,
+            "job_table",
+            key,
+            "set_job",
+            {"pool_base": b"\x01", "pool_size": b"\x02", "num_workers": b"\x03"},
+        ),
+    )
     p4rt_switch.device.table("job_table").lookup((7,), 100)
     entity = p4runtime_pb2.Entity()
     entity.direct_counter_entry.table_entry.table_id = test_p4info.table_id("job_table")
     (got,) = read(stub, entity)
-    assert (got.direct_counter_entry.data.packet_count, got.direct_counter_entry.data.byte_count) == (1, 100)
+    assert (
+        got.direct_counter_entry.data.packet_count,
+        got.direct_counter_entry.data.byte_count,
+    ) == (1, 100)
     update = Update(type=Update.MODIFY)
     dce = update.entity.direct_counter_entry
-    dce.table_entry.CopyFrom(table_update(test_p4info, Update.MODIFY, "job_table", key).entity.table_entry)
+    dce.table_entry.CopyFrom(
+        table_update(test_p4info, Update.MODIFY, "job_table", key).entity.table_entry
+    )
     dce.data.packet_count, dce.data.byte_count = 5, 6
     write(stub, update)
     entity.direct_counter_entry.table_entry.CopyFrom(dce.table_entry)
     (got,) = read(stub, entity)
-    assert (got.direct_counter_entry.data.packet_count, got.direct_counter_entry.data.byte_count) == (5, 6)
+    assert (
+        got.direct_counter_entry.data.packet_count,
+        got.direct_counter_entry.data.byte_count,
+    ) == (5, 6)
     entity.direct_counter_entry.table_entry.table_id = test_p4info.table_id("acl")
     del entity.direct_counter_entry.table_entry.match[:]
     assert rpc_error(read, stub, entity).code() == grpc.StatusCode.INVALID_ARGUMENT
@@ -434,7 +559,10 @@ def test_multicast_port_kinds(stub: Any, primary: Stream) -> None:
     entity.packet_replication_engine_entry.multicast_group_entry.multicast_group_id = 0
     (got,) = read(stub, entity)
     replicas = got.packet_replication_engine_entry.multicast_group_entry.replicas
-    assert [(r.WhichOneof("port_kind"), r.instance) for r in replicas] == [("port", 1), ("egress_port", 2)]
+    assert [(r.WhichOneof("port_kind"), r.instance) for r in replicas] == [
+        ("port", 1),
+        ("egress_port", 2),
+    ]
     assert replicas[0].port == b"\x00\x01"
     bad = []
     for group_id, replicas_ in [(0, []), (1 << 15, []), (4, [(1, 1), (1, 1)]), (5, [(None, 1)])]:
@@ -448,13 +576,19 @@ def test_multicast_port_kinds(stub: Any, primary: Stream) -> None:
         bad.append(u)
     errors = update_errors(rpc_error(write, stub, *bad))
     assert [code_pb2.Code.Name(e.canonical_code) for e in errors] == [
-        "INVALID_ARGUMENT", "OUT_OF_RANGE", "INVALID_ARGUMENT", "INVALID_ARGUMENT"]
+        "INVALID_ARGUMENT",
+        "OUT_OF_RANGE",
+        "INVALID_ARGUMENT",
+        "INVALID_ARGUMENT",
+    ]
 
 
-def test_unexpected_exceptions_become_internal(stub: Any, primary: Stream,
-                                               monkeypatch: pytest.MonkeyPatch) -> None:
+def test_unexpected_exceptions_become_internal(
+    stub: Any, primary: Stream, monkeypatch: pytest.MonkeyPatch
+) -> None:
     def boom(*args: Any) -> None:
         raise RuntimeError("bug")
+
     monkeypatch.setattr(p4runtime_server, "read_entities", boom)
     monkeypatch.setattr(p4runtime_server, "apply_write", boom)
     entity = p4runtime_pb2.Entity()

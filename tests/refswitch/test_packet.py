@@ -20,11 +20,22 @@ def test_agg_h_has_the_header_fields_in_wire_order():
 
 
 def test_parse_then_deparse_gives_the_frame_back():
-    header = AggHeader(job_id=0xFFFF, slot=0xFFFE, shadow=1, rank=31, op=3, chunk=2**32 - 1,
-                       ncells=CELLS_PER_PKT - 1, exp=0xFE, flags=0x02, version=1)
+    header = AggHeader(
+        job_id=0xFFFF,
+        slot=0xFFFE,
+        shadow=1,
+        rank=31,
+        op=3,
+        chunk=2**32 - 1,
+        ncells=CELLS_PER_PKT - 1,
+        exp=0xFE,
+        flags=0x02,
+        version=1,
+    )
     cells = np.arange(CELLS_PER_PKT, dtype=np.int32) * -65537
-    frame = FrameTemplate("02:00:00:00:00:01", "02:00:00:00:00:fe", "10.0.0.1", "10.0.0.254",
-                          41000).frame(pack_payload(header, cells))
+    frame = FrameTemplate(
+        "02:00:00:00:00:01", "02:00:00:00:00:fe", "10.0.0.1", "10.0.0.254", 41000
+    ).frame(pack_payload(header, cells))
     hdr, error = parse(frame)
     assert error == "NoError"
     assert {n: getattr(hdr.agg, n) for n in FIELD_NAMES} == dataclasses.asdict(header)

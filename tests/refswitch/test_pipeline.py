@@ -22,8 +22,10 @@ from refswitch.switch import ReferenceSwitch
 
 SWITCH_MAC = "02:00:00:00:00:fe"
 SERVICE_IP = "10.0.0.254"
-HOSTS = [Host(ip=f"10.0.0.{i + 1}", mac=f"02:00:00:00:01:{i + 1:02x}", switch_port=i + 1)
-         for i in range(4)]
+HOSTS = [
+    Host(ip=f"10.0.0.{i + 1}", mac=f"02:00:00:00:01:{i + 1:02x}", switch_port=i + 1)
+    for i in range(4)
+]
 
 
 @pytest.fixture(scope="module")
@@ -34,9 +36,19 @@ def switch():
     conn.connect()
     conn.set_pipeline(P4INFO_PATH, BMV2_JSON_PATH)
     reconcile(conn, forwarding_entries(HOSTS, SERVICE_IP, SWITCH_MAC), read_back=False)
-    install_job(conn, JobEntries(job_id=5, pool_base=100, pool_size=4, mcast_grp=5, workers=tuple(
-        Worker(rank=i, switch_port=h.switch_port, mac=h.mac, ip=h.ip, udp_port=41000 + i)
-        for i, h in enumerate(HOSTS[:3]))))
+    install_job(
+        conn,
+        JobEntries(
+            job_id=5,
+            pool_base=100,
+            pool_size=4,
+            mcast_grp=5,
+            workers=tuple(
+                Worker(rank=i, switch_port=h.switch_port, mac=h.mac, ip=h.ip, udp_port=41000 + i)
+                for i, h in enumerate(HOSTS[:3])
+            ),
+        ),
+    )
     yield sw, conn
     conn.close()
     sw.close()
@@ -46,7 +58,8 @@ def agg_frame(rank: int, cells: np.ndarray, **kw) -> bytes:
     h = HOSTS[rank]
     fields = dict(job_id=5, slot=0, shadow=0, rank=rank, op=Op.ADD, chunk=1) | kw
     return FrameTemplate(h.mac, SWITCH_MAC, h.ip, SERVICE_IP, 41000 + rank).frame(
-        pack_payload(AggHeader(**fields), cells))
+        pack_payload(AggHeader(**fields), cells)
+    )
 
 
 def drops(conn) -> dict[int, int]:
@@ -86,11 +99,17 @@ def test_arp_and_routing(switch):
     sw, _ = switch
     pipe = Pipeline(sw.device)
     h0, h1 = HOSTS[0], HOSTS[1]
-    [(port, frame)] = pipe.process(1, bytes(Ether(src=h0.mac, dst="ff:ff:ff:ff:ff:ff")
-                                            / ARP(op=1, hwsrc=h0.mac, psrc=h0.ip, pdst=SERVICE_IP)))
+    [(port, frame)] = pipe.process(
+        1,
+        bytes(
+            Ether(src=h0.mac, dst="ff:ff:ff:ff:ff:ff")
+            / ARP(op=1, hwsrc=h0.mac, psrc=h0.ip, pdst=SERVICE_IP)
+        ),
+    )
     assert port == 1 and Ether(frame)[ARP].hwsrc == SWITCH_MAC
-    [(port, frame)] = pipe.process(1, bytes(Ether(src=h0.mac, dst=SWITCH_MAC)
-                                            / IP(src=h0.ip, dst=h1.ip, ttl=9) / UDP() / b"x"))
+    [(port, frame)] = pipe.process(
+        1, bytes(Ether(src=h0.mac, dst=SWITCH_MAC) / IP(src=h0.ip, dst=h1.ip, ttl=9) / UDP() / b"x")
+    )
     assert port == 2 and Ether(frame)[IP].ttl == 8 and Ether(frame).dst == h1.mac
 
 
@@ -115,8 +134,9 @@ def test_fuzzed_packets_never_crash_and_are_all_accounted_for(switch):
     events = sw.device.counter("SwitchIngress.aggregation.event_counter")
 
     def tally() -> int:
-        return sum(drops.read(i)[0] + egress_drops.read(i)[0] for i in range(16)) + \
-            sum(events.read(i)[0] for i in (0, 2))
+        return sum(drops.read(i)[0] + egress_drops.read(i)[0] for i in range(16)) + sum(
+            events.read(i)[0] for i in (0, 2)
+        )
 
     base = agg_frame(0, np.arange(CELLS_PER_PKT, dtype=np.int32), chunk=500)
     unexplained = 0
@@ -129,9 +149,11 @@ def test_fuzzed_packets_never_crash_and_are_all_accounted_for(switch):
         elif kind == 1:  # random header fields, from a random rank's port
             frame[42:58] = rng.integers(0, 256, 16, dtype=np.uint8).tobytes()
         elif kind == 2:  # truncated or oversized
-            frame = frame[:int(rng.integers(0, len(frame)))] if n % 8 else frame + bytes(40)
+            frame = frame[: int(rng.integers(0, len(frame)))] if n % 8 else frame + bytes(40)
         else:  # garbage of random length
-            frame = bytearray(rng.integers(0, 256, int(rng.integers(1, 1600)), dtype=np.uint8).tobytes())
+            frame = bytearray(
+                rng.integers(0, 256, int(rng.integers(1, 1600)), dtype=np.uint8).tobytes()
+            )
         before = tally()
         out = pipe.process(int(rng.integers(1, 5)), bytes(frame))
         if tally() == before and not out:

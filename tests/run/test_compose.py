@@ -47,9 +47,12 @@ def test_switch_ports_match_the_controller_hosts_and_worker_links(compose):
     assert len(ports) == len(workers) == len(sw.hosts)
     for rank, name in enumerate(workers):
         w = services[name]
-        assert w["command"][:2] == ["sh", "docker/worker.sh"] and w["command"][2:] == [str(rank), str(len(workers))]
+        assert w["command"][:2] == ["sh", "docker/worker.sh"] and w["command"][2:] == [
+            str(rank),
+            str(len(workers)),
+        ]
         host = next(h for h in sw.hosts if h.switch_port == rank + 1)
-        net = iface_net[ports[rank + 1]]                     # the network on the switch's port rank+1
+        net = iface_net[ports[rank + 1]]  # the network on the switch's port rank+1
         link = w["networks"][net]
         assert link["interface_name"] == "eth1"
         assert (link["ipv4_address"], link["mac_address"]) == (host.ip, host.mac)
@@ -62,6 +65,9 @@ def test_referenced_files_modules_and_controller_port_exist(compose):
     assert f"controller:{listen_port}" in script
     assert compose["services"]["controller"]["ports"] == [f"{listen_port}:{listen_port}"]
     for module in re.findall(r"python -m ([\w.]+)", script):
-        assert (ROOT / module.replace(".", "/")).with_suffix(".py").exists() or \
-            (ROOT / module.replace(".", "/")).is_dir() or module.startswith("torch."), module
+        assert (
+            (ROOT / module.replace(".", "/")).with_suffix(".py").exists()
+            or (ROOT / module.replace(".", "/")).is_dir()
+            or module.startswith("torch.")
+        ), module
     assert "--mode switch" in script and "--iface eth1" in script

@@ -48,11 +48,35 @@ def _cmdlines_mentioning(text: str) -> list[str]:
 @pytest.mark.timeout(240)
 def test_shortened_make_run_trains_exactly_and_cleans_up(tmp_path):
     from run.state import STATE_DIR, our_links
+
     out = tmp_path / "out"
-    cmd = [sys.executable, "-m", "run", "--hosts", "2", "--target", "refswitch", "--steps", "40",
-           "--users", "2000", "--items", "500", "--lr", "2", "--out", str(out)]
-    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=200,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    cmd = [
+        sys.executable,
+        "-m",
+        "run",
+        "--hosts",
+        "2",
+        "--target",
+        "refswitch",
+        "--steps",
+        "40",
+        "--users",
+        "2000",
+        "--items",
+        "500",
+        "--lr",
+        "2",
+        "--out",
+        str(out),
+    ]
+    done = subprocess.run(
+        cmd,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=200,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "AGREE within the bound" in done.stdout, done.stdout[-2000:]
     assert "[switch] step   40/40" in done.stdout and "[gloo  ] step   40/40" in done.stdout
@@ -60,7 +84,7 @@ def test_shortened_make_run_trains_exactly_and_cleans_up(tmp_path):
     steps = [json.loads(line) for line in (out / "switch.jsonl").read_text().splitlines()]
     losses = [s["loss"] for s in steps]
     assert sum(losses[-5:]) / 5 < sum(losses[:5]) / 5, losses
-    assert all(s["fallback_buckets"] == 0 for s in steps)     # every bucket was summed by the switch
+    assert all(s["fallback_buckets"] == 0 for s in steps)  # every bucket was summed by the switch
     assert all(s["tx_bytes"] < s["dense_bytes"] for s in steps[1:])
     # nothing left: interfaces, the state file, processes started with our output directory
     assert our_links() == []
@@ -71,12 +95,33 @@ def test_shortened_make_run_trains_exactly_and_cleans_up(tmp_path):
 @pytest.mark.timeout(200)
 def test_dense_model_trains_exactly_through_the_switch(tmp_path):
     out = tmp_path / "out"
-    cmd = [sys.executable, "-m", "run", "--hosts", "2", "--target", "refswitch", "--model", "mlp",
-           "--steps", "15", "--out", str(out)]
-    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=170,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    cmd = [
+        sys.executable,
+        "-m",
+        "run",
+        "--hosts",
+        "2",
+        "--target",
+        "refswitch",
+        "--model",
+        "mlp",
+        "--steps",
+        "15",
+        "--out",
+        str(out),
+    ]
+    done = subprocess.run(
+        cmd,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=170,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert "model mlp" in done.stdout and "AGREE within the bound" in done.stdout, done.stdout[-2000:]
+    assert "model mlp" in done.stdout and "AGREE within the bound" in done.stdout, done.stdout[
+        -2000:
+    ]
     steps = [json.loads(line) for line in (out / "switch.jsonl").read_text().splitlines()]
     assert steps[-1]["loss"] < steps[0]["loss"]
     assert all(s["fallback_buckets"] == 0 for s in steps)

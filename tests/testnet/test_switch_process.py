@@ -12,7 +12,7 @@ def test_bmv2_command_sets_a_quiet_log_level_and_its_ports():
     cmd = switch_command("bmv2", {2: "veth-b", 1: "veth-a"}, 9559)
     assert cmd[:5] == ["simple_switch_grpc", "-i", "1@veth-a", "-i", "2@veth-b"]
     assert cmd[cmd.index("--log-level") + 1] == "warn" and "--log-console" in cmd
-    assert cmd[cmd.index("--") + 1:] == ["--grpc-server-addr", "127.0.0.1:9559"]
+    assert cmd[cmd.index("--") + 1 :] == ["--grpc-server-addr", "127.0.0.1:9559"]
     debug = switch_command("bmv2", {}, 9559, log_level="debug")
     assert debug[debug.index("--log-level") + 1] == "debug"
 

@@ -15,7 +15,7 @@ from controller.service import ControllerServer
 from refswitch.switch import ReferenceSwitch
 from testnet.fabric import SERVICE_IP, SWITCH_MAC, Fabric
 from testnet.namespace import in_namespace
-from testnet.poll import wait_for  # noqa: F401 (re-exported)
+from testnet.poll import wait_for
 from testnet.switch_process import free_port
 from worker.agent import AgentConfig
 
@@ -25,15 +25,31 @@ UDP_BASE = 41000
 
 def hosts(n: int) -> list[dict[str, Any]]:
     """The fabric's host addressing (testnet.fabric): 10.0.0.<i+1>, switch port i+1."""
-    return [{"ip": f"10.0.0.{i + 1}", "mac": f"02:00:00:00:01:{i + 1:02x}", "switch_port": i + 1}
-            for i in range(n)]
+    return [
+        {"ip": f"10.0.0.{i + 1}", "mac": f"02:00:00:00:01:{i + 1:02x}", "switch_port": i + 1}
+        for i in range(n)
+    ]
 
 
 def controller_config(switch_address: str, tmp_path: Path, n: int) -> ControllerConfig:
     """One switch s1 with n hosts, short heartbeats."""
-    doc = {"controller": {"listen": "127.0.0.1:0", "database": str(tmp_path / "controller.db"), **TIMING},
-           "switch": [{"name": "s1", "address": switch_address, "mac": SWITCH_MAC, "service_ip": SERVICE_IP,
-                       "timeout": 1.0, "hosts": hosts(n)}]}
+    doc = {
+        "controller": {
+            "listen": "127.0.0.1:0",
+            "database": str(tmp_path / "controller.db"),
+            **TIMING,
+        },
+        "switch": [
+            {
+                "name": "s1",
+                "address": switch_address,
+                "mac": SWITCH_MAC,
+                "service_ip": SERVICE_IP,
+                "timeout": 1.0,
+                "hosts": hosts(n),
+            }
+        ],
+    }
     return parse_config(doc, tmp_path)
 
 
@@ -63,11 +79,16 @@ class Controlled:
                 address = f"127.0.0.1:{free_port()}"
                 self.refswitch = ReferenceSwitch({}, address)
                 self.refswitch.start()
-            self.server = ControllerServer(controller_config(address, tmp_path, n), poll_interval=0.05,
-                                           max_backoff=0.3)
+            self.server = ControllerServer(
+                controller_config(address, tmp_path, n), poll_interval=0.05, max_backoff=0.3
+            )
             self.address = f"127.0.0.1:{self.server.start()}"
             self.client = ControllerClient(self.address, timeout=5.0)
-            wait_for(lambda: all(s.connected for s in self.client.status().switches), 15, "the switch to sync")
+            wait_for(
+                lambda: all(s.connected for s in self.client.status().switches),
+                15,
+                "the switch to sync",
+            )
         except BaseException:
             self.close()
             raise
@@ -79,9 +100,17 @@ class Controlled:
     def agent_config(self, job: Any, rank: int, **kw: Any) -> AgentConfig:
         """Rank `rank` on host `rank` of the fabric."""
         h = hosts(rank + 1)[rank]
-        fields = dict(controller=self.address, job_id=job.job_id, token=job.token, rank=rank, ip=h["ip"],
-                      udp_port=UDP_BASE + rank, switch_port=h["switch_port"], mac=h["mac"],
-                      ready_timeout=15.0)
+        fields = dict(
+            controller=self.address,
+            job_id=job.job_id,
+            token=job.token,
+            rank=rank,
+            ip=h["ip"],
+            udp_port=UDP_BASE + rank,
+            switch_port=h["switch_port"],
+            mac=h["mac"],
+            ready_timeout=15.0,
+        )
         if self.fabric is None:  # no namespaces: a loopback socket (the data plane is not used)
             fields.update(ip="127.0.0.1", udp_port=free_port_udp())
         fields.update(kw)
@@ -96,6 +125,7 @@ class Controlled:
                 return socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
             with in_namespace(ns):
                 return socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+
         return make
 
     def close(self) -> None:

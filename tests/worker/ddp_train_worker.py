@@ -40,7 +40,9 @@ class Model(nn.Module):
         return self.mlp(self.emb(idx).mean(dim=1))
 
 
-def train(rank: int, state: SwitchHookState | None, kill_dir: Path | None = None) -> dict[str, torch.Tensor]:
+def train(
+    rank: int, state: SwitchHookState | None, kill_dir: Path | None = None
+) -> dict[str, torch.Tensor]:
     torch.manual_seed(0)
     model = DDP(Model(), bucket_cap_mb=0.004)  # several buckets of ~1000 floats
     if state is not None:
@@ -76,19 +78,34 @@ def main() -> None:
     p.add_argument("--out", required=True)
     a = p.parse_args()
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    dist.init_process_group("gloo", store=dist.FileStore(a.store, a.world), rank=a.rank, world_size=a.world,
-                            timeout=timedelta(seconds=60))
+    dist.init_process_group(
+        "gloo",
+        store=dist.FileStore(a.store, a.world),
+        rank=a.rank,
+        world_size=a.world,
+        timeout=timedelta(seconds=60),
+    )
     results: dict = {"plain": train(a.rank, None)}
     stats: dict = {}
 
     def sock() -> socket.socket:
         with in_namespace(a.netns):
             return socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+
     for spec in a.job:
         codec, job_id, token, port = spec.split(":")
-        cfg = AgentConfig(controller=a.controller, job_id=int(job_id), token=token, rank=a.rank,
-                          ip=f"10.0.0.{a.rank + 1}", udp_port=int(port), switch_port=a.rank + 1,
-                          mac=f"02:00:00:00:01:{a.rank + 1:02x}", max_retries=4, ready_timeout=30)
+        cfg = AgentConfig(
+            controller=a.controller,
+            job_id=int(job_id),
+            token=token,
+            rank=a.rank,
+            ip=f"10.0.0.{a.rank + 1}",
+            udp_port=int(port),
+            switch_port=a.rank + 1,
+            mac=f"02:00:00:00:01:{a.rank + 1:02x}",
+            max_retries=4,
+            ready_timeout=30,
+        )
         with WorkerAgent(cfg, sock) as agent, warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             state = SwitchHookState(agent, codec=codec, cooldown_steps=2)
@@ -96,9 +113,15 @@ def main() -> None:
             results[codec] = train(a.rank, state, Path(a.kill_dir) if a.kill_dir else None)
             homagg = [str(w.message) for w in caught if "homagg" in str(w.message)]
             s = state.stats
-            stats[codec] = {"switch_buckets": s.switch_buckets, "fallback_buckets": s.fallback_buckets,
-                            "fallbacks": s.fallbacks, "warnings": homagg, "seconds": time.monotonic() - start,
-                            "wire_bytes": s.wire_bytes, "dense_bytes": s.dense_bytes}
+            stats[codec] = {
+                "switch_buckets": s.switch_buckets,
+                "fallback_buckets": s.fallback_buckets,
+                "fallbacks": s.fallbacks,
+                "warnings": homagg,
+                "seconds": time.monotonic() - start,
+                "wire_bytes": s.wire_bytes,
+                "dense_bytes": s.dense_bytes,
+            }
     torch.save(results, a.out)
     Path(a.out + ".json").write_text(json.dumps(stats))
     dist.destroy_process_group()

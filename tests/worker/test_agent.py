@@ -15,7 +15,9 @@ from aggwire.constants import AGG_UDP_PORT, Op
 from testnet.namespace import have_privileges
 from worker.agent import AgentConfig, AgentError, WorkerAgent, open_agent
 
-needs_root = pytest.mark.skipif(not have_privileges(), reason="needs root and iproute2 (network namespaces)")
+needs_root = pytest.mark.skipif(
+    not have_privileges(), reason="needs root and iproute2 (network namespaces)"
+)
 
 
 @pytest.fixture(scope="module")
@@ -42,8 +44,9 @@ def open_all(c: Controlled, job, world: int, **kw) -> list[WorkerAgent]:
     def run(r: int) -> None:
         try:
             agents[r] = WorkerAgent(c.agent_config(job, r, **kw), c.socket_factory(r))
-        except BaseException as exc:  # noqa: BLE001 - reported below
+        except BaseException as exc:
             errors.append(exc)
+
     threads = [threading.Thread(target=run, args=(r,)) for r in range(world)]
     for t in threads:
         t.start()
@@ -64,7 +67,11 @@ def test_join_assignment_heartbeat_and_leave(ctl):
         for r, a in enumerate(agents):
             asg = a.assignment
             assert (asg.job_id, asg.rank, asg.world_size, asg.pool_size) == (job.job_id, r, 2, 8)
-            assert asg.service_ip == "10.0.0.254" and asg.udp_port == AGG_UDP_PORT and asg.codec == "lossless"
+            assert (
+                asg.service_ip == "10.0.0.254"
+                and asg.udp_port == AGG_UDP_PORT
+                and asg.codec == "lossless"
+            )
             cfg = a.transport.config
             assert (cfg.job_id, cfg.rank, cfg.world_size, cfg.pool_size) == (job.job_id, r, 2, 8)
             assert a.healthy
@@ -84,7 +91,9 @@ def test_released_job_marks_the_agent_unhealthy_without_crashing(ctl):
         wait_for(lambda: not agent.healthy, 5, "the agent to notice")
         assert "FAILED_PRECONDITION" in agent.unhealthy_reason
         failures = agent.heartbeat_failures
-        wait_for(lambda: agent.heartbeat_failures > failures, 5, "the heartbeat thread to keep running")
+        wait_for(
+            lambda: agent.heartbeat_failures > failures, 5, "the heartbeat thread to keep running"
+        )
         assert not agent.healthy  # a job that ended does not come back
 
 
@@ -98,8 +107,17 @@ def test_bad_token_is_a_clear_error(ctl):
 
 
 def test_unreachable_controller_is_a_clear_error():
-    cfg = AgentConfig(controller="127.0.0.1:1", job_id=1, token="x", rank=0, ip="127.0.0.1", udp_port=1,
-                      switch_port=1, mac="02:00:00:00:01:01", rpc_timeout=2.0)
+    cfg = AgentConfig(
+        controller="127.0.0.1:1",
+        job_id=1,
+        token="x",
+        rank=0,
+        ip="127.0.0.1",
+        udp_port=1,
+        switch_port=1,
+        mac="02:00:00:00:01:01",
+        rpc_timeout=2.0,
+    )
     agent, reason = open_agent(cfg)
     assert agent is None and ("UNAVAILABLE" in reason or "DEADLINE_EXCEEDED" in reason)
 
@@ -116,11 +134,17 @@ def test_agents_aggregate_through_the_switch(fab):
     job = fab.create(2, pool_size=8)
     agents = open_all(fab, job, 2)
     rng = np.random.default_rng(1)
-    parts = [rng.integers(-2**20, 2**20, 3000).astype(np.int32) for _ in range(2)]
+    parts = [rng.integers(-(2**20), 2**20, 3000).astype(np.int32) for _ in range(2)]
     out: list = [None, None]
     try:
-        threads = [threading.Thread(target=lambda r=r: out.__setitem__(
-            r, agents[r].transport.allreduce(Op.ADD, parts[r]))) for r in range(2)]
+        threads = [
+            threading.Thread(
+                target=lambda r=r: out.__setitem__(
+                    r, agents[r].transport.allreduce(Op.ADD, parts[r])
+                )
+            )
+            for r in range(2)
+        ]
         for t in threads:
             t.start()
         for t in threads:

@@ -13,8 +13,9 @@ from worker.codecs.fixed_point import dense_exponents, headroom_bits, quantize
 
 
 def gradients(rng: np.random.Generator, world: int, n: int) -> list[np.ndarray]:
-    return [(rng.standard_normal(n) * rng.uniform(0.1, 10)).astype(np.float32)
-            for _ in range(world)]
+    return [
+        (rng.standard_normal(n) * rng.uniform(0.1, 10)).astype(np.float32) for _ in range(world)
+    ]
 
 
 def test_top_k_indices():
@@ -53,8 +54,9 @@ def test_leader_rotation_indices_sums_and_memory(world):
         shift = p_bits - exps[idx // block]
         qs = [quantize(p[idx], shift, p_bits) for p in ps]
         expected = np.zeros(n, np.float32)
-        expected[idx] = np.ldexp(np.sum(qs, axis=0, dtype=np.int64).astype(np.float64),
-                                 -shift).astype(np.float32)
+        expected[idx] = np.ldexp(
+            np.sum(qs, axis=0, dtype=np.int64).astype(np.float64), -shift
+        ).astype(np.float32)
         for out in outs:
             assert np.array_equal(out, expected)
             assert np.array_equal(np.flatnonzero(out), np.flatnonzero(expected))

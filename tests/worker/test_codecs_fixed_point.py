@@ -57,8 +57,10 @@ def test_headroom_never_overflows():
 
 def test_exponent_phase_is_the_max_of_block_exponents():
     rng = np.random.default_rng(1)
-    xs = [(rng.standard_normal(1000) * 10.0 ** rng.uniform(-3, 3, 1000)).astype(np.float32)
-          for _ in range(3)]
+    xs = [
+        (rng.standard_normal(1000) * 10.0 ** rng.uniform(-3, 3, 1000)).astype(np.float32)
+        for _ in range(3)
+    ]
     xs[1][:100] = 0  # an all-zero block on one worker only
     log = []
     simulate([FixedPoint(3, block=100) for _ in xs], xs, phases_log=log)
@@ -91,8 +93,12 @@ def test_error_bound_random_and_adversarial(world):
     cases = []
     for _ in range(40):
         n = int(rng.integers(1, 700))
-        cases.append([(rng.standard_normal(n) * 10.0 ** rng.uniform(-6, 6)).astype(np.float32)
-                      for _ in range(world)])
+        cases.append(
+            [
+                (rng.standard_normal(n) * 10.0 ** rng.uniform(-6, 6)).astype(np.float32)
+                for _ in range(world)
+            ]
+        )
     n = 300
     huge = [np.full(n, 1e-3, np.float32) for _ in range(world)]
     huge[0][7] = 3e35  # one huge element dominates its block
@@ -102,8 +108,10 @@ def test_error_bound_random_and_adversarial(world):
     cases.append([np.full(n, -(2.0**20), np.float32) for _ in range(world)])  # powers of two
     tiny = [np.full(n, 1e-45, np.float32) * rng.integers(-9, 9, n) for _ in range(world)]
     cases.append(tiny)  # denormals
-    mixed = [(rng.standard_normal(n) * 10.0 ** rng.uniform(-44, 37, n)).astype(np.float32)
-             for _ in range(world)]
+    mixed = [
+        (rng.standard_normal(n) * 10.0 ** rng.uniform(-44, 37, n)).astype(np.float32)
+        for _ in range(world)
+    ]
     cases.append(mixed)
     for xs in cases:
         for block in (64, 16384):
@@ -196,7 +204,9 @@ def test_corrupted_huge_exponent_is_corrupt_not_non_finite():
 
     xs = [np.ones(50, np.float32) for _ in range(3)]
     for corrupt in (EXP_NONFINITE + 1, 2**31 - 1, 5000):
+
         def tamper(step, phase, combined, corrupt=corrupt):
             return np.full_like(combined, corrupt) if phase.op == Op.MAX else combined
+
         with pytest.raises(CorruptResultError, match="impossible exponents"):
             simulate([FixedPoint(3) for _ in range(3)], xs, tamper=tamper)

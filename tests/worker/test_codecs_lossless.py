@@ -86,14 +86,18 @@ def test_bit_exact_against_dense_fixed_point_sweep():
         dense = simulate([FixedPoint(world, block=exp_block) for _ in xs], xs)[0]
         support = int(rng.choice([1, 1, 1, 5, 16]))
         mode = "ranked" if trial % 5 == 0 else "sketch"
-        codecs = [LosslessSparse(world, support_block=support, exp_block=exp_block, values=mode)
-                  for _ in xs]
+        codecs = [
+            LosslessSparse(world, support_block=support, exp_block=exp_block, values=mode)
+            for _ in xs
+        ]
         for out in simulate(codecs, xs):
             assert_same_bits(out, dense)
         true = np.sum(np.array(xs, np.float64), axis=0)
         scale = np.max(np.abs(np.array(xs)), initial=0.0)
-        assert np.all(np.abs(dense - true) <= world * scale * 2.0 ** (1 - headroom_bits(world))
-                      + np.abs(true) * 2.0**-23)
+        assert np.all(
+            np.abs(dense - true)
+            <= world * scale * 2.0 ** (1 - headroom_bits(world)) + np.abs(true) * 2.0**-23
+        )
         cases += 1
     assert cases == 2000
 
@@ -152,8 +156,9 @@ def test_block_granular_support_row_sparse():
     # a partial last block: n is not a multiple of the support block
     flat = [x.reshape(-1)[:-5] for x in xs]
     dense = simulate([FixedPoint(world) for _ in flat], flat)[0]
-    assert_same_bits(simulate([LosslessSparse(world, support_block=dim) for _ in flat], flat)[0],
-                     dense)
+    assert_same_bits(
+        simulate([LosslessSparse(world, support_block=dim) for _ in flat], flat)[0], dense
+    )
 
 
 def test_sparse_triple_input_matches_dense():
@@ -184,24 +189,32 @@ def test_forced_peeling_failure_is_retried_exactly():
         x[rng.choice(n, 500, replace=False)] = rng.standard_normal(500)
     dense = simulate([FixedPoint(world) for _ in xs], xs)[0]
     # factor 0.4: loads 2.5, 1.67, 1.11 cannot peel (two seeds each); 0.74 (attempt 6) does
-    codecs = [LosslessSparse(world, factor=0.4, margin=0, extra=0, max_attempts=8, values="sketch")
-              for _ in xs]
+    codecs = [
+        LosslessSparse(world, factor=0.4, margin=0, extra=0, max_attempts=8, values="sketch")
+        for _ in xs
+    ]
     log = []
     for out in simulate(codecs, xs, phases_log=log):
         assert_same_bits(out, dense)
     assert all(c.last_attempts == codecs[0].last_attempts >= 7 for c in codecs)
     assert sum(p.op == Op.ADD for p in log) == 1  # retries cost no extra phase
     with pytest.raises(PeelingError):  # every worker gives up identically
-        simulate([LosslessSparse(world, factor=0.4, max_attempts=2, values="sketch") for _ in xs], xs)
+        simulate(
+            [LosslessSparse(world, factor=0.4, max_attempts=2, values="sketch") for _ in xs], xs
+        )
 
 
 def test_peeling_success_threshold():
     rng = np.random.default_rng(8)
     keys = np.sort(rng.choice(10**6, 3000, replace=False))
-    ok_low = sum(plan_peeling(keys, SketchShape(3 * math.ceil(3000 / 0.7 / 3), 1, s)) is not None
-                 for s in range(20))
-    ok_high = sum(plan_peeling(keys, SketchShape(3 * math.ceil(3000 / 0.95 / 3), 1, s)) is not None
-                  for s in range(20))
+    ok_low = sum(
+        plan_peeling(keys, SketchShape(3 * math.ceil(3000 / 0.7 / 3), 1, s)) is not None
+        for s in range(20)
+    )
+    ok_high = sum(
+        plan_peeling(keys, SketchShape(3 * math.ceil(3000 / 0.95 / 3), 1, s)) is not None
+        for s in range(20)
+    )
     assert ok_low == 20 and ok_high == 0
 
 
@@ -223,13 +236,16 @@ def test_corrupted_value_phase_is_detected_never_wrong(mode):
                 combined = combined.copy()
                 combined.view(np.uint32)[position % combined.size] ^= np.uint32(1 << bit)
             return combined
+
         return tamper
 
     detected = 0
     for trial in range(300):
         position, bit = int(rng.integers(1 << 30)), int(rng.integers(32))
         try:
-            out = simulate([LosslessSparse(world, values=mode) for _ in xs], xs, tamper=flip(position, bit))
+            out = simulate(
+                [LosslessSparse(world, values=mode) for _ in xs], xs, tamper=flip(position, bit)
+            )
         except CorruptResultError:
             detected += 1
             continue
@@ -275,12 +291,17 @@ def test_corrupted_bitmap_and_exponents():
 
     # an extra position decodes to an exact zero; a lost one is detected
     for mode in ("sketch", "ranked"):
-        assert_same_bits(simulate([LosslessSparse(world, values=mode) for _ in xs], xs,
-                                  tamper=tamper_or(add_bit))[0], expected)
+        assert_same_bits(
+            simulate(
+                [LosslessSparse(world, values=mode) for _ in xs], xs, tamper=tamper_or(add_bit)
+            )[0],
+            expected,
+        )
         for change in (drop_bit, beyond_end, status_fault):
             with pytest.raises(CorruptResultError):
-                simulate([LosslessSparse(world, values=mode) for _ in xs], xs,
-                         tamper=tamper_or(change))
+                simulate(
+                    [LosslessSparse(world, values=mode) for _ in xs], xs, tamper=tamper_or(change)
+                )
 
     def clear_all(c):
         c[:] = 0
@@ -309,8 +330,10 @@ def test_wrapping_sketch_cells_still_decode():
     shape = SketchShape(sketch_rows(n // 3 + 1, 0), 1, 0)
     keys = np.flatnonzero(xs[0]).astype(np.int64)
     q = np.full(keys.size, 2 ** headroom_bits(world) - 1, np.int32)
-    assert np.any(encode(keys, keys * 0, q, shape) * world != encode(keys, keys * 0, q, shape)
-                  .astype(np.int64) * world)
+    assert np.any(
+        encode(keys, keys * 0, q, shape) * world
+        != encode(keys, keys * 0, q, shape).astype(np.int64) * world
+    )
     dense = simulate([FixedPoint(world) for _ in xs], xs)[0]
     assert_same_bits(simulate([LosslessSparse(world, values="sketch") for _ in xs], xs)[0], dense)
 
@@ -359,12 +382,20 @@ def test_two_level_index_is_exact_and_sends_only_chosen_words(mode):
     assert log[1].cells.size == math.ceil(math.ceil(n / 32) / 32) + 1  # one bit per word + status
     assert log[2].cells.size == words.size
     one = []
-    assert_same_bits(simulate([LosslessSparse(world, values=mode, index_levels=1) for _ in xs], xs,
-                              phases_log=one)[0], dense)
-    assert [p.op for p in one] == [Op.MAX, Op.OR, Op.ADD] and one[1].cells.size == math.ceil(n / 32) + 1
+    assert_same_bits(
+        simulate(
+            [LosslessSparse(world, values=mode, index_levels=1) for _ in xs], xs, phases_log=one
+        )[0],
+        dense,
+    )
+    assert [p.op for p in one] == [Op.MAX, Op.OR, Op.ADD] and one[1].cells.size == math.ceil(
+        n / 32
+    ) + 1
     # all zero: the first level ends the step
     log = []
-    zero = simulate([LosslessSparse(world) for _ in xs], [np.zeros(n, np.float32)] * world, phases_log=log)
+    zero = simulate(
+        [LosslessSparse(world) for _ in xs], [np.zeros(n, np.float32)] * world, phases_log=log
+    )
     assert len(log) == 2 and not np.any(zero[0])
 
 
@@ -383,6 +414,7 @@ def test_two_level_index_corruption_is_detected():
                 if seen["or"] == number:
                     return change(c.copy())
             return c
+
         return tamper
 
     def set_lowest_clear_bit(c, w):
@@ -413,7 +445,8 @@ def test_two_level_index_corruption_is_detected():
         with pytest.raises(CorruptResultError):
             simulate([LosslessSparse(world) for _ in xs], xs, tamper=on_phase(number, change))
     # an extra element in a chosen word decodes to an exact zero
-    assert_same_bits(simulate([LosslessSparse(world) for _ in xs], xs, tamper=on_phase(2, add_bit))[0],
-                     expected)
+    assert_same_bits(
+        simulate([LosslessSparse(world) for _ in xs], xs, tamper=on_phase(2, add_bit))[0], expected
+    )
     with pytest.raises(ValueError, match="index_levels"):
         LosslessSparse(world, index_levels=3)

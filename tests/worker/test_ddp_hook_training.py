@@ -18,7 +18,9 @@ from agent_fabric import Controlled, wait_for
 
 from testnet.namespace import have_privileges
 
-pytestmark = pytest.mark.skipif(not have_privileges(), reason="needs root and iproute2 (network namespaces)")
+pytestmark = pytest.mark.skipif(
+    not have_privileges(), reason="needs root and iproute2 (network namespaces)"
+)
 WORLD = 2
 WORKER = Path(__file__).with_name("ddp_train_worker.py")
 ROOT = Path(__file__).resolve().parents[2]
@@ -27,17 +29,37 @@ ROOT = Path(__file__).resolve().parents[2]
 ATOL, RTOL = 1e-5, 1e-4
 
 
-def launch(c: Controlled, tmp: Path, jobs: list[str], kill_dir: Path | None = None) -> list[subprocess.Popen]:
+def launch(
+    c: Controlled, tmp: Path, jobs: list[str], kill_dir: Path | None = None
+) -> list[subprocess.Popen]:
     env = {**os.environ, "PYTHONPATH": f"{ROOT}:{WORKER.parent}", "GLOO_SOCKET_IFNAME": "lo"}
     procs = []
     for r in range(WORLD):
-        cmd = [sys.executable, str(WORKER), "--rank", str(r), "--world", str(WORLD), "--store", str(tmp / "store"),
-               "--controller", c.address, "--netns", c.fabric.hosts[r].namespace, "--out", str(tmp / f"r{r}.pt")]
+        cmd = [
+            sys.executable,
+            str(WORKER),
+            "--rank",
+            str(r),
+            "--world",
+            str(WORLD),
+            "--store",
+            str(tmp / "store"),
+            "--controller",
+            c.address,
+            "--netns",
+            c.fabric.hosts[r].namespace,
+            "--out",
+            str(tmp / f"r{r}.pt"),
+        ]
         for spec in jobs:
             cmd += ["--job", spec]
         if kill_dir is not None:
             cmd += ["--kill-dir", str(kill_dir)]
-        procs.append(subprocess.Popen(cmd, env=env, stdout=open(tmp / f"r{r}.log", "w"), stderr=subprocess.STDOUT))
+        procs.append(
+            subprocess.Popen(
+                cmd, env=env, stdout=open(tmp / f"r{r}.log", "w"), stderr=subprocess.STDOUT
+            )
+        )
     return procs
 
 
@@ -55,7 +77,10 @@ def finish(procs: list[subprocess.Popen], tmp: Path, timeout: float) -> list[tup
                 p.wait(5)
     logs = "\n".join((tmp / f"r{r}.log").read_text()[-3000:] for r in range(WORLD))
     assert all(p.returncode == 0 for p in procs), f"a rank failed or hung:\n{logs}"
-    return [(torch.load(tmp / f"r{r}.pt"), json.loads((tmp / f"r{r}.pt.json").read_text())) for r in range(WORLD)]
+    return [
+        (torch.load(tmp / f"r{r}.pt"), json.loads((tmp / f"r{r}.pt.json").read_text()))
+        for r in range(WORLD)
+    ]
 
 
 def job_spec(c: Controlled, codec: str, port: int) -> str:
@@ -71,7 +96,9 @@ def assert_same_params(a: dict, b: dict) -> None:
 def test_training_through_the_switch_equals_plain_ddp(tmp_path):
     c = Controlled(tmp_path, WORLD, fabric=True)
     try:
-        procs = launch(c, tmp_path, [job_spec(c, "lossless", 41100), job_spec(c, "fixed_point", 41200)])
+        procs = launch(
+            c, tmp_path, [job_spec(c, "lossless", 41100), job_spec(c, "fixed_point", 41200)]
+        )
         out = finish(procs, tmp_path, 90)
     finally:
         c.close()
@@ -90,8 +117,11 @@ def test_killed_switch_falls_back_to_gloo_and_warns_once(tmp_path):
     try:
         procs = launch(c, tmp_path, [job_spec(c, "lossless", 41300)], kill_dir)
         try:
-            wait_for(lambda: (kill_dir / "kill-me").exists() or any(p.poll() is not None for p in procs), 60,
-                     "the ranks to reach the kill point")
+            wait_for(
+                lambda: (kill_dir / "kill-me").exists() or any(p.poll() is not None for p in procs),
+                60,
+                "the ranks to reach the kill point",
+            )
             c.fabric.switch.proc.kill()  # by PID, mid-training
             c.fabric.switch.proc.wait(5)
         finally:

@@ -17,8 +17,9 @@ from testnet.namespace import have_privileges, in_namespace
 from worker.channel import FaultyChannel, UdpChannel
 from worker.transport import SwitchTransport, TransportConfig, TransportError
 
-pytestmark = pytest.mark.skipif(not have_privileges(),
-                                reason="transport tests need root and iproute2 (network namespaces)")
+pytestmark = pytest.mark.skipif(
+    not have_privileges(), reason="transport tests need root and iproute2 (network namespaces)"
+)
 WORLD = 4
 
 
@@ -47,7 +48,7 @@ def run_workers(transports, work) -> list:
     def target(r):
         try:
             results[r] = work(r, transports[r])
-        except BaseException as exc:  # noqa: BLE001 - reported below
+        except BaseException as exc:
             errors.append(exc)
 
     threads = [threading.Thread(target=target, args=(r,)) for r in range(len(transports))]
@@ -66,8 +67,16 @@ def make_transports(fabric, pool_size=8, faults=None, max_retries=12):
     chans = open_channels(job)
     if faults:
         chans = [FaultyChannel(c, seed=r, **faults) for r, c in enumerate(chans)]
-    cfgs = [TransportConfig(job_id=job.job_id, rank=r, world_size=WORLD, pool_size=pool_size,
-                            max_retries=max_retries) for r in range(WORLD)]
+    cfgs = [
+        TransportConfig(
+            job_id=job.job_id,
+            rank=r,
+            world_size=WORLD,
+            pool_size=pool_size,
+            max_retries=max_retries,
+        )
+        for r in range(WORLD)
+    ]
     return [SwitchTransport(c, ch) for c, ch in zip(cfgs, chans)]
 
 
@@ -80,7 +89,7 @@ def close(transports):
 def test_allreduce_is_exact(fabric, length):
     transports = make_transports(fabric)
     rng = np.random.default_rng(length)
-    parts = [rng.integers(-2**28, 2**28, length).astype(np.int32) for _ in range(WORLD)]
+    parts = [rng.integers(-(2**28), 2**28, length).astype(np.int32) for _ in range(WORLD)]
     try:
         got = run_workers(transports, lambda r, t: t.allreduce(Op.ADD, parts[r]))
     finally:
@@ -97,27 +106,44 @@ def test_many_calls_reuse_the_pool_and_mix_ops(fabric):
     calls = []
     for op in [Op.ADD, Op.OR, Op.MAX] * 5:
         length = int(rng.integers(1, 3000))  # the same on every worker, as codecs guarantee
-        calls.append((op, [rng.integers(-2**20, 2**20, length).astype(np.int32) for _ in range(WORLD)]))
+        calls.append(
+            (op, [rng.integers(-(2**20), 2**20, length).astype(np.int32) for _ in range(WORLD)])
+        )
     try:
-        got = run_workers(transports, lambda r, t: [t.allreduce(op, parts[r]) for op, parts in calls])
+        got = run_workers(
+            transports, lambda r, t: [t.allreduce(op, parts[r]) for op, parts in calls]
+        )
     finally:
         close(transports)
     for i, (op, parts) in enumerate(calls):
-        expected = {Op.ADD: lambda p: np.sum(p, axis=0, dtype=np.int64).astype(np.int32),
-                    Op.OR: np.bitwise_or.reduce, Op.MAX: np.maximum.reduce}[op](parts)
+        expected = {
+            Op.ADD: lambda p: np.sum(p, axis=0, dtype=np.int64).astype(np.int32),
+            Op.OR: np.bitwise_or.reduce,
+            Op.MAX: np.maximum.reduce,
+        }[op](parts)
         for r in range(WORLD):
             np.testing.assert_array_equal(got[r][i], expected)
 
 
-@pytest.mark.parametrize("faults", [{"loss": 0.05}, {"duplicate": 0.1, "reorder": 0.1},
-                                    {"loss": 0.01, "duplicate": 0.05, "reorder": 0.05}],
-                         ids=["loss5", "dup-reorder", "mixed"])
+@pytest.mark.parametrize(
+    "faults",
+    [
+        {"loss": 0.05},
+        {"duplicate": 0.1, "reorder": 0.1},
+        {"loss": 0.01, "duplicate": 0.05, "reorder": 0.05},
+    ],
+    ids=["loss5", "dup-reorder", "mixed"],
+)
 def test_faults_are_survived_exactly(fabric, faults):
     transports = make_transports(fabric, faults=faults)
     rng = np.random.default_rng(11)
-    parts = [rng.integers(-2**28, 2**28, 40 * CELLS_PER_PKT).astype(np.int32) for _ in range(WORLD)]
+    parts = [
+        rng.integers(-(2**28), 2**28, 40 * CELLS_PER_PKT).astype(np.int32) for _ in range(WORLD)
+    ]
     try:
-        got = run_workers(transports, lambda r, t: [t.allreduce(Op.ADD, parts[r]) for _ in range(3)])
+        got = run_workers(
+            transports, lambda r, t: [t.allreduce(Op.ADD, parts[r]) for _ in range(3)]
+        )
     finally:
         close(transports)
     expected = np.sum(parts, axis=0, dtype=np.int64).astype(np.int32)
@@ -147,8 +173,11 @@ def test_codec_through_the_switch_equals_the_simulation(fabric, codec):
     from worker.codecs.lossless import LosslessSparse
     from worker.codecs.simulate import simulate
 
-    make = {"lossless": lambda: LosslessSparse(WORLD), "fixed_point": lambda: FixedPoint(WORLD),
-            "lossless_sketch": lambda: LosslessSparse(WORLD, values="sketch")}[codec]
+    make = {
+        "lossless": lambda: LosslessSparse(WORLD),
+        "fixed_point": lambda: FixedPoint(WORLD),
+        "lossless_sketch": lambda: LosslessSparse(WORLD, values="sketch"),
+    }[codec]
     rng = np.random.default_rng(3)
     xs = []
     for _ in range(WORLD):

@@ -90,9 +90,9 @@ def nonzero_positions(flat: np.ndarray) -> np.ndarray:
     mask = np.empty(_SCAN_CHUNK, dtype=bool)
     parts = []
     for start in range(0, flat.size, _SCAN_CHUNK):
-        seg = flat[start:start + _SCAN_CHUNK]
-        np.not_equal(seg, 0, out=mask[:seg.size])
-        parts.append(np.flatnonzero(mask[:seg.size]) + start)
+        seg = flat[start : start + _SCAN_CHUNK]
+        np.not_equal(seg, 0, out=mask[: seg.size])
+        parts.append(np.flatnonzero(mask[: seg.size]) + start)
     return np.concatenate(parts)
 
 

@@ -11,8 +11,17 @@ import numpy as np
 from aggwire.constants import Op
 
 from .base import CorruptResultError, GradInput, Phase, output_shape, to_dense
-from .fixed_point import (DEFAULT_BLOCK, check_agreed, decode_shifts, dense_exponents, dequantize,
-                          headroom_bits, quantize, raise_on_status, status_cell)
+from .fixed_point import (
+    DEFAULT_BLOCK,
+    check_agreed,
+    decode_shifts,
+    dense_exponents,
+    dequantize,
+    headroom_bits,
+    quantize,
+    raise_on_status,
+    status_cell,
+)
 
 
 def top_k_indices(values: np.ndarray, k: int) -> np.ndarray:
@@ -20,7 +29,7 @@ def top_k_indices(values: np.ndarray, k: int) -> np.ndarray:
     n = values.size
     if k >= n:
         return np.arange(n, dtype=np.int64)
-    return np.sort(np.argpartition(np.abs(values), n - k)[n - k:]).astype(np.int64)
+    return np.sort(np.argpartition(np.abs(values), n - k)[n - k :]).astype(np.int64)
 
 
 class CLTK:
@@ -29,8 +38,15 @@ class CLTK:
     Phases: MAX of [the leader's k sorted indices (others send -1)] + [block exponents of
     memory + gradient]; ADD of the k quantized values at those indices and a status cell."""
 
-    def __init__(self, world: int, rank: int, *, ratio: float = 0.01, beta: float = 0.1,
-                 block: int = DEFAULT_BLOCK):
+    def __init__(
+        self,
+        world: int,
+        rank: int,
+        *,
+        ratio: float = 0.01,
+        beta: float = 0.1,
+        block: int = DEFAULT_BLOCK,
+    ):
         if not 0 <= rank < world:
             raise ValueError(f"rank {rank} outside a world of {world}")
         if not 0 < ratio <= 1 or not 0 <= beta <= 1:

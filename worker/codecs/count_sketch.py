@@ -68,8 +68,8 @@ def hash_keys(keys: np.ndarray, shape: SketchShape) -> np.ndarray:
     codes = np.empty((HASHES, keys.size), dtype=np.int32)
     rows = np.empty((HASHES, min(keys.size, _CHUNK)), dtype=np.uint64)
     for start in range(0, keys.size, _CHUNK):
-        part = keys[start:start + _CHUNK]
-        r = rows[:, :part.size]
+        part = keys[start : start + _CHUNK]
+        r = rows[:, : part.size]
         a = mix64(part, 2 * shape.seed)
         b = mix64(part, 2 * shape.seed + 1)
         np.right_shift(a, hi, out=r[0])
@@ -82,7 +82,7 @@ def hash_keys(keys: np.ndarray, shape: SketchShape) -> np.ndarray:
         r <<= one
         for i in range(HASHES):  # bits 0-2 of b: the signs
             r[i] |= (b >> np.uint64(i)) & one
-        codes[:, start:start + part.size] = r
+        codes[:, start : start + part.size] = r
     return codes
 
 
@@ -198,7 +198,8 @@ def decode(plan: PeelPlan, sums: np.ndarray) -> np.ndarray:
                 np.subtract.at(s, cells.ravel(), (signs[i][:, None] * val).ravel())
     if np.any(s):
         raise CorruptResultError(
-            f"sketch sum is corrupt: {np.count_nonzero(s)} cells left after peeling every key")
+            f"sketch sum is corrupt: {np.count_nonzero(s)} cells left after peeling every key"
+        )
     return values
 
 

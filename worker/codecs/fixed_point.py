@@ -53,7 +53,7 @@ def dense_exponents(flat: np.ndarray, block: int) -> np.ndarray:
         rows = flat[: full * block].reshape(full, block)
         parts.append(np.maximum(rows.max(axis=1), -rows.min(axis=1)))
     if flat.size % block or flat.size == 0:
-        tail = flat[full * block:]
+        tail = flat[full * block :]
         parts.append(np.array([np.abs(tail).max() if tail.size else 0.0], dtype=np.float32))
     return _encode_exponents(np.concatenate(parts))
 
@@ -93,7 +93,8 @@ def raise_on_status(cell: np.integer) -> None:
     """Raise CorruptResultError on every worker if some worker reported a local fault."""
     if cell != 0:
         raise CorruptResultError(
-            "a worker received exponents below its own: the MAX result is corrupt")
+            "a worker received exponents below its own: the MAX result is corrupt"
+        )
 
 
 def _pow2_f32(shift: np.ndarray) -> np.ndarray:
@@ -141,7 +142,7 @@ def _blockwise(fn, flat: np.ndarray, per_block: np.ndarray, block: int) -> np.nd
         rows = flat[: full * block].reshape(full, block)
         parts.append(fn(rows, per_block[:full, None]).reshape(-1))
     if flat.size % block:
-        parts.append(fn(flat[full * block:], per_block[full]))
+        parts.append(fn(flat[full * block :], per_block[full]))
     return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
 
@@ -163,7 +164,7 @@ def pack_lanes(q: np.ndarray, bits: int, p: int) -> np.ndarray:
     lanes = 32 // bits
     u = (q.astype(np.int64) + (1 << p)).astype(np.uint32)
     u = np.concatenate([u, np.full(-u.size % lanes, 1 << p, dtype=np.uint32)])
-    shifts = (bits * np.arange(lanes, dtype=np.uint32))
+    shifts = bits * np.arange(lanes, dtype=np.uint32)
     cells = np.bitwise_or.reduce(u.reshape(-1, lanes) << shifts, axis=1)
     return cells.astype(np.uint32).view(np.int32)
 
@@ -173,7 +174,7 @@ def unpack_lanes(cells: np.ndarray, length: int, bits: int, p: int, world: int) 
     if bits == 32:
         return cells
     lanes = 32 // bits
-    shifts = (bits * np.arange(lanes, dtype=np.uint32))
+    shifts = bits * np.arange(lanes, dtype=np.uint32)
     u = (cells.view(np.uint32)[:, None] >> shifts) & np.uint32((1 << bits) - 1)
     return u.reshape(-1)[:length].astype(np.int64) - world * (1 << p)
 
@@ -215,7 +216,7 @@ class FixedPoint:
             return np.zeros(shape, np.float32), np.zeros(shape, np.float32)
         block = self._block_of(flat.size)
         own = dense_exponents(flat, block)
-        agreed = (yield Phase(Op.MAX, own))
+        agreed = yield Phase(Op.MAX, own)
         ok = check_agreed(agreed, own)
         q = quantize_dense(flat, agreed, block, self.p) if ok else np.zeros(flat.size, np.int32)
         cells = np.concatenate([pack_lanes(q, self.bits, self.p), status_cell(ok)])

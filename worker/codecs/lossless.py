@@ -18,18 +18,39 @@ from aggwire.constants import Op
 
 from . import bitmap
 from .base import CorruptResultError, GradInput, PeelingError, Phase, output_shape, to_sparse
-from .count_sketch import (FINGERPRINT_CELLS, PeelPlan, SketchShape, decode, encode,
-                           fingerprint, plan_peeling)
-from .fixed_point import (DEFAULT_BLOCK, check_agreed, decode_shifts, dequantize, headroom_bits,
-                          quantize, raise_on_status, sparse_exponents)
+from .count_sketch import (
+    FINGERPRINT_CELLS,
+    PeelPlan,
+    SketchShape,
+    decode,
+    encode,
+    fingerprint,
+    plan_peeling,
+)
+from .fixed_point import (
+    DEFAULT_BLOCK,
+    check_agreed,
+    decode_shifts,
+    dequantize,
+    headroom_bits,
+    quantize,
+    raise_on_status,
+    sparse_exponents,
+)
 
 VALUE_MODES = ("sketch", "ranked")
 TWO_LEVEL_MIN_WORDS = 1024  # bitmaps this big (4 packets of 256 cells) go in two levels
 _FAULT, _NONEMPTY = 1, 2  # bits of the OR phase's status word
 
 
-def sketch_rows(keys: int, attempt: int, factor: float = 1.23, margin: float = 1.0,
-                extra: int = 16, growth: float = 1.5) -> int:
+def sketch_rows(
+    keys: int,
+    attempt: int,
+    factor: float = 1.23,
+    margin: float = 1.0,
+    extra: int = 16,
+    growth: float = 1.5,
+) -> int:
     """Rows of attempt `attempt` for `keys` union keys: (factor * keys + margin * sqrt(keys)
     + extra) * growth^(attempt // 2), rounded up to a multiple of 3. The 3-hash peeling
     threshold is keys/rows ~0.818; sqrt(keys) covers its finite-size window, `extra` tiny
@@ -50,10 +71,21 @@ class LosslessSparse:
     and not the page faults of a fresh n-element array (one codec per bucket, as the DDP
     hook does)."""
 
-    def __init__(self, world: int, *, support_block: int = 1, exp_block: int = DEFAULT_BLOCK,
-                 values: str = "ranked", factor: float = 1.23, margin: float = 1.0,
-                 extra: int = 16, growth: float = 1.5, max_attempts: int = 6, seed: int = 0,
-                 index_levels: int | None = None):
+    def __init__(
+        self,
+        world: int,
+        *,
+        support_block: int = 1,
+        exp_block: int = DEFAULT_BLOCK,
+        values: str = "ranked",
+        factor: float = 1.23,
+        margin: float = 1.0,
+        extra: int = 16,
+        growth: float = 1.5,
+        max_attempts: int = 6,
+        seed: int = 0,
+        index_levels: int | None = None,
+    ):
         if values not in VALUE_MODES:
             raise ValueError(f"values must be one of {VALUE_MODES}, not {values!r}")
         if support_block < 1 or exp_block < 1 or max_attempts < 1:
@@ -77,16 +109,19 @@ class LosslessSparse:
         """The first sketch geometry (from shared data only) whose peeling succeeds; the
         same on every worker. Raises PeelingError after max_attempts."""
         for attempt in range(self.max_attempts):
-            rows = sketch_rows(union_keys.size, attempt, self.factor, self.margin, self.extra,
-                               self.growth)
+            rows = sketch_rows(
+                union_keys.size, attempt, self.factor, self.margin, self.extra, self.growth
+            )
             shape = SketchShape(rows, self.support_block, self.seed + attempt)
             plan = plan_peeling(union_keys, shape)
             if plan is not None:
                 self.last_attempts = attempt + 1
                 return plan
-        raise PeelingError(f"the count sketch of {union_keys.size} keys did not peel in "
-                           f"{self.max_attempts} attempts (factor {self.factor}, "
-                           f"growth {self.growth})")
+        raise PeelingError(
+            f"the count sketch of {union_keys.size} keys did not peel in "
+            f"{self.max_attempts} attempts (factor {self.factor}, "
+            f"growth {self.growth})"
+        )
 
     def aggregate(self, x: GradInput) -> Generator[Phase, np.ndarray, np.ndarray]:
         """Sum over workers of x, lossless up to the agreed fixed-point quantization."""
@@ -153,7 +188,9 @@ class LosslessSparse:
             status = int(combined[-1])
             raise_on_status(status & _FAULT)
             return bitmap.unpack(combined[:-1], nkeys), status
-        top = yield Phase(Op.OR, np.r_[bitmap.pack(np.flatnonzero(words), words.size), np.int32(status)])
+        top = yield Phase(
+            Op.OR, np.r_[bitmap.pack(np.flatnonzero(words), words.size), np.int32(status)]
+        )
         status = int(top[-1])
         raise_on_status(status & _FAULT)
         chosen = bitmap.unpack(top[:-1], words.size)
@@ -168,8 +205,15 @@ class LosslessSparse:
         full[chosen] = picked
         return bitmap.unpack(full, nkeys), status
 
-    def _ranked(self, union: np.ndarray, keys: np.ndarray, cols: np.ndarray, q: np.ndarray,
-                elements: np.ndarray, idx: np.ndarray):
+    def _ranked(
+        self,
+        union: np.ndarray,
+        keys: np.ndarray,
+        cols: np.ndarray,
+        q: np.ndarray,
+        elements: np.ndarray,
+        idx: np.ndarray,
+    ):
         d = self.support_block
         ranks = np.minimum(np.searchsorted(union, keys), union.size - 1)
         # A nonzero missing from the union is left out here and caught by the fingerprint
@@ -186,8 +230,15 @@ class LosslessSparse:
             raise CorruptResultError("decoded values do not match the fingerprint")
         return sums
 
-    def _sketched(self, union: np.ndarray, keys: np.ndarray, cols: np.ndarray, q: np.ndarray,
-                  elements: np.ndarray, idx: np.ndarray):
+    def _sketched(
+        self,
+        union: np.ndarray,
+        keys: np.ndarray,
+        cols: np.ndarray,
+        q: np.ndarray,
+        elements: np.ndarray,
+        idx: np.ndarray,
+    ):
         plan = self.plan(union)
         cells = np.concatenate([encode(keys, cols, q, plan.shape), fingerprint(idx, q)])
         summed = yield Phase(Op.ADD, cells)

@@ -40,16 +40,21 @@ def _check_phases(phases: Sequence[Phase], step: int) -> None:
         if phase.op != first.op or phase.cells.size != first.cells.size:
             raise PhaseMismatch(
                 f"step {step}: worker {rank} sent {Op(phase.op).name} x {phase.cells.size}, "
-                f"worker 0 sent {Op(first.op).name} x {first.cells.size}")
+                f"worker 0 sent {Op(first.op).name} x {first.cells.size}"
+            )
 
 
 Tamper = Callable[[int, Phase, np.ndarray], np.ndarray]
 
 
-def simulate(codecs_per_worker: Sequence[Codec], xs: Sequence[GradInput], *,
-             timings: list[list[float]] | None = None,
-             phases_log: list[Phase] | None = None,
-             tamper: Tamper | None = None) -> list[np.ndarray]:
+def simulate(
+    codecs_per_worker: Sequence[Codec],
+    xs: Sequence[GradInput],
+    *,
+    timings: list[list[float]] | None = None,
+    phases_log: list[Phase] | None = None,
+    tamper: Tamper | None = None,
+) -> list[np.ndarray]:
     """Run every worker's `aggregate(x)` in lockstep and return each worker's decoded sum.
 
     `timings`, when given, receives per worker the CPU-side seconds spent in each generator
@@ -63,10 +68,13 @@ def simulate(codecs_per_worker: Sequence[Codec], xs: Sequence[GradInput], *,
     return drive(gens, timings=timings, phases_log=phases_log, tamper=tamper)
 
 
-def drive(gens: Sequence[Generator[Phase, np.ndarray, object]], *,
-          timings: list[list[float]] | None = None,
-          phases_log: list[Phase] | None = None,
-          tamper: Tamper | None = None) -> list:
+def drive(
+    gens: Sequence[Generator[Phase, np.ndarray, object]],
+    *,
+    timings: list[list[float]] | None = None,
+    phases_log: list[Phase] | None = None,
+    tamper: Tamper | None = None,
+) -> list:
     """Drive already created generators in lockstep (see `simulate`); returns their values."""
     steps: list[list[float]] = [[] for _ in gens]
     results: list = [None] * len(gens)
@@ -83,14 +91,15 @@ def drive(gens: Sequence[Generator[Phase, np.ndarray, object]], *,
             except StopIteration as stop:
                 done[rank] = True
                 results[rank] = stop.value
-            except Exception as exc:  # noqa: BLE001 - compared across workers below
+            except Exception as exc:
                 errors[rank] = exc
             steps[rank].append(time.perf_counter() - start)
         if any(e is not None for e in errors):
             if not all(e is not None for e in errors):
                 failed = [r for r, e in enumerate(errors) if e is not None]
                 raise PhaseMismatch(f"step {step}: only workers {failed} failed") from next(
-                    e for e in errors if e is not None)
+                    e for e in errors if e is not None
+                )
             raise errors[0]
         if any(done):
             if not all(done):
