@@ -4,13 +4,13 @@ while the controller runs (leases, whether the entries are on the switch)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 from typing import Any
 
 from controller.aggregation import JobEntries, Worker
 
 
-class JobState(str, Enum):
+class JobState(StrEnum):
     """What a job is doing, as operators and workers see it."""
 
     WAITING = "waiting"  # some ranks have not joined

@@ -145,7 +145,7 @@ class Table:
         if self.kind == "lpm":
             i = self._lpm_field
             for _plen, mask, bucket in self._lpm_levels:
-                entry = bucket.get(key[:i] + (key[i] & mask,) + key[i + 1 :])
+                entry = bucket.get((*key[:i], key[i] & mask, *key[i + 1 :]))
                 if entry is not None:
                     return entry
             return None

@@ -19,7 +19,7 @@ def have_privileges() -> bool:
 
 
 def _which(cmd: str) -> str | None:
-    for d in os.environ.get("PATH", "").split(":") + ["/usr/sbin", "/sbin"]:
+    for d in [*os.environ.get("PATH", "").split(":"), "/usr/sbin", "/sbin"]:
         if d and os.access(os.path.join(d, cmd), os.X_OK):
             return os.path.join(d, cmd)
     return None

@@ -23,7 +23,7 @@ def two(tmp_path: Path, start_controller):
     )
     ctl = start_controller(parse_config(doc, tmp_path))
     readers = []
-    for i, sw in enumerate(switches):
+    for _i, sw in enumerate(switches):
         conn = SwitchConnection(sw.address, election_id=1, timeout=3.0)
         conn.connect(require_primary=False)
         readers.append(conn)
@@ -60,7 +60,7 @@ def test_job_goes_to_the_switch_of_its_workers(two):
 
 
 def test_workers_on_two_switches_are_refused(two):
-    ctl, (r1, r2) = two
+    ctl, (_r1, _r2) = two
     c = ctl.client
     job = c.create_job("split", 2, "dense")
     join(c, job, 0, S1_HOSTS[0])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import random
 
 import pytest
@@ -83,9 +84,9 @@ def test_random_workload_never_overlaps():
             live[base] = size
         used = sorted(live.items())
         assert a.used_ranges() == used
-        assert all(b1 + s1 <= b2 for (b1, s1), (b2, _) in zip(used, used[1:]))
+        assert all(b1 + s1 <= b2 for (b1, s1), (b2, _) in itertools.pairwise(used))
         free = a.free_ranges()
         assert all(
-            f1 + s1 < f2 for (f1, s1), (f2, _) in zip(free, free[1:])
+            f1 + s1 < f2 for (f1, s1), (f2, _) in itertools.pairwise(free)
         )  # coalesced: never adjacent
         assert a.slots_free() + sum(live.values()) == 4096

@@ -299,7 +299,7 @@ def test_undecodable_request_bytes_leave_the_service_up(env: Env, fault_report: 
     channel = grpc.insecure_channel(env.ctl.address)
     before = env.snapshot()
     seen: dict[str, int] = {}
-    for i in range(200):
+    for _i in range(200):
         method = rng.choice(
             ["JoinJob", "WaitReady", "Heartbeat", "LeaveJob", "ListPools"]
         )  # no ReleaseJob: it needs no token by design

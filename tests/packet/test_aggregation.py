@@ -82,7 +82,7 @@ def test_duplicate_before_completion_is_dropped_and_counted(fabric, rng):
     job.send(1, parts[1])
     assert all(not v for v in job.collect(timeout=QUIET).values()), "no result before the last rank"
     job.send(2, parts[2])
-    for r, pkts in job.collect().items():
+    for _r, pkts in job.collect().items():
         np.testing.assert_array_equal(result_cells(pkts[0]), wrapped_sum(parts))
     assert counters.drops() == {DropReason.DUPLICATE: 1}
 

@@ -80,5 +80,5 @@ def test_drops_do_not_disturb_a_round(fabric, job):
         job.hosts[1].raw.send(CASES[case][1](job, random_cells(rng)))
     job.send(1, parts[1], slot=2, chunk=77)
     job.send(2, parts[2], slot=2, chunk=77)
-    for r, pkts in job.collect().items():
+    for _r, pkts in job.collect().items():
         np.testing.assert_array_equal(result_cells(pkts[0]), wrapped_sum(parts))

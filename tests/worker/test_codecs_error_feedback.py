@@ -53,7 +53,7 @@ def test_error_feedback_around_cltk():
     codecs = [ErrorFeedback(CLTK(world, r, ratio=0.02), gamma=1.0) for r in range(world)]
     g = [(rng.standard_normal(n)).astype(np.float32) for _ in range(world)]
     total = np.zeros(n)
-    for step in range(200):
+    for _step in range(200):
         total += simulate(codecs, g)[0]
     expected = 200 * np.sum(g, axis=0, dtype=np.float64)
     residual = np.sum([c.residual for c in codecs], axis=0, dtype=np.float64)

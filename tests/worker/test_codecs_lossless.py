@@ -240,7 +240,7 @@ def test_corrupted_value_phase_is_detected_never_wrong(mode):
         return tamper
 
     detected = 0
-    for trial in range(300):
+    for _trial in range(300):
         position, bit = int(rng.integers(1 << 30)), int(rng.integers(32))
         try:
             out = simulate(
