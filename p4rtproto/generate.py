@@ -83,6 +83,7 @@ def main() -> int:
             [
                 f"--descriptor_set_in={set_path}",
                 f"--python_out={root}",
+                f"--pyi_out={root}",
                 f"--grpc_python_out={root}",
                 *names,
             ]
