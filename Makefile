@@ -7,6 +7,9 @@ PY := $(VENV)/bin/python
 CELLS ?= 256
 P4C ?= p4c
 P4_BUILD ?= p4src/build
+BF_P4C ?= bf-p4c
+TNA_CELLS ?= 32
+TOFINO_BUILD ?= p4src/tofino/build
 PYTEST_ARGS ?=
 RUN_ARGS ?=
 # make run options (empty: the defaults of `python -m run --help`)
@@ -22,7 +25,7 @@ RUN_OPTS := $(if $(HOSTS),--hosts $(HOSTS)) $(if $(MODEL),--model $(MODEL)) $(if
 # Debian packages make run needs: Mininet (no Open vSwitch: our own switch class), venv, tc, ifconfig
 RUN_DEBS := mininet python3-venv iproute2 net-tools
 
-.PHONY: help venv test run run-deps demo bench stop p4 clean
+.PHONY: help venv test run run-deps demo bench stop p4 p4-tofino clean
 
 help:  ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -73,6 +76,14 @@ $(P4_BUILD)/homagg.json: $(wildcard p4src/*.p4 p4src/include/*.p4)
 	$(SYSTEM_PYTHON) -c 'import json, sys; p = sys.argv[1]; d = json.load(open(p)); \
 	  open(p, "w").write(json.dumps(d, separators=(",", ":")) + "\n")' $(P4_BUILD)/homagg.json
 	rm -f $(P4_BUILD)/homagg.p4i
+
+p4-tofino:  ## compile the TNA program (needs bf-p4c): P4Info and resource summary in p4src/tofino/build
+	rm -rf $(TOFINO_BUILD)/out && mkdir -p $(TOFINO_BUILD)
+	$(BF_P4C) --target tofino --arch tna -g --verbose 2 -DTNA_CELLS=$(TNA_CELLS) \
+	  --p4runtime-files $(TOFINO_BUILD)/homagg_tna.p4info.txtpb -o $(TOFINO_BUILD)/out \
+	  p4src/tofino/homagg_tna.p4
+	$(SYSTEM_PYTHON) p4src/tofino/resources.py $(TOFINO_BUILD)/out > $(TOFINO_BUILD)/resources.txt
+	rm -rf $(TOFINO_BUILD)/out
 
 clean:  ## remove the virtual environment and caches
 	rm -rf $(VENV) p4rtproto/gen controller/api/*_pb2.py controller/api/*_pb2_grpc.py .pytest_cache

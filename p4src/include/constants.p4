@@ -92,6 +92,7 @@ const bit<8> VERDICT_STALE     = 5;  /* an older round of the same job: drop */
 #define SLOT_STATE_COUNT 15:8
 #define SLOT_STATE_EXP   7:0
 
+#ifndef HOMAGG_TNA
 /* FOR_EACH_GROUP(M) expands M(i) for every 8-lane group of the cells. */
 #define GROUPS_0_7(M) M(0) M(1) M(2) M(3) M(4) M(5) M(6) M(7)
 #define GROUPS_8_15(M) M(8) M(9) M(10) M(11) M(12) M(13) M(14) M(15)
@@ -106,5 +107,7 @@ const bit<8> VERDICT_STALE     = 5;  /* an older round of the same job: drop */
 #else
 #error "CELLS_PER_PKT must be 64, 128 or 256"
 #endif
+
+#endif  /* HOMAGG_TNA */
 
 #endif
