@@ -169,15 +169,13 @@ class _Entities(Generic[T]):
         self.by_id: dict[int, T] = {i.id: i for i in items}
         self.by_name: dict[str, T] = {i.name: i for i in items}
         self._by_alias: dict[str, T] = {i.alias: i for i in items if i.alias}
-        self._by_suffix = _unique_suffixes(items)
+        self._by_suffix: dict[str, T] = _unique_suffixes(items)
 
     def get(self, key: str | int) -> T:
         if isinstance(key, int):
             found = self.by_id.get(key)
         else:
-            found = (
-                self.by_name.get(key) or self._by_alias.get(key) or self._by_suffix.get(key)
-            )
+            found = self.by_name.get(key) or self._by_alias.get(key) or self._by_suffix.get(key)
         if found is None:
             raise P4InfoLookupError(self.kind, key, list(self.by_name))
         return found

@@ -87,7 +87,8 @@ def drive(
         for rank, gen in enumerate(gens):
             start = time.perf_counter()
             try:
-                phases[rank] = next(gen) if sends[rank] is None else gen.send(sends[rank])
+                send = sends[rank]
+                phases[rank] = next(gen) if send is None else gen.send(send)
             except StopIteration as stop:
                 done[rank] = True
                 results[rank] = stop.value
@@ -100,7 +101,9 @@ def drive(
                 raise PhaseMismatch(f"step {step}: only workers {failed} failed") from next(
                     e for e in errors if e is not None
                 )
-            raise errors[0]
+            first = errors[0]
+            assert first is not None
+            raise first
         if any(done):
             if not all(done):
                 raise PhaseMismatch(f"step {step}: some workers finished, others sent a phase")
