@@ -42,11 +42,13 @@ class InstallError(SwitchError):
 @dataclass(frozen=True)
 class Reconciled:
     """What a reconciliation wrote: table entries installed, modified and removed (multicast
-    groups are written too but not counted)."""
+    groups are written too but not counted), and the ids of the stale groups it removed (a
+    group's id is its job's id: jobs the switch held that the controller does not know)."""
 
     installed: int
     modified: int
     removed: int
+    stale_job_ids: tuple[int, ...] = ()
 
 
 def job_specs(job: JobEntries) -> list[Spec]:
@@ -157,4 +159,5 @@ def reconcile(
     def entries(specs: list[Spec]) -> int:
         return sum(isinstance(s, EntrySpec) for s in specs)
 
-    return Reconciled(entries(missing), entries(changed), entries(stale))
+    stale_ids = tuple(sorted(s.group_id for s in stale if isinstance(s, GroupSpec)))
+    return Reconciled(entries(missing), entries(changed), entries(stale), stale_ids)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from aggwire.constants import AGG_UDP_PORT, CELLS_PER_PKT, MAX_JOB_ID
@@ -59,6 +59,9 @@ class JobManager:
         }
         self.jobs: dict[int, Job] = {}
         self.started = wall()
+        # After --fresh-database no job is created before every switch was read back: its
+        # job ids must not come back (Store.raise_next_job_id).
+        self.unread = set(self.switches) if store.set_aside is not None else set()
         self._stop = threading.Event()
         self._reaper: threading.Thread | None = None
         self._restore()
@@ -117,7 +120,13 @@ class JobManager:
         for job in self.jobs.values():
             if job.switch == switch and job.complete:
                 job.installed = True
+        self.unread.discard(switch)
         self.changed.notify_all()
+
+    def job_ids_held(self, switch: str, job_ids: Sequence[int]) -> None:
+        """The switch held entries of these unknown jobs: never hand their ids out again soon."""
+        log.warning("switch %s held entries of unknown job(s) %s: removed", switch, list(job_ids))
+        self.store.raise_next_job_id(job_ids)
 
     def switch_lost(self, switch: str) -> None:
         """The session ended: whether the entries survive is checked on reconnection."""
@@ -139,6 +148,11 @@ class JobManager:
         if switch and switch not in self.switches:
             raise InvalidArgument(
                 f"switch: no switch {switch!r} (configured: {', '.join(self.switches)})"
+            )
+        if self.unread:
+            raise Unavailable(
+                f"the database was started fresh: no job is created before switch(es) "
+                f"{', '.join(sorted(self.unread))} were read back; retry in a moment"
             )
         token, token_hash = check.new_token()
         job = Job(0, name, token_hash, world_size, codec, pool_size, self.wall())

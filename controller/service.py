@@ -237,9 +237,11 @@ class ControllerService(jobs_pb2_grpc.ControllerServicer):
 class ControllerServer:
     """The controller: its JobManager (switch supervisors, leases) served over gRPC."""
 
-    def __init__(self, config: ControllerConfig, **manager_options: Any) -> None:
+    def __init__(
+        self, config: ControllerConfig, fresh_database: bool = False, **manager_options: Any
+    ) -> None:
         self.config = config
-        self.store = Store(config.database)
+        self.store = Store(config.database, fresh=fresh_database)
         try:
             self.manager = JobManager(config, self.store, **manager_options)
         except BaseException:

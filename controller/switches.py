@@ -49,6 +49,8 @@ class SwitchListener(Protocol):
 
     def switch_lost(self, switch: str) -> None: ...
 
+    def job_ids_held(self, switch: str, job_ids: Sequence[int]) -> None: ...
+
 
 def _same_program(a: P4InfoIndex, b: P4InfoIndex) -> bool:
     """True when two P4Infos describe the same program (pkg_info, e.g. build notes, ignored)."""
@@ -206,6 +208,8 @@ class ManagedSwitch:
             *(s for job in jobs for s in job_specs(job)),
         ]
         done = reconcile(conn, desired, read_back=not pushed)
+        if done.stale_job_ids:
+            self.listener.job_ids_held(self.name, done.stale_job_ids)
         summary = (
             f"pipeline {'pushed' if pushed else 'kept'}, {done.installed} entries "
             f"installed, {done.modified} modified, {done.removed} removed, {len(jobs)} jobs"
