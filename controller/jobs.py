@@ -285,6 +285,11 @@ class JobManager:
                     )
                 self.changed.wait(min(remaining, self.config.lease / 4))
 
+    def wake(self) -> None:
+        """Wake every waiting WaitReady (one was superseded or its client went away)."""
+        with self.lock:
+            self.changed.notify_all()
+
     def heartbeat(self, job_id: int, token: str, rank: int) -> JobState:
         """Renew the rank's lease; returns the job's state."""
         with self.lock:
