@@ -29,14 +29,15 @@ def test_limiter_supersedes_per_rank_and_bounds_clients_and_total():
     with lim.admit(1, 0, "a") as first, lim.admit(1, 0, "a") as second:
         # the same rank again: the older call is superseded (and woken), no extra room needed
         assert first.superseded and not second.superseded and woken == [1]
-        with lim.admit(1, 1, "a"), lim.admit(2, 0, "b"):
+        with lim.admit(1, 1, "a"):
             with pytest.raises(ResourceExhausted, match="wait_ready_per_client"):  # noqa: SIM117
                 with lim.admit(1, 2, "a"):
                     pass
-            assert lim.parked == 4  # the superseded one still holds its thread
-            with pytest.raises(ResourceExhausted, match="wait_ready_limit"):  # noqa: SIM117
-                with lim.admit(2, 1, "b"):
-                    pass
+            with lim.admit(2, 0, "b"):
+                assert lim.parked == 4  # the superseded one still holds its thread
+                with pytest.raises(ResourceExhausted, match="wait_ready_limit"):  # noqa: SIM117
+                    with lim.admit(2, 1, "b"):
+                        pass
     assert lim.parked == 0 and lim.refused == 2 and lim.superseded == 1
     with lim.admit(1, 0, "a") as again:  # the rank's slot was freed
         assert not again.superseded
