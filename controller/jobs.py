@@ -336,7 +336,7 @@ class JobManager:
                 if ended is None:
                     raise NotFound(f"no job {job_id}")
                 raise FailedPrecondition(f"job {job_id} has already ended: {ended.end_reason}")
-            self._end(job, "released by the operator")
+            self._end(job, "released by the operator", strict=True)
             return job
 
     def list_jobs(self, include_ended: bool = False) -> list[Job]:
@@ -458,10 +458,12 @@ class JobManager:
         )
         self.changed.notify_all()
 
-    def _end(self, job: Job, reason: str) -> None:
-        """Remove the job's entries, free its pool and record why it ended."""
+    def _end(self, job: Job, reason: str, strict: bool = False) -> None:
+        """Remove the job's entries, free its pool and record why it ended. strict: the
+        entries must be gone from the switch now, else Unavailable and the job keeps running
+        (a release must not report success while the switch still holds the job)."""
         if job.switch is not None and job.complete:
-            self.switches[job.switch].remove(job.entries())
+            self.switches[job.switch].remove(job.entries(), strict=strict)
         if job.switch is not None and job.pool_base is not None:
             self.switches[job.switch].pools.release(job.pool_base)
         job.ended, job.end_reason, job.installed = self.wall(), reason, False

@@ -220,6 +220,7 @@ class ControllerService(jobs_pb2_grpc.ControllerServicer):
                     hosts=s.hosts,
                     mac=s.mac,
                     service_ip=s.service_ip,
+                    role=s.role,
                 )
                 for s in st.switches
             ],
