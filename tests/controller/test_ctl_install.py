@@ -82,6 +82,7 @@ class ScriptedSwitch:
         self.log: list[tuple[int, list[str]]] = []  # per write: (update type, kinds written)
         self.link_down_on_write = link_down_on_write
         self.is_connected = True
+        self.is_primary, self.primary_losses = True, 0
 
     def batch(self) -> WriteBatch:
         return WriteBatch(P4INFO)
@@ -147,6 +148,9 @@ class Listener:
     def switch_lost(self, switch):
         pass
 
+    def job_ids_held(self, switch, job_ids):
+        pass
+
 
 def managed(conn: ScriptedSwitch) -> ManagedSwitch:
     sw = ManagedSwitch(
@@ -155,6 +159,7 @@ def managed(conn: ScriptedSwitch) -> ManagedSwitch:
         Listener(),
     )
     sw.conn = conn  # type: ignore[assignment]
+    sw.synced = True  # as after the supervisor's reconciliation
     return sw
 
 
