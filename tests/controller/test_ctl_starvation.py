@@ -88,6 +88,7 @@ def test_140_parked_wait_ready_do_not_end_another_job(refswitch, tmp_path, start
         assert status.switches[0].connected
         lat.sort()
         p99 = lat[min(len(lat) - 1, int(len(lat) * 0.99))]
+        print(f"140 parked WaitReady: heartbeat p99 {p99 * 1e3:.1f} ms, max {lat[-1] * 1e3:.1f} ms")
         assert p99 < 1.0, f"heartbeat p99 {p99:.3f} s"
         [job] = [j for j in c.list_jobs().jobs if j.job_id == victim.job_id]
         assert job.state == "ready"
