@@ -23,7 +23,6 @@ Behaviour worth knowing (PI's, unless marked "ours"):
 
 from __future__ import annotations
 
-import collections
 import functools
 import logging
 import queue
@@ -33,26 +32,19 @@ from concurrent import futures
 from typing import Any
 
 import grpc
-from google.protobuf import any_pb2
 from google.rpc import code_pb2, status_pb2
 
 from p4rtproto.api import GRPC_OPTIONS, p4info_pb2, p4runtime_pb2, p4runtime_pb2_grpc
 from p4rtproto.p4info import P4InfoIndex
 from refswitch.device import Device, DeviceError
 from refswitch.p4runtime_read import read_entities
-from refswitch.p4runtime_write import apply_write
+from refswitch.p4runtime_write import apply_write, write_failure_status
 
 log = logging.getLogger(__name__)
 
 API_VERSION = "1.3.0"  # what PI's server reports
 MAX_CONNECTIONS = 16
 READ_CHUNK = 1000  # entities per ReadResponse
-ERROR_SPACE = "ALL-sswitch-p4org"
-# A failing Write's per-update errors travel in a trailer (grpc-status-details-bin); clients
-# refuse metadata over their limit (gRPC's default: 16 KiB; ours: p4rtproto GRPC_OPTIONS).
-MAX_ERROR_DETAILS_BYTES = 64 << 10
-MAX_ERROR_MESSAGE = 200  # characters of one update's error message
-SUMMARY_FAILURES = 5  # failures named in the message when the details are left out
 ConfigValidator = Callable[[p4info_pb2.P4Info, bytes], None]
 SetAction = p4runtime_pb2.SetForwardingPipelineConfigRequest
 GetType = p4runtime_pb2.GetForwardingPipelineConfigRequest
@@ -66,42 +58,6 @@ class RpcFailure(Exception):
     ) -> None:
         super().__init__(message)
         self.code, self.message, self.details = code, message, details
-
-
-def write_failure_status(results: list[tuple[int, str]]) -> status_pb2.Status:
-    """The status of a Write with failed updates: one p4.v1.Error per update, in order, as PI
-    sends. Beyond MAX_ERROR_DETAILS_BYTES (large failing batches) the per-update errors are
-    left out and the message summarizes them (count per code, the first failures), so the
-    trailer stays within what clients accept instead of ending the call ("Stream removed")."""
-    failed = [(i, code, msg) for i, (code, msg) in enumerate(results) if code != code_pb2.OK]
-    status = status_pb2.Status(
-        code=code_pb2.UNKNOWN, message=f"{len(failed)} of {len(results)} updates failed"
-    )
-    size = 0
-    for code, message in results:
-        err = p4runtime_pb2.Error(canonical_code=code, message=message[:MAX_ERROR_MESSAGE])
-        if code != code_pb2.OK:
-            err.space = ERROR_SPACE
-        packed = any_pb2.Any()
-        packed.Pack(err)
-        size += packed.ByteSize() + 4  # field tag and length
-        if size > MAX_ERROR_DETAILS_BYTES:
-            break
-        status.details.append(packed)
-    else:
-        return status
-    by_code = collections.Counter(code_pb2.Code.Name(code) for _, code, _ in failed)
-    first = "; ".join(
-        f"#{i} {code_pb2.Code.Name(code)}: {msg[:MAX_ERROR_MESSAGE]}"
-        for i, code, msg in failed[:SUMMARY_FAILURES]
-    )
-    del status.details[:]
-    status.message += (
-        f" (per-update errors left out: more than {MAX_ERROR_DETAILS_BYTES} bytes); by code: "
-        + ", ".join(f"{name} {n}" for name, n in by_code.most_common())
-        + f"; first: {first}"
-    )
-    return status
 
 
 def _grpc_code(code: int) -> grpc.StatusCode:

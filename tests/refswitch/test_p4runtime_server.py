@@ -13,7 +13,7 @@ from google.rpc import code_pb2, status_pb2
 
 from p4rtproto.api import GRPC_OPTIONS, p4info_pb2, p4runtime_pb2, p4runtime_pb2_grpc
 from p4rtproto.p4info import P4InfoIndex
-from refswitch import p4runtime_server
+from refswitch import p4runtime_server, p4runtime_write
 from refswitch.device import Device
 from refswitch.p4runtime_server import P4RuntimeServer
 
@@ -620,7 +620,7 @@ def test_failing_batch_errors_fit_the_client_metadata_limit(
         exc = rpc_error(write, ours, *_missing_arp_deletes(test_p4info, 3000))
         assert exc.code() == grpc.StatusCode.UNKNOWN
         trailer = dict(exc.trailing_metadata())["grpc-status-details-bin"]
-        assert len(trailer) <= p4runtime_server.MAX_ERROR_DETAILS_BYTES
+        assert len(trailer) <= p4runtime_write.MAX_ERROR_DETAILS_BYTES
         status = status_pb2.Status.FromString(trailer)
         assert not status.details
         assert status.message.startswith("3000 of 3000 updates failed")
@@ -632,11 +632,11 @@ def test_failing_batch_errors_fit_the_client_metadata_limit(
 
 def test_write_failure_status_bounds() -> None:
     ok, bad = code_pb2.OK, code_pb2.ALREADY_EXISTS
-    small = p4runtime_server.write_failure_status([(ok, ""), (bad, "x" * 1000)])
+    small = p4runtime_write.write_failure_status([(ok, ""), (bad, "x" * 1000)])
     errors = [p4runtime_pb2.Error() for _ in small.details]
     assert all(d.Unpack(e) for d, e in zip(small.details, errors, strict=True))
     assert [e.canonical_code for e in errors] == [ok, bad]
-    assert len(errors[1].message) == p4runtime_server.MAX_ERROR_MESSAGE
-    big = p4runtime_server.write_failure_status([(bad, "dup")] * 100_000)
+    assert len(errors[1].message) == p4runtime_write.MAX_ERROR_MESSAGE
+    big = p4runtime_write.write_failure_status([(bad, "dup")] * 100_000)
     assert not big.details and big.ByteSize() < 2000
     assert "ALREADY_EXISTS 100000" in big.message
