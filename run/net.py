@@ -58,8 +58,7 @@ class P4Switch(Switch):
     def start(self, controllers: list[Any]) -> None:
         """Start the switch process on every data interface (port = Mininet's port number)."""
         ports = {self.ports[i]: i.name for i in self.intfList() if i.name != "lo"}
-        for iface in ports.values():
-            disable_offloads(iface)
+        for iface in ports.values():  # SwitchProcess turns their offloads off
             Path(f"/proc/sys/net/ipv6/conf/{iface}/disable_ipv6").write_text("1")
         self.process = SwitchProcess(self.target, ports, self.log_path)
 
