@@ -299,23 +299,24 @@ def run(args: argparse.Namespace) -> int:
     )
     state = RunState.claim()
     names = state.names
-    controller = f"{names.controller_ip}:{CONTROLLER_PORT}"
-    if args.out is None:
-        args.out = names.directory / "out"
-    args.out.mkdir(parents=True, exist_ok=True)
-    for old in args.out.glob("*"):
-        if old.is_file():
-            old.unlink()
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(sig, _interrupt)
     net, ctl = None, None
-    bw = f"{topo.bw_mbit:g} Mbit/s (htb)" if topo.bw_mbit else "unshaped"
-    print(
-        f"make run: run {names.number} (stop it with `make stop RUN={names.number}`), "
-        f"{topo.hosts} hosts, switch {target}, model {args.model}, codec {args.codec}, links {bw}, {args.steps} steps",
-        flush=True,
-    )
-    try:
+    try:  # the claimed number is released in finally, whatever fails
+        controller = f"{names.controller_ip}:{CONTROLLER_PORT}"
+        if args.out is None:
+            args.out = names.directory / "out"
+        args.out.mkdir(parents=True, exist_ok=True)
+        for old in args.out.glob("*"):
+            if old.is_file():
+                old.unlink()
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(sig, _interrupt)
+        bw = f"{topo.bw_mbit:g} Mbit/s (htb)" if topo.bw_mbit else "unshaped"
+        print(
+            f"make run: run {names.number} (stop it with `make stop RUN={names.number}`), "
+            f"{topo.hosts} hosts, switch {target}, model {args.model}, codec {args.codec}, "
+            f"links {bw}, {args.steps} steps",
+            flush=True,
+        )
         net = build(topo, target, args.out, names)
         for h in net.hosts:
             if h.inNamespace:

@@ -10,7 +10,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from test_make_run import _mininet_reason  # tests/run is on sys.path (rootdir-less)
 
 ROOT = Path(__file__).resolve().parents[2]
