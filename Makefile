@@ -63,8 +63,9 @@ bench: venv  ## benchmarks (needs root, ~10 min on 2 cores): switch rate, codecs
 	echo "== training iteration time (bench.training)"; $(PY) -m bench.training; \
 	echo; $(PY) -m bench.summary $$(( $$(date +%s) - start ))
 
-stop:  ## remove namespaces, links and processes that an interrupted run left behind (by names and PIDs we own)
-	$(PY) -m run.stop
+RUN ?=
+stop:  ## stop run RUN= (number `make run` printed; default: all of this user's runs) and remove what it made
+	$(PY) -m run.stop $(RUN)
 
 p4: $(P4_BUILD)/homagg.json  ## compile the P4 program (needs p4c) into the committed artifacts
 

@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING, Any
 
 from controller.config import DEFAULT_PORT
 from run.model import DEFAULT_LR, MODELS
-from run.state import STATE_DIR, RunState, netns_id, pids_in_netns
+from run.names import RunNames
+from run.state import RunState, netns_id, pids_in_netns
 from testnet.switch_process import bmv2_available
 
 if TYPE_CHECKING:
@@ -96,19 +97,25 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--timeout", type=float, default=900, help="seconds per training run (default 900)"
     )
-    p.add_argument("--out", type=Path, default=STATE_DIR / "out", help="logs, results and the plot")
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="logs, results and the plot (default: the run's directory/out, printed at start)",
+    )
     return p
 
 
-def _controller_toml(switch_address: str, hosts: list[tuple[str, str, int]], out: Path) -> str:
-    from run.net import CONTROLLER_IP
+def _controller_toml(
+    switch_address: str, hosts: list[tuple[str, str, int]], out: Path, names: RunNames
+) -> str:
     from testnet.controller_process import config_toml
-    from testnet.fabric import SERVICE_IP, SWITCH_MAC
+    from testnet.fabric import SWITCH_MAC
 
     return config_toml(
         {
             "controller": {
-                "listen": f"{CONTROLLER_IP}:{CONTROLLER_PORT}",
+                "listen": f"{names.controller_ip}:{CONTROLLER_PORT}",
                 "database": str(out / "controller.db"),
                 "heartbeat_interval": 1.0,
                 "lease": 10.0,
@@ -119,7 +126,7 @@ def _controller_toml(switch_address: str, hosts: list[tuple[str, str, int]], out
                     "name": "s1",
                     "address": switch_address,
                     "mac": SWITCH_MAC,
-                    "service_ip": SERVICE_IP,
+                    "service_ip": names.service_ip,
                     "hosts": [
                         {"ip": ip, "mac": mac, "switch_port": port} for ip, mac, port in hosts
                     ],
@@ -130,16 +137,18 @@ def _controller_toml(switch_address: str, hosts: list[tuple[str, str, int]], out
 
 
 def _start_controller(net: Mininet, topo: Topology, out: Path, state: RunState) -> subprocess.Popen:
-    """Start `aggctl serve` on the controller's host (root namespace) and wait until it has synced the switch."""
+    """Start `aggctl serve` on the controller's host (root namespace) and wait until it has
+    synced the switch."""
     from controller.client import ControllerClient
-    from run.net import CONTROLLER_IP, host_mac
+    from run.net import host_mac
 
+    names = state.names
     sw = net.switches[0]
-    c = net.get("hgc0")
-    hosts = [(f"10.0.0.{i + 1}", host_mac(i), i + 1) for i in range(topo.hosts)]
-    hosts.append((CONTROLLER_IP, c.defaultIntf().MAC(), topo.hosts + 1))
+    c = net.get(names.controller_host)
+    hosts = [(names.host_ip(i), host_mac(i), i + 1) for i in range(topo.hosts)]
+    hosts.append((names.controller_ip, c.defaultIntf().MAC(), topo.hosts + 1))
     cfg = out / "controller.toml"
-    cfg.write_text(_controller_toml(sw.process.address, hosts, out))
+    cfg.write_text(_controller_toml(sw.process.address, hosts, out, names))
     (out / "controller.db").unlink(missing_ok=True)
     log = open(out / "controller.log", "wb")
     proc = subprocess.Popen(
@@ -151,7 +160,7 @@ def _start_controller(net: Mininet, topo: Topology, out: Path, state: RunState) 
         env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
     state.add("pgids", proc.pid)
-    with ControllerClient(f"{CONTROLLER_IP}:{CONTROLLER_PORT}", timeout=2.0) as client:
+    with ControllerClient(f"{names.controller_ip}:{CONTROLLER_PORT}", timeout=2.0) as client:
         deadline = time.monotonic() + 30
         while True:
             try:
@@ -171,8 +180,7 @@ def _run_job(
     mode: str, net: Mininet, args: argparse.Namespace, job: Any | None, state: RunState, port: int
 ) -> None:
     """One torchrun per host (rank = host index), rank 0's output streamed here."""
-    from run.net import CONTROLLER_IP
-
+    names = state.names
     hosts = [h for h in net.hosts if h.inNamespace]
     procs, logs = [], []
     for i, h in enumerate(hosts):
@@ -188,7 +196,7 @@ def _run_job(
             "--node-rank",
             str(i),
             "--master-addr",
-            "10.0.0.1",
+            names.host_ip(0),
             "--master-port",
             str(port),
             "-m",
@@ -210,7 +218,7 @@ def _run_job(
             "--lr",
             str(args.lr),
             "--ip",
-            f"10.0.0.{i + 1}",
+            names.host_ip(i),
             "--iface",
             iface,
             "--switch-port",
@@ -221,7 +229,7 @@ def _run_job(
         if job is not None:
             cmd += [
                 "--controller",
-                f"{CONTROLLER_IP}:{CONTROLLER_PORT}",
+                f"{names.controller_ip}:{CONTROLLER_PORT}",
                 "--job-id",
                 str(job.job_id),
                 "--token",
@@ -279,7 +287,7 @@ def run(args: argparse.Namespace) -> int:
     """Build, train twice, report, and tear everything down (also on errors and Ctrl-C)."""
     from controller.client import ControllerClient
     from run import report
-    from run.net import CONTROLLER_IP, Topology, build, prepare_hosts
+    from run.net import Topology, build, prepare_hosts
 
     if args.lr is None:
         args.lr = DEFAULT_LR[args.model]
@@ -289,21 +297,27 @@ def run(args: argparse.Namespace) -> int:
         if args.topo
         else Topology(hosts=args.hosts or 4, bw_mbit=args.bw or 0.0)
     )
-    args.out.mkdir(parents=True, exist_ok=True)
-    for old in args.out.glob("*"):
-        if old.is_file():
-            old.unlink()
-    state = RunState()
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(sig, _interrupt)
+    state = RunState.claim()
+    names = state.names
     net, ctl = None, None
-    bw = f"{topo.bw_mbit:g} Mbit/s (htb)" if topo.bw_mbit else "unshaped"
-    print(
-        f"make run: {topo.hosts} hosts, switch {target}, model {args.model}, codec {args.codec}, links {bw}, {args.steps} steps",
-        flush=True,
-    )
-    try:
-        net = build(topo, target, args.out)
+    try:  # the claimed number is released in finally, whatever fails
+        controller = f"{names.controller_ip}:{CONTROLLER_PORT}"
+        if args.out is None:
+            args.out = names.directory / "out"
+        args.out.mkdir(parents=True, exist_ok=True)
+        for old in args.out.glob("*"):
+            if old.is_file():
+                old.unlink()
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(sig, _interrupt)
+        bw = f"{topo.bw_mbit:g} Mbit/s (htb)" if topo.bw_mbit else "unshaped"
+        print(
+            f"make run: run {names.number} (stop it with `make stop RUN={names.number}`), "
+            f"{topo.hosts} hosts, switch {target}, model {args.model}, codec {args.codec}, "
+            f"links {bw}, {args.steps} steps",
+            flush=True,
+        )
+        net = build(topo, target, args.out, names)
         for h in net.hosts:
             if h.inNamespace:
                 state.add("netns", netns_id(h.pid))
@@ -313,11 +327,11 @@ def run(args: argparse.Namespace) -> int:
         prepare_hosts(net, PY)
         ctl = _start_controller(net, topo, args.out, state)
         print(
-            f"controller on {CONTROLLER_IP}:{CONTROLLER_PORT} (host hgc0), switch P4Runtime on "
+            f"controller on {controller} (host {names.controller_host}), switch P4Runtime on "
             f"{net.switches[0].process.address}; logs in {args.out}",
             flush=True,
         )
-        with ControllerClient(f"{CONTROLLER_IP}:{CONTROLLER_PORT}", timeout=10.0) as client:
+        with ControllerClient(controller, timeout=10.0) as client:
             job = client.create_job(
                 "make-run", world_size=topo.hosts, codec=args.codec, pool_size=args.pool_size
             )
@@ -328,7 +342,7 @@ def run(args: argparse.Namespace) -> int:
                     "-m",
                     "controller",
                     "--controller",
-                    f"{CONTROLLER_IP}:{CONTROLLER_PORT}",
+                    controller,
                     "counters",
                 ],
                 capture_output=True,

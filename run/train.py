@@ -3,9 +3,9 @@ model (or the small dense MLP, --model mlp) with DDP, its gradients summed by th
 (--mode switch, the homagg DDP hook) or by gloo (--mode gloo), and reports each step (rank 0) as a JSON line and a progress line.
 
 Example (inside host h1 of 2, under torchrun):
-  torchrun --nnodes 2 --nproc-per-node 1 --node-rank 0 --master-addr 10.0.0.1 \\
-    -m run.train --mode switch --controller 10.0.0.100:50051 --job-id 1 --token T \\
-    --ip 10.0.0.1 --iface h1-eth0 --switch-port 1 --out /tmp/homagg-run/out
+  torchrun --nnodes 2 --nproc-per-node 1 --node-rank 0 --master-addr 10.0.1.1 \\
+    -m run.train --mode switch --controller 10.0.1.100:50051 --job-id 1 --token T \\
+    --ip 10.0.1.1 --iface hg1h1-eth0 --switch-port 1 --out /tmp/homagg-run/run1/out
 """
 
 # No `from __future__ import annotations`: DDP checks the hook's annotations at runtime.
