@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from controller.config import DEFAULT_PORT
 from run.model import DEFAULT_LR, MODELS
 from run.names import RunNames
+from run.peers import PEERS
 from run.state import RunState, netns_id, pids_in_netns
 from testnet.switch_process import bmv2_available
 
@@ -94,6 +95,13 @@ def _parser() -> argparse.ArgumentParser:
         help="switch slots of the job's pool: packets in flight per rank (default 8)",
     )
     p.add_argument("--no-gloo", action="store_true", help="skip the gloo comparison run")
+    p.add_argument(
+        "--peers",
+        default="",
+        help="comma-separated DDP-over-gloo variants to run after gloo, in the same network: "
+        + ", ".join(PEERS)
+        + " (run/peers.py)",
+    )
     p.add_argument(
         "--timeout", type=float, default=900, help="seconds per training run (default 900)"
     )
@@ -291,6 +299,10 @@ def run(args: argparse.Namespace) -> int:
 
     if args.lr is None:
         args.lr = DEFAULT_LR[args.model]
+    args.peer_list = [x for x in args.peers.split(",") if x]
+    bad = [x for x in args.peer_list if x not in PEERS]
+    if bad:
+        raise ValueError(f"--peers {','.join(bad)}: expected some of {', '.join(PEERS)}")
     target = args.target if args.target != "auto" else ("bmv2" if bmv2_available() else "refswitch")
     topo = (
         Topology.load(args.topo, hosts=args.hosts, bw_mbit=args.bw)
@@ -353,9 +365,13 @@ def run(args: argparse.Namespace) -> int:
             counters = done.stdout + done.stderr
         if not args.no_gloo:
             _run_job("gloo", net, args, None, state, 29501)
+        for i, peer in enumerate(args.peer_list):
+            _run_job(peer, net, args, None, state, 29502 + i)
         runs = {f"switch ({args.codec}, {target})": report.read_steps(args.out / "switch.jsonl")}
         if not args.no_gloo:
             runs["DDP over gloo"] = report.read_steps(args.out / "gloo.jsonl")
+        for peer in args.peer_list:
+            runs[peer] = report.read_steps(args.out / f"{peer}.jsonl")
         print(
             "\nsummary (wire = bytes each host sent per step, everything included; dense = the model's float32 gradients)"
         )
