@@ -14,10 +14,14 @@ from mininet.net import Mininet
 from mininet.node import Host, Switch
 
 from run.state import CONTROLLER_HOST, SWITCH_NAME
+from testnet.addresses import PREFIX_LEN, host_ip, host_mac
 from testnet.rawsock import disable_offloads
 from testnet.switch_process import SwitchProcess
 
-CONTROLLER_IP = "10.0.0.100"
+# The controller's host takes a host index of the one scheme (testnet.addresses) that no
+# worker uses: 10.0.0.100, 02:00:00:00:01:64.
+CONTROLLER_INDEX = 99
+CONTROLLER_IP = host_ip(CONTROLLER_INDEX)
 
 
 @dataclass(frozen=True)
@@ -28,6 +32,14 @@ class Topology:
     hosts: int = 4
     bw_mbit: float = 0.0
 
+    def describe_bw(self) -> str:
+        """The links' shaping, for titles: '100 Mbit/s (htb)' or 'unshaped'."""
+        return f"{self.bw_mbit:g} Mbit/s (htb)" if self.bw_mbit else "unshaped"
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.hosts < CONTROLLER_INDEX:
+            raise ValueError(f"hosts must be 1..{CONTROLLER_INDEX - 1}, not {self.hosts}")
+
     @staticmethod
     def load(path: Path, **overrides: Any) -> Topology:
         """Read [topology] hosts / bw_mbit from a TOML file; non-None overrides win."""
@@ -37,11 +49,6 @@ class Topology:
             raise ValueError(f"{path}: unknown key(s) in [topology]: {', '.join(sorted(unknown))}")
         data.update({k: v for k, v in overrides.items() if v is not None})
         return Topology(hosts=int(data.get("hosts", 4)), bw_mbit=float(data.get("bw_mbit", 0.0)))
-
-
-def host_mac(i: int) -> str:
-    """MAC of worker host i (0-based), as the controller's configuration lists it."""
-    return f"02:00:00:00:01:{i + 1:02x}"
 
 
 class P4Switch(Switch):
@@ -88,14 +95,14 @@ def build(topo: Topology, target: str, log_dir: Path) -> Mininet:
         SWITCH_NAME, cls=P4Switch, target=target, log_path=str(log_dir / "switch.log")
     )
     for i in range(topo.hosts):
-        h = net.addHost(f"h{i + 1}", ip=f"10.0.0.{i + 1}/24", mac=host_mac(i))
+        h = net.addHost(f"h{i + 1}", ip=f"{host_ip(i)}/{PREFIX_LEN}", mac=host_mac(i))
         net.addLink(h, sw, port2=i + 1, **link_opts)
     c = net.addHost(
         CONTROLLER_HOST,
         cls=Host,
         inNamespace=False,
-        ip=f"{CONTROLLER_IP}/24",
-        mac="02:00:00:00:01:64",
+        ip=f"{CONTROLLER_IP}/{PREFIX_LEN}",
+        mac=host_mac(CONTROLLER_INDEX),
     )
     net.addLink(c, sw, port2=topo.hosts + 1, **link_opts)
     net.build()

@@ -20,12 +20,10 @@ import torch.distributed as dist
 
 from aggwire.constants import AGG_FRAME_BYTES
 from worker.agent import WorkerAgent
-from worker.codecs import CLTK, Codec, CodecError, ErrorFeedback, FixedPoint, LosslessSparse
+from worker.codecs import CODECS, Codec, CodecError, make_codec
 from worker.transport import TransportError
 
 log = logging.getLogger(__name__)
-
-CODECS = ("lossless", "fixed_point", "cltk", "ef_fixed_point")
 
 # Failure kinds, exchanged as MAX over ranks: the highest one names the agreed reason.
 OK, UNHEALTHY, CODEC_FAILED, SWITCH_TIMEOUT, ERROR = 0, 1, 2, 3, 4
@@ -35,19 +33,6 @@ _KIND_TEXT = {
     SWITCH_TIMEOUT: "the switch timed out (TransportError)",
     ERROR: "an unexpected error",
 }
-
-
-def make_codec(name: str, world: int, rank: int, **options: Any) -> Codec:
-    """A fresh codec object by name (one per bucket): lossless, fixed_point, cltk, ef_fixed_point."""
-    if name == "lossless":
-        return LosslessSparse(world, **options)
-    if name == "fixed_point":
-        return FixedPoint(world, **options)
-    if name == "cltk":
-        return CLTK(world, rank, **options)
-    if name == "ef_fixed_point":
-        return ErrorFeedback(FixedPoint(world, **options))
-    raise ValueError(f"unknown codec {name!r}; expected one of {CODECS}")
 
 
 @dataclass
@@ -83,7 +68,7 @@ class SwitchHookState:
         codec_options: dict[str, Any] | None = None,
     ) -> None:
         if codec not in CODECS:
-            raise ValueError(f"unknown codec {codec!r}; expected one of {CODECS}")
+            raise ValueError(f"unknown codec {codec!r}; expected one of {', '.join(CODECS)}")
         self.agent = agent
         self.unavailable_reason = unavailable_reason or ("" if agent else "no worker agent")
         self.codec_name = codec

@@ -13,6 +13,7 @@ from controller.client import ControllerClient
 from controller.config import ControllerConfig, parse_config
 from controller.service import ControllerServer
 from refswitch.switch import ReferenceSwitch
+from testnet.addresses import host_entry
 from testnet.fabric import SERVICE_IP, SWITCH_MAC, Fabric
 from testnet.namespace import in_namespace
 from testnet.poll import wait_for
@@ -24,11 +25,8 @@ UDP_BASE = 41000
 
 
 def hosts(n: int) -> list[dict[str, Any]]:
-    """The fabric's host addressing (testnet.fabric): 10.0.0.<i+1>, switch port i+1."""
-    return [
-        {"ip": f"10.0.0.{i + 1}", "mac": f"02:00:00:00:01:{i + 1:02x}", "switch_port": i + 1}
-        for i in range(n)
-    ]
+    """The fabric's hosts (testnet.addresses), as the controller's configuration lists them."""
+    return [host_entry(i) for i in range(n)]
 
 
 def controller_config(switch_address: str, tmp_path: Path, n: int) -> ControllerConfig:
