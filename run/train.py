@@ -40,7 +40,10 @@ class Tracked:
 
 def tracked_hook(state: Tracked, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """switch_allreduce_hook, recording the bucket's max |gradient| first."""
-    state.local_max = max(state.local_max, float(bucket.buffer().abs().max()))
+    buf = bucket.buffer()
+    vals = buf.coalesce().values() if buf.is_sparse else buf
+    if vals.numel():
+        state.local_max = max(state.local_max, float(vals.abs().max()))
     return switch_allreduce_hook(state.inner, bucket)
 
 

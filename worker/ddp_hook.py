@@ -20,7 +20,8 @@ import torch.distributed as dist
 
 from aggwire.constants import AGG_FRAME_BYTES
 from worker.agent import WorkerAgent
-from worker.codecs import CODECS, Codec, CodecError, make_codec
+from worker import sparse_bucket
+from worker.codecs import CODECS, Codec, CodecError, GradInput, make_codec
 from worker.transport import TransportError
 
 log = logging.getLogger(__name__)
@@ -195,7 +196,7 @@ class SwitchHookState:
 
 
 def _through_switch(
-    state: SwitchHookState, index: int, flat: np.ndarray
+    state: SwitchHookState, index: int, grad: GradInput, length: int
 ) -> tuple[np.ndarray | None, int, str]:
     """(decoded sum, OK, "") or (None, failure kind, reason) for one bucket on this rank."""
     agent = state.agent
@@ -205,7 +206,7 @@ def _through_switch(
     before = (transport.stats.packets_sent, transport.stats.retransmissions)
     start = time.perf_counter()
     try:
-        out = transport.run(state.codec_for(index, flat.size).aggregate(flat))
+        out = transport.run(state.codec_for(index, length).aggregate(grad))
     except TransportError as exc:
         return None, SWITCH_TIMEOUT, str(exc)
     except CodecError as exc:
@@ -244,16 +245,25 @@ def switch_allreduce_hook(
     buf = bucket.buffer()
     result: torch.Tensor | None = None
     if state.use_switch():
-        flat = buf.detach().reshape(-1).to("cpu", torch.float32).numpy()
-        out, failure, reason = _through_switch(state, bucket.index(), flat)
+        grad: GradInput
+        if buf.is_sparse:  # a sparse parameter's bucket: indices and values, never densified
+            grad = sparse_bucket.to_codec_input(buf)
+            length = grad.length
+        else:
+            grad = buf.detach().reshape(-1).to("cpu", torch.float32).numpy()
+            length = grad.size
+        out, failure, reason = _through_switch(state, bucket.index(), grad, length)
         failed, health, chunk = state.agree(failure, state.local_health())
         if failed != OK:
             state.fall_back(failed, reason, chunk)
         else:
             assert out is not None
-            result = _into_bucket(buf, out)
+            if buf.is_sparse:
+                result = sparse_bucket.from_codec_output(out, buf)
+            else:
+                result = _into_bucket(buf, out)
             state.stats.switch_buckets += 1
-            state.stats.dense_bytes += flat.size * 4
+            state.stats.dense_bytes += length * 4
             if health != OK:  # this result is good; the next bucket takes the fallback
                 state.fall_back(health, state.local_reason(), chunk)
     if bucket.is_last():
