@@ -19,8 +19,8 @@ import torch
 import torch.distributed as dist
 
 from aggwire.constants import AGG_FRAME_BYTES
-from worker.agent import WorkerAgent
 from worker import sparse_bucket
+from worker.agent import WorkerAgent
 from worker.codecs import CODECS, Codec, CodecError, GradInput, make_codec
 from worker.transport import TransportError
 
