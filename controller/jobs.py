@@ -169,9 +169,19 @@ class JobManager:
         return job, token
 
     def join(
-        self, job_id: int, token: str, rank: int, mac: str, ip: str, udp_port: int, switch_port: int
+        self,
+        job_id: int,
+        token: str,
+        rank: int,
+        mac: str,
+        ip: str,
+        udp_port: int,
+        switch_port: int | None = None,
     ) -> Job:
-        """Register a rank; the join that completes the world installs the job (if the switch is up)."""
+        """Register a rank; the join that completes the world installs the job (if the switch
+        is up). switch_port None: the port the topology lists for the worker's IP."""
+        if switch_port is None:
+            switch_port = self._attached_port(check.check_ip(ip))
         new = JobWorker(
             check.check_rank(rank),
             check.check_mac(mac),
@@ -360,6 +370,17 @@ class JobManager:
         now = self.clock()
         worker.deadline = now + self.config.lease
         job.idle_deadline = now + self.config.join_timeout
+
+    def _attached_port(self, ip: str) -> int:
+        """The switch port a host is attached to, per the configured topology."""
+        for sw in self.switches.values():
+            host = sw.config.host_by_ip(ip)
+            if host is not None:
+                return host.switch_port
+        raise InvalidArgument(
+            f"{ip} is not a host of any configured switch, so its switch port is unknown: "
+            "add the host to the controller's configuration or pass the switch port"
+        )
 
     def _switch_for(self, job: Job, worker: JobWorker) -> ManagedSwitch:
         """The switch the worker is on; a known host must match the topology."""

@@ -4,6 +4,7 @@ switch with hosts in namespaces (data plane), and agent configurations for its h
 
 from __future__ import annotations
 
+import dataclasses
 import socket
 from collections.abc import Callable
 from pathlib import Path
@@ -61,7 +62,8 @@ def free_port_udp() -> int:
 class Controlled:
     """An in-process controller over one switch; `fabric` is set for data-plane setups."""
 
-    def __init__(self, tmp_path: Path, n: int, fabric: bool) -> None:
+    def __init__(self, tmp_path: Path, n: int, fabric: bool, listen: str = "") -> None:
+        """listen "unix:PATH" serves on a Unix socket, reachable from every namespace."""
         self.fabric: Fabric | None = None
         self.refswitch: ReferenceSwitch | None = None
         self.server: ControllerServer | None = None
@@ -77,10 +79,12 @@ class Controlled:
                 address = f"127.0.0.1:{free_port()}"
                 self.refswitch = ReferenceSwitch({}, address)
                 self.refswitch.start()
-            self.server = ControllerServer(
-                controller_config(address, tmp_path, n), poll_interval=0.05, max_backoff=0.3
-            )
-            self.address = f"127.0.0.1:{self.server.start()}"
+            config = controller_config(address, tmp_path, n)
+            if listen:
+                config = dataclasses.replace(config, listen=listen)
+            self.server = ControllerServer(config, poll_interval=0.05, max_backoff=0.3)
+            port = self.server.start()
+            self.address = listen or f"127.0.0.1:{port}"
             self.client = ControllerClient(self.address, timeout=5.0)
             wait_for(
                 lambda: all(s.connected for s in self.client.status().switches),
