@@ -180,17 +180,15 @@ class JobManager:
     ) -> Job:
         """Register a rank; the join that completes the world installs the job (if the switch
         is up). switch_port None: the port the topology lists for the worker's IP."""
-        if switch_port is None:
-            switch_port = self._attached_port(check.check_ip(ip))
-        new = JobWorker(
-            check.check_rank(rank),
-            check.check_mac(mac),
-            check.check_ip(ip),
-            check.check_udp_port(udp_port),
-            check.check_switch_port(switch_port),
-        )
+        rank, mac, ip = check.check_rank(rank), check.check_mac(mac), check.check_ip(ip)
+        udp_port = check.check_udp_port(udp_port)
+        if switch_port is not None:
+            check.check_switch_port(switch_port)
         with self.lock:
-            job = self._authorize(job_id, token)
+            job = self._authorize(job_id, token)  # before the topology is consulted
+            if switch_port is None:
+                switch_port = self._attached_port(ip)
+            new = JobWorker(rank, mac, ip, udp_port, switch_port)
             check.check_rank(rank, job.world_size)
             old = job.workers.get(rank)
             if old is not None:
