@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from controller.config import DEFAULT_PORT
 from run.model import DEFAULT_LR, MODELS
@@ -173,9 +173,7 @@ def _start_controller(net: Mininet, topo: Topology, out: Path, state: RunState) 
             time.sleep(0.3)
 
 
-def _run_job(
-    mode: str, net: Mininet, args: argparse.Namespace, job: Any | None, state: RunState, port: int
-) -> None:
+def _run_job(mode: str, net: Mininet, args: argparse.Namespace, state: RunState, port: int) -> None:
     """One torchrun per host (rank = host index), rank 0's output streamed here."""
     from run.net import CONTROLLER_IP
 
@@ -215,24 +213,14 @@ def _run_job(
             str(args.batch),
             "--lr",
             str(args.lr),
-            "--ip",
-            host_ip(i),
             "--iface",
             iface,
-            "--switch-port",
-            str(host_switch_port(i)),
             "--out",
             str(args.out),
         ]
-        if job is not None:
-            cmd += [
-                "--controller",
-                f"{CONTROLLER_IP}:{CONTROLLER_PORT}",
-                "--job-id",
-                str(job.job_id),
-                "--token",
-                job.token,
-            ]
+        if mode == "switch":
+            cmd += ["--controller", f"{CONTROLLER_IP}:{CONTROLLER_PORT}"]
+            cmd += ["--pool-size", str(args.pool_size)]
         env = {
             **os.environ,
             "PYTHONPATH": str(ROOT),
@@ -343,20 +331,13 @@ def _counters() -> str:
     return done.stdout + done.stderr
 
 
-def _train(session: _Session, topo: Topology, args: argparse.Namespace) -> str:
+def _train(session: _Session, args: argparse.Namespace) -> str:
     """The switch run (then the switch's counters), then the gloo run; returns the counters."""
-    from controller.client import ControllerClient
-    from run.net import CONTROLLER_IP
-
     assert session.net is not None
-    with ControllerClient(f"{CONTROLLER_IP}:{CONTROLLER_PORT}", timeout=10.0) as client:
-        job = client.create_job(
-            "make-run", world_size=topo.hosts, codec=args.codec, pool_size=args.pool_size
-        )
-        _run_job("switch", session.net, args, job, session.state, 29500)
-        counters = _counters()
+    _run_job("switch", session.net, args, session.state, 29500)  # rank 0 creates the job
+    counters = _counters()
     if not args.no_gloo:
-        _run_job("gloo", session.net, args, None, session.state, 29501)
+        _run_job("gloo", session.net, args, session.state, 29501)
     return counters
 
 
@@ -423,7 +404,7 @@ def run(args: argparse.Namespace) -> int:
     )
     try:
         _build(session, topo, target, args.out)
-        counters = _train(session, topo, args)
+        counters = _train(session, args)
         return _report(args, topo, target, counters)
     finally:
         _teardown(session)
