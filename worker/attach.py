@@ -16,6 +16,7 @@ import logging
 import os
 import socket
 import subprocess
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -128,12 +129,33 @@ def _make_job(controller: str, world: int, codec: str, pool_size: int, name: str
     return JobTicket(made.job_id, made.token, True)
 
 
+Exchange = Callable[[Any], Any]
+"""Rank 0's value in, the same value out on every rank (a broadcast)."""
+
+
+def group_exchange(group: dist.ProcessGroup | None) -> Exchange:
+    """Broadcast from the group's rank 0 through the process group."""
+
+    def exchange(value: Any) -> Any:
+        box = [value]
+        src = dist.get_global_rank(group, 0) if group is not None else 0
+        dist.broadcast_object_list(box, src=src, group=group)
+        return box[0]
+
+    return exchange
+
+
 def share_job(
-    controller: str, codec: str, pool_size: int, name: str, group: dist.ProcessGroup | None
+    controller: str,
+    codec: str,
+    pool_size: int,
+    name: str,
+    rank: int,
+    world: int,
+    exchange: Exchange,
 ) -> JobTicket:
-    """The job every rank uses: made (or read from the environment) by rank 0 and broadcast
-    through the process group; raises AgentError with rank 0's reason on every rank."""
-    rank, world = dist.get_rank(group), dist.get_world_size(group)
+    """The job every rank uses: made (or read from the environment) by rank 0 and shared by
+    `exchange`; raises AgentError with rank 0's reason on every rank."""
     box: list[Any] = [None]
     if rank == 0:
         try:
@@ -145,8 +167,7 @@ def share_job(
             box[0] = _make_job(controller, world, codec, pool_size, name)
         except (AgentError, ValueError, OSError) as exc:
             box[0] = str(exc)
-    src = dist.get_global_rank(group, 0) if group is not None else 0
-    dist.broadcast_object_list(box, src=src, group=group)
+    box[0] = exchange(box[0])
     if isinstance(box[0], str):
         raise AgentError(box[0])
     ticket: JobTicket = box[0]
@@ -180,14 +201,21 @@ def connect(
     udp_port: int | None = None,
     name: str = "torchrun",
     group: dist.ProcessGroup | None = None,
+    ranks: tuple[int, int, Exchange] | None = None,
 ) -> tuple[WorkerAgent | None, str]:
     """(agent, "") on every rank that joined the job, or (None, reason): the set-up of
-    `attach` without a model (for the torch.distributed backend and custom loops)."""
+    `attach` without a model. `ranks` (rank, world size, exchange) replaces the process
+    group's (the torch.distributed backend shares through the store)."""
     address = controller or os.environ.get(ENV_CONTROLLER, "")
     if not address:
         return None, f"no controller: set {ENV_CONTROLLER}=host:port or pass controller="
+    rank, world, exchange = ranks or (
+        dist.get_rank(group),
+        dist.get_world_size(group),
+        group_exchange(group),
+    )
     try:
-        ticket = share_job(address, codec, pool_size, name, group)
+        ticket = share_job(address, codec, pool_size, name, rank, world, exchange)
     except AgentError as exc:
         return None, str(exc)
     agent, reason = None, ""
@@ -199,7 +227,7 @@ def connect(
             controller=address,
             job_id=ticket.job_id,
             token=ticket.token,
-            rank=dist.get_rank(group),
+            rank=rank,
             ip=route.ip,
             udp_port=port,
             mac=route.mac,

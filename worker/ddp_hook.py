@@ -67,6 +67,7 @@ class SwitchHookState:
         cooldown_steps: int = 5,
         unavailable_reason: str = "",
         codec_options: dict[str, Any] | None = None,
+        rank: int | None = None,
     ) -> None:
         if codec not in CODECS:
             raise ValueError(f"unknown codec {codec!r}; expected one of {', '.join(CODECS)}")
@@ -76,7 +77,7 @@ class SwitchHookState:
         self.codec_options = dict(codec_options or {})
         self.process_group = process_group
         self.world_size = world_size or dist.get_world_size(process_group)
-        self.rank = dist.get_rank(process_group)
+        self.rank = dist.get_rank(process_group) if rank is None else rank
         self.cooldown_steps = cooldown_steps
         self.codecs: dict[int, tuple[int, Codec]] = {}
         self.stats = HookStats()
@@ -140,11 +141,15 @@ class SwitchHookState:
         """MAX over ranks of (failure kind, health kind, next chunk): one tiny all_reduce."""
         start = time.perf_counter()
         t = torch.tensor([failure, health, self.next_chunk()], dtype=torch.int64)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.process_group)
+        self.reduce_max(t)
         self.stats.agreements += 1
         self.stats.agreement_seconds += time.perf_counter() - start
         f, h, c = (int(v) for v in t.tolist())
         return f, h, c
+
+    def reduce_max(self, t: torch.Tensor) -> None:
+        """MAX over ranks in place, through the process group (a backend overrides it)."""
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.process_group)
 
     def _realign(self, chunk: int) -> None:
         # Every rank resumes at the largest counter any rank reached: each new chunk is newer
