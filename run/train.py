@@ -2,10 +2,12 @@
 model (or the small dense MLP, --model mlp) with DDP, its gradients summed by the switch
 (--mode switch, the homagg DDP hook) or by gloo (--mode gloo), and reports each step (rank 0) as a JSON line and a progress line.
 
-Example (inside host h1 of 2, under torchrun):
+Example (inside host hg1h1 of run 1, 2 hosts, under torchrun):
   torchrun --nnodes 2 --nproc-per-node 1 --node-rank 0 --master-addr 10.0.1.1 \\
-    -m run.train --mode switch --controller 10.0.1.100:50051 --job-id 1 --token T \\
-    --ip 10.0.1.1 --iface hg1h1-eth0 --switch-port 1 --out /tmp/homagg-run/run1/out
+    -m run.train --mode switch --controller 10.0.1.100:50051 --iface hg1h1-eth0 --out out
+
+Rank 0 creates the job; each rank finds its address and the controller its switch port
+(worker/attach.py).
 """
 
 # No `from __future__ import annotations`: DDP checks the hook's annotations at runtime.
@@ -25,7 +27,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from run.model import DEFAULT_LR, MODELS, JobShape, make_task
-from worker.agent import AgentConfig, open_agent
+from worker.attach import connect
 from worker.ddp_hook import SwitchHookState, switch_allreduce_hook
 
 
@@ -40,7 +42,10 @@ class Tracked:
 
 def tracked_hook(state: Tracked, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """switch_allreduce_hook, recording the bucket's max |gradient| first."""
-    state.local_max = max(state.local_max, float(bucket.buffer().abs().max()))
+    buf = bucket.buffer()
+    vals = buf.coalesce().values() if buf.is_sparse else buf
+    if vals.numel():
+        state.local_max = max(state.local_max, float(vals.abs().max()))
     return switch_allreduce_hook(state.inner, bucket)
 
 
@@ -58,18 +63,10 @@ def train(a: argparse.Namespace) -> None:
     tracked: Tracked | None = None
     agent = None
     if a.mode == "switch":
-        cfg = AgentConfig(
-            controller=a.controller,
-            job_id=a.job_id,
-            token=a.token,
-            rank=rank,
-            ip=a.ip,
-            udp_port=a.udp_port,
-            switch_port=a.switch_port,
-            iface=a.iface,
-            ready_timeout=60,
+        # What homagg.attach does, with the hook wrapped to record local gradient maxima.
+        agent, reason = connect(
+            a.codec, controller=a.controller, pool_size=a.pool_size, name="make-run"
         )
-        agent, reason = open_agent(cfg)
         # One support key per embedding row: the index phase shrinks dim-fold.
         opts = {"support_block": a.dim} if a.codec == "lossless" and task.sparse else {}
         tracked = Tracked(
@@ -190,13 +187,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--dim", type=int, default=16)
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--lr", type=float, default=None, help="SGD learning rate (default: per model)")
-    p.add_argument("--controller", default="")
-    p.add_argument("--job-id", type=int, default=0)
-    p.add_argument("--token", default="")
-    p.add_argument("--ip", required=True)
-    p.add_argument("--iface", required=True)
-    p.add_argument("--switch-port", type=int, required=True)
-    p.add_argument("--udp-port", type=int, default=41000)
+    p.add_argument("--controller", default="", help="default: $HOMAGG_CONTROLLER")
+    p.add_argument("--pool-size", type=int, default=0, help="switch slots (0: the default)")
+    p.add_argument("--iface", required=True, help="the host's interface (bytes sent)")
     p.add_argument("--out", required=True)
     a = p.parse_args(argv)
     warnings.simplefilter("default")

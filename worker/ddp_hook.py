@@ -19,13 +19,12 @@ import torch
 import torch.distributed as dist
 
 from aggwire.constants import AGG_FRAME_BYTES
+from worker import sparse_bucket
 from worker.agent import WorkerAgent
-from worker.codecs import CLTK, Codec, CodecError, ErrorFeedback, FixedPoint, LosslessSparse
+from worker.codecs import CODECS, Codec, CodecError, GradInput, make_codec
 from worker.transport import TransportError
 
 log = logging.getLogger(__name__)
-
-CODECS = ("lossless", "fixed_point", "cltk", "ef_fixed_point")
 
 # Failure kinds, exchanged as MAX over ranks: the highest one names the agreed reason.
 OK, UNHEALTHY, CODEC_FAILED, SWITCH_TIMEOUT, ERROR = 0, 1, 2, 3, 4
@@ -35,19 +34,6 @@ _KIND_TEXT = {
     SWITCH_TIMEOUT: "the switch timed out (TransportError)",
     ERROR: "an unexpected error",
 }
-
-
-def make_codec(name: str, world: int, rank: int, **options: Any) -> Codec:
-    """A fresh codec object by name (one per bucket): lossless, fixed_point, cltk, ef_fixed_point."""
-    if name == "lossless":
-        return LosslessSparse(world, **options)
-    if name == "fixed_point":
-        return FixedPoint(world, **options)
-    if name == "cltk":
-        return CLTK(world, rank, **options)
-    if name == "ef_fixed_point":
-        return ErrorFeedback(FixedPoint(world, **options))
-    raise ValueError(f"unknown codec {name!r}; expected one of {CODECS}")
 
 
 @dataclass
@@ -81,16 +67,17 @@ class SwitchHookState:
         cooldown_steps: int = 5,
         unavailable_reason: str = "",
         codec_options: dict[str, Any] | None = None,
+        rank: int | None = None,
     ) -> None:
         if codec not in CODECS:
-            raise ValueError(f"unknown codec {codec!r}; expected one of {CODECS}")
+            raise ValueError(f"unknown codec {codec!r}; expected one of {', '.join(CODECS)}")
         self.agent = agent
         self.unavailable_reason = unavailable_reason or ("" if agent else "no worker agent")
         self.codec_name = codec
         self.codec_options = dict(codec_options or {})
         self.process_group = process_group
         self.world_size = world_size or dist.get_world_size(process_group)
-        self.rank = dist.get_rank(process_group)
+        self.rank = dist.get_rank(process_group) if rank is None else rank
         self.cooldown_steps = cooldown_steps
         self.codecs: dict[int, tuple[int, Codec]] = {}
         self.stats = HookStats()
@@ -154,11 +141,15 @@ class SwitchHookState:
         """MAX over ranks of (failure kind, health kind, next chunk): one tiny all_reduce."""
         start = time.perf_counter()
         t = torch.tensor([failure, health, self.next_chunk()], dtype=torch.int64)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.process_group)
+        self.reduce_max(t)
         self.stats.agreements += 1
         self.stats.agreement_seconds += time.perf_counter() - start
         f, h, c = (int(v) for v in t.tolist())
         return f, h, c
+
+    def reduce_max(self, t: torch.Tensor) -> None:
+        """MAX over ranks in place, through the process group (a backend overrides it)."""
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.process_group)
 
     def _realign(self, chunk: int) -> None:
         # Every rank resumes at the largest counter any rank reached: each new chunk is newer
@@ -210,7 +201,7 @@ class SwitchHookState:
 
 
 def _through_switch(
-    state: SwitchHookState, index: int, flat: np.ndarray
+    state: SwitchHookState, index: int, grad: GradInput, length: int
 ) -> tuple[np.ndarray | None, int, str]:
     """(decoded sum, OK, "") or (None, failure kind, reason) for one bucket on this rank."""
     agent = state.agent
@@ -220,7 +211,7 @@ def _through_switch(
     before = (transport.stats.packets_sent, transport.stats.retransmissions)
     start = time.perf_counter()
     try:
-        out = transport.run(state.codec_for(index, flat.size).aggregate(flat))
+        out = transport.run(state.codec_for(index, length).aggregate(grad))
     except TransportError as exc:
         return None, SWITCH_TIMEOUT, str(exc)
     except CodecError as exc:
@@ -259,16 +250,25 @@ def switch_allreduce_hook(
     buf = bucket.buffer()
     result: torch.Tensor | None = None
     if state.use_switch():
-        flat = buf.detach().reshape(-1).to("cpu", torch.float32).numpy()
-        out, failure, reason = _through_switch(state, bucket.index(), flat)
+        grad: GradInput
+        if buf.is_sparse:  # a sparse parameter's bucket: indices and values, never densified
+            grad = sparse_bucket.to_codec_input(buf)
+            length = grad.length
+        else:
+            grad = buf.detach().reshape(-1).to("cpu", torch.float32).numpy()
+            length = grad.size
+        out, failure, reason = _through_switch(state, bucket.index(), grad, length)
         failed, health, chunk = state.agree(failure, state.local_health())
         if failed != OK:
             state.fall_back(failed, reason, chunk)
         else:
             assert out is not None
-            result = _into_bucket(buf, out)
+            if buf.is_sparse:
+                result = sparse_bucket.from_codec_output(out, buf)
+            else:
+                result = _into_bucket(buf, out)
             state.stats.switch_buckets += 1
-            state.stats.dense_bytes += flat.size * 4
+            state.stats.dense_bytes += length * 4
             if health != OK:  # this result is good; the next bucket takes the fallback
                 state.fall_back(health, state.local_reason(), chunk)
     if bucket.is_last():

@@ -21,6 +21,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from testnet.addresses import host_ip, host_mac, host_switch_port
 from testnet.namespace import in_namespace
 from worker.agent import AgentConfig, WorkerAgent
 from worker.ddp_hook import SwitchHookState, switch_allreduce_hook
@@ -99,10 +100,10 @@ def main() -> None:
             job_id=int(job_id),
             token=token,
             rank=a.rank,
-            ip=f"10.0.0.{a.rank + 1}",
+            ip=host_ip(a.rank),
             udp_port=int(port),
-            switch_port=a.rank + 1,
-            mac=f"02:00:00:00:01:{a.rank + 1:02x}",
+            switch_port=host_switch_port(a.rank),
+            mac=host_mac(a.rank),
             max_retries=4,
             ready_timeout=30,
         )
