@@ -81,6 +81,7 @@ class AutoController:
     delays: dict[int, float] = field(default_factory=dict)  # this step, local
     budgets: dict[int, float] = field(default_factory=dict)  # this step, local
     history: list[dict[int, str]] = field(default_factory=list)
+    agreed: dict[int, tuple[float, float]] = field(default_factory=dict)  # last (delay, budget)
 
     def choice(self, index: int) -> Choice:
         """The path of bucket `index` this step."""
@@ -124,12 +125,21 @@ class AutoController:
         n = len(indices)
         out: dict[int, str] = {}
         for j, index in enumerate(indices):
-            self._update(index, float(agreed[j]), -float(agreed[n + j]))
+            delay, budget = float(agreed[j]), -float(agreed[n + j])
+            self.agreed[index] = (delay, budget)
+            self._update(index, delay, budget)
             out[index] = self.choice(index).label
         self.delays.clear()
         self.budgets.clear()
         self.history.append(out)
-        log.info("auto step %d: %s", len(self.history), out)
+        log.info(
+            "auto step %d: %s",
+            len(self.history),
+            ", ".join(
+                f"bucket {i} {self.agreed[i][0] * 1e3:.1f}/{self.agreed[i][1] * 1e3:.1f} ms -> {c}"
+                for i, c in out.items()
+            ),
+        )
         return out
 
     def _update(self, index: int, delay: float, budget: float) -> None:

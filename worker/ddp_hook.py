@@ -200,6 +200,9 @@ class SwitchHookState:
         self._handovers.append((index, now))
         if not last:
             return None
+        if self.iteration_seconds == 0.0:  # the first step: nothing to budget from yet
+            self._handovers = []
+            return None
         tol = self.controller.config.tolerance if self.controller is not None else 0.0
         budgets = {i: now - t + tol * self.iteration_seconds for i, t in self._handovers}
         self._handovers = []
