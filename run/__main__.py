@@ -52,8 +52,16 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--codec",
         default="lossless",
-        choices=["lossless", "fixed_point", "cltk", "ef_fixed_point"],
-        help="homomorphic codec of the switch run (default lossless)",
+        choices=["lossless", "fixed_point", "cltk", "ef_fixed_point", "auto"],
+        help="homomorphic codec of the switch run (default lossless); auto: chosen per bucket "
+        "and step from the measured delay (asynchronous hook)",
+    )
+    p.add_argument(
+        "--overlap",
+        choices=["blocking", "async", "dear"],
+        default="blocking",
+        help="switch run: the DDP hook blocks (default), runs on a communication thread "
+        "(async), or DeAR mode (dear: updates in the next forward, bucket size tuned)",
     )
     p.add_argument(
         "--model",
@@ -197,6 +205,8 @@ def _run_job(
             mode,
             "--codec",
             args.codec,
+            "--overlap",
+            args.overlap,
             "--model",
             args.model,
             "--steps",
@@ -299,7 +309,8 @@ def run(args: argparse.Namespace) -> int:
     net, ctl = None, None
     bw = f"{topo.bw_mbit:g} Mbit/s (htb)" if topo.bw_mbit else "unshaped"
     print(
-        f"make run: {topo.hosts} hosts, switch {target}, model {args.model}, codec {args.codec}, links {bw}, {args.steps} steps",
+        f"make run: {topo.hosts} hosts, switch {target}, model {args.model}, "
+        f"codec {args.codec}, overlap {args.overlap}, links {bw}, {args.steps} steps",
         flush=True,
     )
     try:
@@ -339,13 +350,20 @@ def run(args: argparse.Namespace) -> int:
             counters = done.stdout + done.stderr
         if not args.no_gloo:
             _run_job("gloo", net, args, None, state, 29501)
-        runs = {f"switch ({args.codec}, {target})": report.read_steps(args.out / "switch.jsonl")}
+        runs = {
+            f"switch ({args.codec}, {args.overlap}, {target})": report.read_steps(
+                args.out / "switch.jsonl"
+            )
+        }
         if not args.no_gloo:
             runs["DDP over gloo"] = report.read_steps(args.out / "gloo.jsonl")
         print(
             "\nsummary (wire = bytes each host sent per step, everything included; dense = the model's float32 gradients)"
         )
         print(report.summary_table(runs))
+        overlap = report.overlap_summary(runs[next(iter(runs))])
+        if overlap:
+            print(overlap)
         print("\nswitch counters (aggctl counters)\n" + counters.strip())
         plot = args.out / "make-run.png"
         report.plot(runs, plot, f"{topo.hosts} hosts, {target}, {bw}")
@@ -389,7 +407,14 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Command line entry point."""
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.codec == "auto" and args.overlap == "dear":
+        parser.error(
+            "--codec auto needs --overlap async (or the default): DeAR takes a fixed codec"
+        )
+    if args.codec == "auto" and args.overlap == "blocking":
+        args.overlap = "async"  # auto measures the delay beside backward
     if os.geteuid() != 0:
         print("make run needs root (Mininet, network namespaces)", file=sys.stderr)
         return 2

@@ -91,6 +91,11 @@ class DearDataParallel(nn.Module):
         tune_steps: int = 3,
         process_group: dist.ProcessGroup | None = None,
     ) -> None:
+        if state is not None and state.controller is not None:
+            raise ValueError(
+                'DeAR mode takes a fixed codec: codec="auto" budgets from the DDP hook\'s '
+                "hand-over times (use the asynchronous hook for auto)"
+            )
         super().__init__()
         self.module, self.optimizer = module, optimizer
         for p in module.parameters():  # every rank starts from rank 0's parameters
