@@ -67,7 +67,8 @@ def _parser() -> argparse.ArgumentParser:
         "--model",
         choices=MODELS,
         default="ncf",
-        help="ncf: sparse embedding gradients (default); mlp: a small dense classifier",
+        help="ncf: sparse embedding gradients (default); mlp: a small dense classifier; "
+        "lm: a small transformer language model",
     )
     p.add_argument(
         "--bw",
