@@ -7,7 +7,7 @@ fraction of each overlap mode: (blocking - mode) / the blocking run's communicat
 It reuses `python -m run` (Mininet, controller, torchrun) with few steps: the blocking
 run with its gloo twin, then async, dear and auto (--no-gloo), in that order, per model.
 
-    python -m bench.overlap [--steps 12] [--hosts 4] [--bw 0,100] [--models ncf,mlp,lm]
+    python -m bench.overlap [--steps 16] [--hosts 4] [--bw 0,100] [--models ncf,mlp,lm]
 """
 
 from __future__ import annotations
@@ -90,7 +90,8 @@ def one_run(model: str, name: str, bw: float, args: argparse.Namespace, out: Pat
 
 def median_ms(steps: list[dict]) -> float:
     """Median iteration time in ms, each run's first step (and DeAR's tuning) left out."""
-    tail = steps[len(steps) // 3 :] if "dear_bucket_bytes" in steps[-1] else steps[1:]
+    tuned = [s for s in steps if s.get("dear_tuned")][1:]
+    tail = tuned if "dear_bucket_bytes" in steps[-1] and tuned else steps[1:]
     return statistics.median(s["seconds"] for s in tail) * 1e3
 
 
@@ -123,7 +124,8 @@ def table(results: dict, models: list[str], bws: list[float], hosts: int) -> lis
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--steps", type=int, default=12)
+    p.add_argument("--steps", type=int, default=16)
+    p.add_argument("--name", default="overlap", help="results file name (bench/results/)")
     p.add_argument("--hosts", type=int, default=4)
     p.add_argument("--models", default="ncf,mlp,lm")
     p.add_argument("--bw", default="0,100", help="comma-separated Mbit/s; 0: unshaped")
@@ -160,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
         "",
     ]
     lines = [*head, *table(results, models, bws, args.hosts), "", *[f"- {n}" for n in notes]]
-    publish("overlap", lines)
+    publish(args.name, lines)
     return 0
 
 

@@ -91,7 +91,7 @@ def train(a: argparse.Namespace) -> None:
         )
         tracked = Tracked(hook_state)
         if dear:
-            model = DearDataParallel(task.model, opt, hook_state)
+            model = DearDataParallel(task.model, opt, hook_state, tune_steps=2)
         else:
             model.register_comm_hook(tracked, tracked_hook)
     out = Path(a.out)
