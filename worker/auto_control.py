@@ -50,6 +50,8 @@ class BucketControl:
     density: float = 1.0
     host_steps: int = 0  # steps left on the host path before probing the switch again
     floor_delay: float = 0.0  # agreed switch delay measured at the minimum density
+    exact_delay: float | None = None  # agreed delay the last time the exact codec ran
+    exact_steps: int = 0  # steps left on the exact codec after compression did not pay
 
 
 @dataclass
@@ -62,7 +64,7 @@ class AutoConfig:
     decrease: float = 0.05  # density added per step of slack
     slack: float = 0.5  # delay below slack * budget counts as slack
     tolerance: float = 0.05  # share of the iteration time a bucket may stay exposed
-    probe_every: int = 20  # steps on the host path before the switch is measured again
+    probe_every: int = 20  # steps on the host path (or held exact) before probing again
 
     def __post_init__(self) -> None:
         if not self.codecs or self.codecs[0] not in EXACT:
@@ -88,7 +90,7 @@ class AutoController:
         b = self.buckets.setdefault(index, BucketControl())
         if b.host_steps > 0:
             return Choice(HOST)
-        return self.codec_at(b.density)
+        return self.codec_at(1.0 if b.exact_steps > 0 else b.density)
 
     def codec_at(self, density: float) -> Choice:
         """The least compressing listed codec that compresses at least down to `density`."""
@@ -147,6 +149,16 @@ class AutoController:
         b = self.buckets.setdefault(index, BucketControl())
         if b.host_steps > 0:  # on the host path, `delay` is the host all_reduce's
             b.host_steps = 0 if delay > b.floor_delay else b.host_steps - 1
+            return
+        if b.exact_steps > 0 or b.density >= 1.0:
+            b.exact_delay = delay
+        if b.exact_steps > 0:  # held exact: compression did not pay the last time
+            b.exact_steps -= 1
+            return
+        if b.density < 1.0 and b.exact_delay is not None and delay >= b.exact_delay:
+            # lossless pays: compressing made this bucket no faster (e.g. a sparse gradient
+            # the exact codec already shrinks); hold exact, probe again later
+            b.density, b.exact_steps = 1.0, c.probe_every
             return
         if delay > budget:
             if b.density <= c.min_density:

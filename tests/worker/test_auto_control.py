@@ -28,7 +28,7 @@ def step(ctl: AutoController, delay: float, budget: float, index: int = 0) -> st
 def test_overrun_multiplies_compression_and_slack_adds_density_back():
     ctl = AutoController(AutoConfig(min_density=1 / 16, decrease=0.25))
     assert ctl.choice(0) == Choice("lossless")
-    labels = [step(ctl, 2.0, 1.0) for _ in range(4)]
+    labels = [step(ctl, d, 1.0) for d in (2.0, 1.9, 1.8, 1.7)]  # compression pays a little
     assert labels == ["cltk@0.5", "cltk@0.25", "cltk@0.125", "cltk@0.0625"]
     assert step(ctl, 0.8, 1.0) == "cltk@0.0625"  # neither overrun nor slack: kept
     labels = [step(ctl, 0.1, 1.0) for _ in range(4)]
@@ -38,10 +38,10 @@ def test_overrun_multiplies_compression_and_slack_adds_density_back():
 def test_at_the_floor_an_overrun_goes_to_the_host_and_probes_the_switch_again():
     ctl = AutoController(AutoConfig(min_density=0.5, probe_every=3))
     assert step(ctl, 2.0, 1.0) == "cltk@0.5"
-    assert step(ctl, 2.0, 1.0) == HOST  # the switch cannot win even compressed
-    assert ctl.buckets[0].floor_delay == 2.0
+    assert step(ctl, 1.9, 1.0) == HOST  # the switch cannot win even compressed
+    assert ctl.buckets[0].floor_delay == 1.9
     assert [step(ctl, 1.5, 1.0) for _ in range(3)] == [HOST, HOST, "cltk@0.5"]  # probe
-    assert step(ctl, 2.0, 1.0) == HOST
+    assert step(ctl, 1.9, 1.0) == HOST
     assert step(ctl, 3.0, 1.0) == "cltk@0.5"  # the host got slower than the switch: back
 
 
@@ -123,3 +123,12 @@ def test_two_ranks_raise_compression_with_injected_delay_and_lower_it_after(tmp_
     before, during, after = mean_density(1, 7), mean_density(12, 19), mean_density(31, 39)
     assert during < 0.5 * before, (before, during, hist)
     assert after > 2 * during, (during, after, hist)
+
+
+def test_compression_that_does_not_pay_returns_to_exact_and_probes_later():
+    ctl = AutoController(AutoConfig(probe_every=2))
+    assert step(ctl, 2.0, 1.0) == "cltk@0.5"  # exact overran: compress
+    assert step(ctl, 3.0, 1.0) == "lossless"  # but the lossy delay is worse: back to exact
+    assert [step(ctl, 2.0, 1.0) for _ in range(2)] == ["lossless", "lossless"]  # held
+    assert step(ctl, 2.0, 1.0) == "cltk@0.5"  # the hold is over: compression is probed again
+    assert step(ctl, 1.5, 1.0) == "cltk@0.25"  # now it pays: keep compressing
