@@ -152,6 +152,10 @@ def main(argv: list[str] | None = None) -> int:
                         flush=True,
                     )
                 results[(bw, m)] = r
+                done = [b for b in bws if all((b, x) in results for x in models)] or [bw]
+                done_models = [x for x in models if (bw, x) in results]
+                # partial results on disk after each model (a bounded run keeps what it did)
+                publish(args.name, table(results, done_models, done, args.hosts))
     head = [
         f"# Overlap and auto ({platform.machine()}, {os.cpu_count()} cores, "
         f"{time.strftime('%Y-%m-%d')})",
