@@ -57,14 +57,23 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--codec",
         default="lossless",
-        choices=list(CODECS),
-        help="homomorphic codec of the switch run (default lossless)",
+        choices=[*CODECS, "auto"],
+        help="homomorphic codec of the switch run (default lossless); auto: chosen per bucket "
+        "and step from the measured delay (asynchronous hook)",
+    )
+    p.add_argument(
+        "--overlap",
+        choices=["blocking", "async", "dear"],
+        default="blocking",
+        help="switch run: the DDP hook blocks (default), runs on a communication thread "
+        "(async), or DeAR mode (dear: updates in the next forward, bucket size tuned)",
     )
     p.add_argument(
         "--model",
         choices=MODELS,
         default="ncf",
-        help="ncf: sparse embedding gradients (default); mlp: a small dense classifier",
+        help="ncf: sparse embedding gradients (default); mlp: a small dense classifier; "
+        "lm: a small transformer language model",
     )
     p.add_argument(
         "--bw",
@@ -212,6 +221,8 @@ def _run_job(mode: str, net: Mininet, args: argparse.Namespace, state: RunState,
             mode,
             "--codec",
             args.codec,
+            "--overlap",
+            args.overlap,
             "--model",
             args.model,
             "--steps",
@@ -361,7 +372,8 @@ def _report(args: argparse.Namespace, topo: Topology, target: str, counters: str
     """Summary table, counters, plot, and switch vs gloo parameters; 0 when they agree."""
     from run import report
 
-    runs = {f"switch ({args.codec}, {target})": report.read_steps(args.out / "switch.jsonl")}
+    switch_run = f"switch ({args.codec}, {args.overlap}, {target})"
+    runs = {switch_run: report.read_steps(args.out / "switch.jsonl")}
     if not args.no_gloo:
         runs["DDP over gloo"] = report.read_steps(args.out / "gloo.jsonl")
     print(
@@ -369,6 +381,9 @@ def _report(args: argparse.Namespace, topo: Topology, target: str, counters: str
         "dense = the model's float32 gradients)"
     )
     print(report.summary_table(runs))
+    overlap = report.overlap_summary(runs[switch_run])
+    if overlap:
+        print(overlap)
     print("\nswitch counters (aggctl counters)\n" + counters.strip())
     plot = args.out / "make-run.png"
     report.plot(runs, plot, f"{topo.hosts} hosts, {target}, {topo.describe_bw()}")
@@ -419,7 +434,7 @@ def run(args: argparse.Namespace) -> int:
         print(
             f"make run: run {names.number} (stop it with `make stop RUN={names.number}`), "
             f"{topo.hosts} hosts, switch {target}, model {args.model}, codec {args.codec}, "
-            f"links {topo.describe_bw()}, {args.steps} steps",
+            f"overlap {args.overlap}, links {topo.describe_bw()}, {args.steps} steps",
             flush=True,
         )
         _build(session, topo, target, args.out)
@@ -434,7 +449,14 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Command line entry point."""
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.codec == "auto" and args.overlap == "dear":
+        parser.error(
+            "--codec auto needs --overlap async (or the default): DeAR takes a fixed codec"
+        )
+    if args.codec == "auto" and args.overlap == "blocking":
+        args.overlap = "async"  # auto measures the delay beside backward
     if os.geteuid() != 0:
         print("make run needs root (Mininet, network namespaces)", file=sys.stderr)
         return 2
