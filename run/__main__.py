@@ -52,7 +52,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--codec",
         default="lossless",
-        choices=["lossless", "fixed_point", "cltk", "ef_fixed_point"],
+        choices=["lossless", "fixed_point", "cltk", "ef_fixed_point", "lowbit16", "lowbit8"],
         help="homomorphic codec of the switch run (default lossless)",
     )
     p.add_argument(

@@ -20,12 +20,20 @@ import torch.distributed as dist
 
 from aggwire.constants import AGG_FRAME_BYTES
 from worker.agent import WorkerAgent
-from worker.codecs import CLTK, Codec, CodecError, ErrorFeedback, FixedPoint, LosslessSparse
+from worker.codecs import (
+    CLTK,
+    Codec,
+    CodecError,
+    ErrorFeedback,
+    FixedPoint,
+    LosslessSparse,
+    LowBit,
+)
 from worker.transport import TransportError
 
 log = logging.getLogger(__name__)
 
-CODECS = ("lossless", "fixed_point", "cltk", "ef_fixed_point")
+CODECS = ("lossless", "fixed_point", "cltk", "ef_fixed_point", "lowbit16", "lowbit8")
 
 # Failure kinds, exchanged as MAX over ranks: the highest one names the agreed reason.
 OK, UNHEALTHY, CODEC_FAILED, SWITCH_TIMEOUT, ERROR = 0, 1, 2, 3, 4
@@ -38,7 +46,8 @@ _KIND_TEXT = {
 
 
 def make_codec(name: str, world: int, rank: int, **options: Any) -> Codec:
-    """A fresh codec object by name (one per bucket): lossless, fixed_point, cltk, ef_fixed_point."""
+    """A fresh codec object by name (one per bucket): lossless, fixed_point, cltk,
+    ef_fixed_point, lowbit16, lowbit8 (low-bit lanes with error feedback, option gamma)."""
     if name == "lossless":
         return LosslessSparse(world, **options)
     if name == "fixed_point":
@@ -47,6 +56,9 @@ def make_codec(name: str, world: int, rank: int, **options: Any) -> Codec:
         return CLTK(world, rank, **options)
     if name == "ef_fixed_point":
         return ErrorFeedback(FixedPoint(world, **options))
+    if name in ("lowbit16", "lowbit8"):
+        gamma = options.pop("gamma", 0.9)  # CO3's default; 0 turns error feedback off
+        return ErrorFeedback(LowBit(world, bits=int(name[6:]), **options), gamma=gamma)
     raise ValueError(f"unknown codec {name!r}; expected one of {CODECS}")
 
 

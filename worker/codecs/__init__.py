@@ -16,6 +16,7 @@ from .cltk import CLTK
 from .error_feedback import ErrorFeedback
 from .fixed_point import FixedPoint
 from .lossless import LosslessSparse
+from .lowbit import LowBit
 from .simulate import PhaseMismatch, combine, drive, simulate
 
 __all__ = [
@@ -28,6 +29,7 @@ __all__ = [
     "GradInput",
     "LosslessSparse",
     "LossyCodec",
+    "LowBit",
     "NonFiniteError",
     "PeelingError",
     "Phase",
