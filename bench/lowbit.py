@@ -5,10 +5,14 @@ point vs 16- and 8-bit lanes (with and without error feedback, 8-bit also rotate
 The W workers run in this process: each computes its gradient on its own batch, the
 codecs' phases are combined with the switch's exact semantics (`simulate`, bit for bit
 what the reference switch and BMv2 return: tests/worker/test_lowbit_switch.py) and every
-worker applies the same averaged gradient with SGD, as DDP does. Iteration time through
-the switch is measured by bench.training (Mininet); this one isolates the arithmetic.
+worker applies the same averaged gradient with SGD, as DDP does.
+
+With `--switch bmv2` (or refswitch; needs root) it also times one step's aggregation of
+each model's gradient through that switch (W worker threads in namespaces, as
+bench.aggregation) against a gloo all_reduce of the same tensor, methods alternating.
 
     python -m bench.lowbit [--steps 300] [--world 4] [--models mlp,transformer]
+                           [--switch bmv2] [--reps 7]
 """
 
 from __future__ import annotations
@@ -125,6 +129,42 @@ def train(model_name: str, make, world: int, steps: int) -> list[float]:
     return losses
 
 
+def switch_times(target: str, sizes: dict[str, int], world: int, reps: int) -> dict:
+    """(model, method) -> seconds of one aggregation of the model's gradient, per rep:
+    gloo all_reduce vs fixed point vs 16- and 8-bit lanes through `target`."""
+    from bench.aggregation import GlooPool, SwitchGroup
+    from testnet.fabric import Fabric
+
+    rng = np.random.default_rng(0)
+    makers = {
+        "fixed point 32-bit": lambda: [FixedPoint(world) for _ in range(world)],
+        "16-bit lanes + EF": _codecs(world)["16-bit lanes + EF"],
+        "8-bit lanes + EF": _codecs(world)["8-bit lanes + EF"],
+    }
+    times: dict[tuple[str, str], list[float]] = {}
+    gloo = GlooPool(sorted(set(sizes.values())))
+    fabric = Fabric(target, world)
+    try:
+        for h in fabric.hosts:
+            h.enable_ip_stack()
+        group = SwitchGroup(fabric, world, 0.02 if target == "refswitch" else 0.2)
+        for model, n in sizes.items():
+            xs = [(rng.standard_normal(n) * 0.01).astype(np.float32) for _ in range(world)]
+            codecs = {name: make() for name, make in makers.items()}
+            for rep in range(reps + 1):  # the first is a warm-up
+                secs = {"DDP over gloo": gloo.run(world, n)}
+                for name, cs in codecs.items():
+                    secs[name] = group.step(cs, xs)[0]
+                if rep:
+                    for name, t in secs.items():
+                        times.setdefault((model, name), []).append(t)
+        group.close()
+    finally:
+        fabric.close()
+        gloo.close()
+    return times
+
+
 def plot(curves: dict[str, dict[str, list[float]]], path) -> None:
     """Training loss per step, one panel per model, smoothed over 10 steps."""
     plt = pyplot()
@@ -147,6 +187,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=300, help="training steps per run")
     p.add_argument("--world", type=int, default=4, help="workers")
     p.add_argument("--models", default="mlp,transformer", help="comma-separated: mlp, transformer")
+    p.add_argument("--switch", choices=["bmv2", "refswitch"], help="also time the aggregation")
+    p.add_argument("--reps", type=int, default=7, help="timed aggregations per method")
     args = p.parse_args(argv)
     models = [m for m in args.models.split(",") if m]
     if any(m not in ("mlp", "transformer") for m in models) or args.steps <= LAST:
@@ -186,6 +228,28 @@ def main(argv: list[str] | None = None) -> int:
             f"{model}: 16-bit {100 * d16:+.1f}% (target 1%: {verdict}), 8-bit {100 * d8:+.1f}%"
         )
     summary = f"low-bit lanes, loss vs exact sum after {args.steps} steps: " + "; ".join(parts)
+    if args.switch:
+        sizes = {m: sum(p.numel() for p in _task(m)[0].parameters()) for m in models}
+        times = switch_times(args.switch, sizes, args.world, args.reps)
+        lines += [
+            "",
+            f"One step's aggregation of the model's gradient through {args.switch}, "
+            f"W = {args.world} (median [min, max] of {args.reps}, methods alternating):",
+            "",
+            "| model | gradient elements | method | ms per step | gloo / method |",
+            "|---|---:|---|---:|---:|",
+        ]
+        for model in models:
+            gloo = statistics.median(times[(model, "DDP over gloo")])
+            for (m, name), t in times.items():
+                if m == model:
+                    med = statistics.median(t)
+                    lines.append(
+                        f"| {model} | {sizes[model]:,} | {name} | {med * 1e3:.1f} "
+                        f"[{min(t) * 1e3:.1f}, {max(t) * 1e3:.1f}] | {gloo / med:.2f}x |"
+                    )
+            speed = gloo / statistics.median(times[(model, "8-bit lanes + EF")])
+            summary += f"; {model} 8-bit aggregation {speed:.2f}x gloo on {args.switch}"
     lines += ["", f"Summary: {summary}.", "", "![training loss](lowbit.png)", ""]
     plot(curves, plot_path("lowbit.png"))
     publish("lowbit", lines, summary)
