@@ -4,9 +4,10 @@ minus the world's headroom, summed by the switch's ADD16 / ADD8 lane ops.
 
 Per block with agreed exponent E (|v| < 2^E on every worker) and P = bits - 1 - ceil(log2 W)
 magnitude bits, a worker sends q = clip(floor(v * 2^(P-E) + u), +-(2^P - 1)) with u uniform
-in [0, 1): E[q] = v * 2^(P-E) (unbiased; the clip only touches values within one quantum of
-2^E), |q - v * 2^(P-E)| < 1, and W * |q| < 2^(bits-1), so a lane's sum never wraps.
-Per-step bound, per element: |decoded sum - sum of v| < W * 2^(E-P) (docs/codecs.md)."""
+in [0, 1): E[q] = v * 2^(P-E) (unbiased up to float32's rounding of the addition, below
+2^-9 of a quantum; the clip only touches values within one quantum of 2^E),
+|q - v * 2^(P-E)| <= 1, and W * |q| < 2^(bits-1), so a lane's sum never wraps.
+Per-step bound, per element: |decoded sum - sum of v| <= W * 2^(E-P) (docs/codecs.md)."""
 
 from __future__ import annotations
 
@@ -51,7 +52,7 @@ def stochastic_quantize(
 
 
 def error_bound(world: int, exps: np.ndarray, bits: int) -> np.ndarray:
-    """Per-block bound on |decoded sum - sum over workers of the inputs|: W * 2^(E-P)
+    """Per-block bound on |decoded sum - sum over workers of the inputs|: <= W * 2^(E-P)
     (0 for all-zero blocks)."""
     p = headroom_bits(world, bits)
     return np.where(exps == EXP_ZERO, 0.0, world * np.ldexp(1.0, exps - p))
@@ -63,7 +64,7 @@ class LowBit:
     unbiased; wrap it in ErrorFeedback (the registry's `lowbit16` / `lowbit8` do).
     `rotate=True` quantizes THC's randomized Hadamard rotation of x (codecs.rotation) and
     rotates the sum back: the bound then holds per rotated element, so per rotation block
-    of 1024 the L2 error stays below sqrt(1024) * W * 2^(E-P)."""
+    of 1024 the L2 error stays within sqrt(1024) * W * 2^(E-P)."""
 
     def __init__(
         self,
