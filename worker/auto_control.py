@@ -16,9 +16,9 @@ log = logging.getLogger(__name__)
 
 HOST = "host"  # the process group's all_reduce: chosen when the switch path cannot win
 # Lossy codecs whose compression is fixed by their name (density = wire cells per dense
-# cell); a codec not listed here takes its density as its `ratio` option (CLT-k). Low-bit
-# lane codecs join here by name when they exist (e.g. "lowbit16": 0.5, "lowbit8": 0.25).
-FIXED_DENSITY: dict[str, float] = {}
+# cell); a codec not listed here takes its density as its `ratio` option (CLT-k). The
+# low-bit lanes pack two or four values per cell (their exponent cells add 1/1024).
+FIXED_DENSITY: dict[str, float] = {"lowbit16": 0.5, "lowbit8": 0.25}
 EXACT = ("lossless", "fixed_point")
 
 

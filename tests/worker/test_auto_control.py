@@ -132,3 +132,14 @@ def test_compression_that_does_not_pay_returns_to_exact_and_probes_later():
     assert [step(ctl, 2.0, 1.0) for _ in range(2)] == ["lossless", "lossless"]  # held
     assert step(ctl, 2.0, 1.0) == "cltk@0.5"  # the hold is over: compression is probed again
     assert step(ctl, 1.5, 1.0) == "cltk@0.25"  # now it pays: keep compressing
+
+
+def test_lane_codecs_are_chosen_by_their_fixed_density():
+    ctl = AutoController(AutoConfig(codecs=("fixed_point", "lowbit16", "lowbit8")))
+    assert ctl.codec_at(1.0) == Choice("fixed_point")
+    assert ctl.codec_at(0.6) == Choice("lowbit16", 0.5)  # the least compressing enough
+    assert ctl.codec_at(0.5) == Choice("lowbit16", 0.5)
+    assert ctl.codec_at(0.3) == Choice("lowbit8", 0.25)
+    assert ctl.codec_at(0.01) == Choice("lowbit8", 0.25)
+    lane = ctl.codec_at(0.25)
+    assert lane.label == "lowbit8" and lane.options() == {}  # no ratio option for lanes
