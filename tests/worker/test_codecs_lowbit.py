@@ -13,6 +13,7 @@ from worker.codecs import (
     LowBit,
     NonFiniteError,
     Phase,
+    make_codec,
     simulate,
 )
 from worker.codecs.exponent import dense_exponents
@@ -24,7 +25,6 @@ from worker.codecs.rotation import (
     rotate,
     rotation_signs,
 )
-from worker.codecs import make_codec
 
 BLOCK = 256
 
