@@ -33,13 +33,14 @@ class JobShape:
 
 
 class NCF(nn.Module):
-    """Neural collaborative filtering: embeddings (their gradients touch only the batch's
-    rows, so they are naturally sparse) into an MLP scoring a user-item pair."""
+    """Neural collaborative filtering: embeddings into an MLP scoring a user-item pair. The
+    embeddings' gradients touch only the batch's rows: PyTorch makes them sparse COO
+    tensors (sparse=True), as recommenders do, and DDP gives each its own bucket."""
 
     def __init__(self, shape: JobShape) -> None:
         super().__init__()
-        self.user = nn.Embedding(shape.users, shape.dim)
-        self.item = nn.Embedding(shape.items, shape.dim)
+        self.user = nn.Embedding(shape.users, shape.dim, sparse=True)
+        self.item = nn.Embedding(shape.items, shape.dim, sparse=True)
         nn.init.normal_(self.user.weight, std=0.1)
         nn.init.normal_(self.item.weight, std=0.1)
         self.mlp = nn.Sequential(nn.Linear(2 * shape.dim, 32), nn.ReLU(), nn.Linear(32, 1))

@@ -1,8 +1,10 @@
 """What a user would run instead of the switch, as `run.train --mode` values: DDP over gloo
 with torch's own remedies for communication, each attached to the DDP model in one place.
 
-- gloo-sparse: `nn.Embedding(sparse=True)`, DDP sends the touched rows (gloo's sparse
-  all_reduce: indices and values all-gathered) instead of the dense tables.
+The plain "gloo" mode already trains NCF with `nn.Embedding(sparse=True)` (run/model.py):
+DDP sends the touched rows (gloo's sparse all_reduce: indices and values all-gathered).
+- gloo-dense: the same NCF with dense embedding gradients (sparse=False), what a user
+  who never turned sparse gradients on runs: DDP all_reduces the whole tables.
 - gloo-fp16: `fp16_compress_hook`, half-precision all_reduce (half the bytes).
 - gloo-powersgd1 / gloo-powersgd4: PowerSGD of matrix rank 1 / 4 with error feedback and
   warm start; plain all_reduce for the first 10% of the steps, the warm-up PowerSGDState's
@@ -17,20 +19,22 @@ from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 from torch.nn.parallel import DistributedDataParallel
 
-PEERS = ("gloo-sparse", "gloo-fp16", "gloo-powersgd1", "gloo-powersgd4")
+PEERS = ("gloo-dense", "gloo-fp16", "gloo-powersgd1", "gloo-powersgd4")
 MODES = ("switch", "gloo", *PEERS)
 
 
 def prepare(mode: str, model: nn.Module) -> None:
-    """Turn on sparse embedding gradients for gloo-sparse (before DDP wraps the model: DDP
-    decides at construction which parameters expect sparse gradients); a no-op otherwise."""
-    if mode != "gloo-sparse":
+    """Make the embedding gradients dense for every peer mode (before DDP wraps the model:
+    DDP decides at construction which parameters expect sparse gradients): gloo-dense is
+    that baseline, and torch's compression hooks take dense buckets only. A no-op for the
+    switch and plain gloo."""
+    if mode not in PEERS:
         return
     tables = [m for m in model.modules() if isinstance(m, nn.Embedding)]
-    if not tables:
-        raise ValueError("gloo-sparse needs a model with embedding tables (--model ncf)")
+    if mode == "gloo-dense" and not any(t.sparse for t in tables):
+        raise ValueError("gloo-dense needs a model with sparse embedding tables (--model ncf)")
     for table in tables:
-        table.sparse = True
+        table.sparse = False
 
 
 def powersgd_start(steps: int) -> int:
@@ -42,7 +46,7 @@ def powersgd_start(steps: int) -> int:
 def attach(mode: str, model: DistributedDataParallel, steps: int) -> Any:
     """Register the peer's communication hook on the DDP model, if it has one; returns the
     hook state (kept alive by the caller) or None."""
-    if mode in ("gloo", "gloo-sparse"):
+    if mode in ("gloo", "gloo-dense"):
         return None
     if mode == "gloo-fp16":
         model.register_comm_hook(None, default_hooks.fp16_compress_hook)

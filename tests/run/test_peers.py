@@ -67,16 +67,18 @@ def test_unknown_peer_is_refused() -> None:
         peers.attach("gloo-bogus", None, 10)  # type: ignore[arg-type]
 
 
-def test_sparse_needs_embeddings() -> None:
+def test_dense_needs_sparse_embeddings() -> None:
     with pytest.raises(ValueError, match="embedding"):
-        peers.prepare("gloo-sparse", torch.nn.Linear(2, 2))
+        peers.prepare("gloo-dense", torch.nn.Linear(2, 2))
+    with pytest.raises(ValueError, match="embedding"):
+        peers.prepare("gloo-dense", make_task("lm", SHAPE).model)  # dense tables already
 
 
 @pytest.mark.timeout(120)
-def test_sparse_gloo_matches_dense_gloo(tmp_path: Path) -> None:
-    """Sparse rows over gloo sum exactly what the dense tables do (up to float rounding)."""
-    dense = _train("gloo", "ncf", tmp_path)
-    sparse = _train("gloo-sparse", "ncf", tmp_path)
+def test_dense_gloo_matches_sparse_gloo(tmp_path: Path) -> None:
+    """Dense tables over gloo sum exactly what the sparse rows do (up to float rounding)."""
+    sparse = _train("gloo", "ncf", tmp_path)
+    dense = _train("gloo-dense", "ncf", tmp_path)
     assert all(sparse["sparse"]) and not any(dense["sparse"])
     for k, v in dense["state"].items():
         assert torch.allclose(v, sparse["state"][k], atol=1e-6), k
