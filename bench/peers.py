@@ -56,6 +56,7 @@ class Tally:
         self.wire: dict[tuple[str, str], list[float]] = {}
         self.reach: dict[tuple[str, str], list[tuple[float, int] | None]] = {}
         self.final: dict[tuple[str, str], list[float]] = {}
+        self.fallback: dict[tuple[str, str], int] = {}
 
     def add(self, model: str, runs: dict[str, list[dict[str, Any]]], target: float) -> None:
         """One run's methods, judged against the round's target."""
@@ -65,6 +66,8 @@ class Tally:
             self.wire.setdefault(key, []).extend(s["tx_bytes"] / s["dense_bytes"] for s in steps)
             self.reach.setdefault(key, []).append(time_to(steps, target))
             self.final.setdefault(key, []).append(smoothed([s["loss"] for s in steps])[-1])
+            fell = sum(s.get("fallback_buckets", 0) for s in steps)
+            self.fallback[key] = self.fallback.get(key, 0) + fell
 
 
 def _one_round(model: str, rnd: int, args: argparse.Namespace, tmp: Path, tally: Tally) -> str:
@@ -113,8 +116,8 @@ def table(models: list[str], tally: Tally) -> list[str]:
     """The markdown rows: per model, gloo, the peers and the switch."""
     lines = [
         "| model | method | ms/iteration | gloo / method | wire vs dense | final loss "
-        "| to target (wall, steps, rounds reached) |",
-        "|---|---|---:|---:|---:|---:|---|",
+        "| to target (wall, steps, rounds reached) | buckets via gloo |",
+        "|---|---|---:|---:|---:|---:|---|---:|",
     ]
     for m in models:
         gloo = statistics.median(tally.seconds[(m, "DDP over gloo")])
@@ -124,7 +127,8 @@ def table(models: list[str], tally: Tally) -> list[str]:
                 f"| {DESCRIPTION[m]} | {name} | {ms(s)} | {gloo / statistics.median(s):.2f}x "
                 f"| {statistics.mean(tally.wire[(m, name)]):.2f}x "
                 f"| {statistics.median(tally.final[(m, name)]):.4f} "
-                f"| {_reach_cell(tally.reach[(m, name)])} |"
+                f"| {_reach_cell(tally.reach[(m, name)])} "
+                f"| {tally.fallback[(m, name)] if name in SWITCH else '-'} |"
             )
     return lines
 
@@ -227,7 +231,9 @@ def write(
         "(everything) / dense float32 gradient bytes. Target: the smoothed (5-step mean) loss "
         f"DDP over gloo reaches at {TARGET_AT:.0%} of its steps in the same round; time to "
         "target: the wall time of the steps until a method's smoothed loss reaches it "
-        "(median over the rounds that reached it).",
+        "(median over the rounds that reached it). Buckets via gloo: the switch runs' "
+        "buckets that went to the process group's all_reduce instead (a fallback), all "
+        "ranks and steps.",
         "",
         *table(models, tally),
         "",

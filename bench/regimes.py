@@ -9,7 +9,7 @@ step, everything included. Ring all-reduce sends 2(W-1)/W of the gradient per wo
 switch one copy up (and one comes down): the plot draws both lines beside the measurement.
 
     python -m bench.regimes [--model mlp] [--steps 12] [--rounds 1] [--bws 100,1000]
-                            [--hosts 2,4,8]
+                            [--hosts 2,4,8] [--codecs lossless,fixed_point]
 """
 
 from __future__ import annotations
@@ -51,10 +51,12 @@ class Samples:
 def regime(
     hosts: int, bw: float, rnd: int, args: argparse.Namespace, tmp: Path, got: Samples
 ) -> str:
-    """The lossless run with its gloo twin and the fixed-point run, alternated by round."""
-    specs = [
-        RunSpec(args.model, "lossless", hosts, bw, args.steps, True, [], args.target),
-        RunSpec(args.model, "fixed_point", hosts, bw, args.steps, False, [], args.target),
+    """The first codec's run with its gloo twin, then the other codecs' runs; the order
+    reversed every other round."""
+    codecs = [c for c in args.codecs.split(",") if c]
+    specs = [  # the first codec's run also runs its gloo twin
+        RunSpec(args.model, c, hosts, bw, args.steps, i == 0, [], args.target)
+        for i, c in enumerate(codecs)
     ]
     if rnd % 2:
         specs.reverse()
@@ -145,6 +147,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--rounds", type=int, default=1, help="repetitions (default 1)")
     p.add_argument("--bws", default="100,1000", help="shaped link rates in Mbit/s at W=4")
     p.add_argument("--hosts", default="2,4,8", help="W values for the scaling (unshaped)")
+    p.add_argument(
+        "--codecs",
+        default="lossless,fixed_point",
+        help="switch codecs; the first one's run also runs DDP over gloo",
+    )
     p.add_argument("--target", default="auto", choices=["auto", "bmv2", "refswitch"])
     return p
 
@@ -182,8 +189,8 @@ def write(
         f"{time.strftime('%Y-%m-%d')})",
         "",
         f"`python -m bench.regimes --model {args.model} --steps {args.steps} --rounds "
-        f"{args.rounds} --bws {args.bws} --hosts {args.hosts}`; {rounds} round(s) in "
-        f"{seconds:.0f} s; switch {target}. Iteration time: median "
+        f"{args.rounds} --bws {args.bws} --hosts {args.hosts} --codecs {args.codecs}`; "
+        f"{rounds} round(s) in {seconds:.0f} s; switch {target}. Iteration time: median "
         f"[p10, p90] over {rounds} x {args.steps - 1} steps per cell. Sent: median bytes "
         "each host sent per step, everything included (aggregation, gloo, control).",
         "",

@@ -4,6 +4,7 @@ training benchmarks start it, and the statistics they take of its per-step recor
 from __future__ import annotations
 
 import json
+import signal
 import statistics
 import subprocess
 import sys
@@ -43,26 +44,34 @@ def run_once(spec: RunSpec, out: Path) -> tuple[dict[str, list[dict[str, Any]]],
     if spec.peers:
         cmd += ["--peers", ",".join(spec.peers)]
     jobs = 2 + int(spec.gloo) + len(spec.peers)
-    proc = subprocess.run(
-        cmd,
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        timeout=jobs * spec.timeout + 120,
+    proc = subprocess.Popen(
+        cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
+    try:
+        stdout, _ = proc.communicate(timeout=jobs * spec.timeout + 120)
+    except BaseException:  # timeout or Ctrl-C: let the run tear its network down
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(90)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+        raise
     target = spec.target
-    for line in proc.stdout.splitlines():
+    for line in stdout.splitlines():
         if line.startswith("make run:"):
             target = line.split("switch ")[1].split(",")[0]
     if proc.returncode not in (0, 1):  # 1: parameters differ beyond the bound (still timed)
-        print(proc.stdout[-3000:])
+        print(stdout[-3000:])
         raise RuntimeError(f"{' '.join(cmd[2:])} failed ({proc.returncode})")
     runs = {f"switch, {spec.codec}": read_steps(out / "switch.jsonl")}
     if spec.gloo:
         runs["DDP over gloo"] = read_steps(out / "gloo.jsonl")
     for peer in spec.peers:
         runs[peer] = read_steps(out / f"{peer}.jsonl")
+    fell_back = sum(s.get("fallback_buckets", 0) for s in runs[f"switch, {spec.codec}"])
+    if fell_back:  # the switch rows would time the process group's all_reduce instead
+        print(f"    WARNING: {fell_back} bucket(s) fell back to gloo in the switch run", flush=True)
     return runs, target
 
 
