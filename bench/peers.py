@@ -57,6 +57,7 @@ class Tally:
         self.reach: dict[tuple[str, str], list[tuple[float, int] | None]] = {}
         self.final: dict[tuple[str, str], list[float]] = {}
         self.fallback: dict[tuple[str, str], int] = {}
+        self.in_switch: dict[tuple[str, str], list[float]] = {}
 
     def add(self, model: str, runs: dict[str, list[dict[str, Any]]], target: float) -> None:
         """One run's methods, judged against the round's target."""
@@ -68,6 +69,9 @@ class Tally:
             self.final.setdefault(key, []).append(smoothed([s["loss"] for s in steps])[-1])
             fell = sum(s.get("fallback_buckets", 0) for s in steps)
             self.fallback[key] = self.fallback.get(key, 0) + fell
+            self.in_switch.setdefault(key, []).extend(
+                s.get("switch_seconds", 0.0) / s["seconds"] for s in steps[1:] if s["seconds"]
+            )
 
 
 def _one_round(model: str, rnd: int, args: argparse.Namespace, tmp: Path, tally: Tally) -> str:
@@ -112,12 +116,17 @@ def _reach_cell(samples: list[tuple[float, int] | None]) -> str:
     return f"{secs:.1f} s, {steps:.0f} steps ({len(hit)}/{len(samples)})"
 
 
+def _share(values: list[float]) -> str:
+    """Median share of the iteration spent in the switch's aggregation (the hook's time)."""
+    return f"{statistics.median(values):.0%}" if values else "-"
+
+
 def table(models: list[str], tally: Tally) -> list[str]:
     """The markdown rows: per model, gloo, the peers and the switch."""
     lines = [
         "| model | method | ms/iteration | gloo / method | wire vs dense | final loss "
-        "| to target (wall, steps, rounds reached) | buckets via gloo |",
-        "|---|---|---:|---:|---:|---:|---|---:|",
+        "| to target (wall, steps, rounds reached) | buckets via gloo | time in the switch |",
+        "|---|---|---:|---:|---:|---:|---|---:|---:|",
     ]
     for m in models:
         gloo = statistics.median(tally.seconds[(m, "DDP over gloo")])
@@ -128,7 +137,8 @@ def table(models: list[str], tally: Tally) -> list[str]:
                 f"| {statistics.mean(tally.wire[(m, name)]):.2f}x "
                 f"| {statistics.median(tally.final[(m, name)]):.4f} "
                 f"| {_reach_cell(tally.reach[(m, name)])} "
-                f"| {tally.fallback[(m, name)] if name in SWITCH else '-'} |"
+                f"| {tally.fallback[(m, name)] if name in SWITCH else '-'} "
+                f"| {_share(tally.in_switch[(m, name)]) if name in SWITCH else '-'} |"
             )
     return lines
 
@@ -233,7 +243,8 @@ def write(
         "target: the wall time of the steps until a method's smoothed loss reaches it "
         "(median over the rounds that reached it). Buckets via gloo: the switch runs' "
         "buckets that went to the process group's all_reduce instead (a fallback), all "
-        "ranks and steps.",
+        "ranks and steps. Time in the switch: the share of the iteration the DDP hook spent "
+        "aggregating through the switch (encode, send, wait, decode), median over steps.",
         "",
         *table(models, tally),
         "",

@@ -36,7 +36,7 @@ def test_table_ratios_and_unreached_targets() -> None:
     table = "\n".join(peers.table(["ncf"], tally))
     assert "| gloo-dense | 800 [800, 800] | 0.25x | 4.00x |" in table
     assert "| switch, lossless | 100 [100, 100] | 2.00x | 0.50x |" in table
-    assert "| switch, fixed_point |" in table and "| - (0/1) | 0 |" in table
+    assert "| switch, fixed_point |" in table and "| - (0/1) | 0 | 0% |" in table
     line = peers.summary_of(["ncf"], tally)
     assert line.startswith("ncf: fastest to target switch, lossless")
     assert "switch lossless 0.8 s" in line  # reached at step 8 of 0.1 s
