@@ -174,11 +174,18 @@ def share_job(
     return JobTicket(ticket.job_id, ticket.token, ticket.created_here and rank == 0)
 
 
-def _release_at_exit(agent: WorkerAgent | None, ticket: JobTicket, controller: str) -> None:
-    """Leave (every rank) and release the job (the rank that created it) at exit; the
-    controller's lease ends both after a crash."""
+def _release_at_exit(
+    agent: WorkerAgent | None, ticket: JobTicket, controller: str
+) -> Callable[[], None]:
+    """Leave (every rank) and release the job (the rank that created it) at exit, or earlier
+    by calling the returned function (once is enough); the controller's lease ends both
+    after a crash."""
+    pending = [True]
 
     def done() -> None:
+        if not pending:
+            return
+        pending.clear()
         if agent is not None:
             agent.close()
         if ticket.created_here:
@@ -191,6 +198,7 @@ def _release_at_exit(agent: WorkerAgent | None, ticket: JobTicket, controller: s
                 log.warning("job %d not released (%s); its lease will end it", ticket.job_id, exc)
 
     atexit.register(done)
+    return done
 
 
 def connect(
@@ -202,10 +210,12 @@ def connect(
     name: str = "torchrun",
     group: dist.ProcessGroup | None = None,
     ranks: tuple[int, int, Exchange] | None = None,
+    closers: list[Callable[[], None]] | None = None,
 ) -> tuple[WorkerAgent | None, str]:
     """(agent, "") on every rank that joined the job, or (None, reason): the set-up of
     `attach` without a model. `ranks` (rank, world size, exchange) replaces the process
-    group's (the torch.distributed backend shares through the store)."""
+    group's (the torch.distributed backend shares through the store); `closers` receives
+    the function that leaves and releases the job before exit."""
     address = controller or os.environ.get(ENV_CONTROLLER, "")
     if not address:
         return None, f"no controller: set {ENV_CONTROLLER}=host:port or pass controller="
@@ -237,7 +247,9 @@ def connect(
         agent, reason = open_agent(cfg)
     except AgentError as exc:
         reason = str(exc)
-    _release_at_exit(agent, ticket, address)
+    done = _release_at_exit(agent, ticket, address)
+    if closers is not None:
+        closers.append(done)
     return agent, reason
 
 

@@ -11,6 +11,7 @@ import logging
 import time
 import warnings
 from collections import Counter
+from collections.abc import Generator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,7 +22,7 @@ import torch.distributed as dist
 from aggwire.constants import AGG_FRAME_BYTES
 from worker import sparse_bucket
 from worker.agent import WorkerAgent
-from worker.codecs import CODECS, Codec, CodecError, GradInput, make_codec
+from worker.codecs import CODECS, Codec, CodecError, GradInput, Phase, make_codec
 from worker.transport import TransportError
 
 log = logging.getLogger(__name__)
@@ -201,9 +202,14 @@ class SwitchHookState:
 
 
 def _through_switch(
-    state: SwitchHookState, index: int, grad: GradInput, length: int
+    state: SwitchHookState,
+    index: int,
+    grad: GradInput,
+    length: int,
+    phases: Generator[Phase, np.ndarray, np.ndarray] | None = None,
 ) -> tuple[np.ndarray | None, int, str]:
-    """(decoded sum, OK, "") or (None, failure kind, reason) for one bucket on this rank."""
+    """(decoded sum, OK, "") or (None, failure kind, reason) for one bucket on this rank;
+    `phases` replaces the bucket codec's (a raw switch operation)."""
     agent = state.agent
     if agent is None or agent.transport is None or not agent.healthy:
         return None, UNHEALTHY, state.local_reason()
@@ -211,7 +217,7 @@ def _through_switch(
     before = (transport.stats.packets_sent, transport.stats.retransmissions)
     start = time.perf_counter()
     try:
-        out = transport.run(state.codec_for(index, length).aggregate(grad))
+        out = transport.run(phases or state.codec_for(index, length).aggregate(grad))
     except TransportError as exc:
         return None, SWITCH_TIMEOUT, str(exc)
     except CodecError as exc:
