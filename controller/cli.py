@@ -120,6 +120,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--listen", metavar="ADDR", help="override controller.listen")
     serve.add_argument("--database", type=Path, metavar="PATH", help="override controller.database")
+    serve.add_argument(
+        "--fresh-database",
+        action="store_true",
+        help="start with no jobs: an existing database (e.g. one refused as empty or damaged) "
+        "is kept aside as PATH.damaged-TIME, the switches' job entries are removed and new "
+        "job ids start above every id they hold",
+    )
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning"])
     add("status")
     jobs = add("jobs")
@@ -279,7 +286,7 @@ def _serve(args: argparse.Namespace) -> int:
     )
     log = logging.getLogger("aggctl")
     try:
-        server = ControllerServer(config)
+        server = ControllerServer(config, fresh_database=args.fresh_database)
     except StoreError as exc:
         print(f"aggctl: {exc}", file=sys.stderr)
         return 2

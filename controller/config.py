@@ -9,7 +9,7 @@ import math
 import re
 import tomllib
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +57,8 @@ class ControllerConfig:
     join_timeout: float = 60.0
     default_pool_size: int = 64
     rpc_threads: int = 128
+    wait_ready_limit: int = 96  # parked WaitReady calls (controller/waiting.py)
+    wait_ready_per_client: int = 64
 
     def switch(self, name: str) -> SwitchConfig | None:
         """The switch with this name, if configured."""
@@ -198,6 +200,7 @@ def parse_config(
         default_pool_size=ctl.integer("default_pool_size", 64, 1, NUM_SLOTS),
         rpc_threads=ctl.integer("rpc_threads", 128, 4, 4096),
     )
+    config = _wait_limits(ctl, config)
     ctl.finish()
     if config.lease < 2 * config.heartbeat_interval:
         raise ConfigError(
@@ -205,6 +208,14 @@ def parse_config(
             f"heartbeat_interval ({config.heartbeat_interval} s)"
         )
     return config
+
+
+def _wait_limits(ctl: _Reader, config: ControllerConfig) -> ControllerConfig:
+    """Parked WaitReady calls leave at least a quarter of the request threads to the rest."""
+    most = config.rpc_threads - max(1, config.rpc_threads // 4)
+    total = ctl.integer("wait_ready_limit", most, 1, most)
+    per_client = ctl.integer("wait_ready_per_client", max(1, total * 2 // 3), 1, total)
+    return replace(config, wait_ready_limit=total, wait_ready_per_client=per_client)
 
 
 def load_config(path: Path | str) -> ControllerConfig:

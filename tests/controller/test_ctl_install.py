@@ -82,6 +82,7 @@ class ScriptedSwitch:
         self.log: list[tuple[int, list[str]]] = []  # per write: (update type, kinds written)
         self.link_down_on_write = link_down_on_write
         self.is_connected = True
+        self.is_primary, self.primary_losses = True, 0
 
     def batch(self) -> WriteBatch:
         return WriteBatch(P4INFO)
@@ -147,6 +148,9 @@ class Listener:
     def switch_lost(self, switch):
         pass
 
+    def job_ids_held(self, switch, job_ids):
+        pass
+
 
 def managed(conn: ScriptedSwitch) -> ManagedSwitch:
     sw = ManagedSwitch(
@@ -155,6 +159,7 @@ def managed(conn: ScriptedSwitch) -> ManagedSwitch:
         Listener(),
     )
     sw.conn = conn  # type: ignore[assignment]
+    sw.synced = True  # as after the supervisor's reconciliation
     return sw
 
 
@@ -259,3 +264,16 @@ def test_reconcile_writes_the_difference_in_install_order():
         (Update.MODIFY, MULTICAST_GROUPS),
         (Update.MODIFY, p4names.JOB_TABLE),
     ]
+
+
+def test_reconcile_reports_the_ids_of_jobs_it_did_not_expect():
+    """Stale entries name their job (group id, job_id match): a fresh database raises its
+    next job id past them. A job entry without its group counts too."""
+    conn = ScriptedSwitch()
+    reconcile(conn, job_specs(JOB), read_back=False)  # type: ignore[arg-type]
+    conn.state = {k: u for k, u in conn.state.items() if k[0] != "group"}
+    conn.held = set(conn.state)
+    assert conn.read_multicast_groups() == {}
+    done = reconcile(conn, [])  # type: ignore[arg-type]
+    assert done.stale_job_ids == (JOB.job_id,) and done.removed == 7
+    assert reconcile(conn, []).stale_job_ids == ()  # type: ignore[arg-type]

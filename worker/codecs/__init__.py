@@ -23,16 +23,25 @@ from .cltk import CLTK
 from .error_feedback import ErrorFeedback
 from .fixed_point import FixedPoint
 from .lossless import LosslessSparse
+from .lowbit import LowBit
 from .simulate import PhaseMismatch, combine, drive, simulate
 
 CodecFactory = Callable[..., Codec]
 """Makes one codec object: factory(world, rank, **options)."""
+
+
+def _lowbit(world: int, bits: int, gamma: float = 0.9, **options: Any) -> Codec:
+    """Low-bit lanes with error feedback (CO3: gamma 0.9 by default; 0 turns it off)."""
+    return ErrorFeedback(LowBit(world, bits=bits, **options), gamma=gamma)
+
 
 CODECS: dict[str, CodecFactory] = {
     "lossless": lambda world, rank, **o: LosslessSparse(world, **o),
     "fixed_point": lambda world, rank, **o: FixedPoint(world, **o),
     "cltk": lambda world, rank, **o: CLTK(world, rank, **o),
     "ef_fixed_point": lambda world, rank, **o: ErrorFeedback(FixedPoint(world, **o)),
+    "lowbit16": lambda world, rank, **o: _lowbit(world, 16, **o),
+    "lowbit8": lambda world, rank, **o: _lowbit(world, 8, **o),
 }
 """The codec registry: name -> factory, in registration order (the first is the default).
 Iterate it for the names; add to it with register_codec."""
@@ -65,6 +74,7 @@ __all__ = [
     "GradInput",
     "LosslessSparse",
     "LossyCodec",
+    "LowBit",
     "NonFiniteError",
     "PeelingError",
     "Phase",
