@@ -1,20 +1,23 @@
-"""The "homagg" torch.distributed backend: `dist.init_process_group("homagg")` and every
-`all_reduce` that the switch can do exactly goes through it, with the codec for float sums
-and plain ADD or MAX phases for integers and float maxima; every other collective, every
-other dtype or op and every failure goes to a gloo process group the backend owns, decided
-by all ranks together with the DDP hook's rules (worker/ddp_hook.py: SwitchHookState).
+"""The "homagg" torch.distributed backend: after `dist.init_process_group("homagg")` every
+`all_reduce` the switch can do goes through it: float SUM/AVG with the codec (within its
+fixed-point bound), integer SUM/MAX exactly as int32 ADD/MAX phases, float MAX exactly as
+MAX of order-preserving int32 keys. Every other collective, dtype or op, and every failure,
+goes to a gloo process group the backend owns; the switch-or-gloo decision is the DDP
+hook's (worker/ddp_hook.py: SwitchHookState), made by all ranks together.
 
-    import worker.backend  # registers "homagg"
-    dist.init_process_group("homagg")   # HOMAGG_CONTROLLER, torchrun's RANK/WORLD_SIZE
+    import homagg                        # registers "homagg"
+    dist.init_process_group("homagg")    # HOMAGG_CONTROLLER, torchrun's RANK/WORLD_SIZE
 
 The job is set up at init as `homagg.attach` does it (worker/attach.py), its id and token
-shared through the process group's store. Each all_reduce counts as one step of the
-hook's cool-down."""
+shared through the process group's store, and left (released by rank 0) when the group is
+destroyed or the process exits. Each all_reduce counts as one step of the hook's cool-down.
+"""
 
 from __future__ import annotations
 
 import os
 import pickle
+from collections import Counter
 from collections.abc import Callable, Generator
 from datetime import timedelta
 from typing import Any
@@ -25,13 +28,13 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import _create_work_from_future
 
 from aggwire.constants import Op
+from worker import sparse_bucket
 from worker.attach import ENV_CODEC, connect
-from worker.codecs import CorruptResultError, Phase
-from worker.ddp_hook import CODEC_FAILED, OK, SwitchHookState, _through_switch
+from worker.codecs import CODECS, CorruptResultError, GradInput, Phase, SparseGrad
+from worker.ddp_hook import OK, SwitchHookState, _through_switch
 
 BACKEND_NAME = "homagg"
 _JOB_KEY = "homagg/job"
-_SUM_OPS = (dist.ReduceOp.SUM, dist.ReduceOp.AVG)
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16)  # exact in float32
 _INTS = (torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64)
 _INT32_MAX = 2**31 - 1
@@ -85,13 +88,20 @@ def float_from_key(key: np.ndarray) -> np.ndarray:
     return np.where(key < 0, key ^ np.int32(_INT32_MAX), key).view(np.float32)
 
 
+def _sums(op: Any) -> bool:
+    # `==`, not `in`: the options' ReduceOp equals the RedOpType members, a tuple lookup not.
+    return bool(op == dist.ReduceOp.SUM or op == dist.ReduceOp.AVG)
+
+
 def switch_kind(t: torch.Tensor, op: Any) -> str:
-    """What the switch does with this all_reduce: "codec" (float sums), "add" or "max" (raw
-    int32 phases) or "" (gloo)."""
-    if t.is_sparse or t.device.type != "cpu" or t.numel() == 0:
+    """What the switch does with this all_reduce: "codec" (float sums, dense or sparse COO),
+    "add" or "max" (raw int32 phases) or "" (gloo)."""
+    if t.device.type != "cpu" or t.numel() == 0:
         return ""
+    if t.is_sparse:
+        return "codec" if t.dtype in _FLOATS and _sums(op) else ""
     if t.dtype in _FLOATS:
-        return "codec" if op in _SUM_OPS else "max" if op == dist.ReduceOp.MAX else ""
+        return "codec" if _sums(op) else "max" if op == dist.ReduceOp.MAX else ""
     if t.dtype in _INTS:
         return "add" if op == dist.ReduceOp.SUM else "max" if op == dist.ReduceOp.MAX else ""
     return ""
@@ -116,15 +126,31 @@ def _done(tensors: list[torch.Tensor]) -> Any:
     return _create_work_from_future(fut)
 
 
+def backend_codec() -> str:
+    """The codec of float sums: HOMAGG_CODEC or lossless; a clear error for any other name
+    ("auto" needs the hook's per-step budgets, which a bare all_reduce does not have)."""
+    codec = os.environ.get(ENV_CODEC, "lossless")
+    if codec not in CODECS:
+        raise ValueError(
+            f"{ENV_CODEC}={codec!r}: the homagg backend takes one of {', '.join(CODECS)} "
+            "(codec 'auto' works with homagg.attach's hook only)"
+        )
+    return codec
+
+
 class SwitchProcessGroup(dist.ProcessGroup):
     """A process group whose all_reduce goes through the switch where it can (see module)."""
 
     def __init__(self, store: dist.Store, rank: int, world: int, timeout: timedelta) -> None:
         super().__init__(rank, world)
-        self.gloo = dist.ProcessGroupGloo(dist.PrefixStore("homagg/gloo", store), rank, world)
-        codec = os.environ.get(ENV_CODEC, "lossless")
+        codec = backend_codec()
+        self.gloo = dist.ProcessGroupGloo(
+            dist.PrefixStore("homagg/gloo", store), rank, world, timeout
+        )
+        self.gloo_calls: Counter[str] = Counter()  # all_reduces sent to gloo, by reason
+        self._closers: list[Callable[[], None]] = []
         exchange = store_exchange(dist.PrefixStore("homagg", store), rank, timeout)
-        agent, reason = connect(codec, ranks=(rank, world, exchange))
+        agent, reason = connect(codec, ranks=(rank, world, exchange), closers=self._closers)
         self.state = _State(
             self.gloo,
             agent=agent,
@@ -134,59 +160,89 @@ class SwitchProcessGroup(dist.ProcessGroup):
             unavailable_reason=reason,
         )
 
-    def getBackendName(self) -> str:  # noqa: N802 (torch's name)
+    def getBackendName(self) -> str:
         """The name it is registered under."""
         return BACKEND_NAME
+
+    def shutdown(self) -> None:
+        """Leave the job (rank 0 releases it) and shut gloo down: destroy_process_group."""
+        for close in self._closers:
+            close()
+        self.state.agent = None
+        self.state.unavailable_reason = "the process group was destroyed"
+        self.gloo.shutdown()
 
     def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
         """One tensor through the switch when switch_kind allows and every rank agrees."""
         opts = opts if opts is not None else dist.AllreduceOptions()
-        kind = switch_kind(tensors[0], opts.reduceOp) if len(tensors) == 1 else ""
+        op = opts.reduceOp
+        if op == dist.ReduceOp.AVG and any(not t.is_floating_point() for t in tensors):
+            raise ValueError("all_reduce AVG needs floating-point tensors; use SUM for integers")
+        kind = switch_kind(tensors[0], op) if len(tensors) == 1 else ""
         st = self.state
-        if not kind or not st.use_switch():
+        if not kind:
             st.end_step()
-            return self._gloo_allreduce(tensors, opts)
+            return self._gloo_allreduce(tensors, opts, "not a switch operation")
+        if not st.use_switch():
+            st.end_step()
+            return self._gloo_allreduce(tensors, opts, "fallback")
         t = tensors[0]
-        out, failure, reason = self._through_switch(t, kind)
+        cells = self._cells(t, kind)
+        if cells is None:
+            st.end_step()
+            return self._gloo_allreduce(tensors, opts, "integers beyond the int32 cells")
+        out, failure, reason = self._through_switch(cells, kind, t.numel())
         failed, health, chunk = st.agree(failure, st.local_health())
         if failed != OK:
             st.fall_back(failed, reason, chunk)
             st.end_step()
-            return self._gloo_allreduce(tensors, opts)
+            return self._gloo_allreduce(tensors, opts, "fallback")
         assert out is not None
-        t.copy_(torch.from_numpy(out).reshape(t.shape))
-        if opts.reduceOp == dist.ReduceOp.AVG:
+        _write_back(t, out, kind)
+        if op == dist.ReduceOp.AVG:
             t.div_(self.size())
         st.stats.switch_buckets += 1
-        if health != OK:
+        st.stats.dense_bytes += t.numel() * 4  # as the hook counts sparse buckets too
+        if health != OK:  # this result is good; the next all_reduce takes gloo
             st.fall_back(health, st.local_reason(), chunk)
         st.end_step()
         return _done(tensors)
 
-    def _through_switch(self, t: torch.Tensor, kind: str) -> tuple[np.ndarray | None, int, str]:
-        st = self.state
-        if kind == "codec":
-            flat = t.detach().reshape(-1).to(torch.float32).numpy()
-            return _through_switch(st, flat.size, flat, flat.size)  # one codec per size
+    def _cells(self, t: torch.Tensor, kind: str) -> GradInput | None:
+        """The codec's input (float32, or a sparse tensor's indices and values, never
+        densified) or int32 cells for ADD/MAX; None when some rank's integers do not fit
+        (agreed: every rank then takes gloo)."""
+        if t.is_sparse:
+            return sparse_bucket.to_codec_input(t)
         x = t.detach().reshape(-1)
-        if t.dtype in _FLOATS:
-            cells = float_order_key(x.to(torch.float32).numpy())
-        else:
-            cells = x.to(torch.int64).numpy()
-            bound = _INT32_MAX // self.size() if kind == "add" else _INT32_MAX
-            big = cells.size and int(np.abs(cells).max()) > bound
-            # Agreed before any packet: one rank's out-of-range values send every rank to gloo.
-            failed, _, _ = st.agree(CODEC_FAILED if big else OK, OK)
-            if failed != OK:
-                return None, CODEC_FAILED, f"integers beyond the int32 cells' range (|x| > {bound})"
-            cells = cells.astype(np.int32)
-        op = Op.ADD if kind == "add" else Op.MAX
-        out, failure, reason = _through_switch(st, 0, cells, cells.size, _raw_phase(op, cells))
-        if out is not None and t.dtype in _FLOATS:
-            out = float_from_key(out)
-        return out, failure, reason
+        if kind == "codec":
+            return x.to(torch.float32).numpy()
+        if t.is_floating_point():
+            return float_order_key(x.to(torch.float32).numpy())
+        wide = x.to(torch.int64).numpy()
+        # ADD: no partial sum of `world` values within the bound leaves int32 (no wrap).
+        bound = _INT32_MAX // self.size() if kind == "add" else _INT32_MAX
+        out_of_range = int(wide.max()) > bound or int(wide.min()) < -bound
+        big = torch.tensor([int(out_of_range)], dtype=torch.int64)
+        self.state.reduce_max(big)  # one rank's out-of-range values send every rank to gloo
+        self.state.stats.agreements += 1
+        return None if bool(big) else wide.astype(np.int32)
 
-    def _gloo_allreduce(self, tensors: list[torch.Tensor], opts: Any) -> Any:
+    def _through_switch(
+        self, cells: GradInput, kind: str, length: int
+    ) -> tuple[np.ndarray | None, int, str]:
+        st = self.state
+        if kind == "codec":  # a codec per tensor size and layout (the key of its memory)
+            index = -length if isinstance(cells, SparseGrad) else length
+            return _through_switch(st, index, cells, length)
+        assert isinstance(cells, np.ndarray)
+        op = Op.ADD if kind == "add" else Op.MAX
+        return _through_switch(st, 0, cells, length, _raw_phase(op, cells))
+
+    def _gloo_allreduce(self, tensors: list[torch.Tensor], opts: Any, why: str) -> Any:
+        self.gloo_calls[why] += 1
+        if why == "fallback":
+            self.state.stats.fallback_buckets += 1
         if opts.reduceOp != dist.ReduceOp.AVG:
             return self.gloo.allreduce(tensors, opts)
         total = dist.AllreduceOptions()  # gloo has no AVG: SUM, then divide
@@ -195,6 +251,16 @@ class SwitchProcessGroup(dist.ProcessGroup):
         for t in tensors:
             t.div_(self.size())
         return _done(tensors)
+
+
+def _write_back(t: torch.Tensor, out: np.ndarray, kind: str) -> None:
+    """The switch's result into the caller's tensor, in place (as gloo does, sparse too)."""
+    if t.is_sparse:
+        t.copy_(sparse_bucket.from_codec_output(out, t))
+        return
+    if t.is_floating_point() and kind == "max":
+        out = float_from_key(out)
+    t.copy_(torch.from_numpy(out).reshape(t.shape))
 
 
 def _raw_phase(op: Op, cells: np.ndarray) -> Generator[Phase, np.ndarray, np.ndarray]:
@@ -220,6 +286,15 @@ for _name in DELEGATED:
 
 def _create(store: dist.Store, rank: int, world: int, timeout: timedelta) -> SwitchProcessGroup:
     return SwitchProcessGroup(store, rank, world, timeout)
+
+
+def switch_group(group: dist.ProcessGroup | None = None) -> SwitchProcessGroup:
+    """The homagg process group behind `group` (default: the world), for its `state.stats`
+    and `gloo_calls`; a clear error when the group is not the homagg backend's."""
+    pg = group if group is not None else dist.distributed_c10d._get_default_group()
+    if not isinstance(pg, SwitchProcessGroup):
+        raise ValueError(f"the process group is {type(pg).__name__}, not {BACKEND_NAME!r}")
+    return pg
 
 
 def register() -> None:

@@ -1,88 +1,199 @@
-"""One rank of tests/worker/test_backend.py: init_process_group("homagg"), a hand-written
-loop of all_reduce (float SUM/AVG/MAX, integer SUM/MAX, others delegated) and DDP without a
-hook; checks every result against what the ranks' known inputs give, writes a JSON report."""
+"""One rank of tests/worker/test_backend.py: init_process_group("homagg"), then all_reduce
+calls (float SUM/AVG/MAX, integer SUM/MAX at the int32 cells' edges, sparse SUM, others
+delegated), a hand-written training loop that averages gradients with dist.all_reduce, and
+DDP without a hook on a model with a sparse embedding. Checks every result against what the
+ranks' known inputs give and writes a JSON report (argv[1])."""
 
 import json
+import os
 import sys
+import time
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-import worker.backend  # noqa: F401  (registers "homagg")
+import homagg  # registers "homagg"
+from worker.backend import switch_group
+
+ATOL = 1e-5  # lossless fixed point: far below this at these magnitudes (W = 2)
+STEPS = 4
 
 
-def data(rank: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+class Model(nn.Module):
+    """A sparse embedding (its gradient a COO tensor) into a small dense net."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.emb = nn.Embedding(50, 4, sparse=True)
+        self.net = nn.Sequential(nn.Linear(6 + 4, 8), nn.Tanh(), nn.Linear(8, 1))
+
+    def forward(self, ids: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        return self.net(torch.cat([self.emb(ids), x], 1))
+
+
+def data(rank: int, step: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(100 * step + rank)
-    return torch.randn(16, 6, generator=g), torch.randn(16, 1, generator=g)
+    ids = torch.randint(0, 50, (16,), generator=g)
+    return ids, torch.randn(16, 6, generator=g), torch.randn(16, 1, generator=g)
 
 
-def model() -> nn.Module:
-    torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 1))
+def loss_of(m: nn.Module, rank: int, step: int) -> torch.Tensor:
+    ids, x, y = data(rank, step)
+    return nn.functional.mse_loss(m(ids, x), y)
+
+
+def reference(world: int) -> nn.Module:
+    """The same training on one process: the loss averaged over every rank's data."""
+    ref = Model()
+    opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    for step in range(STEPS):
+        opt.zero_grad()
+        (sum(loss_of(ref, r, step) for r in range(world)) / world).backward()
+        opt.step()
+    return ref
+
+
+def same(a: nn.Module, b: nn.Module) -> bool:
+    return all(torch.allclose(p, q, atol=ATOL) for p, q in zip(a.parameters(), b.parameters()))
+
+
+def reduced(t: torch.Tensor, op: dist.ReduceOp = dist.ReduceOp.SUM) -> torch.Tensor:
+    t = t.clone()
+    dist.all_reduce(t, op=op)
+    return t
+
+
+def collectives(rank: int, world: int) -> dict[str, bool]:
+    """all_reduce of every kind the backend sorts, each checked exactly or within ATOL."""
+    c = {}
+    xs = [torch.linspace(-1, 1, 1000) * (r + 1) for r in range(world)]
+    c["float sum"] = torch.allclose(reduced(xs[rank]), sum(xs), atol=ATOL)
+    c["float avg"] = torch.allclose(
+        reduced(xs[rank], dist.ReduceOp.AVG), sum(xs) / world, atol=ATOL
+    )
+    neg = torch.stack([-x for x in xs])
+    c["float max"] = torch.equal(reduced(neg[rank], dist.ReduceOp.MAX), neg.max(0).values)
+    half = reduced(xs[rank].half(), dist.ReduceOp.MAX)
+    c["half max"] = torch.equal(half, torch.stack([x.half() for x in xs]).max(0).values)
+    ints = [torch.arange(-50, 50, dtype=torch.int64) * (r + 2) for r in range(world)]
+    c["int sum"] = torch.equal(reduced(ints[rank]), sum(ints))
+    c["int max"] = torch.equal(
+        reduced(ints[rank], dist.ReduceOp.MAX), torch.stack(ints).max(0).values
+    )
+    edge = (2**31 - 1) // world  # the largest |x| whose sum over the ranks stays in int32
+    t = torch.tensor([edge, -edge, rank], dtype=torch.int32)
+    c["int32 edge sum"] = reduced(t).tolist() == [edge * world, -edge * world, sum(range(world))]
+    t = torch.tensor([2**31 - 1, -(2**31) + 1, rank], dtype=torch.int32)
+    c["int32 edge max"] = reduced(t, dist.ReduceOp.MAX).tolist() == [
+        2**31 - 1,
+        -(2**31) + 1,
+        world - 1,
+    ]
+    t = torch.full((4,), 2**40 if rank == 0 else 1, dtype=torch.int64)  # beyond int32: gloo
+    c["big ints via gloo"] = bool((reduced(t) == 2**40 + 1).all())
+    t = (
+        torch.tensor([-(2**63), 1], dtype=torch.int64)
+        if rank == 0
+        else torch.zeros(2, dtype=torch.int64)
+    )
+    c["int64 min via gloo"] = reduced(t, dist.ReduceOp.MAX).tolist() == [0, 1]
+    t = torch.tensor([float(rank + 1)], dtype=torch.float64)  # float64 MIN: gloo, exact
+    c["min via gloo"] = float(reduced(t, dist.ReduceOp.MIN)) == 1.0
+    rows = [torch.tensor([[r, 7]]) for r in range(world)]
+    sp = [
+        torch.sparse_coo_tensor(i, torch.ones(2, 3) * (r + 1), (10, 3)) for r, i in enumerate(rows)
+    ]
+    got = reduced(sp[rank])
+    c["sparse sum"] = got.is_sparse and torch.allclose(
+        got.to_dense(), sum(s.to_dense() for s in sp), atol=ATOL
+    )
+    try:
+        dist.all_reduce(torch.ones(2, dtype=torch.int32), op=dist.ReduceOp.AVG)
+        c["int avg refused"] = False
+    except ValueError:
+        c["int avg refused"] = True
+    objs: list = [None] * world
+    dist.all_gather_object(objs, rank)
+    c["all_gather delegated"] = objs == list(range(world))
+    b = torch.tensor([rank])
+    dist.broadcast(b, src=world - 1)
+    c["broadcast delegated"] = int(b) == world - 1
+    return c
+
+
+def hand_loop(rank: int, world: int, ref: nn.Module) -> bool:
+    """A training loop with no DDP: each gradient averaged by dist.all_reduce(AVG)."""
+    m = Model()
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    for step in range(STEPS):
+        opt.zero_grad()
+        loss_of(m, rank, step).backward()
+        for p in m.parameters():
+            dist.all_reduce(p.grad, op=dist.ReduceOp.AVG)
+        opt.step()
+    return same(m, ref)
+
+
+def ddp_loop(rank: int, ref: nn.Module) -> bool:
+    """DDP with no comm hook: its bucket all_reduces are the backend's."""
+    m = DDP(Model())
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    for step in range(STEPS):
+        opt.zero_grad()
+        loss_of(m, rank, step).backward()
+        opt.step()
+    return same(m.module, ref)
+
+
+def timing(n: int = 1 << 18, reps: int = 5) -> dict[str, float]:
+    """Seconds per all_reduce of n float32, through the backend and through its gloo."""
+    pg = switch_group()
+    t = torch.ones(n)
+    out = {}
+    for name, run in (
+        ("homagg", lambda: dist.all_reduce(t)),
+        ("gloo", lambda: pg.gloo.allreduce([t]).wait()),
+    ):
+        run()
+        start = time.perf_counter()
+        for _ in range(reps):
+            run()
+        out[name] = (time.perf_counter() - start) / reps
+    return out
 
 
 def main() -> None:
     dist.init_process_group("homagg")
     rank, world = dist.get_rank(), dist.get_world_size()
-    xs = [torch.linspace(-1, 1, 1000) * (r + 1) for r in range(world)]
-    checks = {}
-    t = xs[rank].clone()
-    dist.all_reduce(t)
-    checks["float sum"] = torch.allclose(t, sum(xs), atol=1e-5)
-    t = xs[rank].clone()
-    dist.all_reduce(t, op=dist.ReduceOp.AVG)
-    checks["float avg"] = torch.allclose(t, sum(xs) / world, atol=1e-5)
-    t = -xs[rank].clone()
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    checks["float max"] = torch.equal(t, torch.stack([-x for x in xs]).max(0).values)
-    ints = [torch.arange(-50, 50, dtype=torch.int64) * (r + 2) for r in range(world)]
-    t = ints[rank].clone()
-    dist.all_reduce(t)
-    checks["int sum"] = torch.equal(t, sum(ints))
-    t = ints[rank].clone()
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    checks["int max"] = torch.equal(t, torch.stack(ints).max(0).values)
-    t = torch.full((4,), 2**40 if rank == 0 else 1, dtype=torch.int64)  # beyond int32: gloo
-    dist.all_reduce(t)
-    checks["big ints via gloo"] = bool((t == 2**40 + 1).all())
-    t = torch.tensor([float(rank + 1)], dtype=torch.float64)  # float64: gloo, exact
-    dist.all_reduce(t, op=dist.ReduceOp.MIN)
-    checks["min via gloo"] = float(t) == 1.0
-    objs = [None] * world
-    dist.all_gather_object(objs, rank)
-    checks["all_gather delegated"] = objs == list(range(world))
-    m = DDP(model())  # no hook: DDP's own all_reduce is the backend's
-    ref = model()
-    opt = torch.optim.SGD(m.parameters(), lr=0.1)
-    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1)
-    for step in range(4):
-        x, y = data(rank, step)
-        opt.zero_grad()
-        nn.functional.mse_loss(m(x), y).backward()
-        opt.step()
-        ref_opt.zero_grad()
-        loss = sum(
-            nn.functional.mse_loss(ref(a), b) for a, b in (data(r, step) for r in range(world))
-        )
-        (loss / world).backward()
-        ref_opt.step()
-    checks["ddp"] = all(
-        torch.allclose(a, b, atol=1e-5) for a, b in zip(m.parameters(), ref.parameters())
-    )
-    pg = dist.distributed_c10d._get_default_group()._get_backend(torch.device("cpu"))
+    ref = reference(world)
+    checks = collectives(rank, world)
+    checks["hand-written loop"] = hand_loop(rank, world, ref)
+    checks["ddp"] = ddp_loop(rank, ref)
+    pg = switch_group()
     stats = pg.state.stats
     report = {
         "checks": checks,
         "switch": stats.switch_buckets,
         "fallbacks": stats.fallbacks,
         "reasons": dict(stats.fallback_reasons),
+        "gloo_calls": dict(pg.gloo_calls),
+        "seconds": timing() if os.environ.get("HOMAGG_CONTROLLER") else {},
+        "backend": dist.get_backend(),
+        "exported": homagg.BACKEND_NAME,
     }
-    with open(sys.argv[1], "w") as f:
-        json.dump(report, f)
     dist.barrier()
     dist.destroy_process_group()
+    if rank == 0 and os.environ.get("HOMAGG_CONTROLLER"):
+        from controller.client import ControllerClient
+
+        with ControllerClient(os.environ["HOMAGG_CONTROLLER"], timeout=5.0) as client:
+            jobs = client.list_jobs(include_ended=True).jobs
+        report["jobs_after_destroy"] = [j.state for j in jobs]
+    with open(sys.argv[1], "w") as f:
+        json.dump(report, f)
 
 
 if __name__ == "__main__":
