@@ -2,12 +2,15 @@
 calls (float SUM/AVG/MAX, integer SUM/MAX at the int32 cells' edges, sparse SUM, others
 delegated), a hand-written training loop that averages gradients with dist.all_reduce, and
 DDP without a hook on a model with a sparse embedding. Checks every result against what the
-ranks' known inputs give and writes a JSON report (argv[1])."""
+ranks' known inputs give and writes a JSON report (argv[1]). With a directory as argv[2],
+the rank stops after the calls until the test has released the job under it (a failure
+in mid-run: the loops then fall back to gloo)."""
 
 import json
 import os
 import sys
 import time
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -170,6 +173,12 @@ def main() -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     ref = reference(world)
     checks = collectives(rank, world)
+    if len(sys.argv) > 2:
+        pause = Path(sys.argv[2])
+        (pause / f"ready-{rank}").write_text("")
+        deadline = time.monotonic() + 60
+        while not (pause / "released").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
     checks["hand-written loop"] = hand_loop(rank, world, ref)
     checks["ddp"] = ddp_loop(rank, ref)
     pg = switch_group()

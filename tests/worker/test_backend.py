@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-from agent_fabric import Controlled
+from agent_fabric import Controlled, wait_for
 
 import homagg
 from testnet.namespace import have_privileges
@@ -76,8 +76,11 @@ def test_registered_on_import():
     assert dist.Backend.backend_list.count(homagg.BACKEND_NAME) == 1
 
 
-def run_ranks(c: Controlled, tmp: Path, tag: str, port: int, **extra: str) -> list[dict]:
-    """Both ranks of backend_worker.py; their reports (asserting they exited 0 in time)."""
+def run_ranks(
+    c: Controlled, tmp: Path, tag: str, port: int, pause: Path | None = None, **extra: str
+) -> list[dict]:
+    """Both ranks of backend_worker.py; their reports (asserting they exited 0 in time).
+    With `pause`, the job is released once both ranks are ready there (mid-run)."""
     procs, logs = [], []
     for r, host in enumerate(c.fabric.hosts[:WORLD]):
         env = {
@@ -99,8 +102,21 @@ def run_ranks(c: Controlled, tmp: Path, tag: str, port: int, **extra: str) -> li
         logs.append(tmp / f"{tag}-r{r}.log")
         with open(logs[-1], "w") as out:
             cmd.append(str(tmp / f"{tag}-r{r}.json"))
+            cmd += [str(pause)] if pause is not None else []
             procs.append(subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT))
     deadline = time.monotonic() + 120
+    if pause is not None:
+        wait_for(
+            lambda: (
+                all((pause / f"ready-{r}").exists() for r in range(WORLD))
+                or any(p.poll() is not None for p in procs)
+            ),
+            60,
+            "the ranks to reach the pause",
+        )
+        for job in c.client.list_jobs().jobs:
+            c.client.release(job.job_id)
+        (pause / "released").write_text("")
     for p in procs:
         try:
             p.wait(max(0.1, deadline - time.monotonic()))
@@ -126,8 +142,8 @@ def test_backend_through_the_switch(tmp_path):
         c.close()
     for rep in reports:
         assert rep["fallbacks"] == 0 and "falls back" not in rep["log"], rep
-        # 10 switch all_reduces in collectives(), then 4 steps x (3 + 4 + 1 DDP buckets or so)
-        assert rep["switch"] >= 10 + 4 * 4, rep
+        # 9 in collectives(); per step 5 gradients by hand and >= 2 DDP buckets (sparse, dense)
+        assert rep["switch"] >= 9 + 4 * 5 + 4 * 2, rep
         gloo = rep["gloo_calls"]
         assert gloo.get("integers beyond the int32 cells") == 2, gloo
         assert gloo.get("not a switch operation", 0) >= 1 and "fallback" not in gloo, gloo
@@ -140,13 +156,31 @@ def test_backend_falls_back_once_with_a_reason(tmp_path):
     c = Controlled(tmp_path, WORLD, fabric=True, listen=f"unix:{tmp_path}/ctl.sock")
     try:
         none = run_ranks(c, tmp_path, "none", 29632, HOMAGG_CONTROLLER="")
-        refused = run_ranks(
-            c, tmp_path, "refused", 29633, HOMAGG_JOB_ID="77", HOMAGG_TOKEN="hgt_wrong"
-        )
+        job = c.create(WORLD)
+        wrong = {"HOMAGG_JOB_ID": str(job.job_id), "HOMAGG_TOKEN": "hgt_wrong"}
+        refused = run_ranks(c, tmp_path, "refused", 29633, **wrong)
     finally:
         c.close()
-    for reports, reason in ((none, "no controller: set HOMAGG_CONTROLLER"), (refused, "77")):
+    for reports, reason in (
+        (none, "no controller: set HOMAGG_CONTROLLER"),
+        (refused, "JoinJob failed"),
+    ):
         for rep in reports:
             assert rep["switch"] == 0 and rep["gloo_calls"]["fallback"] > 0, rep
             assert rep["log"].count("falls back to the process group") == WORLD, rep["log"]
             assert reason in rep["log"], rep["log"]
+
+
+@needs_netns
+def test_backend_falls_back_when_the_job_ends_mid_run(tmp_path):
+    pause = tmp_path / "pause"
+    pause.mkdir()
+    c = Controlled(tmp_path, WORLD, fabric=True, listen=f"unix:{tmp_path}/ctl.sock")
+    try:
+        reports = run_ranks(c, tmp_path, "mid", 29634, pause=pause)
+    finally:
+        c.close()
+    for rep in reports:  # the calls before the pause went through the switch, then gloo
+        assert rep["switch"] >= 9 and rep["fallbacks"] >= 1, rep
+        assert rep["gloo_calls"]["fallback"] >= 4 * 5, rep
+        assert rep["log"].count("falls back to the process group") == WORLD, rep["log"]
