@@ -30,8 +30,8 @@ from torch._C._distributed_c10d import _create_work_from_future
 from aggwire.constants import Op
 from worker import sparse_bucket
 from worker.attach import ENV_CODEC, connect
-from worker.codecs import CODECS, CorruptResultError, GradInput, Phase, SparseGrad
-from worker.ddp_hook import OK, SwitchHookState, _through_switch
+from worker.codecs import CODECS, CorruptResultError, GradInput, Phase
+from worker.ddp_hook import SwitchHookState, agreed_sum
 
 BACKEND_NAME = "homagg"
 _JOB_KEY = "homagg/job"
@@ -173,40 +173,40 @@ class SwitchProcessGroup(dist.ProcessGroup):
         self.gloo.shutdown()
 
     def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
-        """One tensor through the switch when switch_kind allows and every rank agrees."""
+        """One tensor through the switch when switch_kind allows and every rank agrees,
+        else gloo's all_reduce; each call is one step of the hook's cool-down."""
         opts = opts if opts is not None else dist.AllreduceOptions()
         op = opts.reduceOp
         if op == dist.ReduceOp.AVG and any(not t.is_floating_point() for t in tensors):
             raise ValueError("all_reduce AVG needs floating-point tensors; use SUM for integers")
         kind = switch_kind(tensors[0], op) if len(tensors) == 1 else ""
-        st = self.state
-        if not kind:
-            st.end_step()
-            return self._gloo_allreduce(tensors, opts, "not a switch operation")
-        if not st.use_switch():
-            st.end_step()
-            return self._gloo_allreduce(tensors, opts, "fallback")
+        out, why = self._switch_sum(tensors[0], kind)
+        self.state.end_step()
+        if out is None:
+            return self._gloo_allreduce(tensors, opts, why)
         t = tensors[0]
-        cells = self._cells(t, kind)
-        if cells is None:
-            st.end_step()
-            return self._gloo_allreduce(tensors, opts, "integers beyond the int32 cells")
-        out, failure, reason = self._through_switch(cells, kind, t.numel())
-        failed, health, chunk = st.agree(failure, st.local_health())
-        if failed != OK:
-            st.fall_back(failed, reason, chunk)
-            st.end_step()
-            return self._gloo_allreduce(tensors, opts, "fallback")
-        assert out is not None
         _write_back(t, out, kind)
         if op == dist.ReduceOp.AVG:
             t.div_(self.size())
-        st.stats.switch_buckets += 1
-        st.stats.dense_bytes += t.numel() * 4  # as the hook counts sparse buckets too
-        if health != OK:  # this result is good; the next all_reduce takes gloo
-            st.fall_back(health, st.local_reason(), chunk)
-        st.end_step()
         return _done(tensors)
+
+    def _switch_sum(self, t: torch.Tensor, kind: str) -> tuple[np.ndarray | None, str]:
+        """(the switch's combined cells, "") or (None, why this call goes to gloo); the
+        same on every rank, as each decision is agreed."""
+        if not kind:
+            return None, "not a switch operation"
+        if not self.state.use_switch():
+            return None, "fallback"
+        cells = self._cells(t, kind)
+        if cells is None:
+            return None, "integers beyond the int32 cells"
+        if kind == "codec":  # a codec per tensor size, the key of any error memory
+            out = agreed_sum(self.state, t.numel(), cells, t.numel())
+        else:
+            assert isinstance(cells, np.ndarray)
+            phase = _raw_phase(Op.ADD if kind == "add" else Op.MAX, cells)
+            out = agreed_sum(self.state, 0, cells, cells.size, phase)
+        return out, "" if out is not None else "fallback"
 
     def _cells(self, t: torch.Tensor, kind: str) -> GradInput | None:
         """The codec's input (float32, or a sparse tensor's indices and values, never
@@ -227,17 +227,6 @@ class SwitchProcessGroup(dist.ProcessGroup):
         self.state.reduce_max(big)  # one rank's out-of-range values send every rank to gloo
         self.state.stats.agreements += 1
         return None if bool(big) else wide.astype(np.int32)
-
-    def _through_switch(
-        self, cells: GradInput, kind: str, length: int
-    ) -> tuple[np.ndarray | None, int, str]:
-        st = self.state
-        if kind == "codec":  # a codec per tensor size and layout (the key of its memory)
-            index = -length if isinstance(cells, SparseGrad) else length
-            return _through_switch(st, index, cells, length)
-        assert isinstance(cells, np.ndarray)
-        op = Op.ADD if kind == "add" else Op.MAX
-        return _through_switch(st, 0, cells, length, _raw_phase(op, cells))
 
     def _gloo_allreduce(self, tensors: list[torch.Tensor], opts: Any, why: str) -> Any:
         self.gloo_calls[why] += 1

@@ -378,7 +378,24 @@ def _switch_or_none(state: SwitchHookState, index: int, buf: torch.Tensor) -> to
     else:
         grad = buf.detach().reshape(-1).to("cpu", torch.float32).numpy()
         length = grad.size
-    out, failure, reason = _through_switch(state, index, grad, length)
+    out = agreed_sum(state, index, grad, length)
+    if out is None:
+        return None
+    if buf.is_sparse:
+        return sparse_bucket.from_codec_output(out, buf)
+    return _into_bucket(buf, out)
+
+
+def agreed_sum(
+    state: SwitchHookState,
+    index: int,
+    grad: GradInput,
+    length: int,
+    phases: Generator[Phase, np.ndarray, np.ndarray] | None = None,
+) -> np.ndarray | None:
+    """The switch's sum of `grad` (by bucket `index`'s codec, or by `phases`) when every
+    rank's succeeded, else None after the agreed fall-back; one agreement either way."""
+    out, failure, reason = _through_switch(state, index, grad, length, phases)
     failed, health, chunk = state.agree(failure, state.local_health())
     if failed != OK:
         state.fall_back(failed, reason, chunk)
@@ -388,9 +405,7 @@ def _switch_or_none(state: SwitchHookState, index: int, buf: torch.Tensor) -> to
     state.stats.dense_bytes += length * 4
     if health != OK:  # this result is good; the next bucket takes the fallback
         state.fall_back(health, state.local_reason(), chunk)
-    if buf.is_sparse:
-        return sparse_bucket.from_codec_output(out, buf)
-    return _into_bucket(buf, out)
+    return out
 
 
 def switch_allreduce_hook(
