@@ -38,6 +38,7 @@ _JOB_KEY = "homagg/job"
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16)  # exact in float32
 _INTS = (torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64)
 _INT32_MAX = 2**31 - 1
+_QUIET_NAN = np.int32(0x7FC00000)  # float32 NaN's bits, sign clear
 # Collectives the backend hands to gloo unchanged.
 DELEGATED = (
     "broadcast",
@@ -77,9 +78,11 @@ def store_exchange(store: dist.Store, rank: int, timeout: timedelta) -> Callable
 
 def float_order_key(x: np.ndarray) -> np.ndarray:
     """float32 -> int32 with the same order (negative floats' magnitude bits flipped), so
-    the switch's integer MAX of keys is the key of the float maximum."""
-    bits = np.ascontiguousarray(x, np.float32).view(np.int32)
-    return np.where(bits < 0, bits ^ np.int32(_INT32_MAX), bits)
+    the switch's integer MAX of keys is the key of the float maximum. Every NaN becomes
+    the positive quiet NaN, above +inf: one rank's NaN makes the maximum NaN, as torch.max."""
+    x = np.ascontiguousarray(x, np.float32)
+    bits = np.where(np.isnan(x), _QUIET_NAN, x.view(np.int32))
+    return np.where(bits < 0, bits ^ np.int32(_INT32_MAX), bits).astype(np.int32)
 
 
 def float_from_key(key: np.ndarray) -> np.ndarray:

@@ -43,6 +43,9 @@ def test_float_key_orders_like_the_floats():
     assert np.array_equal(
         float_from_key(np.maximum(float_order_key(a), float_order_key(b))), np.maximum(a, b)
     )
+    nans = np.array([np.nan, -np.nan, 1.0], np.float32)  # any NaN wins, whatever its sign
+    top = float_from_key(np.maximum(float_order_key(nans), float_order_key(np.full(3, np.inf))))
+    assert np.isnan(top[:2]).all() and top[2] == np.inf
 
 
 def test_switch_kind():
