@@ -247,12 +247,13 @@ class SwitchProcessGroup(dist.ProcessGroup):
 
 def _write_back(t: torch.Tensor, out: np.ndarray, kind: str) -> None:
     """The switch's result into the caller's tensor, in place (as gloo does, sparse too)."""
-    if t.is_sparse:
-        t.copy_(sparse_bucket.from_codec_output(out, t))
-        return
-    if t.is_floating_point() and kind == "max":
-        out = float_from_key(out)
-    t.copy_(torch.from_numpy(out).reshape(t.shape))
+    with torch.no_grad():  # as gloo writes: a leaf that requires grad is written too
+        if t.is_sparse:
+            t.copy_(sparse_bucket.from_codec_output(out, t))
+            return
+        if t.is_floating_point() and kind == "max":
+            out = float_from_key(out)
+        t.copy_(torch.from_numpy(out).reshape(t.shape))
 
 
 def _raw_phase(op: Op, cells: np.ndarray) -> Generator[Phase, np.ndarray, np.ndarray]:

@@ -74,6 +74,10 @@ def collectives(rank: int, world: int) -> dict[str, bool]:
     c = {}
     xs = [torch.linspace(-1, 1, 1000) * (r + 1) for r in range(world)]
     c["float sum"] = torch.allclose(reduced(xs[rank]), sum(xs), atol=ATOL)
+    p = nn.Parameter(xs[rank].clone())  # a leaf that requires grad, written as gloo does
+    dist.all_reduce(p.data)
+    dist.all_reduce(p)
+    c["parameter sum"] = torch.allclose(p.detach(), sum(xs) * world, atol=ATOL)
     c["float avg"] = torch.allclose(
         reduced(xs[rank], dist.ReduceOp.AVG), sum(xs) / world, atol=ATOL
     )
@@ -151,20 +155,22 @@ def ddp_loop(rank: int, ref: nn.Module) -> bool:
     return same(m.module, ref)
 
 
-def timing(n: int = 1 << 18, reps: int = 5) -> dict[str, float]:
+def timing(reps: int = 3) -> dict[str, dict[str, float]]:
     """Seconds per all_reduce of n float32, through the backend and through its gloo."""
     pg = switch_group()
-    t = torch.ones(n)
-    out = {}
-    for name, run in (
-        ("homagg", lambda: dist.all_reduce(t)),
-        ("gloo", lambda: pg.gloo.allreduce([t]).wait()),
-    ):
-        run()
-        start = time.perf_counter()
-        for _ in range(reps):
+    out: dict[str, dict[str, float]] = {}
+    for n in (1 << 10, 1 << 14, 1 << 18):
+        t = torch.ones(n)
+        row = out[str(n)] = {}
+        for name, run in (
+            ("homagg", lambda t=t: dist.all_reduce(t)),
+            ("gloo", lambda t=t: pg.gloo.allreduce([t]).wait()),
+        ):
             run()
-        out[name] = (time.perf_counter() - start) / reps
+            start = time.perf_counter()
+            for _ in range(reps):
+                run()
+            row[name] = round((time.perf_counter() - start) / reps, 4)
     return out
 
 
