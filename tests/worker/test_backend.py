@@ -187,3 +187,9 @@ def test_backend_falls_back_when_the_job_ends_mid_run(tmp_path):
         assert rep["switch"] >= 9 and rep["fallbacks"] >= 1, rep
         assert rep["gloo_calls"]["fallback"] >= 4 * 5, rep
         assert rep["log"].count("falls back to the process group") == WORLD, rep["log"]
+
+
+def test_switch_group_names_a_foreign_group():
+    gloo = dist.ProcessGroupGloo(dist.HashStore(), 0, 1)
+    with pytest.raises(ValueError, match="not 'homagg'"):
+        homagg.switch_group(gloo)
