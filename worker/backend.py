@@ -15,8 +15,8 @@ destroyed or the process exits. Each all_reduce counts as one step of the hook's
 
 from __future__ import annotations
 
+import json
 import os
-import pickle
 from collections import Counter
 from collections.abc import Callable, Generator
 from datetime import timedelta
@@ -25,11 +25,11 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
-from torch._C._distributed_c10d import _create_work_from_future
+from torch._C._distributed_c10d import _create_work_from_future  # type: ignore[attr-defined]
 
 from aggwire.constants import Op
 from worker import sparse_bucket
-from worker.attach import ENV_CODEC, connect
+from worker.attach import ENV_CODEC, JobTicket, connect
 from worker.codecs import CODECS, CorruptResultError, GradInput, Phase
 from worker.ddp_hook import SwitchHookState, agreed_sum
 
@@ -64,14 +64,22 @@ DELEGATED = (
 
 
 def store_exchange(store: dist.Store, rank: int, timeout: timedelta) -> Callable[[Any], Any]:
-    """Rank 0's value to every rank through the store (the job ticket, or rank 0's reason)."""
+    """Rank 0's value (a JobTicket, or its reason as a str) to every rank through the store,
+    as JSON: nothing a rank reads from the store is unpickled."""
 
-    def exchange(value: Any) -> Any:
+    def exchange(value: JobTicket | str) -> JobTicket | str:
         if rank == 0:
-            store.set(_JOB_KEY, pickle.dumps(value))
+            if isinstance(value, JobTicket):
+                store.set(_JOB_KEY, json.dumps({"job": [value.job_id, value.token]}))
+            else:
+                store.set(_JOB_KEY, json.dumps({"reason": value}))
             return value
         store.wait([_JOB_KEY], timeout)
-        return pickle.loads(store.get(_JOB_KEY))
+        got = json.loads(store.get(_JOB_KEY))
+        if "job" in got:
+            job_id, token = got["job"]
+            return JobTicket(int(job_id), str(token), False)  # rank 0 created it, if any
+        return str(got["reason"])
 
     return exchange
 
@@ -113,13 +121,13 @@ def switch_kind(t: torch.Tensor, op: Any) -> str:
 class _State(SwitchHookState):
     """The hook's decision state, its MAX agreement through the backend's gloo group."""
 
-    def __init__(self, gloo: dist.ProcessGroup, **kw: Any) -> None:
+    def __init__(self, gloo: Any, **kw: Any) -> None:
         super().__init__(**kw)
         self.gloo = gloo
 
     def reduce_max(self, t: torch.Tensor) -> None:
         opts = dist.AllreduceOptions()
-        opts.reduceOp = dist.ReduceOp.MAX
+        opts.reduceOp = dist.ReduceOp(dist.ReduceOp.MAX)
         self.gloo.allreduce([t], opts).wait()
 
 
@@ -145,9 +153,9 @@ class SwitchProcessGroup(dist.ProcessGroup):
     """A process group whose all_reduce goes through the switch where it can (see module)."""
 
     def __init__(self, store: dist.Store, rank: int, world: int, timeout: timedelta) -> None:
-        super().__init__(rank, world)
+        super().__init__(rank, world)  # type: ignore[call-arg]  # torch's Python-PG form
         codec = backend_codec()
-        self.gloo = dist.ProcessGroupGloo(
+        self.gloo: Any = dist.ProcessGroupGloo(  # Any: its stub lacks the collectives
             dist.PrefixStore("homagg/gloo", store), rank, world, timeout
         )
         self.gloo_calls: Counter[str] = Counter()  # all_reduces sent to gloo, by reason
@@ -175,7 +183,9 @@ class SwitchProcessGroup(dist.ProcessGroup):
         self.state.unavailable_reason = "the process group was destroyed"
         self.gloo.shutdown()
 
-    def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
+    def allreduce(  # type: ignore[override]  # the form c10d calls on a Python group
+        self, tensors: list[torch.Tensor], opts: Any = None
+    ) -> Any:
         """One tensor through the switch when switch_kind allows and every rank agrees,
         else gloo's all_reduce; each call is one step of the hook's cool-down."""
         opts = opts if opts is not None else dist.AllreduceOptions()
@@ -238,7 +248,7 @@ class SwitchProcessGroup(dist.ProcessGroup):
         if opts.reduceOp != dist.ReduceOp.AVG:
             return self.gloo.allreduce(tensors, opts)
         total = dist.AllreduceOptions()  # gloo has no AVG: SUM, then divide
-        total.reduceOp = dist.ReduceOp.SUM
+        total.reduceOp = dist.ReduceOp(dist.ReduceOp.SUM)
         self.gloo.allreduce(tensors, total).wait()
         for t in tensors:
             t.div_(self.size())

@@ -11,6 +11,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -54,7 +55,7 @@ def reference(world: int) -> nn.Module:
     opt = torch.optim.SGD(ref.parameters(), lr=0.1)
     for step in range(STEPS):
         opt.zero_grad()
-        (sum(loss_of(ref, r, step) for r in range(world)) / world).backward()
+        torch.stack([loss_of(ref, r, step) for r in range(world)]).mean().backward()
         opt.step()
     return ref
 
@@ -63,7 +64,7 @@ def same(a: nn.Module, b: nn.Module) -> bool:
     return all(torch.allclose(p, q, atol=ATOL) for p, q in zip(a.parameters(), b.parameters()))
 
 
-def reduced(t: torch.Tensor, op: dist.ReduceOp = dist.ReduceOp.SUM) -> torch.Tensor:
+def reduced(t: torch.Tensor, op: Any = dist.ReduceOp.SUM) -> torch.Tensor:
     t = t.clone()
     dist.all_reduce(t, op=op)
     return t
@@ -73,20 +74,19 @@ def collectives(rank: int, world: int) -> dict[str, bool]:
     """all_reduce of every kind the backend sorts, each checked exactly or within ATOL."""
     c = {}
     xs = [torch.linspace(-1, 1, 1000) * (r + 1) for r in range(world)]
-    c["float sum"] = torch.allclose(reduced(xs[rank]), sum(xs), atol=ATOL)
+    total = torch.stack(xs).sum(0)
+    c["float sum"] = torch.allclose(reduced(xs[rank]), total, atol=ATOL)
     p = nn.Parameter(xs[rank].clone())  # a leaf that requires grad, written as gloo does
     dist.all_reduce(p.data)
     dist.all_reduce(p)
-    c["parameter sum"] = torch.allclose(p.detach(), sum(xs) * world, atol=ATOL)
-    c["float avg"] = torch.allclose(
-        reduced(xs[rank], dist.ReduceOp.AVG), sum(xs) / world, atol=ATOL
-    )
+    c["parameter sum"] = torch.allclose(p.detach(), total * world, atol=ATOL)
+    c["float avg"] = torch.allclose(reduced(xs[rank], dist.ReduceOp.AVG), total / world, atol=ATOL)
     neg = torch.stack([-x for x in xs])
     c["float max"] = torch.equal(reduced(neg[rank], dist.ReduceOp.MAX), neg.max(0).values)
     half = reduced(xs[rank].half(), dist.ReduceOp.MAX)
     c["half max"] = torch.equal(half, torch.stack([x.half() for x in xs]).max(0).values)
     ints = [torch.arange(-50, 50, dtype=torch.int64) * (r + 2) for r in range(world)]
-    c["int sum"] = torch.equal(reduced(ints[rank]), sum(ints))
+    c["int sum"] = torch.equal(reduced(ints[rank]), torch.stack(ints).sum(0))
     c["int max"] = torch.equal(
         reduced(ints[rank], dist.ReduceOp.MAX), torch.stack(ints).max(0).values
     )
@@ -115,7 +115,7 @@ def collectives(rank: int, world: int) -> dict[str, bool]:
     ]
     got = reduced(sp[rank])
     c["sparse sum"] = got.is_sparse and torch.allclose(
-        got.to_dense(), sum(s.to_dense() for s in sp), atol=ATOL
+        got.to_dense(), torch.stack([s.to_dense() for s in sp]).sum(0), atol=ATOL
     )
     try:
         dist.all_reduce(torch.ones(2, dtype=torch.int32), op=dist.ReduceOp.AVG)

@@ -84,15 +84,17 @@ def run_ranks(
 ) -> list[dict]:
     """Both ranks of backend_worker.py; their reports (asserting they exited 0 in time).
     With `pause`, the job is released once both ranks are ready there (mid-run)."""
+    assert c.fabric is not None
+    hosts = c.fabric.hosts
     procs, logs = [], []
-    for r, host in enumerate(c.fabric.hosts[:WORLD]):
+    for r, host in enumerate(hosts[:WORLD]):
         env = {
             **os.environ,
             "PYTHONPATH": str(ROOT),
             "RANK": str(r),
             "LOCAL_RANK": "0",
             "WORLD_SIZE": str(WORLD),
-            "MASTER_ADDR": c.fabric.hosts[0].ip,
+            "MASTER_ADDR": hosts[0].ip,
             "MASTER_PORT": str(port),
             "GLOO_SOCKET_IFNAME": host.iface,
             "HOMAGG_CONTROLLER": c.address,
