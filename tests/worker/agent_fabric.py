@@ -62,14 +62,17 @@ def free_port_udp() -> int:
 class Controlled:
     """An in-process controller over one switch; `fabric` is set for data-plane setups."""
 
-    def __init__(self, tmp_path: Path, n: int, fabric: bool, listen: str = "") -> None:
-        """listen "unix:PATH" serves on a Unix socket, reachable from every namespace."""
+    def __init__(
+        self, tmp_path: Path, n: int, fabric: bool, listen: str = "", target: str = "refswitch"
+    ) -> None:
+        """listen "unix:PATH" serves on a Unix socket, reachable from every namespace;
+        target "bmv2" runs the fabric's switch on BMv2."""
         self.fabric: Fabric | None = None
         self.refswitch: ReferenceSwitch | None = None
         self.server: ControllerServer | None = None
         try:
             if fabric:
-                self.fabric = Fabric("refswitch", n, tmp_path)
+                self.fabric = Fabric(target, n, tmp_path)
                 for h in self.fabric.hosts:
                     h.enable_ip_stack()
                 self.fabric.conn.close()  # the controller becomes the primary
