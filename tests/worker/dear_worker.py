@@ -18,11 +18,25 @@ from worker.dear import DearDataParallel
 STEPS = 12
 
 
+class AttentionNet(nn.Module):
+    """Embeddings, self-attention, an MLP. nn.MultiheadAttention uses its out_proj's
+    parameters without calling out_proj: DeAR must update them before the attention runs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(50, 16)
+        self.attn = nn.MultiheadAttention(16, 2, batch_first=True)
+        self.mlp = nn.Sequential(nn.Flatten(), nn.Linear(48, 64), nn.ReLU(), nn.Linear(64, 4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.emb(x)
+        a, _ = self.attn(h, h, h, need_weights=False)
+        return self.mlp(h + a)
+
+
 def make_model() -> nn.Module:
     torch.manual_seed(0)
-    return nn.Sequential(
-        nn.Embedding(50, 16), nn.Flatten(), nn.Linear(48, 64), nn.ReLU(), nn.Linear(64, 4)
-    )
+    return AttentionNet()
 
 
 def make_opt(name: str, params) -> torch.optim.Optimizer:
