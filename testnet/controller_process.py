@@ -56,6 +56,7 @@ class ControllerProcess:
                     "serve",
                     "--config",
                     str(self.config),
+                    "--insecure",  # a test's plaintext controller on loopback
                     *self.extra_args,
                 ],
                 stdout=log,
