@@ -20,8 +20,10 @@ BW ?=
 TOPO ?=
 STEPS ?=
 MODEL ?=
+MODE ?=
 RUN_OPTS := $(if $(HOSTS),--hosts $(HOSTS)) $(if $(MODEL),--model $(MODEL)) $(if $(SWITCH),--target $(SWITCH)) $(if $(CODEC),--codec $(CODEC)) \
-  $(if $(BW),--bw $(BW)) $(if $(TOPO),--topo $(TOPO)) $(if $(STEPS),--steps $(STEPS))
+  $(if $(BW),--bw $(BW)) $(if $(TOPO),--topo $(TOPO)) $(if $(STEPS),--steps $(STEPS)) \
+  $(if $(MODE),--overlap $(MODE))
 # Debian packages make run needs: Mininet (no Open vSwitch: our own switch class), venv, tc, ifconfig
 RUN_DEBS := mininet python3-venv iproute2 net-tools
 
@@ -48,7 +50,7 @@ run-deps:  ## install Debian's mininet and what it relies on, when missing (need
 	@dpkg -s $(RUN_DEBS) >/dev/null 2>&1 || { apt-get update && \
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $(RUN_DEBS); }
 
-run: run-deps venv  ## Mininet + switch + controller + torchrun job through the switch vs gloo (needs root; HOSTS= SWITCH= MODEL= CODEC= BW= TOPO= STEPS=)
+run: run-deps venv  ## Mininet + switch + controller + torchrun job through the switch vs gloo (needs root; HOSTS= SWITCH= MODEL= CODEC= MODE= BW= TOPO= STEPS=)
 	$(PY) -m run $(RUN_OPTS) $(RUN_ARGS)
 
 demo: venv  ## the data-plane demo: int32 contributions through the switch, every sum checked (needs root)

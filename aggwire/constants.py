@@ -47,6 +47,12 @@ class Op(IntEnum):
     ADD = 1
     OR = 2
     MAX = 3
+    ADD16 = 4  # each int32 cell holds 2 int16 lanes, each lane wraps on its own
+    ADD8 = 5  # each int32 cell holds 4 int8 lanes, each lane wraps on its own
+
+
+# Lane width in bits of each adding op (aggwire/lanes.py).
+LANE_BITS_OF_OP = {Op.ADD: 32, Op.ADD16: 16, Op.ADD8: 8}
 
 
 class DropReason(IntEnum):

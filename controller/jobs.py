@@ -183,18 +183,26 @@ class JobManager:
         return job, token
 
     def join(
-        self, job_id: int, token: str, rank: int, mac: str, ip: str, udp_port: int, switch_port: int
+        self,
+        job_id: int,
+        token: str,
+        rank: int,
+        mac: str,
+        ip: str,
+        udp_port: int,
+        switch_port: int | None = None,
     ) -> Job:
-        """Register a rank; the join that completes the world installs the job (if the switch is up)."""
-        new = JobWorker(
-            check.check_rank(rank),
-            check.check_mac(mac),
-            check.check_ip(ip),
-            check.check_udp_port(udp_port),
-            check.check_switch_port(switch_port),
-        )
+        """Register a rank; the join that completes the world installs the job (if the switch
+        is up). switch_port None: the port the topology lists for the worker's IP."""
+        rank, mac, ip = check.check_rank(rank), check.check_mac(mac), check.check_ip(ip)
+        udp_port = check.check_udp_port(udp_port)
+        if switch_port is not None:
+            check.check_switch_port(switch_port)
         with self.lock:
-            job = self._authorize(job_id, token)
+            job = self._authorize(job_id, token)  # before the topology is consulted
+            if switch_port is None:
+                switch_port = self._attached_port(ip)
+            new = JobWorker(rank, mac, ip, udp_port, switch_port)
             check.check_rank(rank, job.world_size)
             old = job.workers.get(rank)
             if old is not None:
@@ -379,6 +387,17 @@ class JobManager:
         now = self.clock()
         worker.deadline = now + self.config.lease
         job.idle_deadline = now + self.config.join_timeout
+
+    def _attached_port(self, ip: str) -> int:
+        """The switch port a host is attached to, per the configured topology."""
+        for sw in self.switches.values():
+            host = sw.config.host_by_ip(ip)
+            if host is not None:
+                return host.switch_port
+        raise InvalidArgument(
+            f"{ip} is not a host of any configured switch, so its switch port is unknown: "
+            "add the host to the controller's configuration or pass the switch port"
+        )
 
     def _switch_for(self, job: Job, worker: JobWorker) -> ManagedSwitch:
         """The switch the worker is on; a known host must match the topology."""

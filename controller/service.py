@@ -187,7 +187,7 @@ class ControllerService(jobs_pb2_grpc.ControllerServicer):
             request.mac,
             request.ip,
             request.udp_port,
-            request.switch_port,
+            request.switch_port if request.HasField("switch_port") else None,
         )
         cfg = self.m.config
         return pb.JoinJobResponse(

@@ -7,11 +7,13 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from testnet.addresses import CONTROLLER_INDEX, PREFIX_LEN, host_ip, service_ip
+
 STATE_DIR = Path(tempfile.gettempdir()) / "homagg-run"
 # Run k owns the subnet 10.0.k.0/24; interface names stay within Linux's 15 characters
 # ("hg254h99-eth0" is 13).
 MAX_RUNS = 254
-MAX_HOSTS = 99
+MAX_HOSTS = CONTROLLER_INDEX  # worker indexes 0..98; the controller takes 99
 
 
 @dataclass(frozen=True)
@@ -44,22 +46,22 @@ class RunNames:
     def host_ip(self, i: int) -> str:
         """Address of worker host i (0-based)."""
         self.host(i)
-        return f"10.0.{self.number}.{i + 1}"
+        return host_ip(i, self.number)
 
     @property
     def controller_ip(self) -> str:
         """The controller's address: in the root namespace, so it must differ per run."""
-        return f"10.0.{self.number}.100"
+        return host_ip(CONTROLLER_INDEX, self.number)
 
     @property
     def service_ip(self) -> str:
         """The switch's aggregation service address, in the hosts' subnet."""
-        return f"10.0.{self.number}.254"
+        return service_ip(self.number)
 
     @property
     def prefix_len(self) -> int:
         """Prefix length of the run's subnet."""
-        return 24
+        return PREFIX_LEN
 
     @property
     def link_prefixes(self) -> tuple[str, str]:

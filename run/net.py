@@ -14,6 +14,7 @@ from mininet.net import Mininet
 from mininet.node import Host, Switch
 
 from run.names import MAX_HOSTS, RunNames
+from testnet.addresses import CONTROLLER_INDEX, host_mac
 from testnet.rawsock import disable_offloads
 from testnet.switch_process import SwitchProcess
 
@@ -26,9 +27,13 @@ class Topology:
     hosts: int = 4
     bw_mbit: float = 0.0
 
+    def describe_bw(self) -> str:
+        """The links' shaping, for titles: '100 Mbit/s (htb)' or 'unshaped'."""
+        return f"{self.bw_mbit:g} Mbit/s (htb)" if self.bw_mbit else "unshaped"
+
     def __post_init__(self) -> None:
         if not 1 <= self.hosts <= MAX_HOSTS:
-            raise ValueError(f"hosts = {self.hosts}: expected 1..{MAX_HOSTS}")
+            raise ValueError(f"hosts must be 1..{MAX_HOSTS}, not {self.hosts}")
 
     @staticmethod
     def load(path: Path, **overrides: Any) -> Topology:
@@ -39,11 +44,6 @@ class Topology:
             raise ValueError(f"{path}: unknown key(s) in [topology]: {', '.join(sorted(unknown))}")
         data.update({k: v for k, v in overrides.items() if v is not None})
         return Topology(hosts=int(data.get("hosts", 4)), bw_mbit=float(data.get("bw_mbit", 0.0)))
-
-
-def host_mac(i: int) -> str:
-    """MAC of worker host i (0-based), as the controller's configuration lists it."""
-    return f"02:00:00:00:01:{i + 1:02x}"
 
 
 class P4Switch(Switch):
@@ -94,14 +94,15 @@ def build(topo: Topology, target: str, log_dir: Path, names: RunNames) -> Minine
         dpid=f"{names.number:x}",  # Mininet derives none from a name like hg3s
     )
     for i in range(topo.hosts):
-        h = net.addHost(names.host(i), ip=f"{names.host_ip(i)}/{names.prefix_len}", mac=host_mac(i))
+        ip = f"{names.host_ip(i)}/{names.prefix_len}"
+        h = net.addHost(names.host(i), ip=ip, mac=host_mac(i))
         net.addLink(h, sw, port2=i + 1, **link_opts)
     c = net.addHost(
         names.controller_host,
         cls=Host,
         inNamespace=False,
         ip=f"{names.controller_ip}/{names.prefix_len}",
-        mac="02:00:00:00:01:64",
+        mac=host_mac(CONTROLLER_INDEX),
     )
     net.addLink(c, sw, port2=topo.hosts + 1, **link_opts)
     net.build()

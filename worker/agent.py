@@ -55,7 +55,7 @@ class AgentConfig:
     rank: int
     ip: str
     udp_port: int
-    switch_port: int
+    switch_port: int | None = None  # None: the controller finds it in its topology
     mac: str = ""  # empty: read from /sys/class/net/<iface>/address
     iface: str = ""
     ready_timeout: float = 30.0

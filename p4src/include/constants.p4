@@ -46,6 +46,16 @@ const bit<8>  AGG_FLAG_RETX   = 0x02;
 const bit<8>  AGG_OP_ADD = 1;
 const bit<8>  AGG_OP_OR  = 2;
 const bit<8>  AGG_OP_MAX = 3;
+const bit<8>  AGG_OP_ADD16 = 4;  /* 2 int16 lanes per cell, each wraps on its own */
+const bit<8>  AGG_OP_ADD8  = 5;  /* 4 int8 lanes per cell, each wraps on its own */
+/* Ops are AGG_OP_ADD..AGG_OP_LAST; any other is dropped with DROP_BAD_OP. */
+#define AGG_OP_LAST AGG_OP_ADD8
+/* The top bit of every 16- and 8-bit lane of a bit<256> cell group (lane adds, see
+ * lanes_add_narrow in aggregation.p4). */
+const bit<256> LANE16_TOP_BITS =
+    0x8000800080008000800080008000800080008000800080008000800080008000;
+const bit<256> LANE8_TOP_BITS =
+    0x8080808080808080808080808080808080808080808080808080808080808080;
 const bit<16> AGG_HEADER_BYTES = 16;
 const bit<16> AGG_UDP_LENGTH = 8 + AGG_HEADER_BYTES + 4 * CELLS_PER_PKT;
 const bit<16> AGG_IPV4_LENGTH = 20 + AGG_UDP_LENGTH;
