@@ -4,18 +4,19 @@ secrets from (a file or an environment variable, never a command-line argument).
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from controller.validation import hash_token  # token_sha256 in the configuration
+
 METADATA_KEY = "authorization"  # gRPC metadata carrying "Bearer <operator token>"
 OPERATOR_TOKEN_ENV = "HOMAGG_OPERATOR_TOKEN"
 OPERATOR_TOKEN_FILE_ENV = "HOMAGG_OPERATOR_TOKEN_FILE"
-JOB_TOKEN_ENV = "HOMAGG_JOB_TOKEN"
-JOB_TOKEN_FILE_ENV = "HOMAGG_JOB_TOKEN_FILE"
+JOB_TOKEN_ENV = "HOMAGG_TOKEN"  # a worker's job token (worker/attach.py, python -m worker)
+JOB_TOKEN_FILE_ENV = "HOMAGG_TOKEN_FILE"
 CA_FILE_ENV = "HOMAGG_CA_FILE"  # the CA that signed the controller's certificate
 
 
@@ -27,11 +28,6 @@ class Operator:
     token_sha256: str  # hex digest of the token; the token itself is never stored
     max_jobs: int = 0  # running jobs created with this credential
     max_slots: int = 0  # slots held by those jobs together
-
-
-def hash_token(token: str) -> str:
-    """The hex SHA-256 digest of a token, as `token_sha256` in the configuration holds it."""
-    return hashlib.sha256(token.encode()).hexdigest()
 
 
 def authenticate(operators: Sequence[Operator], token: str | None) -> Operator | None:
@@ -85,7 +81,7 @@ def operator_token(path: Path | str | None = None) -> str | None:
 
 
 def job_token(path: Path | str | None = None) -> str | None:
-    """A worker's job token: --token-file, $HOMAGG_JOB_TOKEN_FILE or $HOMAGG_JOB_TOKEN."""
+    """A worker's job token: --token-file, $HOMAGG_TOKEN_FILE or $HOMAGG_TOKEN."""
     return read_secret(path, JOB_TOKEN_ENV, JOB_TOKEN_FILE_ENV)
 
 
