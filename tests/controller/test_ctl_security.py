@@ -257,7 +257,9 @@ def test_make_pki_files(tmp_path):
 # -- aggctl ---------------------------------------------------------------------------------------
 
 
-def test_aggctl_over_tls_with_a_credential_file(refswitch, tmp_path, start_controller, clean_env):
+def test_aggctl_over_tls_with_a_credential_file(
+    refswitch, tmp_path, start_controller, clean_env, capsys
+):
     cfg = secured_config(refswitch.address, tmp_path)
     ca = tmp_path / "pki" / "ca.crt"
     ctl = start_controller(cfg, ca_file=ca, operator_token=ALICE)
@@ -266,16 +268,17 @@ def test_aggctl_over_tls_with_a_credential_file(refswitch, tmp_path, start_contr
     secret = tmp_path / "alice.token"
     secret.write_text(ALICE + "\n")
     base = ["--controller", ctl.address, "--ca-file", str(ca)]
+    capsys.readouterr()
     assert main([*base, "--credential-file", str(secret), "jobs", "--ranks", "--json"]) == 0
-
-    def last_json(capsys_out: str) -> dict:
-        return json.loads(capsys_out)
-
+    [info] = json.loads(capsys.readouterr().out)["jobs"]
+    assert info["workers"][0]["ip"] == HOSTS[0]["ip"]  # the operator sees the addresses
     clean_env.setenv(CA_FILE_ENV, str(ca))
     clean_env.setenv(OPERATOR_TOKEN_ENV, ALICE)
     assert main(["--controller", ctl.address, "status"]) == 0
     clean_env.delenv(OPERATOR_TOKEN_ENV)
+    capsys.readouterr()
     assert main(["--controller", ctl.address, "jobs", "--ranks"]) == 1  # no credential
+    assert HOSTS[0]["ip"] not in capsys.readouterr().out
 
 
 def test_aggctl_errors_say_what_to_give(refswitch, tmp_path, start_controller, clean_env, capsys):
@@ -284,9 +287,8 @@ def test_aggctl_errors_say_what_to_give(refswitch, tmp_path, start_controller, c
     ctl = start_controller(cfg, ca_file=ca, operator_token=ALICE)
     capsys.readouterr()
     assert main(["--controller", ctl.address, "status"]) == 2
-    assert "--ca-file" in capsys.readouterr().err and "--insecure" in capsys.readouterr().err + (
-        "--insecure"
-    )
+    err = capsys.readouterr().err
+    assert "--ca-file" in err and "--insecure" in err
     assert main(["--controller", ctl.address, "--ca-file", str(ca), "jobs", "--json"]) == 1
     err = capsys.readouterr().err
     assert "UNAUTHENTICATED" in err and "--credential-file" in err
@@ -316,3 +318,14 @@ def test_serve_refuses_to_run_insecurely(tmp_path, capsys):
 def test_make_config_stays_plaintext_for_the_other_tests(tmp_path):
     cfg = make_config("127.0.0.1:1", tmp_path)
     assert cfg.tls_cert is None and cfg.operators == ()
+
+
+WORKER_CALLS = {"JoinJob", "WaitReady", "Heartbeat", "LeaveJob"}  # bound to the job token
+
+
+def test_every_rpc_is_an_operator_or_a_worker_call():
+    """A new RPC must be added to one of the two lists (and guarded like them)."""
+    from controller.api import jobs_pb2
+
+    methods = set(jobs_pb2.DESCRIPTOR.services_by_name["Controller"].methods_by_name)
+    assert methods == set(OPERATOR_CALLS) | WORKER_CALLS
