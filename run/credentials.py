@@ -1,5 +1,5 @@
 """The secrets of one `make run`, made fresh in its directory: a CA and the controller's TLS
-certificate for its address (controller/tls.py, with the `cryptography` package), and an
+certificate for its address (controller/pki.py), and an
 operator credential (a file only root reads; the controller's configuration keeps its
 SHA-256 only). Workers and aggctl get file names, never a secret, on their command lines."""
 
@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from controller.credentials import CA_FILE_ENV, OPERATOR_TOKEN_FILE_ENV, hash_token
-from controller.tls import make_pki
+from controller.pki import make_pki
 
 OPERATOR = "make-run"  # the operator name in the controller's configuration
 

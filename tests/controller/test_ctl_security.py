@@ -4,7 +4,9 @@ the quotas of CreateJob, secrets read from files or the environment, and aggctl'
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import shutil
 from pathlib import Path
 
 import grpc
@@ -29,7 +31,8 @@ from controller.credentials import (
     job_token,
     operator_token,
 )
-from controller.tls import TlsError, make_pki
+from controller.pki import make_pki
+from controller.tls import TlsError, server_credentials
 
 ALICE, BOB = "-alice-token-begins-with-a-dash", "bob-token"
 UNAUTH, EXHAUSTED = grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.RESOURCE_EXHAUSTED
@@ -241,6 +244,22 @@ def test_tls_is_verified_against_the_ca(refswitch, tmp_path, start_controller):
         assert code == grpc.StatusCode.UNAVAILABLE  # the certificate does not name that host
 
 
+@pytest.mark.parametrize("backend", ["cryptography", "openssl"])
+def test_both_pki_backends_serve_tls(refswitch, tmp_path, start_controller, backend):
+    if backend == "openssl" and shutil.which("openssl") is None:
+        pytest.skip("no openssl command")
+    if backend == "cryptography":
+        pytest.importorskip("cryptography")
+    pki = make_pki(tmp_path / "pki", ["127.0.0.1", "localhost"], backend=backend)
+    assert pki.key.stat().st_mode & 0o777 == 0o600 and not (tmp_path / "pki" / "ca.key").exists()
+    cfg = secured_config(refswitch.address, tmp_path, tls=False)
+    cfg = dataclasses.replace(cfg, tls_cert=pki.cert, tls_key=pki.key)
+    ctl = start_controller(cfg, ca_file=pki.ca, operator_token=BOB)
+    assert ctl.client.status().switches[0].connected
+    with ControllerClient(ctl.address, 2.0, pki.ca, BOB, server_name="localhost") as by_name:
+        assert by_name.list_pools().ranges is not None  # the DNS name is in the certificate too
+
+
 def test_make_pki_files(tmp_path):
     pki = make_pki(tmp_path / "d", ["10.0.0.100"])
     assert pki.key.stat().st_mode & 0o777 == 0o600
@@ -329,3 +348,29 @@ def test_every_rpc_is_an_operator_or_a_worker_call():
 
     methods = set(jobs_pb2.DESCRIPTOR.services_by_name["Controller"].methods_by_name)
     assert methods == set(OPERATOR_CALLS) | WORKER_CALLS
+
+
+def test_serve_names_an_unreadable_certificate(tmp_path, capsys):
+    doc = config_dict([("s1", "127.0.0.1:1", HOSTS)], tmp_path)
+    sw = doc["switch"][0]
+    lines = ["[controller]", f'database = "{tmp_path / "c.db"}"', 'listen = "127.0.0.1:0"']
+    lines += ["[[switch]]"] + [f'{k} = "{sw[k]}"' for k in ("name", "address", "mac", "service_ip")]
+    config = tmp_path / "c.toml"
+    config.write_text("\n".join(lines) + "\n")
+    (tmp_path / "junk.pem").write_text("not a certificate")
+    argv = ["serve", "--insecure", "--config", str(config), "--tls-key", str(tmp_path / "k")]
+    assert main([*argv, "--tls-cert", str(tmp_path / "junk.pem")]) == 1
+    err = capsys.readouterr().err
+    assert "cannot read the TLS key" in err or "is not PEM" in err
+    assert "Traceback" not in err
+
+
+def test_server_credentials_check_the_pair(tmp_path):
+    a, b = make_pki(tmp_path / "a", ["127.0.0.1"]), make_pki(tmp_path / "b", ["127.0.0.1"])
+    server_credentials(a.cert, a.key)
+    with pytest.raises(TlsError, match="is not the key of the certificate"):
+        server_credentials(a.cert, b.key)
+    junk = tmp_path / "junk.pem"
+    junk.write_text("-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n")
+    with pytest.raises(TlsError, match="does not parse"):
+        server_credentials(junk, a.key)

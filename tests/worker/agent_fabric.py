@@ -13,8 +13,8 @@ from typing import Any
 from controller.client import ControllerClient
 from controller.config import ControllerConfig, parse_config
 from controller.credentials import Operator, hash_token
+from controller.pki import make_pki
 from controller.service import ControllerServer
-from controller.tls import make_pki
 from refswitch.switch import ReferenceSwitch
 from testnet.addresses import host_entry
 from testnet.fabric import SERVICE_IP, SWITCH_MAC, Fabric

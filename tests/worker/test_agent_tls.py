@@ -13,7 +13,7 @@ from agent_fabric import Controlled
 
 from aggwire.constants import Op
 from controller.client import ControllerClient
-from controller.tls import make_pki
+from controller.pki import make_pki
 from testnet.namespace import have_privileges
 from worker.agent import WorkerAgent, open_agent
 
