@@ -1,7 +1,7 @@
 """The secrets of one `make run`, made fresh in its directory: a CA and the controller's TLS
-certificate for its address (controller/pki.py), and an
-operator credential (a file only root reads; the controller's configuration keeps its
-SHA-256 only). Workers and aggctl get file names, never a secret, on their command lines."""
+certificate for its address (controller/pki.py), and an operator credential (a file only
+root reads; the controller's configuration keeps its SHA-256 only). Workers and aggctl get
+file names, never a secret, on their command lines."""
 
 from __future__ import annotations
 
