@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import statistics
@@ -89,9 +90,12 @@ def one_run(model: str, name: str, bw: float, args: argparse.Namespace, out: Pat
 
 
 def median_ms(steps: list[dict]) -> float:
-    """Median iteration time in ms, each run's first step (and DeAR's tuning) left out."""
+    """Median iteration time in ms, each run's first step (and DeAR's tuning) left out;
+    NaN when the run timed too few steps (it stopped early: the row says so)."""
     tuned = [s for s in steps if s.get("dear_tuned")][1:]
-    tail = tuned if "dear_bucket_bytes" in steps[-1] and tuned else steps[1:]
+    tail = tuned if steps and "dear_bucket_bytes" in steps[-1] and tuned else steps[1:]
+    if not tail:
+        return math.nan
     return statistics.median(s["seconds"] for s in tail) * 1e3
 
 
@@ -112,12 +116,16 @@ def table(results: dict, models: list[str], bws: list[float], hosts: int) -> lis
             )
             for name in RUNS:
                 ms = median_ms(r[name])
+                link = f"{bw:g} Mbit/s" if bw else "unshaped"
+                if math.isnan(ms):
+                    steps = len(r[name])
+                    lines.append(f"| {link} | {m} | {name} | stopped after {steps} steps | | |")
+                    continue
                 hidden = (
                     f"{(block - ms) / comm:.0%}"
                     if name in ("switch, async", "DeAR", "auto") and comm > 0
                     else ""
                 )
-                link = f"{bw:g} Mbit/s" if bw else "unshaped"
                 lines.append(f"| {link} | {m} | {name} | {ms:.0f} | {gloo / ms:.2f}x | {hidden} |")
     return lines
 
