@@ -239,6 +239,8 @@ class DearDataParallel(nn.Module):
         for p, lo, hi in zip(b.params, b.offsets, b.offsets[1:]):
             if p.grad is None:
                 b.flat[lo:hi].zero_()
+            elif p.grad.is_sparse:  # nn.Embedding(sparse=True): its rows, into the bucket
+                b.flat[lo:hi].copy_(p.grad.detach().to_dense().reshape(-1))
             else:
                 b.flat[lo:hi].copy_(p.grad.detach().reshape(-1))
         last = b.index == len(self.buckets) - 1
