@@ -7,6 +7,9 @@ PY := $(VENV)/bin/python
 CELLS ?= 256
 P4C ?= p4c
 P4_BUILD ?= p4src/build
+BF_P4C ?= bf-p4c
+TNA_CELLS ?= 32
+TOFINO_BUILD ?= p4src/tofino/build
 PYTEST_ARGS ?=
 RUN_ARGS ?=
 # make run options (empty: the defaults of `python -m run --help`)
@@ -17,12 +20,14 @@ BW ?=
 TOPO ?=
 STEPS ?=
 MODEL ?=
+MODE ?=
 RUN_OPTS := $(if $(HOSTS),--hosts $(HOSTS)) $(if $(MODEL),--model $(MODEL)) $(if $(SWITCH),--target $(SWITCH)) $(if $(CODEC),--codec $(CODEC)) \
-  $(if $(BW),--bw $(BW)) $(if $(TOPO),--topo $(TOPO)) $(if $(STEPS),--steps $(STEPS))
+  $(if $(BW),--bw $(BW)) $(if $(TOPO),--topo $(TOPO)) $(if $(STEPS),--steps $(STEPS)) \
+  $(if $(MODE),--overlap $(MODE))
 # Debian packages make run needs: Mininet (no Open vSwitch: our own switch class), venv, tc, ifconfig
 RUN_DEBS := mininet python3-venv iproute2 net-tools
 
-.PHONY: help venv test run run-deps demo bench stop p4 clean
+.PHONY: help venv test run run-deps demo bench stop p4 p4-tofino clean
 
 help:  ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -45,7 +50,7 @@ run-deps:  ## install Debian's mininet and what it relies on, when missing (need
 	@dpkg -s $(RUN_DEBS) >/dev/null 2>&1 || { apt-get update && \
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $(RUN_DEBS); }
 
-run: run-deps venv  ## Mininet + switch + controller + torchrun job through the switch vs gloo (needs root; HOSTS= SWITCH= MODEL= CODEC= BW= TOPO= STEPS=)
+run: run-deps venv  ## Mininet + switch + controller + torchrun job through the switch vs gloo (needs root; HOSTS= SWITCH= MODEL= CODEC= MODE= BW= TOPO= STEPS=)
 	$(PY) -m run $(RUN_OPTS) $(RUN_ARGS)
 
 demo: venv  ## the data-plane demo: int32 contributions through the switch, every sum checked (needs root)
@@ -60,8 +65,9 @@ bench: venv  ## benchmarks (needs root, ~10 min on 2 cores): switch rate, codecs
 	echo "== training iteration time (bench.training)"; $(PY) -m bench.training; \
 	echo; $(PY) -m bench.summary $$(( $$(date +%s) - start ))
 
-stop:  ## remove namespaces, links and processes that an interrupted run left behind (by names and PIDs we own)
-	$(PY) -m run.stop
+RUN ?=
+stop:  ## stop run RUN= (number `make run` printed; default: all of this user's runs) and remove what it made
+	$(PY) -m run.stop $(RUN)
 
 p4: $(P4_BUILD)/homagg.json  ## compile the P4 program (needs p4c) into the committed artifacts
 
@@ -73,6 +79,14 @@ $(P4_BUILD)/homagg.json: $(wildcard p4src/*.p4 p4src/include/*.p4)
 	$(SYSTEM_PYTHON) -c 'import json, sys; p = sys.argv[1]; d = json.load(open(p)); \
 	  open(p, "w").write(json.dumps(d, separators=(",", ":")) + "\n")' $(P4_BUILD)/homagg.json
 	rm -f $(P4_BUILD)/homagg.p4i
+
+p4-tofino:  ## compile the TNA program (needs bf-p4c): P4Info and resource summary in p4src/tofino/build
+	rm -rf $(TOFINO_BUILD)/out && mkdir -p $(TOFINO_BUILD)
+	$(BF_P4C) --target tofino --arch tna -g --verbose 2 -DTNA_CELLS=$(TNA_CELLS) \
+	  --p4runtime-files $(TOFINO_BUILD)/homagg_tna.p4info.txtpb -o $(TOFINO_BUILD)/out \
+	  p4src/tofino/homagg_tna.p4
+	$(SYSTEM_PYTHON) p4src/tofino/resources.py $(TOFINO_BUILD)/out > $(TOFINO_BUILD)/resources.txt
+	rm -rf $(TOFINO_BUILD)/out
 
 clean:  ## remove the virtual environment and caches
 	rm -rf $(VENV) p4rtproto/gen controller/api/*_pb2.py controller/api/*_pb2_grpc.py .pytest_cache

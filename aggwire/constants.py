@@ -7,8 +7,8 @@ from enum import IntEnum
 # A compile-time constant of the P4 program (256 unless built with `make p4 CELLS=...`);
 # the environment variable only serves benchmarks that run a program built otherwise.
 CELLS_PER_PKT = int(os.environ.get("HOMAGG_CELLS_PER_PKT", "256"))
-if CELLS_PER_PKT not in (64, 128, 256):
-    raise ValueError(f"HOMAGG_CELLS_PER_PKT must be 64, 128 or 256, not {CELLS_PER_PKT}")
+if CELLS_PER_PKT not in (16, 32, 64, 128, 256):  # 16 and 32: the TNA program (docs/tofino.md)
+    raise ValueError(f"HOMAGG_CELLS_PER_PKT must be 16, 32, 64, 128 or 256, not {CELLS_PER_PKT}")
 AGG_UDP_PORT = 40700
 AGG_VERSION = 1
 AGG_HEADER_BYTES = 16  # aggwire/header.py checks that its fields add up to this
@@ -47,6 +47,12 @@ class Op(IntEnum):
     ADD = 1
     OR = 2
     MAX = 3
+    ADD16 = 4  # each int32 cell holds 2 int16 lanes, each lane wraps on its own
+    ADD8 = 5  # each int32 cell holds 4 int8 lanes, each lane wraps on its own
+
+
+# Lane width in bits of each adding op (aggwire/lanes.py).
+LANE_BITS_OF_OP = {Op.ADD: 32, Op.ADD16: 16, Op.ADD8: 8}
 
 
 class DropReason(IntEnum):

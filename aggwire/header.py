@@ -53,7 +53,9 @@ if any(f.bits not in _STRUCT_CODES for f in AGG_HEADER_FIELDS):
 
 HEADER_DTYPE = np.dtype([(f.name, f">u{f.bits // 8}") for f in AGG_HEADER_FIELDS])
 HEADER_STRUCT = struct.Struct("!" + "".join(_STRUCT_CODES[f.bits] for f in AGG_HEADER_FIELDS))
-FIELD_OFFSETS: dict[str, int] = {name: HEADER_DTYPE.fields[name][1] for name in FIELD_NAMES}
+_DTYPE_FIELDS = HEADER_DTYPE.fields
+assert _DTYPE_FIELDS is not None  # a structured dtype
+FIELD_OFFSETS: dict[str, int] = {name: _DTYPE_FIELDS[name][1] for name in FIELD_NAMES}
 
 
 @dataclass(frozen=True)

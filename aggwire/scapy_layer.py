@@ -46,7 +46,7 @@ class Agg(Packet):
         *(scapy_field(f) for f in AGG_HEADER_FIELDS),
         FieldListField(
             "cells",
-            [0] * CELLS_PER_PKT,
+            [0] * CELLS_PER_PKT,  # type: ignore[list-item]  # scapy's stub wants fields
             SignedIntField("cell", 0),
             count_from=lambda pkt: CELLS_PER_PKT,
             max_count=CELLS_PER_PKT,

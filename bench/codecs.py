@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from bench.publish import plot_path, publish, pyplot
+from worker.codecs.base import Codec, Phase
 
 # Pause before each timed item: torch's OpenMP threads keep spinning for a while after an
 # op returns and would steal the cores from whatever is timed next.
@@ -194,13 +195,13 @@ def bench_cells(n: int, world: int, densities: list[float]) -> list[str]:
             xs = sparse_inputs(rng, n, world, density, shared=shared)
             union = np.count_nonzero(np.any(np.array(xs) != 0, axis=0)) / n
             dense = simulate([FixedPoint(world) for _ in xs], xs)[0]
-            runs = [
+            runs: list[tuple[str, list[Codec]]] = [
                 ("lossless sketch", [LosslessSparse(world, values="sketch") for _ in xs]),
                 ("lossless ranked", [LosslessSparse(world, values="ranked") for _ in xs]),
                 (f"CLT-k ratio {density:g}", [CLTK(world, r, ratio=density) for r in range(world)]),
             ]
             for name, codecs in runs:
-                log = []
+                log: list[Phase] = []
                 out = simulate(codecs, xs, phases_log=log)[0]
                 if name.startswith("lossless"):
                     assert np.array_equal(out.view(np.int32), dense.view(np.int32)), name
@@ -305,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
     cells = bench_cells(n, args.world, [0.001, 0.01, 0.1])
     row_lines = bench_rows(args.world)
     # coarse far from the ~0.818 threshold, fine around it
-    loads = np.round(
+    loads: np.ndarray = np.round(
         np.r_[np.arange(0.5, 0.751, 0.05), np.arange(0.76, 0.8601, 0.01), 0.9, 0.95, 1.0], 3
     )
     sizes = (

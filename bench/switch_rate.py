@@ -5,10 +5,11 @@ Each target runs in its own fabric (4 hosts in namespaces); batches of a full po
 Targets alternate batch by batch so that a noisy neighbour hits both alike; the table
 gives the median and spread of contributions absorbed per second, per cells-per-packet
 setting (settings other than the committed program's are compiled on the fly:
-they need p4c).
-Writes bench/results/switch_rate.md and switch_rate.png.
+they need p4c) and per op (`--ops ADD ADD16 ADD8`: values/s counts the lanes, 2 or 4 per
+cell for the lane ops). Writes bench/results/switch_rate.md and switch_rate.png
+(switch_rate_ops.* when lane ops are measured).
 
-    python -m bench.switch_rate [--cells 64 128 256] [--reps 7]
+    python -m bench.switch_rate [--cells 64 128 256] [--ops ADD ADD16 ADD8] [--reps 7]
 """
 
 from __future__ import annotations
@@ -25,12 +26,13 @@ import tempfile
 import time
 from pathlib import Path
 
+from aggwire.constants import LANE_BITS_OF_OP, Op
 from bench.publish import plot_path, publish, pyplot
 
 REPO = Path(__file__).resolve().parent.parent
 
 
-def _measure(job, pool_size: int, batches: int, first_chunk: int) -> tuple[float, int]:
+def _measure(job, pool_size: int, batches: int, first_chunk: int, op: int) -> tuple[float, int]:
     """Contributions per second over `batches` full pools (sending and awaiting only),
     and the number of results that did not arrive."""
     import numpy as np
@@ -45,7 +47,9 @@ def _measure(job, pool_size: int, batches: int, first_chunk: int) -> tuple[float
         frames = [
             (
                 job.hosts[r].raw,
-                job.frame(r, cells[r], slot=k % pool_size, shadow=(k // pool_size) % 2, chunk=k),
+                job.frame(
+                    r, cells[r], slot=k % pool_size, shadow=(k // pool_size) % 2, chunk=k, op=op
+                ),
             )
             for k in chunks
             for r in range(job.world)
@@ -59,8 +63,11 @@ def _measure(job, pool_size: int, batches: int, first_chunk: int) -> tuple[float
     return batches * pool_size * job.world / elapsed, missing
 
 
-def run_child(cells: int, reps: int, artifacts: tuple[Path, Path] | None) -> dict:
-    """Measure every available target with the current HOMAGG_CELLS_PER_PKT."""
+def run_child(
+    cells: int, reps: int, artifacts: tuple[Path, Path] | None, ops: list[str]
+) -> list[dict]:
+    """Measure every available target and op with the current HOMAGG_CELLS_PER_PKT; ops
+    alternate like the targets, one row per op."""
     from testnet.aggjob import Job
     from testnet.fabric import Fabric
     from testnet.switch_process import bmv2_available
@@ -70,23 +77,24 @@ def run_child(cells: int, reps: int, artifacts: tuple[Path, Path] | None) -> dic
     fabrics = {t: Fabric(t, 4, **kwargs) for t in targets}
     try:
         jobs = {t: Job(f, f.hosts, pool_size=32) for t, f in fabrics.items()}
-        rates: dict[str, list[float]] = {t: [] for t in targets}
-        missing = {t: 0 for t in targets}
+        rates: dict[str, dict[str, list[float]]] = {o: {t: [] for t in targets} for o in ops}
+        missing = {o: {t: 0 for t in targets} for o in ops}
         chunk = 0
         for t in targets:
-            _measure(jobs[t], 32, 1, chunk)  # warm-up
+            _measure(jobs[t], 32, 1, chunk, Op.ADD)  # warm-up
         for rep in range(reps):
-            chunk += 1 << 12
-            for t in targets:
-                rate, miss = _measure(jobs[t], 32, 4, chunk)
-                rates[t].append(rate)
-                missing[t] += miss
-            print(
-                f"  cells {cells} rep {rep + 1}/{reps}: "
-                + ", ".join(f"{t} {rates[t][-1]:.0f}/s" for t in targets),
-                flush=True,
-            )
-        return {"cells": cells, "rates": rates, "missing": missing}
+            for o in ops:
+                chunk += 1 << 12
+                for t in targets:
+                    rate, miss = _measure(jobs[t], 32, 4, chunk, Op[o])
+                    rates[o][t].append(rate)
+                    missing[o][t] += miss
+                print(
+                    f"  cells {cells} {o} rep {rep + 1}/{reps}: "
+                    + ", ".join(f"{t} {rates[o][t][-1]:.0f}/s" for t in targets),
+                    flush=True,
+                )
+        return [{"cells": cells, "op": o, "rates": rates[o], "missing": missing[o]} for o in ops]
     finally:
         for f in fabrics.values():
             f.close()
@@ -110,30 +118,30 @@ def _compile(cells: int, out: Path) -> tuple[Path, Path] | None:
 
 
 def plot(rows: list[dict], path: Path) -> None:
-    """Packets/s and cells/s (median, min-max bars) by cells per packet, per target."""
+    """Packets/s and values/s (median, min-max bars) by cells per packet, per target and op."""
     plt = pyplot()
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+    names = {"refswitch": "reference switch", "bmv2": "BMv2"}
     for t, style in (("refswitch", "o-"), ("bmv2", "s-")):
-        pts = [(r["cells"], r["rates"][t]) for r in rows if t in r["rates"]]
-        if not pts:
-            continue
-        for ax, scale in ((axes[0], lambda c: 1), (axes[1], lambda c: c)):
-            xs = [c for c, _ in pts]
-            med = [statistics.median(v) * scale(c) for c, v in pts]
-            err = [
-                [m - min(v) * scale(c) for (c, v), m in zip(pts, med)],
-                [max(v) * scale(c) - m for (c, v), m in zip(pts, med)],
+        for op in dict.fromkeys(r.get("op", "ADD") for r in rows):
+            lanes = 32 // LANE_BITS_OF_OP[Op[op]]
+            pts = [
+                (r["cells"], r["rates"][t])
+                for r in rows
+                if t in r["rates"] and r.get("op", "ADD") == op
             ]
-            ax.errorbar(
-                xs,
-                med,
-                yerr=err,
-                fmt=style,
-                capsize=3,
-                label={"refswitch": "reference switch", "bmv2": "BMv2"}[t],
-            )
-    for ax, label in zip(axes, ("packets/s", "cells/s")):
+            if not pts:
+                continue
+            for ax, per_pkt in ((axes[0], lambda c: 1), (axes[1], lambda c, n=lanes: c * n)):
+                xs = [c for c, _ in pts]
+                med = [statistics.median(v) * per_pkt(c) for c, v in pts]
+                err = [
+                    [m - min(v) * per_pkt(c) for (c, v), m in zip(pts, med)],
+                    [max(v) * per_pkt(c) - m for (c, v), m in zip(pts, med)],
+                ]
+                ax.errorbar(xs, med, yerr=err, fmt=style, capsize=3, label=f"{names[t]} {op}")
+    for ax, label in zip(axes, ("packets/s", "values/s")):
         ax.set(xlabel="cells per packet", ylabel=label, xscale="log", yscale="log")
         ax.set_xticks(
             sorted({r["cells"] for r in rows}), [str(c) for c in sorted({r["cells"] for r in rows})]
@@ -151,6 +159,13 @@ def main(argv: list[str] | None = None) -> int:
     """Run the benchmark and write bench/results/switch_rate.md."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--cells", type=int, nargs="+", default=[64, 128, 256], choices=[64, 128, 256])
+    p.add_argument(
+        "--ops",
+        nargs="+",
+        default=["ADD"],
+        choices=["ADD", "ADD16", "ADD8"],
+        help="adding ops to measure (lane ops carry 2 or 4 values per cell)",
+    )
     p.add_argument("--reps", type=int, default=7)
     p.add_argument("--child", type=str, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -158,7 +173,9 @@ def main(argv: list[str] | None = None) -> int:
         artifacts = tuple(Path(x) for x in args.child.split(",")) if args.child != "-" else None
         print(
             "RESULT "
-            + json.dumps(run_child(int(os.environ["HOMAGG_CELLS_PER_PKT"]), args.reps, artifacts))
+            + json.dumps(
+                run_child(int(os.environ["HOMAGG_CELLS_PER_PKT"]), args.reps, artifacts, args.ops)
+            )
         )
         return 0
     rows = []
@@ -176,6 +193,8 @@ def main(argv: list[str] | None = None) -> int:
                     "bench.switch_rate",
                     "--reps",
                     str(args.reps),
+                    "--ops",
+                    *args.ops,
                     "--child",
                     child,
                 ],
@@ -187,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
             )
             for line in proc.stdout.splitlines():
                 if line.startswith("RESULT "):
-                    rows.append(json.loads(line[7:]))
+                    rows.extend(json.loads(line[7:]))
                 else:
                     print(line)
     lines = [
@@ -197,24 +216,30 @@ def main(argv: list[str] | None = None) -> int:
         "Contributions absorbed per second (median of reps, [min, max]); 4 workers, "
         "pool size 32; targets alternate batch by batch.",
         "",
-        "| cells/packet | target | packets/s | cells/s | missing results |",
-        "|---:|---|---:|---:|---:|",
+        "| cells/packet | op | target | packets/s | cells/s | values/s | missing results |",
+        "|---:|---|---|---:|---:|---:|---:|",
     ]
     for row in rows:
+        lanes = 32 // LANE_BITS_OF_OP[Op[row["op"]]]
         for t, rates in row["rates"].items():
             med = statistics.median(rates)
             lines.append(
-                f"| {row['cells']} | {t} | {med:,.0f} [{min(rates):,.0f}, "
-                f"{max(rates):,.0f}] | {med * row['cells']:,.0f} | {row['missing'][t]} |"
+                f"| {row['cells']} | {row['op']} | {t} | {med:,.0f} [{min(rates):,.0f}, "
+                f"{max(rates):,.0f}] | {med * row['cells']:,.0f} | "
+                f"{med * row['cells'] * lanes:,.0f} | {row['missing'][t]} |"
             )
         if "bmv2" in row["rates"]:
             ratio = statistics.median(row["rates"]["refswitch"]) / statistics.median(
                 row["rates"]["bmv2"]
             )
-            lines.append(f"| {row['cells']} | refswitch / bmv2 | {ratio:.2f}x | | |")
-    lines += ["", "![switch packet rate](switch_rate.png)"]
-    plot(rows, plot_path("switch_rate.png"))
-    publish("switch_rate", lines)
+            lines.append(
+                f"| {row['cells']} | {row['op']} | refswitch / bmv2 | {ratio:.2f}x | | | |"
+            )
+    # Lane ops go to their own report, so the cells-per-packet one stays as it was.
+    name = "switch_rate" if args.ops == ["ADD"] else "switch_rate_ops"
+    lines += ["", f"![switch packet rate]({name}.png)"]
+    plot(rows, plot_path(f"{name}.png"))
+    publish(name, lines)
     return 0
 
 

@@ -9,6 +9,9 @@ fixed-point job; rounds alternate the codecs. Times are iteration times of every
 but the first of each run: median [p10, p90] over the steps of all rounds.
 
     python -m bench.training [--steps 15] [--rounds 2] [--target auto] [--models ncf,mlp]
+                             [--codecs lossless,fixed_point,lowbit16,lowbit8]
+
+The first codec's run also runs its gloo twin; the others run without.
 """
 
 from __future__ import annotations
@@ -98,15 +101,20 @@ def run_round(
 
 
 def plot(
-    samples: dict[tuple[str, str], list[float]], models: list[str], title: str, path: Path
+    samples: dict[tuple[str, str], list[float]],
+    models: list[str],
+    title: str,
+    path: Path,
+    runs: tuple[str, ...] = RUNS,
 ) -> None:
     """Median iteration time per model and run, with p10-p90 whiskers, log scale."""
     plt = pyplot()
 
     fig, ax = plt.subplots(figsize=(7, 3.8))
-    width = 0.8 / len(RUNS)
-    for j, (name, color) in enumerate(zip(RUNS, ("0.4", "tab:green", "tab:blue"))):
-        xs = [i + (j - (len(RUNS) - 1) / 2) * width for i in range(len(models))]
+    width = 0.8 / len(runs)
+    colors = ("0.4", "tab:green", "tab:blue", "tab:orange", "tab:red", "tab:purple")
+    for j, (name, color) in enumerate(zip(runs, colors)):
+        xs = [i + (j - (len(runs) - 1) / 2) * width for i in range(len(models))]
         med = [statistics.median(samples[(m, name)]) * 1e3 for m in models]
         lo = [med[i] - _pct(samples[(m, name)], 0.1) * 1e3 for i, m in enumerate(models)]
         hi = [_pct(samples[(m, name)], 0.9) * 1e3 - med[i] for i, m in enumerate(models)]
@@ -130,8 +138,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--models", default="ncf,mlp", help="comma-separated: ncf, mlp")
     p.add_argument("--target", default="auto", choices=["auto", "bmv2", "refswitch"])
     p.add_argument("--timeout", type=float, default=300, help="seconds per `python -m run`")
+    p.add_argument(
+        "--codecs",
+        default="lossless,fixed_point",
+        help="comma-separated switch codecs (python -m run --codec); the first one's run "
+        "also runs DDP over gloo",
+    )
     args = p.parse_args(argv)
     models = [m for m in args.models.split(",") if m]
+    codec_names = [c for c in args.codecs.split(",") if c]
+    if not codec_names:
+        p.error("--codecs needs at least one codec")
+    runs_named = ("DDP over gloo", *(f"switch, {c}" for c in codec_names))
     if not models or any(m not in DESCRIPTION for m in models):
         p.error(f"--models takes a comma-separated list of {', '.join(DESCRIPTION)}")
     start = time.perf_counter()
@@ -141,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="homagg-bench-train-") as tmp:
         for rnd in range(args.rounds):
             for model in models:
-                order = [("lossless", False), ("fixed_point", True)]
+                order = [(c, i > 0) for i, c in enumerate(codec_names)]
                 if rnd % 2:
                     order.reverse()
                 for codec, no_gloo in order:
@@ -189,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     parts = []
     for model in models:
         gloo = statistics.median(samples[(model, "DDP over gloo")])
-        for name in RUNS:
+        for name in runs_named:
             s = samples[(model, name)]
             med = statistics.median(s)
             lines.append(
@@ -197,14 +215,10 @@ def main(argv: list[str] | None = None) -> int:
                 f"{_pct(s, 0.9) * 1e3:.0f}] | {gloo / med:.2f}x | "
                 f"{statistics.mean(wire[(model, name)]):.2f}x |"
             )
-        speed = {
-            c: gloo / statistics.median(samples[(model, f"switch, {c}")])
-            for c in ("lossless", "fixed_point")
-        }
-        part = (
-            f"{model}: lossless {speed['lossless']:.2f}x, fixed point {speed['fixed_point']:.2f}x"
-        )
-        if model == "ncf":
+        speed = {c: gloo / statistics.median(samples[(model, f"switch, {c}")]) for c in codec_names}
+        names = {"lossless": "lossless", "fixed_point": "fixed point"}
+        part = f"{model}: " + ", ".join(f"{names.get(c, c)} {v:.2f}x" for c, v in speed.items())
+        if model == "ncf" and "lossless" in speed:
             part += f" (target lossless >= 4x: {'MET' if speed['lossless'] >= 4 else 'MISSED'})"
         parts.append(part)
     summary = f"training W={args.hosts} ({target_used}), speed vs DDP over gloo: " + "; ".join(
@@ -212,7 +226,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     lines += ["", f"Summary: {summary}.", ""]
     lines += ["![training iteration time](training.png)", ""]
-    plot(samples, models, f"training, W={args.hosts}, {target_used}", plot_path("training.png"))
+    plot(
+        samples,
+        models,
+        f"training, W={args.hosts}, {target_used}",
+        plot_path("training.png"),
+        runs_named,
+    )
     publish("training", lines, summary)
     return 0
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import signal
 import sys
 import threading
@@ -37,6 +38,14 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "jobs": (
         "running jobs (--all: and recently ended ones)",
         "Example:\n  aggctl jobs --ranks\n  aggctl jobs --all --json",
+    ),
+    "job": (
+        "operate one job: create, show, list, release",
+        "create prints the job's id and its token (the workers' secret) once, or writes the\n"
+        "token to --token-file (mode 0600) and leaves it out. Example:\n"
+        "  aggctl job create demo --world-size 4 --codec lossless --pool-size 16 \\\n"
+        "    --token-file job.token\n  aggctl job show 3 --json\n  aggctl job list --all\n"
+        "  aggctl job release 3",
     ),
     "pools": (
         "each switch's slots: every job's pool and the free ranges",
@@ -111,6 +120,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--listen", metavar="ADDR", help="override controller.listen")
     serve.add_argument("--database", type=Path, metavar="PATH", help="override controller.database")
+    serve.add_argument(
+        "--fresh-database",
+        action="store_true",
+        help="start with no jobs: an existing database (e.g. one refused as empty or damaged) "
+        "is kept aside as PATH.damaged-TIME, the switches' job entries are removed and new "
+        "job ids start above every id they hold",
+    )
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning"])
     add("status")
     jobs = add("jobs")
@@ -118,6 +134,7 @@ def _parser() -> argparse.ArgumentParser:
     jobs.add_argument(
         "--ranks", action="store_true", help="also list each job's ranks and their leases"
     )
+    _add_job_actions(add("job"), common)
     pools = add("pools")
     pools.add_argument("--switch", default="", help="only this switch")
     counters = add("counters")
@@ -140,6 +157,72 @@ def _parser() -> argparse.ArgumentParser:
         help="election id (default 1: a backup while the controller, 10, is primary)",
     )
     return p
+
+
+def _add_job_actions(job: argparse.ArgumentParser, common: argparse.ArgumentParser) -> None:
+    actions = job.add_subparsers(dest="action", required=True, metavar="ACTION")
+    create = actions.add_parser("create", help="a new job", parents=[common])
+    create.add_argument("name", help="1..64 printable characters, for operators")
+    create.add_argument("--world-size", type=int, required=True, help="ranks, 1..32")
+    create.add_argument("--codec", default="lossless", help="the workers' codec (default lossless)")
+    create.add_argument(
+        "--pool-size", type=int, default=0, help="switch slots (0: the controller's default)"
+    )
+    create.add_argument("--switch", default="", help="the switch (default: from the workers)")
+    create.add_argument(
+        "--token-file", type=Path, metavar="PATH", help="write the token here (mode 0600)"
+    )
+    show = actions.add_parser("show", help="one job and its ranks", parents=[common])
+    show.add_argument("job", type=int, metavar="JOB", help="the job id")
+    listing = actions.add_parser("list", help="running jobs", parents=[common])
+    listing.add_argument("--all", action="store_true", help="include recently ended jobs")
+    listing.add_argument("--ranks", action="store_true", help="also list each job's ranks")
+    release = actions.add_parser("release", help="end a job now", parents=[common])
+    release.add_argument("job", type=int, metavar="JOB", help="the job id")
+
+
+def _write_secret(path: Path, text: str) -> None:
+    """Create (or truncate) `path` readable by its owner only, then write `text`."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text + "\n")
+
+
+def _job_action(args: argparse.Namespace, client: Any) -> int:
+    """`aggctl job create|show|list|release`."""
+    if args.action == "create":
+        made = client.create_job(
+            args.name, args.world_size, args.codec, pool_size=args.pool_size, switch=args.switch
+        )
+        if args.token_file:
+            _write_secret(args.token_file, made.token)
+            made.token = ""
+        where = f"token in {args.token_file}" if args.token_file else f"token {made.token}"
+        placed = f"on {made.switch}" if made.switch else "switch chosen when a worker joins"
+        _print(args, made, f"created job {made.job_id} ({args.name}), {placed}; {where}")
+        return 0
+    if args.action == "release":
+        return _release(args, client)
+    jobs = client.list_jobs(args.action == "show" or args.all)
+    if args.action == "list":
+        _print(args, jobs, render_jobs(jobs.jobs, args.ranks))
+        return 0
+    job = next((j for j in jobs.jobs if j.job_id == args.job), None)
+    if job is None:
+        print(f"aggctl: NOT_FOUND: no job {args.job}", file=sys.stderr)
+        return 1
+    _print(args, job, render_jobs([job], True))
+    return 0
+
+
+def _release(args: argparse.Namespace, client: Any) -> int:
+    job = client.release(args.job).job
+    freed = (
+        f"{job.pool_size} slots freed on {job.switch}" if job.switch else "no slots were allocated"
+    )
+    _print(args, job, f"released job {job.job_id} ({job.name}): entries removed, {freed}")
+    return 0
 
 
 def to_dict(message: Any) -> dict[str, Any]:
@@ -179,13 +262,9 @@ def _query(args: argparse.Namespace) -> int:
             resp = client.counters(args.switch, args.job)
             _print(args, resp, render_counters(resp.switches, args.zero))
         elif args.command == "release":
-            job = client.release(args.job).job
-            freed = (
-                f"{job.pool_size} slots freed on {job.switch}"
-                if job.switch
-                else "no slots were allocated"
-            )
-            _print(args, job, f"released job {job.job_id} ({job.name}): entries removed, {freed}")
+            return _release(args, client)
+        elif args.command == "job":
+            return _job_action(args, client)
     return 0
 
 
@@ -207,7 +286,7 @@ def _serve(args: argparse.Namespace) -> int:
     )
     log = logging.getLogger("aggctl")
     try:
-        server = ControllerServer(config)
+        server = ControllerServer(config, fresh_database=args.fresh_database)
     except StoreError as exc:
         print(f"aggctl: {exc}", file=sys.stderr)
         return 2

@@ -52,21 +52,23 @@ class ControllerClient:
         )
 
     def join(
-        self, job_id: int, token: str, rank: int, mac: str, ip: str, udp_port: int, switch_port: int
+        self,
+        job_id: int,
+        token: str,
+        rank: int,
+        mac: str,
+        ip: str,
+        udp_port: int,
+        switch_port: int | None = None,
     ) -> Any:
-        """JoinJob -> JoinJobResponse (joined, world_size, ready)."""
-        return self.stub.JoinJob(
-            pb.JoinJobRequest(
-                job_id=job_id,
-                token=token,
-                rank=rank,
-                mac=mac,
-                ip=ip,
-                udp_port=udp_port,
-                switch_port=switch_port,
-            ),
-            timeout=self.timeout,
+        """JoinJob -> JoinJobResponse (joined, world_size, ready); switch_port None lets the
+        controller find it in its topology."""
+        request = pb.JoinJobRequest(
+            job_id=job_id, token=token, rank=rank, mac=mac, ip=ip, udp_port=udp_port
         )
+        if switch_port is not None:
+            request.switch_port = switch_port
+        return self.stub.JoinJob(request, timeout=self.timeout)
 
     def wait_ready(self, job_id: int, token: str, rank: int, timeout_s: float = 30.0) -> Any:
         """WaitReady -> Assignment; DEADLINE_EXCEEDED when ranks are still missing after timeout_s."""

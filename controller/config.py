@@ -9,7 +9,7 @@ import math
 import re
 import tomllib
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +39,11 @@ class SwitchConfig:
     device_id: int = 0
     election_id: int = 10
     timeout: float = 5.0
+    # The program pushed to this switch: None is the committed v1model build (BMv2, the
+    # reference switch); a Tofino switch names the TNA P4Info and its packed device config
+    # (docs/tofino.md). Both or neither.
+    p4info: Path | None = None
+    device_config: Path | None = None
 
     def host_by_ip(self, ip: str) -> Host | None:
         """The configured host with this IPv4 address, if any."""
@@ -57,6 +62,8 @@ class ControllerConfig:
     join_timeout: float = 60.0
     default_pool_size: int = 64
     rpc_threads: int = 128
+    wait_ready_limit: int = 96  # parked WaitReady calls (controller/waiting.py)
+    wait_ready_per_client: int = 64
 
     def switch(self, name: str) -> SwitchConfig | None:
         """The switch with this name, if configured."""
@@ -142,7 +149,18 @@ def _host(data: Any, where: str) -> Host:
     return host
 
 
-def _switch(data: Any, where: str) -> SwitchConfig:
+def _program_file(r: _Reader, key: str, base_dir: Path, where: str) -> Path | None:
+    """An optional program file of a switch entry, relative to the config file."""
+    value = r.string(key, "")
+    if not value:
+        return None
+    path = Path(value) if Path(value).is_absolute() else base_dir / value
+    if not path.is_file():
+        raise ConfigError(f"{where}.{key}: {path} is not a file")
+    return path
+
+
+def _switch(data: Any, where: str, base_dir: Path) -> SwitchConfig:
     r = _Reader(data, where)
     name = r.string("name")
     if not NAME_PATTERN.match(name):
@@ -157,8 +175,12 @@ def _switch(data: Any, where: str) -> SwitchConfig:
         device_id=r.integer("device_id", 0, 0, 2**64 - 1),
         election_id=r.integer("election_id", 10, 1, 2**63 - 1),
         timeout=r.seconds("timeout", 5.0),
+        p4info=_program_file(r, "p4info", base_dir, where),
+        device_config=_program_file(r, "device_config", base_dir, where),
     )
     r.finish()
+    if (sw.p4info is None) != (sw.device_config is None):
+        raise ConfigError(f"{where}: give both p4info and device_config, or neither")
     ips = [h.ip for h in hosts]
     for ip in ips:
         if ips.count(ip) > 1:
@@ -175,7 +197,7 @@ def parse_config(
     top = _Reader(data, where)
     ctl = _Reader(top._get("controller", Mapping, {}), f"{where}: controller")
     switches = tuple(
-        _switch(s, f"{where}: switch[{i}]") for i, s in enumerate(top.tables("switch"))
+        _switch(s, f"{where}: switch[{i}]", base_dir) for i, s in enumerate(top.tables("switch"))
     )
     top.finish()
     if not switches:
@@ -198,6 +220,7 @@ def parse_config(
         default_pool_size=ctl.integer("default_pool_size", 64, 1, NUM_SLOTS),
         rpc_threads=ctl.integer("rpc_threads", 128, 4, 4096),
     )
+    config = _wait_limits(ctl, config)
     ctl.finish()
     if config.lease < 2 * config.heartbeat_interval:
         raise ConfigError(
@@ -205,6 +228,14 @@ def parse_config(
             f"heartbeat_interval ({config.heartbeat_interval} s)"
         )
     return config
+
+
+def _wait_limits(ctl: _Reader, config: ControllerConfig) -> ControllerConfig:
+    """Parked WaitReady calls leave at least a quarter of the request threads to the rest."""
+    most = config.rpc_threads - max(1, config.rpc_threads // 4)
+    total = ctl.integer("wait_ready_limit", most, 1, most)
+    per_client = ctl.integer("wait_ready_per_client", max(1, total * 2 // 3), 1, total)
+    return replace(config, wait_ready_limit=total, wait_ready_per_client=per_client)
 
 
 def load_config(path: Path | str) -> ControllerConfig:

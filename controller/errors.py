@@ -58,3 +58,9 @@ class Unavailable(ControllerError):
     """The job's switch cannot be reached right now; retry later."""
 
     status = grpc.StatusCode.UNAVAILABLE
+
+
+class Aborted(ControllerError):
+    """The call was superseded (a newer WaitReady of the same rank); the newer one answers."""
+
+    status = grpc.StatusCode.ABORTED

@@ -20,6 +20,7 @@ from controller.entries import MULTICAST_GROUPS, EntrySpec, GroupSpec, Spec
 from controller.p4runtime_entities import WriteBatch
 from controller.switch_connection import P4RuntimeWriteError, SwitchConnection, SwitchError
 
+JOB_ID_FIELD = "hdr.agg.job_id"  # the match field of the job's entries in every table
 INSTALL_ORDER: tuple[str, ...] = (
     p4names.ARP_RESPONDER,  # Forwarding: hosts and the service address resolve to the switch
     p4names.IPV4_LPM,  # Forwarding: routes to hosts, the hand-off to aggregation
@@ -42,11 +43,13 @@ class InstallError(SwitchError):
 @dataclass(frozen=True)
 class Reconciled:
     """What a reconciliation wrote: table entries installed, modified and removed (multicast
-    groups are written too but not counted)."""
+    groups are written too but not counted), and the ids of the stale groups it removed (a
+    group's id is its job's id: jobs the switch held that the controller does not know)."""
 
     installed: int
     modified: int
     removed: int
+    stale_job_ids: tuple[int, ...] = ()
 
 
 def job_specs(job: JobEntries) -> list[Spec]:
@@ -138,6 +141,14 @@ def held(conn: SwitchConnection) -> dict[tuple, Spec]:
     return {s.key: s for s in specs}
 
 
+def _job_id_of(spec: Spec) -> int:
+    """The job a spec belongs to (a group's id is its job's; job entries match on it), or 0."""
+    if isinstance(spec, GroupSpec):
+        return spec.group_id
+    value = dict(spec.match).get(JOB_ID_FIELD, 0)
+    return value if isinstance(value, int) else 0
+
+
 def reconcile(
     conn: SwitchConnection, desired: Sequence[Spec], read_back: bool = True
 ) -> Reconciled:
@@ -157,4 +168,5 @@ def reconcile(
     def entries(specs: list[Spec]) -> int:
         return sum(isinstance(s, EntrySpec) for s in specs)
 
-    return Reconciled(entries(missing), entries(changed), entries(stale))
+    stale_ids = tuple(sorted({job_id for s in stale if (job_id := _job_id_of(s))}))
+    return Reconciled(entries(missing), entries(changed), entries(stale), stale_ids)

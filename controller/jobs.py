@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from aggwire.constants import AGG_UDP_PORT, CELLS_PER_PKT, MAX_JOB_ID
@@ -59,6 +59,9 @@ class JobManager:
         }
         self.jobs: dict[int, Job] = {}
         self.started = wall()
+        # After --fresh-database no job is created before every switch was read back: its
+        # job ids must not come back (Store.raise_next_job_id).
+        self.unread = set(self.switches) if store.set_aside is not None else set()
         self._stop = threading.Event()
         self._reaper: threading.Thread | None = None
         self._restore()
@@ -117,7 +120,13 @@ class JobManager:
         for job in self.jobs.values():
             if job.switch == switch and job.complete:
                 job.installed = True
+        self.unread.discard(switch)
         self.changed.notify_all()
+
+    def job_ids_held(self, switch: str, job_ids: Sequence[int]) -> None:
+        """The switch held entries of these unknown jobs: never hand their ids out again soon."""
+        log.warning("switch %s held entries of unknown job(s) %s: removed", switch, list(job_ids))
+        self.store.raise_next_job_id(job_ids)
 
     def switch_lost(self, switch: str) -> None:
         """The session ended: whether the entries survive is checked on reconnection."""
@@ -139,6 +148,11 @@ class JobManager:
         if switch and switch not in self.switches:
             raise InvalidArgument(
                 f"switch: no switch {switch!r} (configured: {', '.join(self.switches)})"
+            )
+        if self.unread:
+            raise Unavailable(
+                f"the database was started fresh: no job is created before switch(es) "
+                f"{', '.join(sorted(self.unread))} were read back; retry in a moment"
             )
         token, token_hash = check.new_token()
         job = Job(0, name, token_hash, world_size, codec, pool_size, self.wall())
@@ -169,18 +183,26 @@ class JobManager:
         return job, token
 
     def join(
-        self, job_id: int, token: str, rank: int, mac: str, ip: str, udp_port: int, switch_port: int
+        self,
+        job_id: int,
+        token: str,
+        rank: int,
+        mac: str,
+        ip: str,
+        udp_port: int,
+        switch_port: int | None = None,
     ) -> Job:
-        """Register a rank; the join that completes the world installs the job (if the switch is up)."""
-        new = JobWorker(
-            check.check_rank(rank),
-            check.check_mac(mac),
-            check.check_ip(ip),
-            check.check_udp_port(udp_port),
-            check.check_switch_port(switch_port),
-        )
+        """Register a rank; the join that completes the world installs the job (if the switch
+        is up). switch_port None: the port the topology lists for the worker's IP."""
+        rank, mac, ip = check.check_rank(rank), check.check_mac(mac), check.check_ip(ip)
+        udp_port = check.check_udp_port(udp_port)
+        if switch_port is not None:
+            check.check_switch_port(switch_port)
         with self.lock:
-            job = self._authorize(job_id, token)
+            job = self._authorize(job_id, token)  # before the topology is consulted
+            if switch_port is None:
+                switch_port = self._attached_port(ip)
+            new = JobWorker(rank, mac, ip, udp_port, switch_port)
             check.check_rank(rank, job.world_size)
             old = job.workers.get(rank)
             if old is not None:
@@ -271,6 +293,11 @@ class JobManager:
                     )
                 self.changed.wait(min(remaining, self.config.lease / 4))
 
+    def wake(self) -> None:
+        """Wake every waiting WaitReady (one was superseded or its client went away)."""
+        with self.lock:
+            self.changed.notify_all()
+
     def heartbeat(self, job_id: int, token: str, rank: int) -> JobState:
         """Renew the rank's lease; returns the job's state."""
         with self.lock:
@@ -317,7 +344,7 @@ class JobManager:
                 if ended is None:
                     raise NotFound(f"no job {job_id}")
                 raise FailedPrecondition(f"job {job_id} has already ended: {ended.end_reason}")
-            self._end(job, "released by the operator")
+            self._end(job, "released by the operator", strict=True)
             return job
 
     def list_jobs(self, include_ended: bool = False) -> list[Job]:
@@ -360,6 +387,17 @@ class JobManager:
         now = self.clock()
         worker.deadline = now + self.config.lease
         job.idle_deadline = now + self.config.join_timeout
+
+    def _attached_port(self, ip: str) -> int:
+        """The switch port a host is attached to, per the configured topology."""
+        for sw in self.switches.values():
+            host = sw.config.host_by_ip(ip)
+            if host is not None:
+                return host.switch_port
+        raise InvalidArgument(
+            f"{ip} is not a host of any configured switch, so its switch port is unknown: "
+            "add the host to the controller's configuration or pass the switch port"
+        )
 
     def _switch_for(self, job: Job, worker: JobWorker) -> ManagedSwitch:
         """The switch the worker is on; a known host must match the topology."""
@@ -439,10 +477,12 @@ class JobManager:
         )
         self.changed.notify_all()
 
-    def _end(self, job: Job, reason: str) -> None:
-        """Remove the job's entries, free its pool and record why it ended."""
+    def _end(self, job: Job, reason: str, strict: bool = False) -> None:
+        """Remove the job's entries, free its pool and record why it ended. strict: the
+        entries must be gone from the switch now, else Unavailable and the job keeps running
+        (a release must not report success while the switch still holds the job)."""
         if job.switch is not None and job.complete:
-            self.switches[job.switch].remove(job.entries())
+            self.switches[job.switch].remove(job.entries(), strict=strict)
         if job.switch is not None and job.pool_base is not None:
             self.switches[job.switch].pools.release(job.pool_base)
         job.ended, job.end_reason, job.installed = self.wall(), reason, False

@@ -173,7 +173,7 @@ class WriteBatch:
         params: Mapping[str, int] | None = None,
     ) -> WriteBatch:
         info = self.p4info.table(table)
-        update = Update(type=kind)
+        update = Update(type=Update.Type.Name(kind))
         te = update.entity.table_entry
         te.table_id = info.id
         te.match.extend(encode_match(info, match))
@@ -232,7 +232,7 @@ class WriteBatch:
         self, kind: int, group_id: int, replicas: Sequence[tuple[int, int]] = ()
     ) -> WriteBatch:
         """INSERT, MODIFY or DELETE (Update.*) a multicast group of (port, instance) replicas."""
-        update = Update(type=kind)
+        update = Update(type=Update.Type.Name(kind))
         group = update.entity.packet_replication_engine_entry.multicast_group_entry
         group.multicast_group_id = group_id
         for port, instance in replicas:

@@ -18,15 +18,17 @@ import grpc
 from controller.api import jobs_pb2, jobs_pb2_grpc
 from controller.config import ControllerConfig
 from controller.counters import CounterValue, SwitchCounters
-from controller.errors import ControllerError
+from controller.errors import Aborted, ControllerError
 from controller.jobs import JobManager
 from controller.model import Job
 from controller.store import Store
 from controller.validation import check_timeout
 from controller.views import controller_status, job_counters, pool_ranges
+from controller.waiting import WaitLimiter, client_host
 
 log = logging.getLogger(__name__)
 pb = jobs_pb2
+MAX_QUEUED_PER_THREAD = 4  # the server's concurrency limit, per request thread
 
 
 def version() -> str:
@@ -116,6 +118,8 @@ class ControllerService(jobs_pb2_grpc.ControllerServicer):
     def __init__(self, manager: JobManager, listen: str) -> None:
         self.m = manager
         self.listen = listen
+        cfg = manager.config
+        self.waits = WaitLimiter(cfg.wait_ready_limit, cfg.wait_ready_per_client, manager.wake)
 
     @_guard
     def CreateJob(self, request: Any, context: grpc.ServicerContext) -> Any:
@@ -141,7 +145,7 @@ class ControllerService(jobs_pb2_grpc.ControllerServicer):
             request.mac,
             request.ip,
             request.udp_port,
-            request.switch_port,
+            request.switch_port if request.HasField("switch_port") else None,
         )
         cfg = self.m.config
         return pb.JoinJobResponse(
@@ -160,9 +164,25 @@ class ControllerService(jobs_pb2_grpc.ControllerServicer):
             timeout = (
                 remaining - 0.2
             )  # answer DEADLINE_EXCEEDED ourselves, naming the missing ranks
-        a = self.m.wait_ready(
-            request.job_id, request.token, request.rank, timeout, context.is_active
-        )
+        job_id, rank = request.job_id, request.rank
+        self.m.heartbeat(job_id, request.token, rank)  # authorized before it may park
+        with self.waits.admit(job_id, rank, client_host(context.peer())) as ticket:
+            # a client that goes away frees its thread now, not at the next wake-up
+            context.add_callback(lambda: ticket.done or self.m.wake())
+            try:
+                a = self.m.wait_ready(
+                    job_id,
+                    request.token,
+                    rank,
+                    timeout,
+                    lambda: context.is_active() and not ticket.superseded,
+                )
+            except ControllerError:
+                if ticket.superseded:
+                    raise Aborted(
+                        f"superseded by a newer WaitReady of rank {rank} of job {job_id}"
+                    ) from None
+                raise
         return pb.Assignment(**dataclasses.asdict(a))
 
     @_guard
@@ -200,6 +220,7 @@ class ControllerService(jobs_pb2_grpc.ControllerServicer):
                     hosts=s.hosts,
                     mac=s.mac,
                     service_ip=s.service_ip,
+                    role=s.role,
                 )
                 for s in st.switches
             ],
@@ -237,9 +258,11 @@ class ControllerService(jobs_pb2_grpc.ControllerServicer):
 class ControllerServer:
     """The controller: its JobManager (switch supervisors, leases) served over gRPC."""
 
-    def __init__(self, config: ControllerConfig, **manager_options: Any) -> None:
+    def __init__(
+        self, config: ControllerConfig, fresh_database: bool = False, **manager_options: Any
+    ) -> None:
         self.config = config
-        self.store = Store(config.database)
+        self.store = Store(config.database, fresh=fresh_database)
         try:
             self.manager = JobManager(config, self.store, **manager_options)
         except BaseException:
@@ -253,7 +276,10 @@ class ControllerServer:
         server = grpc.server(
             futures.ThreadPoolExecutor(
                 max_workers=self.config.rpc_threads, thread_name_prefix="rpc"
-            )
+            ),
+            # beyond this many calls in progress or queued, gRPC answers RESOURCE_EXHAUSTED
+            # ("Concurrent RPC limit exceeded") instead of queueing without bound
+            maximum_concurrent_rpcs=self.config.rpc_threads * MAX_QUEUED_PER_THREAD,
         )
         try:
             port = server.add_insecure_port(self.config.listen)
@@ -262,9 +288,8 @@ class ControllerServer:
         if port == 0:
             raise OSError(f"cannot listen on {self.config.listen}")
         host = self.config.listen.rpartition(":")[0]
-        jobs_pb2_grpc.add_ControllerServicer_to_server(
-            ControllerService(self.manager, f"{host}:{port}"), server
-        )
+        self.service = ControllerService(self.manager, f"{host}:{port}")
+        jobs_pb2_grpc.add_ControllerServicer_to_server(self.service, server)
         self.manager.start()
         server.start()
         self._server, self.port = server, port

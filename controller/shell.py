@@ -54,17 +54,24 @@ def namespace(conn: SwitchConnection) -> dict[str, Any]:
     }
 
 
+PRIMARY_WARNING = (
+    "  NOTE: this shell is primary. A controller managing this switch is now a backup: it\n"
+    "  writes nothing and its jobs wait until you leave; it then reads the switch back and\n"
+    "  undoes what you changed. Use an election id below the controller's to only look.\n"
+)
+
+
 def run_shell(address: str, device_id: int = 0, election_id: int = 1, timeout: float = 5.0) -> None:
     """Connect (as a backup when another client is primary) and run the prompt until EOF."""
     conn = SwitchConnection(address, device_id, election_id, timeout)
     conn.connect(require_primary=False)
     try:
         warning = (
-            ""
+            PRIMARY_WARNING
             if conn.is_primary
             else (
-                f"  NOTE: a client with election id {conn.primary_election_id} (the controller?) is primary: "
-                "reads work, writes are refused.\n"
+                f"  NOTE: a client with election id {conn.primary_election_id} (the controller?) "
+                "is primary: reads work, writes are refused.\n"
             )
         )
         banner = BANNER.format(

@@ -5,13 +5,17 @@ wrapping past 65535, so no switch still holds slots under a reused id)."""
 
 from __future__ import annotations
 
+import logging
 import sqlite3
 import threading
+import time
 from collections.abc import Iterable
 from pathlib import Path
 
 from aggwire.constants import MAX_JOB_ID
 from controller.model import Job, JobWorker
+
+log = logging.getLogger(__name__)
 
 SCHEMA_VERSION = 2  # 2: jobs.window renamed pool_size (a schema 1 database is migrated)
 SCHEMA = """
@@ -35,31 +39,88 @@ class StoreError(RuntimeError):
     """The database cannot be opened or is not a controller database of this version."""
 
 
-class Store:
-    """The controller's sqlite database; every method is one transaction (thread-safe)."""
+FRESH_HINT = (
+    "if it was lost or replaced and you mean to start with no jobs, start with "
+    "--fresh-database: the damaged file is kept aside, the switches' job entries are removed "
+    "and new job ids start above every id they hold"
+)
 
-    def __init__(self, path: Path | str) -> None:
+
+class Store:
+    """The controller's sqlite database; every method is one transaction (thread-safe).
+
+    An existing file must be a sound controller database (not empty, integrity check passed,
+    our tables): anything else is refused with StoreError rather than taken as a new one,
+    since a controller with no jobs would remove every running job from the switches.
+    `fresh=True` moves an existing file aside and starts an empty database.
+    """
+
+    def __init__(self, path: Path | str, fresh: bool = False) -> None:
         self.path = Path(path)
         self._lock = threading.Lock()
+        self.set_aside: Path | None = None
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
-            self._db.execute("PRAGMA foreign_keys = ON")
-            self._db.execute("PRAGMA journal_mode = WAL")
-            version = self._db.execute("PRAGMA user_version").fetchone()[0]
-            if version not in (0, 1, SCHEMA_VERSION):
+            if fresh and self.path.exists():
+                self.set_aside = self._move_aside()
+            self.created = not self.path.exists()
+            if not self.created and self.path.stat().st_size == 0:
                 raise StoreError(
-                    f"{self.path}: database schema {version}, this controller knows "
-                    f"{SCHEMA_VERSION}"
+                    f"the controller database {self.path} is empty (0 bytes), not a "
+                    f"controller database: {FRESH_HINT}"
                 )
-            if version == 0:
-                self._db.executescript(SCHEMA)  # idempotent: every statement is IF NOT EXISTS
-                self._db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
-            elif version == 1:
-                self._db.execute("ALTER TABLE jobs RENAME COLUMN window TO pool_size")
-                self._db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+            self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
         except (sqlite3.Error, OSError) as exc:
             raise StoreError(f"cannot open the controller database {self.path}: {exc}") from exc
+        try:
+            self._open()
+        except (sqlite3.Error, StoreError) as exc:
+            self._db.close()
+            if isinstance(exc, StoreError):
+                raise
+            raise StoreError(
+                f"the controller database {self.path} is damaged ({exc}): {FRESH_HINT}"
+            ) from exc
+
+    def _move_aside(self) -> Path:
+        aside = self.path.with_name(f"{self.path.name}.damaged-{time.strftime('%Y%m%d-%H%M%S')}")
+        for suffix in ("", "-wal", "-shm"):
+            src = self.path.with_name(self.path.name + suffix)
+            if src.exists():
+                src.rename(aside.with_name(aside.name + suffix))
+        log.warning("started a fresh database: the previous file is kept as %s", aside)
+        return aside
+
+    def _open(self) -> None:
+        db = self._db
+        db.execute("PRAGMA foreign_keys = ON")
+        version = db.execute("PRAGMA user_version").fetchone()[0]
+        if not self.created:
+            problems = [row[0] for row in db.execute("PRAGMA integrity_check(5)")]
+            if problems != ["ok"]:
+                raise StoreError(
+                    f"the controller database {self.path} fails its integrity check "
+                    f"({'; '.join(problems)}): {FRESH_HINT}"
+                )
+            if version == 0:
+                raise StoreError(
+                    f"{self.path} is an sqlite file but not a controller database: {FRESH_HINT}"
+                )
+        if version not in (0, 1, SCHEMA_VERSION):
+            raise StoreError(
+                f"{self.path}: database schema {version}, this controller knows {SCHEMA_VERSION}"
+            )
+        db.execute("PRAGMA journal_mode = WAL")
+        if version == 0:
+            db.executescript(SCHEMA)  # idempotent: every statement is IF NOT EXISTS
+            db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+        elif version == 1:
+            db.execute("ALTER TABLE jobs RENAME COLUMN window TO pool_size")
+            db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+        tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        if not {"meta", "jobs", "workers"} <= tables:
+            raise StoreError(f"{self.path} lacks the controller's tables: {FRESH_HINT}")
+        db.execute(f"SELECT {JOB_COLUMNS} FROM jobs LIMIT 1").fetchall()  # columns as expected
 
     def _tx(self) -> sqlite3.Connection:
         return _Transaction(self._db)  # type: ignore[return-value]
@@ -86,6 +147,23 @@ class Store:
                 (str(candidate % MAX_JOB_ID + 1),),
             )
         return candidate
+
+    def raise_next_job_id(self, seen: Iterable[int]) -> None:
+        """Move the next job id past ids a switch holds (after a fresh start, or a database
+        older than the switch's state), so that no id comes back while its slots may be live."""
+        top = max(seen, default=0)
+        if not top:
+            return
+        with self._lock, self._tx():
+            row = self._db.execute("SELECT value FROM meta WHERE key = 'next_job_id'").fetchone()
+            current = int(row[0]) if row else 1
+            if current > top:
+                return
+            self._db.execute(
+                "INSERT OR REPLACE INTO meta VALUES ('next_job_id', ?)",
+                (str(top % MAX_JOB_ID + 1),),
+            )
+        log.info("next job id raised to %d (the switch holds job %d)", top % MAX_JOB_ID + 1, top)
 
     def save_job(self, job: Job) -> None:
         """Insert or replace a job and its ranks."""
@@ -116,6 +194,14 @@ class Store:
             )
 
     def _jobs(self, where: str, args: tuple) -> list[Job]:
+        try:
+            return self._read_jobs(where, args)
+        except (sqlite3.DatabaseError, TypeError, ValueError) as exc:
+            raise StoreError(
+                f"the controller database {self.path} is damaged ({exc}): {FRESH_HINT}"
+            ) from exc
+
+    def _read_jobs(self, where: str, args: tuple) -> list[Job]:
         with self._lock:
             rows = self._db.execute(
                 f"SELECT {JOB_COLUMNS} FROM jobs WHERE {where}", args

@@ -124,6 +124,7 @@ class SwitchConnection:
         self._alive = False
         self._closing = False
         self.is_primary = False
+        self.primary_losses = 0  # times another client became primary during this session
         self.primary_election_id: int | None = None
         self.stream_error: str | None = None  # why the stream ended, if it did
         self.stream_errors: list[p4runtime_pb2.StreamError] = []  # StreamErrors the switch sent
@@ -220,7 +221,14 @@ class SwitchConnection:
                 if kind == "arbitration":
                     arb = response.arbitration
                     self.primary_election_id = (arb.election_id.high << 64) | arb.election_id.low
-                    self.is_primary = arb.status.code == code_pb2.OK
+                    was_primary, self.is_primary = self.is_primary, arb.status.code == code_pb2.OK
+                    if was_primary and not self.is_primary:
+                        self.primary_losses += 1
+                        log.warning(
+                            "switch %s: no longer primary (election id %d is)",
+                            self.address,
+                            self.primary_election_id,
+                        )
                     if arb.status.code not in (
                         code_pb2.OK,
                         code_pb2.ALREADY_EXISTS,

@@ -37,7 +37,8 @@ LINK_CODES = (
 
 
 class SwitchRejected(Exception):
-    """The switch refused updates for a reason other than connectivity (full table, bad value...)."""
+    """The switch refused updates for a reason other than connectivity (full table, bad
+    value...)."""
 
 
 class SwitchListener(Protocol):
@@ -48,6 +49,8 @@ class SwitchListener(Protocol):
     def switch_synced(self, switch: str) -> None: ...
 
     def switch_lost(self, switch: str) -> None: ...
+
+    def job_ids_held(self, switch: str, job_ids: Sequence[int]) -> None: ...
 
 
 def _same_program(a: P4InfoIndex, b: P4InfoIndex) -> bool:
@@ -76,6 +79,8 @@ class ManagedSwitch:
         self.name = config.name
         self.lock = lock
         self.listener = listener
+        if config.p4info is not None and config.device_config is not None:
+            artifacts = (config.p4info, config.device_config)  # its own program (Tofino)
         self.artifacts = artifacts
         self.p4info = P4InfoIndex.from_text_file(artifacts[0])
         self.pools = SlotAllocator()
@@ -86,22 +91,56 @@ class ManagedSwitch:
         self.connects = 0
         self.pipeline_pushes = 0
         self.needs_sync = False  # a removal failed: re-run the reconciliation
+        # The session is trusted only while it is primary and has been reconciled since it
+        # last became primary: another primary may have changed any entry meanwhile.
+        self.synced = False
+        self._losses_at_sync = 0
         self.poll_interval, self.max_backoff = poll_interval, max_backoff
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     @property
     def connected(self) -> bool:
-        """True while the session is open and the switch has been reconciled."""
-        return self.conn is not None and self.conn.is_connected
+        """True while the session is open and primary, and the switch has been reconciled
+        since the controller last became primary."""
+        conn = self.conn
+        return (
+            conn is not None
+            and conn.is_connected
+            and conn.is_primary
+            and self.synced
+            and conn.primary_losses == self._losses_at_sync
+        )
+
+    @property
+    def role(self) -> str:
+        """The controller's P4Runtime role on the switch: primary, backup (naming the
+        primary's election id) or none (no session)."""
+        conn = self.conn
+        if conn is None or not conn.is_connected:
+            return "none"
+        if conn.is_primary:
+            return "primary"
+        return f"backup (election id {conn.primary_election_id} is primary)"
 
     def require(self) -> SwitchConnection:
-        """The open session, or Unavailable."""
+        """The open, primary and reconciled session, or Unavailable saying why not."""
         conn = self.conn
         if conn is None or not conn.is_connected:
             detail = f": {self.last_error}" if self.last_error else ""
             raise Unavailable(f"switch {self.name} ({self.config.address}) is unreachable{detail}")
+        if not conn.is_primary:
+            raise Unavailable(f"switch {self.name}: {self._not_primary_reason(conn)}")
+        if not self.connected:
+            raise Unavailable(f"switch {self.name} is being reconciled; retry in a moment")
         return conn
+
+    def _not_primary_reason(self, conn: SwitchConnection) -> str:
+        return (
+            f"the controller is not primary (a client with election id "
+            f"{conn.primary_election_id} is, the controller has {self.config.election_id}); "
+            f"nothing is written until it is primary again and has read the switch back"
+        )
 
     # -- supervisor -------------------------------------------------------------------
 
@@ -122,6 +161,11 @@ class ManagedSwitch:
         backoff = self.poll_interval
         while not self._stop.is_set():
             if self.connected and not self.needs_sync:
+                self._stop.wait(self.poll_interval)
+                continue
+            conn = self.conn
+            if conn is not None and conn.is_connected and not conn.is_primary:
+                self._backup(conn)
                 self._stop.wait(self.poll_interval)
                 continue
             if self.conn is not None and not self.conn.is_connected:
@@ -150,10 +194,23 @@ class ManagedSwitch:
                 backoff = min(backoff * 2, self.max_backoff)
 
     def _drop(self, notify: bool = True) -> None:
+        self.synced = False
         if self.conn is not None:
             self.conn.close()
             self.conn = None
             if notify:
+                self.listener.switch_lost(self.name)
+
+    def _backup(self, conn: SwitchConnection) -> None:
+        """Another client is primary: the session stays open as a backup (the switch tells it
+        when primary comes back), jobs show installing and nothing is written."""
+        reason = self._not_primary_reason(conn)
+        if reason != self.last_error:
+            log.warning("switch %s: %s", self.name, reason)
+            self.last_error = reason
+        if self.synced:
+            with self.lock:
+                self.synced, self.needs_sync = False, True
                 self.listener.switch_lost(self.name)
 
     def _sync(self) -> None:
@@ -165,15 +222,26 @@ class ManagedSwitch:
                 self.config.election_id,
                 self.config.timeout,
             )
-            conn.connect()
+            conn.connect(require_primary=False)
+            if not conn.is_primary:
+                with self.lock:
+                    self.conn = conn
+                    self.connects += 1
+                self._backup(conn)
+                return
+        losses = conn.primary_losses
         with self.lock:
             try:
+                # never from memory alone: the tables are read back (unless freshly pushed)
                 self.reconcile(conn, self.listener.desired_jobs(self.name))
+                if conn.primary_losses != losses or not conn.is_primary:
+                    raise SwitchError("lost primary during the reconciliation")
             except BaseException:
                 if fresh:
                     conn.close()
                 raise
             self.conn, self.needs_sync, self.last_error = conn, False, ""
+            self.synced, self._losses_at_sync = True, losses
             self.connects += int(fresh)
             self.listener.switch_synced(self.name)
 
@@ -206,6 +274,8 @@ class ManagedSwitch:
             *(s for job in jobs for s in job_specs(job)),
         ]
         done = reconcile(conn, desired, read_back=not pushed)
+        if done.stale_job_ids:
+            self.listener.job_ids_held(self.name, done.stale_job_ids)
         summary = (
             f"pipeline {'pushed' if pushed else 'kept'}, {done.installed} entries "
             f"installed, {done.modified} modified, {done.removed} removed, {len(jobs)} jobs"
@@ -229,14 +299,29 @@ class ManagedSwitch:
                     f"switch {self.name} became unreachable while installing job "
                     f"{job.job_id}: {exc}"
                 ) from None
+            if exc.code == grpc.StatusCode.PERMISSION_DENIED or not self.connected:
+                self.needs_sync = True  # another client became primary: reconcile when back
+                raise Unavailable(
+                    f"switch {self.name}: lost primary while installing job {job.job_id}: {exc}"
+                ) from None
             raise SwitchRejected(str(exc)) from None
 
-    def remove(self, job: JobEntries) -> None:
-        """Delete a job's entries, job entry first; missing ones are fine. Unreachable: nothing to
-        do now, the next reconciliation removes them."""
-        conn = self.conn
-        if conn is None or not conn.is_connected:
+    def remove(self, job: JobEntries, strict: bool = False) -> None:
+        """Delete a job's entries, job entry first; missing ones are fine. Unreachable or not
+        primary: nothing to do now, the next reconciliation removes them. strict=True: raise
+        Unavailable instead unless every entry is known to be gone."""
+        if strict:
+            conn = self.require()
+        elif self.connected:
+            conn = self.conn  # type: ignore[assignment]
+        else:
             return
-        for exc in remove_job(conn, job):
+        problems = remove_job(conn, job)
+        for exc in problems:
             log.warning("switch %s: removing job %d: %s", self.name, job.job_id, exc)
             self.needs_sync = True
+        if strict and problems:
+            raise Unavailable(
+                f"switch {self.name} did not remove job {job.job_id}'s entries "
+                f"({problems[0]}); the job keeps running and the switch is reconciled: retry"
+            )

@@ -41,6 +41,7 @@ def render_status(st: Any) -> str:
             s.address,
             s.device_id,
             "yes" if s.connected else "NO",
+            s.role.split(" ")[0] or "none",  # the primary's election id is in LAST ERROR
             f"{s.slots_used}/{s.slots_total}",
             s.jobs,
             s.hosts,
@@ -60,6 +61,7 @@ def render_status(st: Any) -> str:
                 "ADDRESS",
                 "DEVICE",
                 "CONNECTED",
+                "ROLE",
                 "SLOTS USED",
                 "JOBS",
                 "HOSTS",

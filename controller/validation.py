@@ -104,9 +104,14 @@ def check_timeout(timeout: float) -> float:
     return timeout
 
 
+TOKEN_PREFIX = "hgt_"
+
+
 def new_token() -> tuple[str, str]:
-    """A fresh job token and the hash that is stored instead of it."""
-    token = secrets.token_urlsafe(24)
+    """A fresh job token and the hash that is stored instead of it. The prefix keeps a
+    token from starting with '-' (a command line would read it as an option) and lets
+    secret scanners recognize it."""
+    token = TOKEN_PREFIX + secrets.token_urlsafe(24)
     return token, hash_token(token)
 
 

@@ -28,6 +28,7 @@ class SwitchState:
     hosts: int
     mac: str
     service_ip: str
+    role: str = "none"
 
 
 @dataclass(frozen=True)
@@ -72,6 +73,7 @@ def controller_status(m: JobManager) -> ControllerStatus:
                     len(c.hosts),
                     c.mac,
                     c.service_ip,
+                    sw.role,
                 )
             )
         return ControllerStatus(m.started, str(m.store.path), len(m.jobs), switches)

@@ -59,7 +59,7 @@ def descriptor_set() -> descriptor_pb2.FileDescriptorSet:
     for module in (any_pb2, code_pb2, status_pb2):
         module.DESCRIPTOR.CopyToProto(fds.file.add())
     for rel in WHEEL_FILES:
-        source = Path(dist.locate_file(rel)).read_text()
+        source = Path(str(dist.locate_file(rel))).read_text()
         fd = descriptor_pb2.FileDescriptorProto.FromString(_serialized_descriptor(source))
         fds.file.add().CopyFrom(_renamed(fd))
     return fds
@@ -83,6 +83,7 @@ def main() -> int:
             [
                 f"--descriptor_set_in={set_path}",
                 f"--python_out={root}",
+                f"--pyi_out={root}",
                 f"--grpc_python_out={root}",
                 *names,
             ]

@@ -1,7 +1,9 @@
 """A name/id index over a P4Info message, shared by the switch and the controller.
 
-Every lookup accepts an entity's full name (preamble.name), its alias or its numeric
-id, so callers can write "ipv4_lpm" or "SwitchIngress.forwarding.ipv4_lpm" alike.
+Every lookup accepts an entity's full name (preamble.name), its alias, a dotted suffix of
+its full name that no other entity shares, or its numeric id, so callers can write
+"ipv4_lpm" or "SwitchIngress.forwarding.ipv4_lpm" alike, and the same names address the
+TNA program, whose P4Info puts the pipeline's name first ("pipe.SwitchIngress...").
 """
 
 from __future__ import annotations
@@ -149,6 +151,16 @@ class RegisterInfo:
 T = TypeVar("T", TableInfo, ActionInfo, CounterInfo, RegisterInfo)
 
 
+def _unique_suffixes(items: list[T]) -> dict[str, T]:
+    """Each dotted suffix of a full name ("aggregation.job_table") that names one entity."""
+    owners: dict[str, list[T]] = {}
+    for item in items:
+        parts = item.name.split(".")
+        for i in range(1, len(parts)):
+            owners.setdefault(".".join(parts[i:]), []).append(item)
+    return {suffix: found[0] for suffix, found in owners.items() if len(found) == 1}
+
+
 class _Entities(Generic[T]):
     """Entities of one kind, found by full name, alias or id."""
 
@@ -157,12 +169,13 @@ class _Entities(Generic[T]):
         self.by_id: dict[int, T] = {i.id: i for i in items}
         self.by_name: dict[str, T] = {i.name: i for i in items}
         self._by_alias: dict[str, T] = {i.alias: i for i in items if i.alias}
+        self._by_suffix: dict[str, T] = _unique_suffixes(items)
 
     def get(self, key: str | int) -> T:
         if isinstance(key, int):
             found = self.by_id.get(key)
         else:
-            found = self.by_name.get(key) or self._by_alias.get(key)
+            found = self.by_name.get(key) or self._by_alias.get(key) or self._by_suffix.get(key)
         if found is None:
             raise P4InfoLookupError(self.kind, key, list(self.by_name))
         return found

@@ -14,6 +14,22 @@ bit<256> lanes_add(in bit<256> a, in bit<256> b) {
         ++ (a[63:32] + b[63:32]) ++ (a[31:0] + b[31:0]);
 }
 
+/* Per-lane add of 16- or 8-bit lanes in one 256-bit add (SWAR): the lanes' low bits are
+ * added with every lane's top bit cleared, so no carry can leave a lane; the top bits
+ * are then the XOR of both top bits and the carry into them. Each lane wraps on its own,
+ * at a few operations per group instead of one slice add per lane. */
+bit<256> lanes_add_narrow(in bit<256> a, in bit<256> b, in bit<256> tops) {
+    return ((a & ~tops) + (b & ~tops)) ^ ((a ^ b) & tops);
+}
+
+bit<256> lanes_add16(in bit<256> a, in bit<256> b) {
+    return lanes_add_narrow(a, b, LANE16_TOP_BITS);
+}
+
+bit<256> lanes_add8(in bit<256> a, in bit<256> b) {
+    return lanes_add_narrow(a, b, LANE8_TOP_BITS);
+}
+
 /* Signed max: flipping the sign bit maps int32 order onto unsigned order. */
 bit<32> max_i32(in bit<32> a, in bit<32> b) {
     return ((a ^ 0x80000000) > (b ^ 0x80000000)) ? a : b;
@@ -40,6 +56,8 @@ bit<8> max_u8(in bit<8> a, in bit<8> b) {
     cells_g##i.write(meta.slot_index, v##i); \
     hdr.cells.g##i = v##i;
 #define ADD_GROUP(i) COMBINE_GROUP(i, lanes_add)
+#define ADD16_GROUP(i) COMBINE_GROUP(i, lanes_add16)
+#define ADD8_GROUP(i) COMBINE_GROUP(i, lanes_add8)
 #define MAX_GROUP(i) COMBINE_GROUP(i, lanes_max)
 #define OR_GROUP(i) \
     bit<256> v##i; \
@@ -128,6 +146,8 @@ control Aggregation(inout headers_t hdr, inout metadata_t meta,
     action add_cells() { FOR_EACH_GROUP(ADD_GROUP) }
     action or_cells() { FOR_EACH_GROUP(OR_GROUP) }
     action max_cells() { FOR_EACH_GROUP(MAX_GROUP) }
+    action add16_cells() { FOR_EACH_GROUP(ADD16_GROUP) }
+    action add8_cells() { FOR_EACH_GROUP(ADD8_GROUP) }
 
     apply {
         if (!hdr.agg.isValid()) {
@@ -139,7 +159,7 @@ control Aggregation(inout headers_t hdr, inout metadata_t meta,
         } else if (hdr.agg.ncells == 0 || hdr.agg.ncells > CELLS_PER_PKT
                 || hdr.udp.length != AGG_UDP_LENGTH || hdr.ipv4.total_len != AGG_IPV4_LENGTH) {
             meta.drop_reason = DROP_BAD_LENGTH;
-        } else if (hdr.agg.op < AGG_OP_ADD || hdr.agg.op > AGG_OP_MAX) {
+        } else if (hdr.agg.op < AGG_OP_ADD || hdr.agg.op > AGG_OP_LAST) {
             meta.drop_reason = DROP_BAD_OP;
         } else if (job_table.apply().hit) {
             if (worker_table.apply().hit) {
@@ -160,6 +180,10 @@ control Aggregation(inout headers_t hdr, inout metadata_t meta,
                     } else if (meta.verdict == VERDICT_COMBINE) {
                         if (hdr.agg.op == AGG_OP_ADD) {
                             add_cells();
+                        } else if (hdr.agg.op == AGG_OP_ADD16) {
+                            add16_cells();
+                        } else if (hdr.agg.op == AGG_OP_ADD8) {
+                            add8_cells();
                         } else if (hdr.agg.op == AGG_OP_OR) {
                             or_cells();
                         } else {

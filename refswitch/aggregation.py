@@ -23,6 +23,7 @@ from aggwire.constants import (
     Flag,
     Op,
 )
+from aggwire.lanes import lanes_add
 from refswitch.device import Device
 from refswitch.packet import Headers, Metadata, StandardMetadata
 
@@ -83,11 +84,16 @@ def slot_in_pool(pool_base: int, pool_size: int, slot: int) -> bool:
 
 
 def _combine_cells(regs: AggregationRegisters, hdr: Headers, meta: Metadata) -> None:
-    """add_cells / or_cells / max_cells: per-lane int32, wrapping, written back and into the packet."""
+    """add_cells / add16_cells / add8_cells / or_cells / max_cells: per lane, wrapping,
+    written back and into the packet."""
     stored = regs.cells[meta.slot_index]
     op = hdr.agg.op
     if op == Op.ADD:
         np.add(stored, hdr.cells, out=stored)
+    elif op == Op.ADD16:
+        stored[:] = lanes_add(stored, hdr.cells, 16)
+    elif op == Op.ADD8:
+        stored[:] = lanes_add(stored, hdr.cells, 8)
     elif op == Op.OR:
         np.bitwise_or(stored, hdr.cells, out=stored)
     else:
@@ -114,7 +120,7 @@ def aggregation(
     ):
         meta.drop_reason = DropReason.BAD_LENGTH
         return
-    if agg.op < Op.ADD or agg.op > Op.MAX:
+    if agg.op < Op.ADD or agg.op > max(Op):
         meta.drop_reason = DropReason.BAD_OP
         return
     hit, _, params = device.table(p4names.JOB_TABLE).lookup((agg.job_id,), std.packet_length)

@@ -10,20 +10,22 @@ from refswitch.packet import Headers, Metadata, StandardMetadata
 
 
 def result_delivery(device: Device, hdr: Headers, meta: Metadata, std: StandardMetadata) -> None:
-    """ResultDelivery.apply()."""
+    """ResultDelivery.apply(); only results reach it, so every header up to agg_h is valid."""
+    eth, ip, udp, agg = hdr.ethernet, hdr.ipv4, hdr.udp, hdr.agg
+    assert eth is not None and ip is not None and udp is not None and agg is not None
     if std.egress_rid != 0:
-        hdr.agg.rank = (std.egress_rid - 1) & 0xFF
+        agg.rank = (std.egress_rid - 1) & 0xFF
     _, action, params = device.table(p4names.RESULT_REWRITE).lookup(
-        (hdr.agg.job_id, hdr.agg.rank), std.packet_length
+        (agg.job_id, agg.rank), std.packet_length
     )
     if action == p4names.TO_WORKER:
-        hdr.ethernet.src_addr = hdr.ethernet.dst_addr
-        hdr.ethernet.dst_addr = params["mac"]
-        hdr.ipv4.src_addr = hdr.ipv4.dst_addr
-        hdr.ipv4.dst_addr = params["ip"]
-        hdr.ipv4.ttl = RESULT_TTL
-        hdr.udp.src_port = AGG_UDP_PORT
-        hdr.udp.dst_port = params["udp_port"]
-        hdr.udp.checksum = 0
+        eth.src_addr = eth.dst_addr
+        eth.dst_addr = params["mac"]
+        ip.src_addr = ip.dst_addr
+        ip.dst_addr = params["ip"]
+        ip.ttl = RESULT_TTL
+        udp.src_port = AGG_UDP_PORT
+        udp.dst_port = params["udp_port"]
+        udp.checksum = 0
     else:
         meta.drop_reason = DropReason.NO_RECIPIENT

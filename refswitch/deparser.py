@@ -14,6 +14,7 @@ _agg_fields = attrgetter(*FIELD_NAMES)  # agg_h's field values in wire order, as
 
 def _ipv4_bytes(hdr: Headers, checksum: int) -> bytes:
     ip = hdr.ipv4
+    assert ip is not None
     return IPV4_STRUCT.pack(
         (ip.version << 4) | ip.ihl,
         ip.diffserv,

@@ -15,8 +15,10 @@ ARP_OPER_REPLY = 2
 
 
 def forwarding(device: Device, hdr: Headers, meta: Metadata, std: StandardMetadata) -> None:
-    """Forwarding.apply()."""
+    """Forwarding.apply(); ARP and IPv4 are only parsed after Ethernet."""
+    eth = hdr.ethernet
     if hdr.arp is not None:
+        assert eth is not None
         arp = hdr.arp
         if (
             arp.oper == ARP_OPER_REQUEST
@@ -36,14 +38,15 @@ def forwarding(device: Device, hdr: Headers, meta: Metadata, std: StandardMetada
                 arp.tpa = arp.spa
                 arp.sha = mac
                 arp.spa = target
-                hdr.ethernet.dst_addr = hdr.ethernet.src_addr
-                hdr.ethernet.src_addr = mac
+                eth.dst_addr = eth.src_addr
+                eth.src_addr = mac
                 std.egress_spec = std.ingress_port
             else:
                 meta.drop_reason = DropReason.NO_ROUTE
         else:
             meta.drop_reason = DropReason.UNSUPPORTED
     elif hdr.ipv4 is not None:
+        assert eth is not None
         ip = hdr.ipv4
         if ip.ihl != 5:
             meta.drop_reason = DropReason.UNSUPPORTED
@@ -55,8 +58,8 @@ def forwarding(device: Device, hdr: Headers, meta: Metadata, std: StandardMetada
             )
             if action == p4names.ROUTE:
                 std.egress_spec = params["port"]
-                hdr.ethernet.src_addr = params["src_mac"]
-                hdr.ethernet.dst_addr = params["dst_mac"]
+                eth.src_addr = params["src_mac"]
+                eth.dst_addr = params["dst_mac"]
                 ip.ttl = (ip.ttl - 1) & 0xFF
             elif action == p4names.AGGREGATE:
                 meta.to_aggregation = 1

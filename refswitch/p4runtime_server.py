@@ -32,21 +32,19 @@ from concurrent import futures
 from typing import Any
 
 import grpc
-from google.protobuf import any_pb2
 from google.rpc import code_pb2, status_pb2
 
 from p4rtproto.api import GRPC_OPTIONS, p4info_pb2, p4runtime_pb2, p4runtime_pb2_grpc
 from p4rtproto.p4info import P4InfoIndex
 from refswitch.device import Device, DeviceError
 from refswitch.p4runtime_read import read_entities
-from refswitch.p4runtime_write import apply_write
+from refswitch.p4runtime_write import apply_write, write_failure_status
 
 log = logging.getLogger(__name__)
 
 API_VERSION = "1.3.0"  # what PI's server reports
 MAX_CONNECTIONS = 16
 READ_CHUNK = 1000  # entities per ReadResponse
-ERROR_SPACE = "ALL-sswitch-p4org"
 ConfigValidator = Callable[[p4info_pb2.P4Info, bytes], None]
 SetAction = p4runtime_pb2.SetForwardingPipelineConfigRequest
 GetType = p4runtime_pb2.GetForwardingPipelineConfigRequest
@@ -252,18 +250,8 @@ class P4RuntimeServicer(p4runtime_pb2_grpc.P4RuntimeServicer):
                 "Support for atomic write modes has not been implemented yet",
             )
         results = apply_write(self.device, request)
-        failed = sum(1 for code, _ in results if code != code_pb2.OK)
-        if failed:
-            status = status_pb2.Status(
-                code=code_pb2.UNKNOWN, message=f"{failed} of {len(results)} updates failed"
-            )
-            for code, message in results:
-                err = p4runtime_pb2.Error(canonical_code=code, message=message)
-                if code != code_pb2.OK:
-                    err.space = ERROR_SPACE
-                packed = any_pb2.Any()
-                packed.Pack(err)
-                status.details.append(packed)
+        if any(code != code_pb2.OK for code, _ in results):
+            status = write_failure_status(results)
             raise RpcFailure(grpc.StatusCode.UNKNOWN, status.message, status)
         return p4runtime_pb2.WriteResponse()
 

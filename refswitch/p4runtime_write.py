@@ -6,9 +6,11 @@ message) pair. The canonical codes and most messages follow PI's DeviceMgr.
 
 from __future__ import annotations
 
+import collections
 import logging
 
-from google.rpc import code_pb2
+from google.protobuf import any_pb2
+from google.rpc import code_pb2, status_pb2
 
 from p4rtproto import bytestrings
 from p4rtproto.api import p4runtime_pb2
@@ -17,6 +19,12 @@ from refswitch.device import Counter, Device, DeviceError, Table
 from refswitch.table import Entry, FieldMatch
 
 log = logging.getLogger(__name__)
+ERROR_SPACE = "ALL-sswitch-p4org"  # PI's error space for target errors
+# A failing Write's per-update errors travel in a trailer (grpc-status-details-bin); clients
+# refuse metadata over their limit (gRPC's default: 16 KiB; ours: p4rtproto GRPC_OPTIONS).
+MAX_ERROR_DETAILS_BYTES = 64 << 10
+MAX_ERROR_MESSAGE = 200  # characters of one update's error message
+SUMMARY_FAILURES = 5  # failures named in the message when the details are left out
 
 Update = p4runtime_pb2.Update
 FIRST_RESERVED_GROUP_ID = 1 << 15  # PI keeps groups at or above this for clone sessions
@@ -390,3 +398,39 @@ def _write_pre(
     # PI keeps replicas by instance, then port: a read returns them in that order.
     device.multicast_groups[group_id] = sorted(widths, key=lambda pr: (pr[1], pr[0]))
     device.multicast_port_widths[group_id] = widths
+
+
+def write_failure_status(results: list[tuple[int, str]]) -> status_pb2.Status:
+    """The status of a Write with failed updates: one p4.v1.Error per update, in order, as PI
+    sends. Beyond MAX_ERROR_DETAILS_BYTES (large failing batches) the per-update errors are
+    left out and the message summarizes them (count per code, the first failures), so the
+    trailer stays within what clients accept instead of ending the call ("Stream removed")."""
+    failed = [(i, code, msg) for i, (code, msg) in enumerate(results) if code != code_pb2.OK]
+    status = status_pb2.Status(
+        code=code_pb2.UNKNOWN, message=f"{len(failed)} of {len(results)} updates failed"
+    )
+    size = 0
+    for code, message in results:
+        err = p4runtime_pb2.Error(canonical_code=code, message=message[:MAX_ERROR_MESSAGE])
+        if code != code_pb2.OK:
+            err.space = ERROR_SPACE
+        packed = any_pb2.Any()
+        packed.Pack(err)
+        size += packed.ByteSize() + 4  # field tag and length
+        if size > MAX_ERROR_DETAILS_BYTES:
+            break
+        status.details.append(packed)
+    else:
+        return status
+    by_code = collections.Counter(code_pb2.Code.Name(code) for _, code, _ in failed)
+    first = "; ".join(
+        f"#{i} {code_pb2.Code.Name(code)}: {msg[:MAX_ERROR_MESSAGE]}"
+        for i, code, msg in failed[:SUMMARY_FAILURES]
+    )
+    del status.details[:]
+    status.message += (
+        f" (per-update errors left out: more than {MAX_ERROR_DETAILS_BYTES} bytes); by code: "
+        + ", ".join(f"{name} {n}" for name, n in by_code.most_common())
+        + f"; first: {first}"
+    )
+    return status

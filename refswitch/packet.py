@@ -93,10 +93,11 @@ class Headers:
     def clone(self) -> Headers:
         """A deep copy, as the replication engine makes for each multicast replica."""
         return Headers(
-            *(
-                None if h is None else dup(h)
-                for h in (self.ethernet, self.arp, self.ipv4, self.udp, self.agg)
-            ),
+            ethernet=None if self.ethernet is None else dup(self.ethernet),
+            arp=None if self.arp is None else dup(self.arp),
+            ipv4=None if self.ipv4 is None else dup(self.ipv4),
+            udp=None if self.udp is None else dup(self.udp),
+            agg=None if self.agg is None else dup(self.agg),
             cells=None if self.cells is None else self.cells.copy(),
             payload=self.payload,
         )

@@ -5,10 +5,20 @@ from __future__ import annotations
 import logging
 import selectors
 import socket
+import struct
 
 from testnet.rawsock import disable_offloads, open_raw, recv_frames
 
 log = logging.getLogger(__name__)
+SOL_PACKET = 263  # linux/socket.h
+PACKET_STATISTICS = 6  # linux/if_packet.h: struct tpacket_stats {tp_packets, tp_drops}
+
+
+def socket_drops(sock: socket.socket) -> int:
+    """Frames the kernel dropped on an AF_PACKET socket since the last call (its receive
+    buffer was full: the switch did not read fast enough). Reading resets the kernel's count."""
+    _, drops = struct.unpack("II", sock.getsockopt(SOL_PACKET, PACKET_STATISTICS, 8))
+    return drops
 
 
 def parse_port_spec(spec: str) -> tuple[int, str]:
@@ -26,6 +36,9 @@ class PortSet:
         self._socks: dict[int, socket.socket] = {}
         self._selector = selectors.DefaultSelector()
         self.tx_errors = 0
+        # per port, frames the kernel dropped before the switch read them (receive buffer
+        # full): counted so that every frame sent to the switch is accounted for
+        self.kernel_drops: dict[int, int] = dict.fromkeys(ports, 0)
         try:
             for port, iface in ports.items():
                 disable_offloads(iface)
@@ -43,6 +56,20 @@ class PortSet:
         for key, _ in self._selector.select(timeout):
             out.extend((key.data, frame) for frame in recv_frames(key.fileobj))
         return out
+
+    def update_kernel_drops(self) -> dict[int, int]:
+        """Add the kernel's new drops of every port to kernel_drops; returns the new ones."""
+        new: dict[int, int] = {}
+        for port, sock in self._socks.items():
+            try:
+                dropped = socket_drops(sock)
+            except OSError as exc:
+                log.debug("PACKET_STATISTICS on port %d failed: %s", port, exc)
+                continue
+            if dropped:
+                self.kernel_drops[port] += dropped
+                new[port] = dropped
+        return new
 
     def send(self, port: int, frame: bytes) -> None:
         """Transmit on port; a port without an interface drops the frame, as on BMv2."""

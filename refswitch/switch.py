@@ -16,6 +16,8 @@ from refswitch.p4runtime_server import P4RuntimeServer
 from refswitch.ports import PortSet
 
 log = logging.getLogger(__name__)
+KERNEL_DROPS_REASON = "KERNEL_RX_OVERFLOW"  # frames lost before the pipeline, per socket stats
+KERNEL_DROPS_INTERVAL = 1.0  # seconds between reads of the sockets' drop counts
 
 
 def check_program(p4info: p4info_pb2.P4Info, device_config: bytes) -> None:
@@ -70,6 +72,7 @@ class ReferenceSwitch:
     def run(self) -> None:
         """Forward packets until stop(); logs a drop summary every stats_interval seconds."""
         next_stats = time.monotonic() + self.stats_interval
+        next_kernel = time.monotonic() + KERNEL_DROPS_INTERVAL
         reported: dict[str, int] = {}
         while not self._stop.is_set():
             if self.ports is None:
@@ -80,6 +83,9 @@ class ReferenceSwitch:
                     for out_port, out_frame in self.pipeline.process(port, frame):
                         self.ports.send(out_port, out_frame)
                         self.packets_out += 1
+            if self.ports is not None and time.monotonic() >= next_kernel:
+                next_kernel = time.monotonic() + KERNEL_DROPS_INTERVAL
+                self._count_kernel_drops()
             if time.monotonic() >= next_stats:
                 next_stats = time.monotonic() + self.stats_interval
                 drops = dict(self.pipeline.drops)
@@ -92,8 +98,19 @@ class ReferenceSwitch:
                     )
                     reported = drops
 
+    def _count_kernel_drops(self) -> None:
+        """Frames the kernel dropped before the pipeline saw them: a drop reason of their own
+        (KERNEL_DROPS_REASON in the drop summary; per port in ports.kernel_drops)."""
+        assert self.ports is not None
+        for port, dropped in self.ports.update_kernel_drops().items():
+            self.pipeline.drops[KERNEL_DROPS_REASON] += dropped
+            log.warning(
+                "port %d: the kernel dropped %d frames (socket receive buffer full)", port, dropped
+            )
+
     def close(self) -> None:
         """Stop the server and close the ports."""
         self.server.stop(0.5)
         if self.ports is not None:
+            self._count_kernel_drops()
             self.ports.close()

@@ -14,14 +14,18 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from controller.config import DEFAULT_PORT
 from run.model import DEFAULT_LR, MODELS
-from run.state import STATE_DIR, RunState, netns_id, pids_in_netns
+from run.names import RunNames
+from run.state import RunState, netns_id, pids_in_netns
+from testnet.addresses import host_switch_port
 from testnet.switch_process import bmv2_available
+from worker.codecs import CODECS
 
 if TYPE_CHECKING:
     from mininet.net import Mininet
@@ -31,6 +35,7 @@ if TYPE_CHECKING:
 ROOT = Path(__file__).resolve().parents[1]
 PY = sys.executable
 CONTROLLER_PORT = DEFAULT_PORT
+EXACT_CODECS = ("lossless", "fixed_point")  # exact up to the fixed-point bound
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -52,14 +57,23 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--codec",
         default="lossless",
-        choices=["lossless", "fixed_point", "cltk", "ef_fixed_point"],
-        help="homomorphic codec of the switch run (default lossless)",
+        choices=[*CODECS, "auto"],
+        help="homomorphic codec of the switch run (default lossless); auto: chosen per bucket "
+        "and step from the measured delay (asynchronous hook)",
+    )
+    p.add_argument(
+        "--overlap",
+        choices=["blocking", "async", "dear"],
+        default="blocking",
+        help="switch run: the DDP hook blocks (default), runs on a communication thread "
+        "(async), or DeAR mode (dear: updates in the next forward, bucket size tuned)",
     )
     p.add_argument(
         "--model",
         choices=MODELS,
         default="ncf",
-        help="ncf: sparse embedding gradients (default); mlp: a small dense classifier",
+        help="ncf: sparse embedding gradients (default); mlp: a small dense classifier; "
+        "lm: a small transformer language model",
     )
     p.add_argument(
         "--bw",
@@ -96,19 +110,30 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--timeout", type=float, default=900, help="seconds per training run (default 900)"
     )
-    p.add_argument("--out", type=Path, default=STATE_DIR / "out", help="logs, results and the plot")
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="logs, results and the plot (default: the run's directory/out, printed at start)",
+    )
     return p
 
 
-def _controller_toml(switch_address: str, hosts: list[tuple[str, str, int]], out: Path) -> str:
-    from run.net import CONTROLLER_IP
+def _controller_address(names: RunNames) -> str:
+    """host:port of run `names`' controller."""
+    return f"{names.controller_ip}:{CONTROLLER_PORT}"
+
+
+def _controller_toml(
+    switch_address: str, hosts: list[tuple[str, str, int]], out: Path, names: RunNames
+) -> str:
+    from testnet.addresses import SWITCH_MAC
     from testnet.controller_process import config_toml
-    from testnet.fabric import SERVICE_IP, SWITCH_MAC
 
     return config_toml(
         {
             "controller": {
-                "listen": f"{CONTROLLER_IP}:{CONTROLLER_PORT}",
+                "listen": _controller_address(names),
                 "database": str(out / "controller.db"),
                 "heartbeat_interval": 1.0,
                 "lease": 10.0,
@@ -119,7 +144,7 @@ def _controller_toml(switch_address: str, hosts: list[tuple[str, str, int]], out
                     "name": "s1",
                     "address": switch_address,
                     "mac": SWITCH_MAC,
-                    "service_ip": SERVICE_IP,
+                    "service_ip": names.service_ip,
                     "hosts": [
                         {"ip": ip, "mac": mac, "switch_port": port} for ip, mac, port in hosts
                     ],
@@ -130,16 +155,18 @@ def _controller_toml(switch_address: str, hosts: list[tuple[str, str, int]], out
 
 
 def _start_controller(net: Mininet, topo: Topology, out: Path, state: RunState) -> subprocess.Popen:
-    """Start `aggctl serve` on the controller's host (root namespace) and wait until it has synced the switch."""
+    """Start `aggctl serve` on the controller's host (root namespace); wait until it has
+    synced the switch."""
     from controller.client import ControllerClient
-    from run.net import CONTROLLER_IP, host_mac
+    from testnet.addresses import host_mac
 
+    names = state.names
     sw = net.switches[0]
-    c = net.get("hgc0")
-    hosts = [(f"10.0.0.{i + 1}", host_mac(i), i + 1) for i in range(topo.hosts)]
-    hosts.append((CONTROLLER_IP, c.defaultIntf().MAC(), topo.hosts + 1))
+    c = net.get(names.controller_host)
+    hosts = [(names.host_ip(i), host_mac(i), host_switch_port(i)) for i in range(topo.hosts)]
+    hosts.append((names.controller_ip, c.defaultIntf().MAC(), topo.hosts + 1))
     cfg = out / "controller.toml"
-    cfg.write_text(_controller_toml(sw.process.address, hosts, out))
+    cfg.write_text(_controller_toml(sw.process.address, hosts, out, names))
     (out / "controller.db").unlink(missing_ok=True)
     log = open(out / "controller.log", "wb")
     proc = subprocess.Popen(
@@ -151,7 +178,7 @@ def _start_controller(net: Mininet, topo: Topology, out: Path, state: RunState) 
         env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
     state.add("pgids", proc.pid)
-    with ControllerClient(f"{CONTROLLER_IP}:{CONTROLLER_PORT}", timeout=2.0) as client:
+    with ControllerClient(_controller_address(names), timeout=2.0) as client:
         deadline = time.monotonic() + 30
         while True:
             try:
@@ -167,12 +194,9 @@ def _start_controller(net: Mininet, topo: Topology, out: Path, state: RunState) 
             time.sleep(0.3)
 
 
-def _run_job(
-    mode: str, net: Mininet, args: argparse.Namespace, job: Any | None, state: RunState, port: int
-) -> None:
+def _run_job(mode: str, net: Mininet, args: argparse.Namespace, state: RunState, port: int) -> None:
     """One torchrun per host (rank = host index), rank 0's output streamed here."""
-    from run.net import CONTROLLER_IP
-
+    names = state.names
     hosts = [h for h in net.hosts if h.inNamespace]
     procs, logs = [], []
     for i, h in enumerate(hosts):
@@ -188,7 +212,7 @@ def _run_job(
             "--node-rank",
             str(i),
             "--master-addr",
-            "10.0.0.1",
+            names.host_ip(0),
             "--master-port",
             str(port),
             "-m",
@@ -197,6 +221,8 @@ def _run_job(
             mode,
             "--codec",
             args.codec,
+            "--overlap",
+            args.overlap,
             "--model",
             args.model,
             "--steps",
@@ -209,24 +235,14 @@ def _run_job(
             str(args.batch),
             "--lr",
             str(args.lr),
-            "--ip",
-            f"10.0.0.{i + 1}",
             "--iface",
             iface,
-            "--switch-port",
-            str(i + 1),
             "--out",
             str(args.out),
         ]
-        if job is not None:
-            cmd += [
-                "--controller",
-                f"{CONTROLLER_IP}:{CONTROLLER_PORT}",
-                "--job-id",
-                str(job.job_id),
-                "--token",
-                job.token,
-            ]
+        if mode == "switch":
+            cmd += ["--controller", _controller_address(names)]
+            cmd += ["--pool-size", str(args.pool_size)]
         env = {
             **os.environ,
             "PYTHONPATH": str(ROOT),
@@ -275,11 +291,18 @@ def _interrupt(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
 
-def run(args: argparse.Namespace) -> int:
-    """Build, train twice, report, and tear everything down (also on errors and Ctrl-C)."""
-    from controller.client import ControllerClient
-    from run import report
-    from run.net import CONTROLLER_IP, Topology, build, prepare_hosts
+@dataclass
+class _Session:
+    """What a run has started so far, for teardown (also after errors and Ctrl-C)."""
+
+    state: RunState
+    net: Mininet | None = None
+    ctl: subprocess.Popen | None = None
+
+
+def _settle(args: argparse.Namespace) -> tuple[str, Topology]:
+    """Defaults that depend on other options: learning rate, switch target, topology."""
+    from run.net import Topology
 
     if args.lr is None:
         args.lr = DEFAULT_LR[args.model]
@@ -289,99 +312,136 @@ def run(args: argparse.Namespace) -> int:
         if args.topo
         else Topology(hosts=args.hosts or 4, bw_mbit=args.bw or 0.0)
     )
+    return target, topo
+
+
+def _prepare_out(args: argparse.Namespace, names: RunNames) -> None:
+    """The output directory (by default the run's own), emptied of an earlier run's files."""
+    if args.out is None:
+        args.out = names.directory / "out"
     args.out.mkdir(parents=True, exist_ok=True)
     for old in args.out.glob("*"):
         if old.is_file():
             old.unlink()
-    state = RunState()
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(sig, _interrupt)
-    net, ctl = None, None
-    bw = f"{topo.bw_mbit:g} Mbit/s (htb)" if topo.bw_mbit else "unshaped"
+
+
+def _build(session: _Session, topo: Topology, target: str, out: Path) -> None:
+    """Mininet with the switch, the hosts prepared, the controller up and synced."""
+    from run.net import build, prepare_hosts
+
+    names = session.state.names
+    session.net = net = build(topo, target, out, names)
+    for h in net.hosts:
+        if h.inNamespace:
+            session.state.add("netns", netns_id(h.pid))
+        session.state.add("pgids", h.pid)
+    net.start()
+    session.state.add("pgids", net.switches[0].process.proc.pid)
+    prepare_hosts(net, PY)
+    session.ctl = _start_controller(net, topo, out, session.state)
     print(
-        f"make run: {topo.hosts} hosts, switch {target}, model {args.model}, codec {args.codec}, links {bw}, {args.steps} steps",
+        f"controller on {_controller_address(names)} (host {names.controller_host}), switch "
+        f"P4Runtime on {net.switches[0].process.address}; logs in {out}",
         flush=True,
     )
-    try:
-        net = build(topo, target, args.out)
-        for h in net.hosts:
+
+
+def _counters(names: RunNames) -> str:
+    """`aggctl counters` as the operator sees it."""
+    done = subprocess.run(
+        [PY, "-m", "controller", "--controller", _controller_address(names), "counters"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    return done.stdout + done.stderr
+
+
+def _train(session: _Session, args: argparse.Namespace) -> str:
+    """The switch run (then the switch's counters), then the gloo run; returns the counters."""
+    assert session.net is not None
+    _run_job("switch", session.net, args, session.state, 29500)  # rank 0 creates the job
+    counters = _counters(session.state.names)
+    if not args.no_gloo:
+        _run_job("gloo", session.net, args, session.state, 29501)
+    return counters
+
+
+def _report(args: argparse.Namespace, topo: Topology, target: str, counters: str) -> int:
+    """Summary table, counters, plot, and switch vs gloo parameters; 0 when they agree."""
+    from run import report
+
+    switch_run = f"switch ({args.codec}, {args.overlap}, {target})"
+    runs = {switch_run: report.read_steps(args.out / "switch.jsonl")}
+    if not args.no_gloo:
+        runs["DDP over gloo"] = report.read_steps(args.out / "gloo.jsonl")
+    print(
+        "\nsummary (wire = bytes each host sent per step, everything included; "
+        "dense = the model's float32 gradients)"
+    )
+    print(report.summary_table(runs))
+    overlap = report.overlap_summary(runs[switch_run])
+    if overlap:
+        print(overlap)
+    print("\nswitch counters (aggctl counters)\n" + counters.strip())
+    plot = args.out / "make-run.png"
+    report.plot(runs, plot, f"{topo.hosts} hosts, {target}, {topo.describe_bw()}")
+    ok = True
+    if not args.no_gloo:
+        diff = report.compare(args.out / "switch.pt", args.out / "gloo.pt")
+        bound = report.fixed_point_bound(runs[next(iter(runs))], topo.hosts, args.lr)
+        head = f"\nfinal parameters, switch vs gloo: max |difference| {diff:.3g}"
+        if args.codec in EXACT_CODECS:
+            ok = diff <= bound
+            verdict = "AGREE within the bound" if ok else "DIFFER beyond the bound"
+            print(f"{head}, fixed-point bound {bound:.3g}: {verdict}")
+        else:
+            print(f"{head} ({args.codec} is lossy: no bound)")
+    print(f"plot: {plot}")
+    return 0 if ok else 1
+
+
+def _teardown(session: _Session) -> None:
+    """Stop the controller, every process in the hosts' namespaces and Mininet."""
+    ctl, net = session.ctl, session.net
+    if ctl is not None and ctl.poll() is None:
+        ctl.terminate()
+        try:
+            ctl.wait(10)
+        except subprocess.TimeoutExpired:
+            os.killpg(ctl.pid, signal.SIGKILL)
+            ctl.wait(5)
+    if net is not None:
+        for h in net.hosts:  # stragglers would keep a host's namespace alive
             if h.inNamespace:
-                state.add("netns", netns_id(h.pid))
-            state.add("pgids", h.pid)
-        net.start()
-        state.add("pgids", net.switches[0].process.proc.pid)
-        prepare_hosts(net, PY)
-        ctl = _start_controller(net, topo, args.out, state)
+                for pid in pids_in_netns(netns_id(h.pid)):
+                    if pid != h.pid:
+                        os.kill(pid, signal.SIGKILL)
+        net.stop()
+    session.state.clear()
+
+
+def run(args: argparse.Namespace) -> int:
+    """Build, train twice, report, and tear everything down (also on errors and Ctrl-C)."""
+    target, topo = _settle(args)
+    session = _Session(RunState.claim())
+    names = session.state.names
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, _interrupt)
+    try:  # the claimed run number is released in _teardown, whatever fails
+        _prepare_out(args, names)
         print(
-            f"controller on {CONTROLLER_IP}:{CONTROLLER_PORT} (host hgc0), switch P4Runtime on "
-            f"{net.switches[0].process.address}; logs in {args.out}",
+            f"make run: run {names.number} (stop it with `make stop RUN={names.number}`), "
+            f"{topo.hosts} hosts, switch {target}, model {args.model}, codec {args.codec}, "
+            f"overlap {args.overlap}, links {topo.describe_bw()}, {args.steps} steps",
             flush=True,
         )
-        with ControllerClient(f"{CONTROLLER_IP}:{CONTROLLER_PORT}", timeout=10.0) as client:
-            job = client.create_job(
-                "make-run", world_size=topo.hosts, codec=args.codec, pool_size=args.pool_size
-            )
-            _run_job("switch", net, args, job, state, 29500)
-            done = subprocess.run(
-                [
-                    PY,
-                    "-m",
-                    "controller",
-                    "--controller",
-                    f"{CONTROLLER_IP}:{CONTROLLER_PORT}",
-                    "counters",
-                ],
-                capture_output=True,
-                text=True,
-                timeout=30,
-                env={**os.environ, "PYTHONPATH": str(ROOT)},
-            )
-            counters = done.stdout + done.stderr
-        if not args.no_gloo:
-            _run_job("gloo", net, args, None, state, 29501)
-        runs = {f"switch ({args.codec}, {target})": report.read_steps(args.out / "switch.jsonl")}
-        if not args.no_gloo:
-            runs["DDP over gloo"] = report.read_steps(args.out / "gloo.jsonl")
-        print(
-            "\nsummary (wire = bytes each host sent per step, everything included; dense = the model's float32 gradients)"
-        )
-        print(report.summary_table(runs))
-        print("\nswitch counters (aggctl counters)\n" + counters.strip())
-        plot = args.out / "make-run.png"
-        report.plot(runs, plot, f"{topo.hosts} hosts, {target}, {bw}")
-        ok = True
-        if not args.no_gloo:
-            diff = report.compare(args.out / "switch.pt", args.out / "gloo.pt")
-            bound = report.fixed_point_bound(runs[next(iter(runs))], topo.hosts, args.lr)
-            if args.codec in ("lossless", "fixed_point"):
-                ok = diff <= bound
-                print(
-                    f"\nfinal parameters, switch vs gloo: max |difference| {diff:.3g}, fixed-point bound "
-                    f"{bound:.3g}: "
-                    + ("AGREE within the bound" if ok else "DIFFER beyond the bound")
-                )
-            else:
-                print(
-                    f"\nfinal parameters, switch vs gloo: max |difference| {diff:.3g} ({args.codec} is lossy: no bound)"
-                )
-        print(f"plot: {plot}")
-        return 0 if ok else 1
+        _build(session, topo, target, args.out)
+        counters = _train(session, args)
+        return _report(args, topo, target, counters)
     finally:
-        if ctl is not None and ctl.poll() is None:
-            ctl.terminate()
-            try:
-                ctl.wait(10)
-            except subprocess.TimeoutExpired:
-                os.killpg(ctl.pid, signal.SIGKILL)
-                ctl.wait(5)
-        if net is not None:
-            for h in net.hosts:  # stragglers would keep a host's namespace alive
-                if h.inNamespace:
-                    for pid in pids_in_netns(netns_id(h.pid)):
-                        if pid != h.pid:
-                            os.kill(pid, signal.SIGKILL)
-            net.stop()
-        state.clear()
+        _teardown(session)
         for sig in (signal.SIGTERM, signal.SIGHUP):
             signal.signal(sig, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -389,7 +449,14 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Command line entry point."""
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.codec == "auto" and args.overlap == "dear":
+        parser.error(
+            "--codec auto needs --overlap async (or the default): DeAR takes a fixed codec"
+        )
+    if args.codec == "auto" and args.overlap == "blocking":
+        args.overlap = "async"  # auto measures the delay beside backward
     if os.geteuid() != 0:
         print("make run needs root (Mininet, network namespaces)", file=sys.stderr)
         return 2

@@ -1,6 +1,7 @@
 """The training jobs of `make run`, deterministic per (seed, rank, step): an NCF-style
 recommender (user and item embedding tables, a small MLP) on synthetic implicit feedback,
-whose gradients are sparse, and a small dense MLP classifier on synthetic clusters."""
+whose gradients are sparse, a small dense MLP classifier on synthetic clusters, and a small
+transformer language model on a synthetic token chain."""
 
 from __future__ import annotations
 
@@ -24,16 +25,22 @@ class JobShape:
     features: int = 64  # dense model: inputs, hidden width and classes
     hidden: int = 256
     classes: int = 10
+    vocab: int = 256  # language model: tokens, width, layers, heads, sequence length
+    width: int = 64
+    layers: int = 2
+    heads: int = 4
+    seq: int = 32
 
 
 class NCF(nn.Module):
-    """Neural collaborative filtering: embeddings (their gradients touch only the batch's
-    rows, so they are naturally sparse) into an MLP scoring a user-item pair."""
+    """Neural collaborative filtering: embeddings into an MLP scoring a user-item pair. The
+    embeddings' gradients touch only the batch's rows: PyTorch makes them sparse COO
+    tensors (sparse=True), as recommenders do, and DDP gives each its own bucket."""
 
     def __init__(self, shape: JobShape) -> None:
         super().__init__()
-        self.user = nn.Embedding(shape.users, shape.dim)
-        self.item = nn.Embedding(shape.items, shape.dim)
+        self.user = nn.Embedding(shape.users, shape.dim, sparse=True)
+        self.item = nn.Embedding(shape.items, shape.dim, sparse=True)
         nn.init.normal_(self.user.weight, std=0.1)
         nn.init.normal_(self.item.weight, std=0.1)
         self.mlp = nn.Sequential(nn.Linear(2 * shape.dim, 32), nn.ReLU(), nn.Linear(32, 1))
@@ -109,6 +116,55 @@ class Clusters:
         return x, labels
 
 
+class TinyLM(nn.Module):
+    """A small causal transformer language model: token and position embeddings, pre-norm
+    encoder layers under a causal mask, a linear head; gradients dense but for the rows of
+    the tokens a batch holds."""
+
+    def __init__(self, shape: JobShape) -> None:
+        super().__init__()
+        self.tok = nn.Embedding(shape.vocab, shape.width)
+        self.pos = nn.Embedding(shape.seq, shape.width)
+        layer = nn.TransformerEncoderLayer(
+            shape.width,
+            shape.heads,
+            4 * shape.width,
+            dropout=0.0,
+            batch_first=True,
+            norm_first=True,
+        )
+        self.blocks = nn.TransformerEncoder(layer, shape.layers, enable_nested_tensor=False)
+        self.head = nn.Linear(shape.width, shape.vocab)
+        self.register_buffer("mask", nn.Transformer.generate_square_subsequent_mask(shape.seq))
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Next-token logits, (batch * seq, vocab)."""
+        n = tokens.shape[1]
+        h = self.tok(tokens) + self.pos(torch.arange(n))
+        h = self.blocks(h, mask=self.mask[:n, :n], is_causal=True)
+        return self.head(h).reshape(-1, self.head.out_features)
+
+
+class TokenChain:
+    """Synthetic text: a random sparse Markov chain (each token has 4 likely successors)."""
+
+    def __init__(self, shape: JobShape) -> None:
+        g = torch.Generator().manual_seed(shape.seed + 777)
+        self.shape = shape
+        self.next = torch.randint(0, shape.vocab, (shape.vocab, 4), generator=g)
+
+    def batch(self, rank: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(input tokens, next tokens flattened) of one rank at one step."""
+        s = self.shape
+        g = torch.Generator().manual_seed(s.seed * 1_000_003 + rank * 10_007 + step)
+        seqs = torch.empty(s.batch // 4, s.seq + 1, dtype=torch.int64)
+        seqs[:, 0] = torch.randint(0, s.vocab, (seqs.shape[0],), generator=g)
+        pick = torch.randint(0, 4, seqs.shape, generator=g)
+        for t in range(1, s.seq + 1):
+            seqs[:, t] = self.next[seqs[:, t - 1], pick[:, t]]
+        return seqs[:, :-1], seqs[:, 1:].reshape(-1)
+
+
 @dataclass
 class Task:
     """A model, its data and its loss: what one training step needs."""
@@ -119,8 +175,8 @@ class Task:
     sparse: bool  # gradients touch few rows
 
 
-MODELS = ("ncf", "mlp")
-DEFAULT_LR = {"ncf": 3.0, "mlp": 0.1}  # SGD; NCF's mean loss spreads over many rows
+MODELS = ("ncf", "mlp", "lm")
+DEFAULT_LR = {"ncf": 3.0, "mlp": 0.1, "lm": 0.5}  # SGD; NCF's mean loss spreads over many rows
 
 
 def make_task(name: str, shape: JobShape) -> Task:
@@ -133,4 +189,6 @@ def make_task(name: str, shape: JobShape) -> Task:
         )
     if name == "mlp":
         return Task(MLP(shape), Clusters(shape).batch, nn.functional.cross_entropy, False)
+    if name == "lm":
+        return Task(TinyLM(shape), TokenChain(shape).batch, nn.functional.cross_entropy, False)
     raise ValueError(f"unknown model {name!r}; expected one of {MODELS}")

@@ -13,11 +13,10 @@ from mininet.link import Link, TCLink
 from mininet.net import Mininet
 from mininet.node import Host, Switch
 
-from run.state import CONTROLLER_HOST, SWITCH_NAME
+from run.names import MAX_HOSTS, RunNames
+from testnet.addresses import CONTROLLER_INDEX, host_mac
 from testnet.rawsock import disable_offloads
 from testnet.switch_process import SwitchProcess
-
-CONTROLLER_IP = "10.0.0.100"
 
 
 @dataclass(frozen=True)
@@ -28,6 +27,14 @@ class Topology:
     hosts: int = 4
     bw_mbit: float = 0.0
 
+    def describe_bw(self) -> str:
+        """The links' shaping, for titles: '100 Mbit/s (htb)' or 'unshaped'."""
+        return f"{self.bw_mbit:g} Mbit/s (htb)" if self.bw_mbit else "unshaped"
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.hosts <= MAX_HOSTS:
+            raise ValueError(f"hosts must be 1..{MAX_HOSTS}, not {self.hosts}")
+
     @staticmethod
     def load(path: Path, **overrides: Any) -> Topology:
         """Read [topology] hosts / bw_mbit from a TOML file; non-None overrides win."""
@@ -37,11 +44,6 @@ class Topology:
             raise ValueError(f"{path}: unknown key(s) in [topology]: {', '.join(sorted(unknown))}")
         data.update({k: v for k, v in overrides.items() if v is not None})
         return Topology(hosts=int(data.get("hosts", 4)), bw_mbit=float(data.get("bw_mbit", 0.0)))
-
-
-def host_mac(i: int) -> str:
-    """MAC of worker host i (0-based), as the controller's configuration lists it."""
-    return f"02:00:00:00:01:{i + 1:02x}"
 
 
 class P4Switch(Switch):
@@ -58,8 +60,7 @@ class P4Switch(Switch):
     def start(self, controllers: list[Any]) -> None:
         """Start the switch process on every data interface (port = Mininet's port number)."""
         ports = {self.ports[i]: i.name for i in self.intfList() if i.name != "lo"}
-        for iface in ports.values():
-            disable_offloads(iface)
+        for iface in ports.values():  # SwitchProcess turns their offloads off
             Path(f"/proc/sys/net/ipv6/conf/{iface}/disable_ipv6").write_text("1")
         self.process = SwitchProcess(self.target, ports, self.log_path)
 
@@ -71,8 +72,9 @@ class P4Switch(Switch):
         super().stop(deleteIntfs)
 
 
-def build(topo: Topology, target: str, log_dir: Path) -> Mininet:
-    """Build and start the network (hosts h1..hN, controller host hgc0 in the root namespace)."""
+def build(topo: Topology, target: str, log_dir: Path, names: RunNames) -> Mininet:
+    """Build the network of run `names` (its hosts, and its controller's host in the root
+    namespace)."""
     link = TCLink if topo.bw_mbit > 0 else Link
     link_opts = {"bw": topo.bw_mbit} if topo.bw_mbit > 0 else {}
     net = Mininet(
@@ -85,17 +87,22 @@ def build(topo: Topology, target: str, log_dir: Path) -> Mininet:
         waitConnected=False,
     )
     sw = net.addSwitch(
-        SWITCH_NAME, cls=P4Switch, target=target, log_path=str(log_dir / "switch.log")
+        names.switch,
+        cls=P4Switch,
+        target=target,
+        log_path=str(log_dir / "switch.log"),
+        dpid=f"{names.number:x}",  # Mininet derives none from a name like hg3s
     )
     for i in range(topo.hosts):
-        h = net.addHost(f"h{i + 1}", ip=f"10.0.0.{i + 1}/24", mac=host_mac(i))
+        ip = f"{names.host_ip(i)}/{names.prefix_len}"
+        h = net.addHost(names.host(i), ip=ip, mac=host_mac(i))
         net.addLink(h, sw, port2=i + 1, **link_opts)
     c = net.addHost(
-        CONTROLLER_HOST,
+        names.controller_host,
         cls=Host,
         inNamespace=False,
-        ip=f"{CONTROLLER_IP}/24",
-        mac="02:00:00:00:01:64",
+        ip=f"{names.controller_ip}/{names.prefix_len}",
+        mac=host_mac(CONTROLLER_INDEX),
     )
     net.addLink(c, sw, port2=topo.hosts + 1, **link_opts)
     net.build()

@@ -59,6 +59,24 @@ def _row(name: str, steps: list[dict[str, Any]]) -> list[str]:
     ]
 
 
+def overlap_summary(steps: list[dict[str, Any]]) -> str:
+    """codec="auto"'s choices (bucket-steps per codec, the same on every rank) and DeAR's
+    tuned bucket size, from the switch run's last record; empty when neither was used."""
+    last = steps[-1]
+    lines = []
+    if "auto_choices" in last:
+        total = sum(last["auto_choices"].values()) or 1
+        shares = sorted(last["auto_choices"].items(), key=lambda kv: -kv[1])
+        lines.append(
+            "auto codec choices (bucket-steps): "
+            + ", ".join(f"{k} {v} ({100 * v / total:.0f}%)" for k, v in shares)
+        )
+    if "dear_bucket_bytes" in last:
+        state = "tuned" if last.get("dear_tuned") else "still tuning"
+        lines.append(f"DeAR bucket size: {last['dear_bucket_bytes'] / 1024:.0f} KiB ({state})")
+    return "\n".join(lines)
+
+
 def summary_table(runs: dict[str, list[dict[str, Any]]]) -> str:
     """One line per run: losses, median iteration time, bytes per rank and step vs dense."""
     head = [

@@ -1,19 +1,17 @@
-"""What a run started, on disk (/tmp/homagg-run/state.json), so that `make stop` can end
-it after an interruption by PID, network namespace and interface name, never by process name."""
+"""What a run started, on disk (<run directory>/state.json, run/names.py), so that `make stop`
+can end it after an interruption by PID, network namespace and interface name, never by
+process name. A run claims its number by creating that file exclusively."""
 
 from __future__ import annotations
 
 import json
 import os
 import signal
-import tempfile
+import time
 from pathlib import Path
 
+from run.names import MAX_RUNS, STATE_DIR, RunNames
 from testnet.namespace import delete_link, ip
-
-STATE_DIR = Path(tempfile.gettempdir()) / "homagg-run"
-SWITCH_NAME = "hgs1"  # every root-namespace interface of a run starts with hgs1- or hgc0-
-CONTROLLER_HOST = "hgc0"
 
 
 def alive(pid: int) -> bool:
@@ -42,13 +40,42 @@ def pids_in_netns(ns: str) -> list[int]:
     return found
 
 
+def our_links(names: RunNames) -> list[str]:
+    """Root-namespace interfaces of run `names` (<switch>-ethN, <controller host>-eth0)."""
+    links = [
+        line.split(":")[1].strip().split("@")[0]
+        for line in ip("-o", "link", "show", check=False).stdout.splitlines()
+    ]
+    return [n for n in links if n.startswith(names.link_prefixes)]
+
+
 class RunState:
     """Records PIDs (process groups we started) and host namespaces as they come up."""
 
-    def __init__(self, path: Path = STATE_DIR / "state.json") -> None:
-        self.path = path
+    def __init__(self, names: RunNames) -> None:
+        """Claim run `names`: FileExistsError when its state file exists (a live or an
+        interrupted run owns that number)."""
+        self.names = names
+        self.path = names.state_file
         self.data: dict[str, list] = {"pgids": [], "netns": [], "owner": [os.getpid()]}
-        path.parent.mkdir(parents=True, exist_ok=True)
+        self.data["uid"] = [os.geteuid()]
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        with os.fdopen(fd, "w") as f:
+            json.dump(self.data, f)
+
+    @staticmethod
+    def claim() -> RunState:
+        """The lowest free run number (no state file, no leftover interface), claimed."""
+        for number in range(1, MAX_RUNS + 1):
+            names = RunNames(number)
+            if names.state_file.exists() or our_links(names):
+                continue
+            try:
+                return RunState(names)
+            except FileExistsError:
+                continue  # another run claimed it between the check and the create
+        raise RuntimeError(f"all {MAX_RUNS} run numbers are taken; `make stop` frees them")
 
     def add(self, key: str, value: int | str) -> None:
         """Remember one process group or namespace and write the file."""
@@ -56,7 +83,7 @@ class RunState:
         self.path.write_text(json.dumps(self.data))
 
     def clear(self) -> None:
-        """The run ended cleanly: nothing to remember."""
+        """The run ended cleanly: nothing to remember, its number is free again."""
         self.path.unlink(missing_ok=True)
 
 
@@ -69,26 +96,51 @@ def kill_group(pgid: int) -> bool:
         return False
 
 
-def our_links() -> list[str]:
-    """Root-namespace interfaces named like ours (hgs1-ethN, hgc0-eth0)."""
-    names = [
-        line.split(":")[1].strip().split("@")[0]
-        for line in ip("-o", "link", "show", check=False).stdout.splitlines()
-    ]
-    return [n for n in names if n.startswith((f"{SWITCH_NAME}-", f"{CONTROLLER_HOST}-"))]
+def recorded_runs(uid: int | None = None) -> list[RunNames]:
+    """Runs with a state file (live or interrupted), of user `uid` when given."""
+    found = []
+    for d in sorted(STATE_DIR.glob("run*")):
+        number = d.name[3:]
+        if not number.isdigit() or not 1 <= int(number) <= MAX_RUNS:
+            continue
+        names = RunNames(int(number))
+        try:
+            data = json.loads(names.state_file.read_text() or "{}")
+        except (OSError, ValueError):
+            continue
+        if uid is None or data.get("uid", [uid]) == [uid]:
+            found.append(names)
+    return sorted(found, key=lambda n: n.number)
 
 
-def cleanup(path: Path = STATE_DIR / "state.json") -> list[str]:
-    """Remove what an interrupted run left (its owner must be gone): processes in its host
-    namespaces, its process groups, its interfaces."""
+def _end_owner(owners: list[int], wait: float) -> None:
+    """SIGTERM a live run (it then stops everything itself) and wait for it to exit."""
+    for pid in owners:
+        if alive(pid):
+            os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + wait
+    while any(alive(p) for p in owners):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"run (pid {owners}) did not stop within {wait:.0f} s; kill it")
+        time.sleep(0.2)
+
+
+def cleanup(names: RunNames, stop_live: bool = False, wait: float = 60.0) -> list[str]:
+    """Remove what run `names` left: processes in its host namespaces, its process groups,
+    its interfaces. A live run is refused, or asked to stop first with `stop_live`."""
     removed: list[str] = []
+    path = names.state_file
     if path.exists():
         data = json.loads(path.read_text() or "{}")
-        if any(alive(p) for p in data.get("owner", [])):
-            raise RuntimeError(
-                f"the run that wrote {path} (pid {data['owner']}) is still running; "
-                "stop it with Ctrl-C or kill that PID"
-            )
+        owners = data.get("owner", [])
+        if any(alive(p) for p in owners):
+            if not stop_live:
+                raise RuntimeError(
+                    f"run {names.number} (pid {owners}) is still running; "
+                    f"stop it with Ctrl-C or `make stop RUN={names.number}`"
+                )
+            _end_owner(owners, wait)
+            removed.append(f"run {names.number} (pid {owners[0]}) stopped")
         for ns in data.get("netns", []):
             for pid in pids_in_netns(ns):
                 os.kill(pid, signal.SIGKILL)
@@ -96,8 +148,8 @@ def cleanup(path: Path = STATE_DIR / "state.json") -> list[str]:
         for pgid in data.get("pgids", []):
             if kill_group(pgid):
                 removed.append(f"process group {pgid}")
-        path.unlink()
-    for name in our_links():
+        path.unlink(missing_ok=True)
+    for name in our_links(names):
         delete_link(name)
         removed.append(name)
     return removed

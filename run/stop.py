@@ -1,37 +1,68 @@
-"""`make stop`: remove what an interrupted `make run` left (processes in its host namespaces,
-the process groups it started, its hgs1-/hgc0- interfaces; see run/state.py) and what an
-interrupted demo fabric left (testnet.cleanup), by PID files and names we own only.
+"""`make stop [RUN=N ...]`: stop `make run` number N (each run prints its number) and
+remove what it made: processes in its host namespaces, the process groups it started, its
+hg<N>s-/hg<N>c- interfaces (see run/state.py). A live run is asked to stop (SIGTERM) and
+cleans up itself first. Without a number: every run this user started, listed, and what
+an interrupted demo fabric left (testnet.cleanup). By PIDs and names we own only.
 
-Example: python -m run.stop
+Example: python -m run.stop 2
 """
 
 from __future__ import annotations
 
+import argparse
+import os
 import sys
 
-from run.state import cleanup
+from run.names import MAX_RUNS, RunNames
+from run.state import cleanup, recorded_runs
 from testnet.cleanup import cleanup as cleanup_fabrics
 from testnet.namespace import have_privileges
 
 
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m run.stop",
+        description=__doc__.split("\n\n")[0],
+        epilog=__doc__.split("\n\n")[1],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "runs",
+        type=int,
+        nargs="*",
+        metavar="RUN",
+        help=f"run numbers (1..{MAX_RUNS}); default: every run this user started",
+    )
+    return p
+
+
 def main(argv: list[str] | None = None) -> int:
     """Command line entry point."""
-    if argv is None:
-        argv = sys.argv[1:]
-    if argv and argv[0] in ("-h", "--help"):
-        print(__doc__)
-        return 0
+    args = _parser().parse_args(argv)
     if not have_privileges():
         print("make stop needs root", file=sys.stderr)
         return 2
     try:
-        removed = cleanup()
-    except RuntimeError as exc:
+        runs = [RunNames(n) for n in args.runs]
+    except ValueError as exc:
         print(f"make stop: {exc}", file=sys.stderr)
-        return 1
-    removed += cleanup_fabrics()
+        return 2
+    everything = not runs
+    if everything:
+        runs = recorded_runs(os.geteuid())
+        print("runs: " + (", ".join(str(r.number) for r in runs) if runs else "none"))
+    removed: list[str] = []
+    status = 0
+    for names in runs:
+        try:
+            removed += cleanup(names, stop_live=True)
+        except RuntimeError as exc:
+            print(f"make stop: {exc}", file=sys.stderr)
+            status = 1
+    if everything:
+        removed += cleanup_fabrics()
     print("removed: " + (", ".join(removed) if removed else "nothing"))
-    return 0
+    return status
 
 
 if __name__ == "__main__":

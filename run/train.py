@@ -1,11 +1,16 @@
 """One rank of `make run`'s job, started by torchrun inside its Mininet host: trains the NCF
 model (or the small dense MLP, --model mlp) with DDP, its gradients summed by the switch
-(--mode switch, the homagg DDP hook) or by gloo (--mode gloo), and reports each step (rank 0) as a JSON line and a progress line.
+(--mode switch, the homagg DDP hook) or by gloo (--mode gloo), and reports each step
+(rank 0) as a JSON line and a progress line.
+The switch run's --overlap: blocking (the hook waits), async (the hook's communication
+thread), dear (DeAR: no DDP, updates in the next forward); --codec auto picks per bucket.
 
-Example (inside host h1 of 2, under torchrun):
-  torchrun --nnodes 2 --nproc-per-node 1 --node-rank 0 --master-addr 10.0.0.1 \\
-    -m run.train --mode switch --controller 10.0.0.100:50051 --job-id 1 --token T \\
-    --ip 10.0.0.1 --iface h1-eth0 --switch-port 1 --out /tmp/homagg-run/out
+Example (inside host hg1h1 of run 1, 2 hosts, under torchrun):
+  torchrun --nnodes 2 --nproc-per-node 1 --node-rank 0 --master-addr 10.0.1.1 \\
+    -m run.train --mode switch --controller 10.0.1.100:50051 --iface hg1h1-eth0 --out out
+
+Rank 0 creates the job; each rank finds its address and the controller its switch port
+(worker/attach.py).
 """
 
 # No `from __future__ import annotations`: DDP checks the hook's annotations at runtime.
@@ -25,8 +30,9 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from run.model import DEFAULT_LR, MODELS, JobShape, make_task
-from worker.agent import AgentConfig, open_agent
-from worker.ddp_hook import SwitchHookState, switch_allreduce_hook
+from worker.attach import connect
+from worker.ddp_hook import AUTO, SwitchHookState, switch_allreduce_hook
+from worker.dear import DearDataParallel
 
 
 @dataclass
@@ -40,7 +46,10 @@ class Tracked:
 
 def tracked_hook(state: Tracked, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """switch_allreduce_hook, recording the bucket's max |gradient| first."""
-    state.local_max = max(state.local_max, float(bucket.buffer().abs().max()))
+    buf = bucket.buffer()
+    vals = buf.coalesce().values() if buf.is_sparse else buf
+    if vals.numel():
+        state.local_max = max(state.local_max, float(vals.abs().max()))
     return switch_allreduce_hook(state.inner, bucket)
 
 
@@ -54,29 +63,35 @@ def train(a: argparse.Namespace) -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     shape = JobShape(users=a.users, items=a.items, dim=a.dim, batch=a.batch)
     task = make_task(a.model, shape)
-    model = DDP(task.model)
+    dear = a.mode == "switch" and a.overlap == "dear"
+    model = task.model if dear else DDP(task.model)
     tracked: Tracked | None = None
     agent = None
+    lr = a.lr if a.lr is not None else DEFAULT_LR[a.model]
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
     if a.mode == "switch":
-        cfg = AgentConfig(
-            controller=a.controller,
-            job_id=a.job_id,
-            token=a.token,
-            rank=rank,
-            ip=a.ip,
-            udp_port=a.udp_port,
-            switch_port=a.switch_port,
-            iface=a.iface,
-            ready_timeout=60,
+        # What homagg.attach does, with the hook wrapped to record local gradient maxima.
+        agent, reason = connect(
+            a.codec, controller=a.controller, pool_size=a.pool_size, name="make-run"
         )
-        agent, reason = open_agent(cfg)
         # One support key per embedding row: the index phase shrinks dim-fold.
-        opts = {"support_block": a.dim} if a.codec == "lossless" and task.sparse else {}
-        tracked = Tracked(
-            SwitchHookState(agent, codec=a.codec, unavailable_reason=reason, codec_options=opts)
+        opts: dict[str, Any] = {"support_block": a.dim} if task.sparse else {}
+        if a.codec == AUTO:  # per codec name; the sparse rows' key for lossless only
+            opts = {"lossless": opts}
+        elif a.codec != "lossless":
+            opts = {}
+        hook_state = SwitchHookState(
+            agent,
+            codec=a.codec,
+            unavailable_reason=reason,
+            codec_options=opts,
+            asynchronous=a.overlap != "blocking",
         )
-        model.register_comm_hook(tracked, tracked_hook)
-    opt = torch.optim.SGD(model.parameters(), lr=a.lr if a.lr is not None else DEFAULT_LR[a.model])
+        tracked = Tracked(hook_state)
+        if dear:
+            model = DearDataParallel(task.model, opt, hook_state, tune_steps=2)
+        else:
+            model.register_comm_hook(tracked, tracked_hook)
     out = Path(a.out)
     log = open(out / f"{a.mode}.jsonl", "w") if rank == 0 else None
     dense = sum(p.numel() for p in model.parameters()) * 4
@@ -88,7 +103,16 @@ def train(a: argparse.Namespace) -> None:
             opt.zero_grad()
             loss = task.loss(model(*inputs), labels)
             loss.backward()
-            opt.step()
+            if isinstance(model, DearDataParallel):  # DeAR steps in the next forward
+                assert tracked is not None
+                tracked.local_max = max(
+                    [float(p.grad.abs().max()) for p in model.parameters() if p.grad is not None]
+                    + [0.0]
+                )
+                if step == a.steps - 1:
+                    model.flush()
+            else:
+                opt.step()
             seconds = time.perf_counter() - start
             wire = tx_bytes(a.iface) - sent
             after = _stats(tracked)
@@ -131,20 +155,38 @@ def train(a: argparse.Namespace) -> None:
                     "agreement_seconds": float(t[9]) / world,
                     "grad_max": local_max,
                     "param_max": pmax,
+                    **_overlap_report(model, tracked),
                 }
                 log.write(json.dumps(rec) + "\n")
                 log.flush()
                 print(_progress(a.mode, a.steps, rec), flush=True)
         if rank == 0:
             torch.save(
-                {k: v.detach().clone() for k, v in model.module.state_dict().items()},
+                {k: v.detach().clone() for k, v in task.model.state_dict().items()},
                 out / f"{a.mode}.pt",
             )
     finally:
         if log is not None:
             log.close()
+        if isinstance(model, DearDataParallel):
+            model.close()
+        elif tracked is not None:
+            tracked.inner.close()
         if agent is not None:
             agent.close()
+
+
+def _overlap_report(model: Any, tracked: Tracked | None) -> dict[str, Any]:
+    """Rank 0's view of the overlap modes: codec="auto"'s choices so far (every rank makes
+    the same ones), DeAR's bucket size and its tuning measurements."""
+    rec: dict[str, Any] = {}
+    if tracked is not None and tracked.inner.controller is not None:
+        rec["auto_choices"] = dict(tracked.inner.stats.auto_choices)
+        rec["host_buckets"] = tracked.inner.stats.host_buckets
+    if isinstance(model, DearDataParallel):
+        rec["dear_bucket_bytes"] = model.bucket_bytes
+        rec["dear_tuned"] = model.tuner.chosen is not None
+    return rec
 
 
 def _stats(tracked: Tracked | None) -> tuple[int, int, int, int, float, float]:
@@ -169,7 +211,8 @@ def _progress(mode: str, steps: int, r: dict[str, Any]) -> str:
         else ""
     )
     return (
-        f"[{mode:6}] step {r['step'] + 1:4}/{steps}  loss {r['loss']:.4f}  {r['seconds'] * 1e3:7.1f} ms"
+        f"[{mode:6}] step {r['step'] + 1:4}/{steps}  loss {r['loss']:.4f}"
+        f"  {r['seconds'] * 1e3:7.1f} ms"
         f"  wire {r['tx_bytes'] / 1e3:8.1f} kB/rank = {ratio:5.2f}x dense{extra}"
     )
 
@@ -182,7 +225,13 @@ def main(argv: list[str] | None = None) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--mode", choices=["switch", "gloo"], required=True)
-    p.add_argument("--codec", default="lossless")
+    p.add_argument("--codec", default="lossless", help="a codec, or auto (delay-aware)")
+    p.add_argument(
+        "--overlap",
+        choices=["blocking", "async", "dear"],
+        default="blocking",
+        help="switch run: blocking hook, asynchronous hook, or DeAR mode (default blocking)",
+    )
     p.add_argument("--model", choices=MODELS, default="ncf")
     p.add_argument("--steps", type=int, default=80)
     p.add_argument("--users", type=int, default=20000)
@@ -190,13 +239,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--dim", type=int, default=16)
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--lr", type=float, default=None, help="SGD learning rate (default: per model)")
-    p.add_argument("--controller", default="")
-    p.add_argument("--job-id", type=int, default=0)
-    p.add_argument("--token", default="")
-    p.add_argument("--ip", required=True)
-    p.add_argument("--iface", required=True)
-    p.add_argument("--switch-port", type=int, required=True)
-    p.add_argument("--udp-port", type=int, default=41000)
+    p.add_argument("--controller", default="", help="default: $HOMAGG_CONTROLLER")
+    p.add_argument("--pool-size", type=int, default=0, help="switch slots (0: the default)")
+    p.add_argument("--iface", required=True, help="the host's interface (bytes sent)")
     p.add_argument("--out", required=True)
     a = p.parse_args(argv)
     warnings.simplefilter("default")

@@ -16,6 +16,7 @@ from controller.artifacts import BMV2_JSON_PATH, P4INFO_PATH
 from controller.forwarding import Host, forwarding_entries
 from controller.install import reconcile
 from controller.switch_connection import SwitchConnection
+from testnet.addresses import SERVICE_IP, SWITCH_MAC, host_ip, host_mac, host_switch_port
 from testnet.namespace import (
     add_namespace,
     add_veth,
@@ -27,9 +28,7 @@ from testnet.namespace import (
 from testnet.rawsock import RawPort, disable_offloads
 from testnet.switch_process import SwitchProcess
 
-SWITCH_MAC = "02:00:00:00:00:fe"
 PID_DIR = Path(tempfile.gettempdir()) / "homagg-fabrics"  # switch PIDs, for `make stop`
-SERVICE_IP = "10.0.0.254"
 _fabric_ids = itertools.count()
 TAG_PATTERN = re.compile(r"^hg(\d+)x(\d+)[hs]\d+$")  # hg<owner pid>x<n>{h|s}<host>
 
@@ -89,9 +88,9 @@ class Fabric:
                 namespace=f"{self.tag}h{i}",
                 iface=f"{self.tag}h{i}",
                 switch_iface=f"{self.tag}s{i}",
-                switch_port=i + 1,
-                mac=f"02:00:00:00:01:{i + 1:02x}",
-                ip=f"10.0.0.{i + 1}",
+                switch_port=host_switch_port(i),
+                mac=host_mac(i),
+                ip=host_ip(i),
             )
             self.hosts.append(host)
             add_namespace(host.namespace)

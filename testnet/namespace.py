@@ -94,9 +94,3 @@ def add_veth(outside: str, inside: str, netns: str) -> None:
 def delete_link(name: str) -> None:
     """Remove a link of this namespace; missing is fine."""
     ip("link", "delete", name, check=False)
-
-
-def namespaces_with_prefix(prefix: str) -> list[str]:
-    """Names of existing namespaces starting with prefix."""
-    out = ip("netns", "list", check=False).stdout
-    return [line.split()[0] for line in out.splitlines() if line.startswith(prefix)]

@@ -18,6 +18,13 @@ ETHTOOL_SSG = 0x19
 ETHTOOL_STSO = 0x1F
 ETHTOOL_SGSO = 0x24
 ETHTOOL_SGRO = 0x2C
+# ... and the "get" commands libpcap reads to size its capture ring (pcap-linux.c)
+ETHTOOL_GTSO = 0x1E
+ETHTOOL_GUFO = 0x21
+ETHTOOL_GGSO = 0x23
+ETHTOOL_GFLAGS = 0x25
+ETHTOOL_GGRO = 0x2B
+ETH_FLAG_LRO = 1 << 15
 
 
 def disable_offloads(iface: str) -> None:
@@ -34,6 +41,35 @@ def disable_offloads(iface: str) -> None:
                 fcntl.ioctl(sock, SIOCETHTOOL, ifreq)
             except OSError:
                 pass  # the driver lacks this offload: nothing to turn off
+
+
+def _ethtool_get(sock: socket.socket, iface: str, cmd: int) -> int:
+    value = ctypes.create_string_buffer(struct.pack("II", cmd, 0))
+    ifreq = struct.pack("16sP", iface.encode(), ctypes.addressof(value))
+    try:
+        fcntl.ioctl(sock, SIOCETHTOOL, ifreq)
+    except OSError:
+        return 0  # the driver lacks this offload: it cannot be on
+    return struct.unpack("II", value.raw[:8])[1]
+
+
+def offloads_on(iface: str) -> list[str]:
+    """The segmentation/receive offloads still on at iface, as libpcap checks them: with any
+    of them on, libpcap sizes each frame of its capture ring for a 64 KiB packet."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        on = [
+            name
+            for name, cmd in (
+                ("tso", ETHTOOL_GTSO),
+                ("ufo", ETHTOOL_GUFO),
+                ("gso", ETHTOOL_GGSO),
+                ("gro", ETHTOOL_GGRO),
+            )
+            if _ethtool_get(sock, iface, cmd)
+        ]
+        if _ethtool_get(sock, iface, ETHTOOL_GFLAGS) & ETH_FLAG_LRO:
+            on.append("lro")
+    return on
 
 
 def open_raw(iface: str, rcvbuf: int = 4 << 20) -> socket.socket:

@@ -4,22 +4,30 @@ with a heartbeat thread until it leaves (docs/worker.md)."""
 
 from __future__ import annotations
 
+import ipaddress
 import logging
+import math
 import socket
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 import grpc
 
+from aggwire.constants import CELLS_PER_PKT, MAX_JOB_ID, MAX_WORKERS_PER_JOB, NUM_SLOTS
 from controller.client import ControllerClient
 from controller.model import Assignment
 from worker.channel import Channel, UdpChannel
 from worker.transport import SwitchTransport, TransportConfig
 
 log = logging.getLogger(__name__)
+RESOURCE_EXHAUSTED = grpc.StatusCode.RESOURCE_EXHAUSTED
+MAX_LEASE_S = 86400.0  # a longer lease or heartbeat interval is a broken controller
+READY_RETRY_S = 0.5  # between WaitReady calls the controller refused as over its limit
 
 # Heartbeat answers after which the job cannot come back: the agent stays unhealthy.
 _FATAL_CODES = (
@@ -47,7 +55,7 @@ class AgentConfig:
     rank: int
     ip: str
     udp_port: int
-    switch_port: int
+    switch_port: int | None = None  # None: the controller finds it in its topology
     mac: str = ""  # empty: read from /sys/class/net/<iface>/address
     iface: str = ""
     ready_timeout: float = 30.0
@@ -63,6 +71,43 @@ def interface_mac(iface: str) -> str:
         return Path(f"/sys/class/net/{iface}/address").read_text().strip()
     except OSError as exc:
         raise AgentError(f"cannot read the MAC of interface {iface!r}: {exc}") from exc
+
+
+def _assignment_problem(a: Assignment, cfg: AgentConfig) -> str:
+    """What is wrong with an assignment ("" when nothing): a worker must not run on values
+    that cannot work (no slots, no heartbeat, a rank outside the world, an address that does
+    not parse, a packet layout this build does not have)."""
+    if not 1 <= a.job_id <= MAX_JOB_ID or a.job_id != cfg.job_id:
+        return f"job_id {a.job_id}, but this worker joined job {cfg.job_id}"
+    if not 1 <= a.world_size <= MAX_WORKERS_PER_JOB:
+        return f"world_size {a.world_size} outside 1..{MAX_WORKERS_PER_JOB}"
+    if not 0 <= a.rank < a.world_size or a.rank != cfg.rank:
+        return f"rank {a.rank} (world size {a.world_size}), but this worker is rank {cfg.rank}"
+    if not 1 <= a.pool_size <= NUM_SLOTS:
+        return f"pool_size {a.pool_size} outside 1..{NUM_SLOTS}"
+    if a.cells_per_packet != CELLS_PER_PKT:
+        return (
+            f"cells_per_packet {a.cells_per_packet}, but this worker was built for "
+            f"{CELLS_PER_PKT} (aggwire.constants.CELLS_PER_PKT)"
+        )
+    if not 1 <= a.udp_port <= 65535:
+        return f"udp_port {a.udp_port} outside 1..65535"
+    try:
+        ip = ipaddress.IPv4Address(a.service_ip)
+    except ValueError:
+        return f"service_ip {a.service_ip!r} is not an IPv4 address"
+    if ip.is_multicast or ip.is_unspecified or ip == ipaddress.IPv4Address("255.255.255.255"):
+        return f"service_ip {a.service_ip} is not a unicast address"
+    if not (math.isfinite(a.lease_s) and 0 < a.lease_s <= MAX_LEASE_S):
+        return f"lease_s {a.lease_s} outside (0, {MAX_LEASE_S:g}]"
+    if not (math.isfinite(a.heartbeat_interval_s) and a.heartbeat_interval_s > 0):
+        return f"heartbeat_interval_s {a.heartbeat_interval_s} is not a positive number"
+    if a.heartbeat_interval_s > a.lease_s / 2:
+        return (
+            f"heartbeat_interval_s {a.heartbeat_interval_s:g} is more than half the lease "
+            f"({a.lease_s:g} s): the lease would run out between heartbeats"
+        )
+    return ""
 
 
 def _rpc_error(what: str, exc: grpc.RpcError, address: str) -> AgentError:
@@ -123,14 +168,30 @@ class WorkerAgent:
             )
         except grpc.RpcError as exc:
             raise _rpc_error("JoinJob", exc, cfg.controller) from exc
-        try:
-            msg = self.client.wait_ready(
-                cfg.job_id, cfg.token, cfg.rank, timeout_s=cfg.ready_timeout
+        msg = self._wait_ready()
+        assignment = Assignment.from_message(msg)
+        problem = _assignment_problem(assignment, cfg)
+        if problem:
+            raise AgentError(
+                f"the controller at {cfg.controller} sent an unusable assignment: {problem}"
             )
-        except grpc.RpcError as exc:
-            raise _rpc_error("WaitReady", exc, cfg.controller) from exc
-        self.assignment = Assignment.from_message(msg)
+        self.assignment = assignment
         self.healthy, self.unhealthy_reason = True, ""
+
+    def _wait_ready(self) -> Any:
+        """WaitReady within ready_timeout, again while the controller answers that too many
+        calls are waiting (RESOURCE_EXHAUSTED: its limit protects the other tenants)."""
+        cfg = self.config
+        deadline = time.monotonic() + cfg.ready_timeout
+        while True:
+            remaining = max(0.0, deadline - time.monotonic())
+            try:
+                return self.client.wait_ready(cfg.job_id, cfg.token, cfg.rank, timeout_s=remaining)
+            except grpc.RpcError as exc:
+                busy = isinstance(exc, grpc.Call) and exc.code() == RESOURCE_EXHAUSTED
+                if not busy or remaining <= READY_RETRY_S:
+                    raise _rpc_error("WaitReady", exc, cfg.controller) from exc
+            time.sleep(READY_RETRY_S)
 
     def _open_transport(self, socket_factory: Callable[[], socket.socket]) -> None:
         cfg, a = self.config, self.assignment
@@ -142,16 +203,20 @@ class WorkerAgent:
             sock.close()
             raise AgentError(f"cannot bind UDP {cfg.ip}:{cfg.udp_port}: {exc}") from exc
         channel: Channel = UdpChannel(sock, (a.service_ip, a.udp_port))
-        tcfg = TransportConfig(
-            job_id=a.job_id,
-            rank=a.rank,
-            world_size=a.world_size,
-            pool_size=a.pool_size,
-            initial_timeout=cfg.initial_timeout,
-            max_timeout=cfg.max_timeout,
-            max_retries=cfg.max_retries,
-        )
-        self.transport = SwitchTransport(tcfg, channel)
+        try:
+            tcfg = TransportConfig(
+                job_id=a.job_id,
+                rank=a.rank,
+                world_size=a.world_size,
+                pool_size=a.pool_size,
+                initial_timeout=cfg.initial_timeout,
+                max_timeout=cfg.max_timeout,
+                max_retries=cfg.max_retries,
+            )
+            self.transport = SwitchTransport(tcfg, channel)
+        except ValueError as exc:  # a value the checks above missed: still a clear refusal
+            channel.close()
+            raise AgentError(f"cannot build the transport from the assignment: {exc}") from exc
 
     def _heartbeat_loop(self) -> None:
         assert self.assignment is not None

@@ -18,10 +18,13 @@ from aggwire.constants import AGG_FRAME_BYTES
 from controller.client import ControllerClient
 from controller.config import DEFAULT_LISTEN
 from worker.agent import AgentConfig, AgentError, WorkerAgent
-from worker.ddp_hook import CODECS, make_codec
+from worker.codecs import CODECS, make_codec
 
 EXAMPLES = {
-    "create": "python -m worker create --controller 127.0.0.1:50051 --name demo --world-size 2 --codec lossless",
+    "create": (
+        "python -m worker create --controller 127.0.0.1:50051 --name demo --world-size 2 "
+        "--codec lossless"
+    ),
     "join": (
         "python -m worker join --controller 127.0.0.1:50051 --job-id 1 --token TOKEN --rank 0 "
         "--ip 10.0.0.1 --udp-port 41000 --switch-port 1 --iface eth0 --json"

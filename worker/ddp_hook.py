@@ -2,9 +2,12 @@
 with a homomorphic codec, and falls back to the process group's all_reduce, collectively,
 when the switch cannot be used (docs/worker.md: the decision protocol and its cost).
 
-    state = SwitchHookState(agent, codec="lossless")
+    state = SwitchHookState(agent, codec="lossless", asynchronous=True)
     ddp_model.register_comm_hook(state, switch_allreduce_hook)
-"""
+
+Blocking (the default) aggregates each bucket inside the hook; asynchronous returns a
+pending Future at once and aggregates on the rank's communication thread while backward
+goes on; codec="auto" (asynchronous) picks each bucket's codec per step (auto_control)."""
 
 # No `from __future__ import annotations`: DDP checks the hook's annotations at runtime.
 import logging
@@ -19,13 +22,16 @@ import torch
 import torch.distributed as dist
 
 from aggwire.constants import AGG_FRAME_BYTES
+from worker import sparse_bucket
 from worker.agent import WorkerAgent
-from worker.codecs import CLTK, Codec, CodecError, ErrorFeedback, FixedPoint, LosslessSparse
+from worker.auto_control import HOST, AutoConfig, AutoController
+from worker.codecs import CODECS, Codec, CodecError, GradInput, make_codec
+from worker.comm_thread import CommThread
 from worker.transport import TransportError
 
 log = logging.getLogger(__name__)
 
-CODECS = ("lossless", "fixed_point", "cltk", "ef_fixed_point")
+AUTO = "auto"  # not a codec: the delay-aware choice among CODECS (worker/auto_control.py)
 
 # Failure kinds, exchanged as MAX over ranks: the highest one names the agreed reason.
 OK, UNHEALTHY, CODEC_FAILED, SWITCH_TIMEOUT, ERROR = 0, 1, 2, 3, 4
@@ -35,19 +41,6 @@ _KIND_TEXT = {
     SWITCH_TIMEOUT: "the switch timed out (TransportError)",
     ERROR: "an unexpected error",
 }
-
-
-def make_codec(name: str, world: int, rank: int, **options: Any) -> Codec:
-    """A fresh codec object by name (one per bucket): lossless, fixed_point, cltk, ef_fixed_point."""
-    if name == "lossless":
-        return LosslessSparse(world, **options)
-    if name == "fixed_point":
-        return FixedPoint(world, **options)
-    if name == "cltk":
-        return CLTK(world, rank, **options)
-    if name == "ef_fixed_point":
-        return ErrorFeedback(FixedPoint(world, **options))
-    raise ValueError(f"unknown codec {name!r}; expected one of {CODECS}")
 
 
 @dataclass
@@ -64,6 +57,8 @@ class HookStats:
     switch_seconds: float = 0.0
     agreement_seconds: float = 0.0
     fallback_reasons: Counter = field(default_factory=Counter)
+    host_buckets: int = 0  # buckets codec="auto" sent to the host all_reduce on purpose
+    auto_choices: Counter = field(default_factory=Counter)  # codec="auto": bucket-steps per choice
 
 
 class SwitchHookState:
@@ -81,18 +76,31 @@ class SwitchHookState:
         cooldown_steps: int = 5,
         unavailable_reason: str = "",
         codec_options: dict[str, Any] | None = None,
+        asynchronous: bool = False,
+        auto: AutoConfig | None = None,
+        rank: int | None = None,
     ) -> None:
-        if codec not in CODECS:
-            raise ValueError(f"unknown codec {codec!r}; expected one of {CODECS}")
+        if codec not in CODECS and codec != AUTO:
+            raise ValueError(
+                f"unknown codec {codec!r}; expected one of {', '.join(CODECS)} or {AUTO!r}"
+            )
         self.agent = agent
         self.unavailable_reason = unavailable_reason or ("" if agent else "no worker agent")
         self.codec_name = codec
         self.codec_options = dict(codec_options or {})
         self.process_group = process_group
         self.world_size = world_size or dist.get_world_size(process_group)
-        self.rank = dist.get_rank(process_group)
+        self.rank = dist.get_rank(process_group) if rank is None else rank
         self.cooldown_steps = cooldown_steps
-        self.codecs: dict[int, tuple[int, Codec]] = {}
+        # codec="auto": codec_options maps a codec name to its options
+        self.controller = AutoController(auto or AutoConfig()) if codec == AUTO else None
+        self.asynchronous = asynchronous or self.controller is not None
+        self.group = process_group  # collectives of the hook (its own group when asynchronous)
+        self.comm: CommThread | None = None
+        self._handovers: list[tuple[int, float]] = []  # (bucket, hand-over time) this step
+        self._step_start: float | None = None
+        self.iteration_seconds = 0.0
+        self.codecs: dict[tuple[int, str], tuple[int, Codec]] = {}
         self.stats = HookStats()
         self.warned = False
         self.steps = 0
@@ -107,7 +115,9 @@ class SwitchHookState:
 
     def __getstate__(self) -> dict[str, Any]:
         state = {
-            k: v for k, v in self.__dict__.items() if k not in ("agent", "process_group", "codecs")
+            k: v
+            for k, v in self.__dict__.items()
+            if k not in ("agent", "process_group", "codecs", "group", "comm")
         }
         if self.process_group is not None:
             log.warning("SwitchHookState pickled without its non-default process group")
@@ -116,6 +126,7 @@ class SwitchHookState:
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self.agent, self.process_group, self.codecs = None, None, {}
+        self.group, self.comm = None, None
         self.unavailable_reason = "state was unpickled without its agent"
         self._use_switch = None
 
@@ -138,15 +149,64 @@ class SwitchHookState:
         return a.transport.next_chunk if a is not None and a.transport is not None else 0
 
     def codec_for(self, index: int, numel: int) -> Codec:
-        """The codec of bucket `index`, re-created when the bucket's size changed (rebuilds)."""
-        held = self.codecs.get(index)
+        """The codec of bucket `index`, re-created when the bucket's size changed (rebuilds).
+        With codec="auto" one per bucket and codec name, so a codec's error memory survives
+        the steps another codec is used; a ratio change only sets the codec's ratio."""
+        name, options = self.codec_name, self.codec_options
+        if self.controller is not None:
+            choice = self.controller.choice(index)
+            name, options = choice.method, {**options.get(choice.method, {}), **choice.options()}
+        held = self.codecs.get((index, name))
         if held is None or held[0] != numel:
-            held = (
-                numel,
-                make_codec(self.codec_name, self.world_size, self.rank, **self.codec_options),
-            )
-            self.codecs[index] = held
+            held = (numel, make_codec(name, self.world_size, self.rank, **options))
+            self.codecs[(index, name)] = held
+        elif "ratio" in options:
+            held[1].ratio = options["ratio"]  # type: ignore[attr-defined]
         return held[1]
+
+    # -- asynchronous mode -------------------------------------------------------------
+
+    def start_comm(self) -> CommThread:
+        """The communication thread and the hook's own process group, made on first use
+        (a collective: every rank reaches it at its first bucket). Only that thread issues
+        collectives on that group, in bucket order, so no two threads ever interleave
+        collectives on one group (the training loop keeps the default group to itself)."""
+        if self.comm is None:
+            pg = self.process_group
+            ranks = None if pg is None else dist.get_process_group_ranks(pg)
+            self.group = dist.new_group(ranks=ranks, backend="gloo")
+            self.comm = CommThread(f"homagg-comm-{self.rank}")
+        return self.comm
+
+    def hand_over(self, index: int, last: bool) -> dict[int, float] | None:
+        """Note bucket `index` handed over now (main thread); at the step's last bucket, each
+        bucket's budget: the backward compute after its hand-over, plus a tolerated share
+        of the iteration time (auto_control's rule)."""
+        now = time.perf_counter()
+        if not self._handovers:
+            if self._step_start is not None:
+                self.iteration_seconds = now - self._step_start
+            self._step_start = now
+        self._handovers.append((index, now))
+        if not last:
+            return None
+        if self.iteration_seconds == 0.0:  # the first step: nothing to budget from yet
+            self._handovers = []
+            return None
+        tol = self.controller.config.tolerance if self.controller is not None else 0.0
+        budgets = {i: now - t + tol * self.iteration_seconds for i, t in self._handovers}
+        self._handovers = []
+        return budgets
+
+    def wait_idle(self, timeout: float | None = None) -> bool:
+        """Wait until the communication thread has finished every bucket handed over."""
+        return True if self.comm is None else self.comm.drain(timeout)
+
+    def close(self) -> None:
+        """Stop the communication thread (after its queued buckets)."""
+        if self.comm is not None:
+            self.comm.close()
+            self.comm = None
 
     # -- the collective decision ----------------------------------------------------
 
@@ -154,11 +214,15 @@ class SwitchHookState:
         """MAX over ranks of (failure kind, health kind, next chunk): one tiny all_reduce."""
         start = time.perf_counter()
         t = torch.tensor([failure, health, self.next_chunk()], dtype=torch.int64)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.process_group)
+        self.reduce_max(t)
         self.stats.agreements += 1
         self.stats.agreement_seconds += time.perf_counter() - start
         f, h, c = (int(v) for v in t.tolist())
         return f, h, c
+
+    def reduce_max(self, t: torch.Tensor) -> None:
+        """MAX over ranks in place, through the hook's group (a backend overrides it)."""
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group)
 
     def _realign(self, chunk: int) -> None:
         # Every rank resumes at the largest counter any rank reached: each new chunk is newer
@@ -198,19 +262,35 @@ class SwitchHookState:
                 self.fall_back(health, self.local_reason(), chunk)
         return bool(self._use_switch)
 
-    def end_step(self) -> None:
+    def end_step(self, budgets: dict[int, float] | None = None) -> None:
         """After a step's last bucket: count down the cool-down (whole steps after the one
-        that fell back), then agree again."""
+        that fell back), then agree again; codec="auto" decides the next step's codecs."""
         if self._use_switch is False:
             if self._fell_back_in_step != self.steps:
                 self._cooldown_left -= 1
             if self._cooldown_left <= 0:
                 self._use_switch = None
+        if self.controller is not None and budgets:
+            self.auto_decide(budgets)
         self.steps += 1
+
+    def auto_decide(self, budgets: dict[int, float]) -> dict[int, str]:
+        """One MAX all_reduce of this step's [delays, -budgets]; the controller decides the
+        next step's choices from it, the same on every rank."""
+        assert self.controller is not None
+        indices = sorted(budgets)
+        for i, b in budgets.items():
+            self.controller.budgets[i] = b
+        t = torch.from_numpy(self.controller.measurements(indices))
+        start = time.perf_counter()
+        self.reduce_max(t)
+        self.stats.agreements += 1
+        self.stats.agreement_seconds += time.perf_counter() - start
+        return self.controller.decide(indices, t.numpy())
 
 
 def _through_switch(
-    state: SwitchHookState, index: int, flat: np.ndarray
+    state: SwitchHookState, index: int, grad: GradInput, length: int
 ) -> tuple[np.ndarray | None, int, str]:
     """(decoded sum, OK, "") or (None, failure kind, reason) for one bucket on this rank."""
     agent = state.agent
@@ -220,7 +300,7 @@ def _through_switch(
     before = (transport.stats.packets_sent, transport.stats.retransmissions)
     start = time.perf_counter()
     try:
-        out = transport.run(state.codec_for(index, flat.size).aggregate(flat))
+        out = transport.run(state.codec_for(index, length).aggregate(grad))
     except TransportError as exc:
         return None, SWITCH_TIMEOUT, str(exc)
     except CodecError as exc:
@@ -251,26 +331,75 @@ def _completed(tensor: torch.Tensor) -> torch.futures.Future[torch.Tensor]:
     return fut
 
 
+def aggregate_bucket(
+    state: SwitchHookState,
+    index: int,
+    buf: torch.Tensor,
+    last: bool,
+    budgets: dict[int, float] | None = None,
+) -> torch.Tensor:
+    """Bucket `index` summed (through the switch, or agreed by every rank by the hook
+    group's all_reduce) and divided by the world size, in place, before returning: the
+    communication thread's job (and DeAR's)."""
+    start = time.perf_counter()
+    choice = state.controller.choice(index) if state.controller is not None else None
+    result: torch.Tensor | None = None
+    if choice is not None and choice.method == HOST:
+        dist.all_reduce(buf, group=state.group)
+        state.stats.host_buckets += 1
+        result = buf
+    elif state.use_switch():
+        result = _switch_or_none(state, index, buf)
+    if result is None:
+        state.stats.fallback_buckets += 1
+        dist.all_reduce(buf, group=state.group)
+        result = buf
+    if state.controller is not None and choice is not None:
+        state.controller.record(index, time.perf_counter() - start)
+        state.stats.auto_choices[choice.label] += 1
+    if last:
+        state.end_step(budgets)
+    return result.div_(state.world_size)
+
+
+def _switch_or_none(state: SwitchHookState, index: int, buf: torch.Tensor) -> torch.Tensor | None:
+    """The bucket summed by the switch into `buf`, or None when the ranks agreed to fall
+    back (the agreement all_reduce is issued on every rank either way)."""
+    grad: GradInput
+    if buf.is_sparse:  # a sparse parameter's bucket: indices and values, never densified
+        grad = sparse_bucket.to_codec_input(buf)
+        length = grad.length
+    else:
+        grad = buf.detach().reshape(-1).to("cpu", torch.float32).numpy()
+        length = grad.size
+    out, failure, reason = _through_switch(state, index, grad, length)
+    failed, health, chunk = state.agree(failure, state.local_health())
+    if failed != OK:
+        state.fall_back(failed, reason, chunk)
+        return None
+    assert out is not None
+    state.stats.switch_buckets += 1
+    state.stats.dense_bytes += length * 4
+    if health != OK:  # this result is good; the next bucket takes the fallback
+        state.fall_back(health, state.local_reason(), chunk)
+    if buf.is_sparse:
+        return sparse_bucket.from_codec_output(out, buf)
+    return _into_bucket(buf, out)
+
+
 def switch_allreduce_hook(
     state: SwitchHookState, bucket: dist.GradBucket
 ) -> torch.futures.Future[torch.Tensor]:
     """DDP comm hook: the bucket's gradients summed through the switch (or, agreed by every
-    rank, by the process group's all_reduce) and divided by the world size."""
+    rank, by the process group's all_reduce) and divided by the world size. Asynchronous:
+    a pending Future at once, completed by the rank's communication thread."""
     buf = bucket.buffer()
-    result: torch.Tensor | None = None
-    if state.use_switch():
-        flat = buf.detach().reshape(-1).to("cpu", torch.float32).numpy()
-        out, failure, reason = _through_switch(state, bucket.index(), flat)
-        failed, health, chunk = state.agree(failure, state.local_health())
-        if failed != OK:
-            state.fall_back(failed, reason, chunk)
-        else:
-            assert out is not None
-            result = _into_bucket(buf, out)
-            state.stats.switch_buckets += 1
-            state.stats.dense_bytes += flat.size * 4
-            if health != OK:  # this result is good; the next bucket takes the fallback
-                state.fall_back(health, state.local_reason(), chunk)
+    if state.asynchronous:
+        comm = state.start_comm()
+        index, last = bucket.index(), bucket.is_last()
+        budgets = state.hand_over(index, last)
+        return comm.submit(lambda: aggregate_bucket(state, index, buf, last, budgets))
+    result = _switch_or_none(state, bucket.index(), buf) if state.use_switch() else None
     if bucket.is_last():
         state.end_step()
     if result is not None:

@@ -25,6 +25,7 @@ def main() -> int:
             f"-I{root}",
             f"-I{include}",
             f"--python_out={root}",
+            f"--pyi_out={root}",
             f"--grpc_python_out={root}",
             *[str(p.relative_to(root)) for p in protos],
         ]

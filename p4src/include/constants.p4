@@ -46,6 +46,16 @@ const bit<8>  AGG_FLAG_RETX   = 0x02;
 const bit<8>  AGG_OP_ADD = 1;
 const bit<8>  AGG_OP_OR  = 2;
 const bit<8>  AGG_OP_MAX = 3;
+const bit<8>  AGG_OP_ADD16 = 4;  /* 2 int16 lanes per cell, each wraps on its own */
+const bit<8>  AGG_OP_ADD8  = 5;  /* 4 int8 lanes per cell, each wraps on its own */
+/* Ops are AGG_OP_ADD..AGG_OP_LAST; any other is dropped with DROP_BAD_OP. */
+#define AGG_OP_LAST AGG_OP_ADD8
+/* The top bit of every 16- and 8-bit lane of a bit<256> cell group (lane adds, see
+ * lanes_add_narrow in aggregation.p4). */
+const bit<256> LANE16_TOP_BITS =
+    0x8000800080008000800080008000800080008000800080008000800080008000;
+const bit<256> LANE8_TOP_BITS =
+    0x8080808080808080808080808080808080808080808080808080808080808080;
 const bit<16> AGG_HEADER_BYTES = 16;
 const bit<16> AGG_UDP_LENGTH = 8 + AGG_HEADER_BYTES + 4 * CELLS_PER_PKT;
 const bit<16> AGG_IPV4_LENGTH = 20 + AGG_UDP_LENGTH;
@@ -92,6 +102,7 @@ const bit<8> VERDICT_STALE     = 5;  /* an older round of the same job: drop */
 #define SLOT_STATE_COUNT 15:8
 #define SLOT_STATE_EXP   7:0
 
+#ifndef HOMAGG_TNA
 /* FOR_EACH_GROUP(M) expands M(i) for every 8-lane group of the cells. */
 #define GROUPS_0_7(M) M(0) M(1) M(2) M(3) M(4) M(5) M(6) M(7)
 #define GROUPS_8_15(M) M(8) M(9) M(10) M(11) M(12) M(13) M(14) M(15)
@@ -106,5 +117,7 @@ const bit<8> VERDICT_STALE     = 5;  /* an older round of the same job: drop */
 #else
 #error "CELLS_PER_PKT must be 64, 128 or 256"
 #endif
+
+#endif  /* HOMAGG_TNA */
 
 #endif

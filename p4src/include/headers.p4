@@ -59,6 +59,9 @@ header agg_h {
     chunk_t  chunk;   /* the job's chunk sequence number; orders rounds in a slot */
 }
 
+/* Everything below is the v1model program's; the TNA program (p4src/tofino/) has its
+ * own cells, headers_t and metadata. */
+#ifndef HOMAGG_TNA
 #define CELL_FIELD(i) bit<256> g##i;
 /* CELLS_PER_PKT int32 cells, big-endian, as 8-lane groups (lane 0 = highest bits). */
 header cells_h {
@@ -88,5 +91,7 @@ struct metadata_t {
     bit<8>  verdict;
     bit<8>  count;
 }
+
+#endif  /* HOMAGG_TNA */
 
 #endif

@@ -53,3 +53,23 @@ def test_summary_line_reads_the_parts(tmp_path, monkeypatch, capsys):
     out = capsys.readouterr().out
     assert "1.5 min" in out and "W=2 20.0x, W=4 20.0x (target >= 10x: MET)" in out
     assert "ncf: lossless 4.50x" in out
+
+
+def test_overlap_table_reports_a_run_that_stopped_early():
+    from bench import overlap
+
+    def steps(ms: float, n: int) -> list[dict]:
+        return [
+            {"seconds": ms / 1e3, "switch_seconds": 0.05, "agreement_seconds": 0.05}
+            for _ in range(n)
+        ]
+
+    r = {name: steps(200.0, 6) for name in overlap.RUNS}
+    r["DDP over gloo"] = steps(100.0, 6)
+    r["DeAR"] = steps(150.0, 1)  # only the untimed first step: it stopped early
+    rows = overlap.table({(100.0, "lm"): r}, ["lm"], [100.0], 4)
+    dear = next(x for x in rows if "| DeAR |" in x)
+    blocking = next(x for x in rows if "| switch, blocking |" in x)
+    assert "stopped after 1 steps" in dear
+    assert "| 200 | 0.50x |" in blocking
+    assert overlap.median_ms([]) != overlap.median_ms([])  # NaN for no steps at all

@@ -22,15 +22,11 @@ from controller.config import ControllerConfig, parse_config
 from controller.service import ControllerServer
 from controller.switch_connection import SwitchConnection
 from refswitch.switch import ReferenceSwitch
+from testnet.addresses import SERVICE_IP, SWITCH_MAC, host_entry
 from testnet.poll import wait_for
 from testnet.switch_process import bmv2_available, free_port, switch_command
 
-SWITCH_MAC = "02:00:00:00:00:fe"
-SERVICE_IP = "10.0.0.254"
-HOSTS = [
-    {"ip": f"10.0.0.{i + 1}", "mac": f"02:00:00:00:01:{i + 1:02x}", "switch_port": i + 1}
-    for i in range(4)
-]
+HOSTS = [host_entry(i) for i in range(4)]
 TIMING = {"heartbeat_interval": 0.5, "lease": 3.0, "join_timeout": 10.0}
 TARGETS = [
     pytest.param("refswitch", id="refswitch"),
@@ -143,9 +139,9 @@ def make_config(address: str, tmp_path: Path, **controller: Any) -> ControllerCo
 class RunningController:
     """An in-process controller and a client of it."""
 
-    def __init__(self, config: ControllerConfig) -> None:
+    def __init__(self, config: ControllerConfig, **options: Any) -> None:
         self.config = config
-        self.server = ControllerServer(config, poll_interval=0.05, max_backoff=0.3)
+        self.server = ControllerServer(config, poll_interval=0.05, max_backoff=0.3, **options)
         self.port = self.server.start()
         self.address = f"127.0.0.1:{self.port}"
         self.client = ControllerClient(self.address, timeout=5.0)

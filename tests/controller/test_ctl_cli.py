@@ -151,3 +151,35 @@ def test_installed_script_and_module(refswitch):
         and "ROUTES 0" in shell.stdout
         and "P4Runtime shell" in shell.stderr
     )
+
+
+def test_job_commands(refswitch, tmp_path, start_controller, capsys):
+    ctl = start_controller(make_config(refswitch.address, tmp_path))
+    token_file = tmp_path / "job.token"
+    made = run_json(
+        capsys, ctl, "job", "create", "ops", "--world-size", "2", "--pool-size", "8",
+        "--codec", "fixed_point", "--token-file", str(token_file),
+    )  # fmt: skip
+    assert made["token"] == "" and made["pool_size"] == 8
+    token = token_file.read_text().strip()
+    assert len(token) >= 32 and token_file.stat().st_mode & 0o777 == 0o600
+    h = HOSTS[0]
+    ctl.client.join(made["job_id"], token, 0, h["mac"], h["ip"], 41000)  # the token works
+    shown = run_json(capsys, ctl, "job", "show", str(made["job_id"]))
+    assert (shown["name"], shown["codec"], shown["joined"]) == ("ops", "fixed_point", 1)
+    code, out, _ = run(capsys, "--controller", ctl.address, "job", "show", str(made["job_id"]))
+    assert code == 0 and "ops" in out and h["ip"] in out  # the table lists the ranks
+    [listed] = run_json(capsys, ctl, "job", "list")["jobs"]
+    assert listed["job_id"] == made["job_id"]
+    code, out, _ = run(
+        capsys, "--controller", ctl.address, "job", "create", "t", "--world-size", "1"
+    )
+    assert code == 0 and "token " in out
+    released = run_json(capsys, ctl, "job", "release", str(made["job_id"]))
+    assert released["state"] == "ended"
+    code, out, err = run(capsys, "--controller", ctl.address, "job", "show", "999")
+    assert code == 1 and out == "" and err.strip() == "aggctl: NOT_FOUND: no job 999"
+    code, _, err = run(
+        capsys, "--controller", ctl.address, "job", "create", "x", "--world-size", "99"
+    )
+    assert code == 1 and err.startswith("aggctl: INVALID_ARGUMENT")

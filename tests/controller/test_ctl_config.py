@@ -118,3 +118,22 @@ def test_unreadable_and_invalid_files(tmp_path):
     bad.write_text("[controller\n")
     with pytest.raises(ConfigError, match="not valid TOML"):
         load_config(bad)
+
+
+def test_a_switch_may_name_its_own_program(tmp_path):
+    doc = tomllib.loads(EXAMPLE.read_text())
+    (tmp_path / "tna").mkdir()
+    (tmp_path / "tna" / "p4info.txtpb").write_text("")
+    (tmp_path / "tna" / "device_config.pb").write_bytes(b"")
+    [sw] = parse_config(doc, tmp_path).switches
+    assert sw.p4info is None and sw.device_config is None  # the committed v1model build
+    doc["switch"][0].update(p4info="tna/p4info.txtpb", device_config="tna/device_config.pb")
+    [sw] = parse_config(doc, tmp_path).switches
+    assert sw.p4info == tmp_path / "tna" / "p4info.txtpb"
+    assert sw.device_config == tmp_path / "tna" / "device_config.pb"
+    del doc["switch"][0]["device_config"]
+    with pytest.raises(ConfigError, match="both p4info and device_config"):
+        parse_config(doc, tmp_path)
+    doc["switch"][0]["device_config"] = "tna/missing.pb"
+    with pytest.raises(ConfigError, match=r"switch\[0\]\.device_config: .* is not a file"):
+        parse_config(doc, tmp_path)

@@ -12,7 +12,7 @@ import pytest
 
 from aggwire import p4names
 from controller.aggregation import JobEntries, Worker
-from controller.artifacts import P4INFO_PATH
+from controller.artifacts import BMV2_JSON_PATH, P4INFO_PATH
 from controller.config import SwitchConfig
 from controller.entries import MULTICAST_GROUPS
 from controller.errors import Unavailable
@@ -82,6 +82,7 @@ class ScriptedSwitch:
         self.log: list[tuple[int, list[str]]] = []  # per write: (update type, kinds written)
         self.link_down_on_write = link_down_on_write
         self.is_connected = True
+        self.is_primary, self.primary_losses = True, 0
 
     def batch(self) -> WriteBatch:
         return WriteBatch(P4INFO)
@@ -147,6 +148,9 @@ class Listener:
     def switch_lost(self, switch):
         pass
 
+    def job_ids_held(self, switch, job_ids):
+        pass
+
 
 def managed(conn: ScriptedSwitch) -> ManagedSwitch:
     sw = ManagedSwitch(
@@ -155,6 +159,7 @@ def managed(conn: ScriptedSwitch) -> ManagedSwitch:
         Listener(),
     )
     sw.conn = conn  # type: ignore[assignment]
+    sw.synced = True  # as after the supervisor's reconciliation
     return sw
 
 
@@ -259,3 +264,33 @@ def test_reconcile_writes_the_difference_in_install_order():
         (Update.MODIFY, MULTICAST_GROUPS),
         (Update.MODIFY, p4names.JOB_TABLE),
     ]
+
+
+def test_reconcile_reports_the_ids_of_jobs_it_did_not_expect():
+    """Stale entries name their job (group id, job_id match): a fresh database raises its
+    next job id past them. A job entry without its group counts too."""
+    conn = ScriptedSwitch()
+    reconcile(conn, job_specs(JOB), read_back=False)  # type: ignore[arg-type]
+    conn.state = {k: u for k, u in conn.state.items() if k[0] != "group"}
+    conn.held = set(conn.state)
+    assert conn.read_multicast_groups() == {}
+    done = reconcile(conn, [])  # type: ignore[arg-type]
+    assert done.stale_job_ids == (JOB.job_id,) and done.removed == 7
+    assert reconcile(conn, []).stale_job_ids == ()  # type: ignore[arg-type]
+
+
+def test_a_switch_with_its_own_program_pushes_it(tmp_path):
+    p4info, device = tmp_path / "tna.p4info.txtpb", tmp_path / "device_config.pb"
+    p4info.write_text(P4INFO_PATH.read_text())  # a copy stands for the TNA P4Info
+    device.write_bytes(b"packed BfPipelineConfig")
+    cfg = SwitchConfig(
+        "t1", "127.0.0.1:1", "02:00:00:00:00:fe", "10.0.0.254", p4info=p4info, device_config=device
+    )
+    sw = ManagedSwitch(cfg, threading.RLock(), Listener())
+    assert sw.artifacts == (p4info, device)
+    plain = ManagedSwitch(
+        SwitchConfig("s1", "127.0.0.1:2", "02:00:00:00:00:fd", "10.0.0.253"),
+        threading.RLock(),
+        Listener(),
+    )
+    assert plain.artifacts == (P4INFO_PATH, BMV2_JSON_PATH)

@@ -244,3 +244,27 @@ def test_counters_per_job_and_reason(controller):
     ]
     assert [j.job_id for j in c.counters(job_id=job.job_id).switches[0].jobs] == [job.job_id]
     assert rpc_code(lambda: c.counters(job_id=4242))[0] == grpc.StatusCode.NOT_FOUND
+
+
+def test_switch_port_from_the_topology(controller):
+    """A join without switch_port gets the port the configuration lists for its IP; a host
+    the topology does not know must name its port."""
+    c = controller.client
+    job = c.create_job("attach", 2, "lossless")
+    h0, h1 = HOSTS[0], HOSTS[1]
+    c.join(job.job_id, job.token, 0, h0["mac"], h0["ip"], 41000)
+    c.join(job.job_id, job.token, 1, h1["mac"], h1["ip"], 41001)
+    workers = {w.rank: w for w in c.list_jobs().jobs[0].workers}
+    assert (workers[0].switch_port, workers[1].switch_port) == (
+        h0["switch_port"],
+        h1["switch_port"],
+    )
+    other = c.create_job("stranger", 1, "lossless")
+    code, details = rpc_code(
+        lambda: c.join(other.job_id, other.token, 0, "02:00:00:00:09:09", "10.9.9.9", 41000)
+    )
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "pass the switch port" in details
+    code, details = rpc_code(  # the MAC is still checked against the topology
+        lambda: c.join(other.job_id, other.token, 0, "02:00:00:00:09:09", h0["ip"], 41005)
+    )
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "per the topology" in details

@@ -108,3 +108,18 @@ def test_direct_counter_found_from_direct_table_id() -> None:
     c = p4info.direct_counters.add()
     c.preamble.id, c.preamble.name, c.direct_table_id = 9, "c", 7
     assert P4InfoIndex(p4info).table("t").direct_counter_id == 9
+
+
+def test_unique_dotted_suffixes_find_entities_under_a_pipeline_prefix() -> None:
+    """TNA's P4Info names the pipeline first; the v1model names still find its entities."""
+    p4info = p4info_pb2.P4Info()
+    for i, name in enumerate(
+        ("pipe.SwitchIngress.aggregation.job_table", "pipe.SwitchEgress.delivery.job_table")
+    ):
+        t = p4info.tables.add()
+        t.preamble.id, t.preamble.name = 33554432 + i, name
+    index = P4InfoIndex(p4info)
+    assert index.table("SwitchIngress.aggregation.job_table").id == 33554432
+    assert index.table("delivery.job_table").id == 33554433
+    with pytest.raises(P4InfoLookupError):
+        index.table("job_table")  # two entities end with it

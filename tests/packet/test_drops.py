@@ -8,7 +8,7 @@ from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import Ether
 from scapy.packet import Raw
 
-from aggwire.constants import DropReason, Flag
+from aggwire.constants import DropReason, Flag, Op
 from testnet.aggjob import CounterDelta, Job, random_cells, result_cells, wrapped_sum
 from testnet.fabric import Fabric
 
@@ -31,6 +31,8 @@ CASES = {
     "slot outside the pool": (DropReason.SLOT_OUT_OF_POOL, lambda job, c: job.frame(0, c, slot=8)),
     "rank not in the job": (DropReason.BAD_RANK, lambda job, c: job.frame(0, c, rank=3)),
     "bad op": (DropReason.BAD_OP, lambda job, c: job.frame(0, c, op=9)),
+    "op 0": (DropReason.BAD_OP, lambda job, c: job.frame(0, c, op=0)),
+    "op after the last": (DropReason.BAD_OP, lambda job, c: job.frame(0, c, op=max(Op) + 1)),
     "zero cells": (DropReason.BAD_LENGTH, lambda job, c: job.frame(0, c, ncells=0)),
     "too many cells": (DropReason.BAD_LENGTH, lambda job, c: job.frame(0, c, ncells=1000)),
     "bad version": (DropReason.BAD_HEADER, lambda job, c: job.frame(0, c, version=7)),

@@ -21,7 +21,7 @@ PER_ROUND = 200  # malformed frames between two rounds: 10,000 in all
 BATCH = 25
 INVALID = [  # (header field, bogus value) making a frame from rank 0's own port invalid
     ("op", 0),
-    ("op", 4),
+    ("op", max(Op) + 1),
     ("op", 255),
     ("ncells", 0),
     ("ncells", CELLS_PER_PKT + 1),

@@ -11,9 +11,9 @@ import grpc
 import pytest
 from google.rpc import code_pb2, status_pb2
 
-from p4rtproto.api import p4info_pb2, p4runtime_pb2, p4runtime_pb2_grpc
+from p4rtproto.api import GRPC_OPTIONS, p4info_pb2, p4runtime_pb2, p4runtime_pb2_grpc
 from p4rtproto.p4info import P4InfoIndex
-from refswitch import p4runtime_server
+from refswitch import p4runtime_server, p4runtime_write
 from refswitch.device import Device
 from refswitch.p4runtime_server import P4RuntimeServer
 
@@ -595,3 +595,48 @@ def test_unexpected_exceptions_become_internal(
     entity.table_entry.SetInParent()
     assert rpc_error(read, stub, entity).code() == grpc.StatusCode.INTERNAL
     assert rpc_error(write, stub).code() == grpc.StatusCode.INTERNAL
+
+
+def _missing_arp_deletes(p4info: P4InfoIndex, count: int) -> list[Update]:
+    return [
+        table_update(
+            p4info, Update.DELETE, "arp_responder", [("hdr.arp.tpa", "exact", i.to_bytes(4))]
+        )
+        for i in range(1, count + 1)
+    ]
+
+
+def test_failing_batch_errors_fit_the_client_metadata_limit(
+    p4rt_switch: Any, primary: Stream, test_p4info: P4InfoIndex
+) -> None:
+    """300 failed updates (~35 KB of per-update errors, over gRPC's default 16 KiB) reach a
+    client with p4rtproto's GRPC_OPTIONS in full; a 3000-update failing batch is summarized
+    within the bound instead of ending the call."""
+    with grpc.insecure_channel(p4rt_switch.address, options=GRPC_OPTIONS) as channel:
+        ours = p4runtime_pb2_grpc.P4RuntimeStub(channel)
+        errors = update_errors(rpc_error(write, ours, *_missing_arp_deletes(test_p4info, 300)))
+        assert len(errors) == 300
+        assert {code_pb2.Code.Name(e.canonical_code) for e in errors} == {"NOT_FOUND"}
+        exc = rpc_error(write, ours, *_missing_arp_deletes(test_p4info, 3000))
+        assert exc.code() == grpc.StatusCode.UNKNOWN
+        trailer = dict(exc.trailing_metadata())["grpc-status-details-bin"]
+        assert len(trailer) <= p4runtime_write.MAX_ERROR_DETAILS_BYTES
+        status = status_pb2.Status.FromString(trailer)
+        assert not status.details
+        assert status.message.startswith("3000 of 3000 updates failed")
+        assert (
+            "by code: NOT_FOUND 3000" in status.message and "first: #0 NOT_FOUND" in status.message
+        )
+        assert "by code: NOT_FOUND 3000" in exc.details()
+
+
+def test_write_failure_status_bounds() -> None:
+    ok, bad = code_pb2.OK, code_pb2.ALREADY_EXISTS
+    small = p4runtime_write.write_failure_status([(ok, ""), (bad, "x" * 1000)])
+    errors = [p4runtime_pb2.Error() for _ in small.details]
+    assert all(d.Unpack(e) for d, e in zip(small.details, errors, strict=True))
+    assert [e.canonical_code for e in errors] == [ok, bad]
+    assert len(errors[1].message) == p4runtime_write.MAX_ERROR_MESSAGE
+    big = p4runtime_write.write_failure_status([(bad, "dup")] * 100_000)
+    assert not big.details and big.ByteSize() < 2000
+    assert "ALREADY_EXISTS 100000" in big.message

@@ -19,13 +19,9 @@ from controller.install import install_job, reconcile
 from controller.switch_connection import SwitchConnection
 from refswitch.homagg import Pipeline
 from refswitch.switch import ReferenceSwitch
+from testnet.addresses import SERVICE_IP, SWITCH_MAC, host_ip, host_mac, host_switch_port
 
-SWITCH_MAC = "02:00:00:00:00:fe"
-SERVICE_IP = "10.0.0.254"
-HOSTS = [
-    Host(ip=f"10.0.0.{i + 1}", mac=f"02:00:00:00:01:{i + 1:02x}", switch_port=i + 1)
-    for i in range(4)
-]
+HOSTS = [Host(ip=host_ip(i), mac=host_mac(i), switch_port=host_switch_port(i)) for i in range(4)]
 
 
 @pytest.fixture(scope="module")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -47,7 +48,8 @@ def _cmdlines_mentioning(text: str) -> list[str]:
 
 @pytest.mark.timeout(240)
 def test_shortened_make_run_trains_exactly_and_cleans_up(tmp_path):
-    from run.state import STATE_DIR, our_links
+    from run.names import RunNames
+    from run.state import our_links
 
     out = tmp_path / "out"
     cmd = [
@@ -87,8 +89,9 @@ def test_shortened_make_run_trains_exactly_and_cleans_up(tmp_path):
     assert all(s["fallback_buckets"] == 0 for s in steps)  # every bucket was summed by the switch
     assert all(s["tx_bytes"] < s["dense_bytes"] for s in steps[1:])
     # nothing left: interfaces, the state file, processes started with our output directory
-    assert our_links() == []
-    assert not (STATE_DIR / "state.json").exists()
+    names = RunNames(int(re.search(r"make run: run (\d+)", done.stdout).group(1)))
+    assert our_links(names) == []
+    assert not names.state_file.exists()
     assert _cmdlines_mentioning(str(out)) == []
 
 

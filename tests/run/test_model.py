@@ -12,7 +12,7 @@ def _grads(task, rank: int, step: int) -> torch.Tensor:
     task.model.zero_grad()
     *inputs, labels = task.batch(rank, step)
     task.loss(task.model(*inputs), labels).backward()
-    return torch.cat([p.grad.reshape(-1) for p in task.model.parameters()])
+    return torch.cat([p.grad.to_dense().reshape(-1) for p in task.model.parameters()])
 
 
 @pytest.mark.parametrize("name", MODELS)
@@ -26,6 +26,9 @@ def test_tasks_are_deterministic_per_rank_and_step(name):
 def test_ncf_gradients_are_sparse_and_mlp_ones_dense():
     ncf, mlp = make_task("ncf", JobShape()), make_task("mlp", JobShape())
     assert ncf.sparse and not mlp.sparse
+    assert ncf.model.user.weight.grad is None
+    _grads(ncf, 0, 0)
+    assert ncf.model.user.weight.grad.is_sparse and ncf.model.item.weight.grad.is_sparse
     assert (_grads(ncf, 0, 0) != 0).float().mean() < 0.05
     assert (_grads(mlp, 0, 0) != 0).float().mean() > 0.5
 

@@ -3,15 +3,19 @@ report (table, bound, plot), the run state that `make stop` reads."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
+import signal
+import subprocess
 from pathlib import Path
 
 import pytest
 import torch
 
 from run import report
-from run.state import RunState, alive, cleanup
+from run.names import MAX_HOSTS, MAX_RUNS, RunNames
+from run.state import RunState, alive, cleanup, recorded_runs
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -55,14 +59,73 @@ def test_summary_bound_and_plot(tmp_path):
     assert report.compare(tmp_path / "a.pt", tmp_path / "b.pt") == pytest.approx(1e-6, rel=0.2)
 
 
-def test_stop_refuses_while_the_run_lives_and_forgets_a_dead_one(tmp_path, monkeypatch):
-    monkeypatch.setattr("run.state.our_links", lambda: [])
-    path = tmp_path / "state.json"
-    RunState(path).add("pgids", 2**22 + 12345)  # a PID that does not exist
-    with pytest.raises(RuntimeError, match="still running"):
-        cleanup(path)  # its owner (this process) is alive
-    data = json.loads(path.read_text())
+@pytest.fixture
+def state_dir(tmp_path, monkeypatch):
+    """Run directories under tmp_path, and no interface of ours on this machine."""
+    monkeypatch.setattr("run.names.STATE_DIR", tmp_path)
+    monkeypatch.setattr("run.state.STATE_DIR", tmp_path)
+    monkeypatch.setattr("run.state.our_links", lambda names: [])
+    return tmp_path
+
+
+def test_two_runs_names_addresses_and_directories_never_collide():
+    runs = [RunNames(n) for n in (1, 2, 12, 21, 121, MAX_RUNS)]
+    for a, b in itertools.combinations(runs, 2):
+        mine = {a.switch, a.controller_host, a.controller_ip, a.service_ip, a.directory}
+        mine |= {a.host(i) for i in range(MAX_HOSTS)} | {a.host_ip(i) for i in range(4)}
+        theirs = {b.switch, b.controller_host, b.controller_ip, b.service_ip, b.directory}
+        theirs |= {b.host(i) for i in range(MAX_HOSTS)} | {b.host_ip(i) for i in range(4)}
+        assert not mine & theirs
+        # make stop deletes interfaces by prefix: one run's prefixes never match the other's
+        for link in (f"{b.switch}-eth{MAX_HOSTS + 1}", f"{b.controller_host}-eth0"):
+            assert not link.startswith(a.link_prefixes)
+    last = RunNames(MAX_RUNS)
+    assert len(f"{last.host(MAX_HOSTS - 1)}-eth0") <= 15  # Linux's interface name limit
+    assert len(f"{last.switch}-eth{MAX_HOSTS + 1}") <= 15
+    for bad in (0, MAX_RUNS + 1):
+        with pytest.raises(ValueError, match="run number"):
+            RunNames(bad)
+    with pytest.raises(ValueError, match="host index"):
+        last.host(MAX_HOSTS)
+
+
+def test_runs_claim_distinct_numbers_and_skip_an_interrupted_one(state_dir):
+    first, second = RunState.claim(), RunState.claim()
+    assert (first.names.number, second.names.number) == (1, 2)
+    assert first.path != second.path and first.path.parent != second.path.parent
+    with pytest.raises(FileExistsError):
+        RunState(RunNames(2))  # a number is owned by one run only
+    first.clear()
+    assert RunState.claim().names.number == 1  # freed by a clean end
+    assert [r.number for r in recorded_runs(os.geteuid())] == [1, 2]
+    assert recorded_runs(os.geteuid() + 1) == []
+
+
+def test_stop_refuses_while_the_run_lives_and_forgets_a_dead_one(state_dir):
+    state = RunState(RunNames(3))
+    state.add("pgids", 2**22 + 12345)  # a PID that does not exist
+    with pytest.raises(RuntimeError, match=r"run 3 .* still running.*make stop RUN=3"):
+        cleanup(state.names)  # its owner (this process) is alive
+    data = json.loads(state.path.read_text())
     data["owner"] = [2**22 + 1]
-    path.write_text(json.dumps(data))
-    assert cleanup(path) == [] and not path.exists()
+    state.path.write_text(json.dumps(data))
+    assert cleanup(state.names) == [] and not state.path.exists()
     assert alive(os.getpid()) and not alive(2**22 + 1)
+
+
+def test_stop_ends_a_live_run_by_its_pid_and_leaves_other_runs_alone(state_dir):
+    runs = [subprocess.Popen(["sleep", "60"]) for _ in range(2)]
+    try:
+        states = [RunState(RunNames(n)) for n in (4, 5)]
+        for st, proc in zip(states, runs):
+            data = json.loads(st.path.read_text())
+            data["owner"] = [proc.pid]
+            st.path.write_text(json.dumps(data))
+        removed = cleanup(states[0].names, stop_live=True, wait=10)
+        assert removed == [f"run 4 (pid {runs[0].pid}) stopped"]
+        assert runs[0].wait(5) == -signal.SIGTERM and not states[0].path.exists()
+        assert runs[1].poll() is None and states[1].path.exists()
+    finally:
+        for proc in runs:
+            proc.kill()
+            proc.wait()

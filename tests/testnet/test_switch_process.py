@@ -1,11 +1,23 @@
 """The switch command lines: ports, addresses and log levels (BMv2's default level costs
-half its packet rate, so it must be set)."""
+half its packet rate, so it must be set), and its ports' offloads (they shrink BMv2's
+capture ring to 31 frames)."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
-from testnet.switch_process import switch_command
+from testnet import switch_process
+from testnet.namespace import (
+    add_namespace,
+    add_veth,
+    delete_link,
+    delete_namespace,
+    have_privileges,
+)
+from testnet.rawsock import offloads_on
+from testnet.switch_process import prepare_ports, switch_command
 
 
 def test_bmv2_command_sets_a_quiet_log_level_and_its_ports():
@@ -23,3 +35,26 @@ def test_refswitch_command_and_unknown_target():
     assert cmd[cmd.index("--device-id") + 1] == "3"
     with pytest.raises(ValueError, match="unknown switch target"):
         switch_command("tofino", {}, 1)
+
+
+@pytest.mark.skipif(not have_privileges(), reason="needs root (makes a veth pair)")
+def test_prepare_ports_turns_off_the_offloads_that_shrink_bmv2s_capture_ring():
+    # A fresh veth has TSO/GSO on: libpcap then cuts BMv2's 2 MiB ring into 64 KiB frames
+    # (31 of them), and a burst of 32+ frames on that port is lost before the switch.
+    outside, inside, ns = f"hgo{os.getpid()}", f"hgi{os.getpid()}", f"hgt{os.getpid()}"
+    add_namespace(ns)
+    try:
+        add_veth(outside, inside, ns)
+        assert {"tso", "gso"} <= set(offloads_on(outside))
+        prepare_ports({1: outside})
+        assert offloads_on(outside) == []
+    finally:
+        delete_link(outside)
+        delete_namespace(ns)
+
+
+def test_prepare_ports_fails_when_an_offload_stays_on(monkeypatch):
+    monkeypatch.setattr(switch_process, "disable_offloads", lambda iface: None)
+    monkeypatch.setattr(switch_process, "offloads_on", lambda iface: ["gso"])
+    with pytest.raises(RuntimeError, match=r"offloads gso stay on at switch port p1.*ethtool"):
+        switch_process.prepare_ports({1: "p1"})

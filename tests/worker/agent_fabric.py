@@ -4,6 +4,7 @@ switch with hosts in namespaces (data plane), and agent configurations for its h
 
 from __future__ import annotations
 
+import dataclasses
 import socket
 from collections.abc import Callable
 from pathlib import Path
@@ -13,6 +14,7 @@ from controller.client import ControllerClient
 from controller.config import ControllerConfig, parse_config
 from controller.service import ControllerServer
 from refswitch.switch import ReferenceSwitch
+from testnet.addresses import host_entry
 from testnet.fabric import SERVICE_IP, SWITCH_MAC, Fabric
 from testnet.namespace import in_namespace
 from testnet.poll import wait_for
@@ -24,11 +26,8 @@ UDP_BASE = 41000
 
 
 def hosts(n: int) -> list[dict[str, Any]]:
-    """The fabric's host addressing (testnet.fabric): 10.0.0.<i+1>, switch port i+1."""
-    return [
-        {"ip": f"10.0.0.{i + 1}", "mac": f"02:00:00:00:01:{i + 1:02x}", "switch_port": i + 1}
-        for i in range(n)
-    ]
+    """The fabric's hosts (testnet.addresses), as the controller's configuration lists them."""
+    return [host_entry(i) for i in range(n)]
 
 
 def controller_config(switch_address: str, tmp_path: Path, n: int) -> ControllerConfig:
@@ -63,7 +62,8 @@ def free_port_udp() -> int:
 class Controlled:
     """An in-process controller over one switch; `fabric` is set for data-plane setups."""
 
-    def __init__(self, tmp_path: Path, n: int, fabric: bool) -> None:
+    def __init__(self, tmp_path: Path, n: int, fabric: bool, listen: str = "") -> None:
+        """listen "unix:PATH" serves on a Unix socket, reachable from every namespace."""
         self.fabric: Fabric | None = None
         self.refswitch: ReferenceSwitch | None = None
         self.server: ControllerServer | None = None
@@ -79,10 +79,12 @@ class Controlled:
                 address = f"127.0.0.1:{free_port()}"
                 self.refswitch = ReferenceSwitch({}, address)
                 self.refswitch.start()
-            self.server = ControllerServer(
-                controller_config(address, tmp_path, n), poll_interval=0.05, max_backoff=0.3
-            )
-            self.address = f"127.0.0.1:{self.server.start()}"
+            config = controller_config(address, tmp_path, n)
+            if listen:
+                config = dataclasses.replace(config, listen=listen)
+            self.server = ControllerServer(config, poll_interval=0.05, max_backoff=0.3)
+            port = self.server.start()
+            self.address = listen or f"127.0.0.1:{port}"
             self.client = ControllerClient(self.address, timeout=5.0)
             wait_for(
                 lambda: all(s.connected for s in self.client.status().switches),

@@ -21,9 +21,11 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from testnet.addresses import host_ip, host_mac, host_switch_port
 from testnet.namespace import in_namespace
 from worker.agent import AgentConfig, WorkerAgent
 from worker.ddp_hook import SwitchHookState, switch_allreduce_hook
+from worker.dear import DearDataParallel
 
 STEPS = 10
 
@@ -38,6 +40,23 @@ class Model(nn.Module):
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         return self.mlp(self.emb(idx).mean(dim=1))
+
+
+def train_dear(rank: int, state: SwitchHookState) -> dict[str, torch.Tensor]:
+    """The same training in DeAR mode (buckets of ~1000 floats, fixed size)."""
+    torch.manual_seed(0)
+    module = Model()
+    dear = DearDataParallel(
+        module, torch.optim.SGD(module.parameters(), lr=0.5), state, bucket_bytes=4000
+    )
+    gen = torch.Generator().manual_seed(100 + rank)
+    for _ in range(STEPS):
+        idx = torch.randint(0, 300, (16, 5), generator=gen)
+        target = torch.randn(16, 4, generator=gen)
+        nn.functional.mse_loss(dear(idx), target).backward()
+    dear.flush()
+    dear.close()
+    return {k: v.detach().clone() for k, v in module.state_dict().items()}
 
 
 def train(
@@ -73,7 +92,9 @@ def main() -> None:
     p.add_argument("--store", required=True)
     p.add_argument("--controller", required=True)
     p.add_argument("--netns", required=True)
-    p.add_argument("--job", action="append", default=[], help="CODEC:JOB_ID:TOKEN:UDP_PORT")
+    p.add_argument(
+        "--job", action="append", default=[], help="CODEC[/async|/dear]:JOB_ID:TOKEN:UDP_PORT"
+    )
     p.add_argument("--kill-dir", default="")
     p.add_argument("--out", required=True)
     a = p.parse_args()
@@ -93,27 +114,34 @@ def main() -> None:
             return socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
 
     for spec in a.job:
-        codec, job_id, token, port = spec.split(":")
+        name, job_id, token, port = spec.split(":")
+        codec, _, mode = name.partition("/")
         cfg = AgentConfig(
             controller=a.controller,
             job_id=int(job_id),
             token=token,
             rank=a.rank,
-            ip=f"10.0.0.{a.rank + 1}",
+            ip=host_ip(a.rank),
             udp_port=int(port),
-            switch_port=a.rank + 1,
-            mac=f"02:00:00:00:01:{a.rank + 1:02x}",
+            switch_port=host_switch_port(a.rank),
+            mac=host_mac(a.rank),
             max_retries=4,
             ready_timeout=30,
         )
         with WorkerAgent(cfg, sock) as agent, warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            state = SwitchHookState(agent, codec=codec, cooldown_steps=2)
+            state = SwitchHookState(
+                agent, codec=codec, cooldown_steps=2, asynchronous=mode == "async"
+            )
             start = time.monotonic()
-            results[codec] = train(a.rank, state, Path(a.kill_dir) if a.kill_dir else None)
+            if mode == "dear":
+                results[name] = train_dear(a.rank, state)
+            else:
+                results[name] = train(a.rank, state, Path(a.kill_dir) if a.kill_dir else None)
+                state.close()
             homagg = [str(w.message) for w in caught if "homagg" in str(w.message)]
             s = state.stats
-            stats[codec] = {
+            stats[name] = {
                 "switch_buckets": s.switch_buckets,
                 "fallback_buckets": s.fallback_buckets,
                 "fallbacks": s.fallbacks,

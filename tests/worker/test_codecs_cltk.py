@@ -9,7 +9,7 @@ import pytest
 from aggwire.constants import Op
 from worker.codecs import CLTK, FixedPoint, NonFiniteError, simulate
 from worker.codecs.cltk import top_k_indices
-from worker.codecs.fixed_point import dense_exponents, headroom_bits, quantize
+from worker.codecs.exponent import dense_exponents, headroom_bits, quantize
 
 
 def gradients(rng: np.random.Generator, world: int, n: int) -> list[np.ndarray]:

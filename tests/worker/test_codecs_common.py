@@ -14,6 +14,7 @@ from worker.codecs import (
     ErrorFeedback,
     FixedPoint,
     LosslessSparse,
+    LowBit,
     Phase,
     PhaseMismatch,
     SparseGrad,
@@ -37,6 +38,8 @@ def all_codecs(world: int) -> dict[str, list]:
         "cltk": [CLTK(world, r, ratio=0.05, block=100) for r in range(world)],
         "ef-fixed8": [ErrorFeedback(FixedPoint(world, bits=8)) for _ in range(world)],
         "ef-cltk": [ErrorFeedback(CLTK(world, r, ratio=0.1)) for r in range(world)],
+        "ef-lowbit16": [ErrorFeedback(LowBit(world, seed=r)) for r in range(world)],
+        "lowbit8-rotated": [LowBit(world, bits=8, rotate=True) for _ in range(world)],
     }
 
 

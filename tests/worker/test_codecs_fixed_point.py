@@ -8,7 +8,7 @@ import pytest
 
 from aggwire.constants import Op
 from worker.codecs import FixedPoint, NonFiniteError, SparseGrad, simulate
-from worker.codecs.fixed_point import (
+from worker.codecs.exponent import (
     EXP_ZERO,
     dense_exponents,
     headroom_bits,
@@ -200,7 +200,7 @@ def test_num_blocks():
 def test_corrupted_huge_exponent_is_corrupt_not_non_finite():
     from aggwire.constants import Op
     from worker.codecs import CorruptResultError
-    from worker.codecs.fixed_point import EXP_NONFINITE
+    from worker.codecs.exponent import EXP_NONFINITE
 
     xs = [np.ones(50, np.float32) for _ in range(3)]
     for corrupt in (EXP_NONFINITE + 1, 2**31 - 1, 5000):

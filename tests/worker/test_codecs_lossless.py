@@ -23,7 +23,7 @@ from worker.codecs.count_sketch import (
     encode,
     plan_peeling,
 )
-from worker.codecs.fixed_point import headroom_bits
+from worker.codecs.exponent import headroom_bits
 from worker.codecs.lossless import sketch_rows
 
 

@@ -5,6 +5,7 @@ once, counted, chunks realigned, retried after the cool-down) and pickling."""
 from __future__ import annotations
 
 import pickle
+import threading
 import warnings
 from dataclasses import dataclass, field
 
@@ -24,6 +25,12 @@ def gloo(tmp_path_factory):
     dist.init_process_group("gloo", store=store, rank=0, world_size=1)
     yield
     dist.destroy_process_group()
+
+
+@pytest.fixture(params=[False, True], ids=["blocking", "async"])
+def mode(request):
+    """Each test in the blocking mode and in the asynchronous mode (communication thread)."""
+    return request.param
 
 
 class FakeTransport:
@@ -78,8 +85,8 @@ def sparse_grad(n: int, seed: int) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("codec", ["lossless", "fixed_point"])
-def test_switch_path_returns_the_sum_divided_by_world(codec):
-    state = SwitchHookState(FakeAgent(), codec=codec, world_size=1)
+def test_switch_path_returns_the_sum_divided_by_world(codec, mode):
+    state = SwitchHookState(FakeAgent(), codec=codec, world_size=1, asynchronous=mode)
     g = sparse_grad(5000, 1)
     out = switch_allreduce_hook(state, Bucket(g.clone())).wait()
     assert out.shape == g.shape and out.dtype == g.dtype
@@ -88,25 +95,27 @@ def test_switch_path_returns_the_sum_divided_by_world(codec):
     assert state.stats.agreements == 2  # the first agreement, then the bucket's outcome
 
 
-def test_world_size_divides_and_shapes_dtypes_are_kept():
-    state = SwitchHookState(FakeAgent(), codec="fixed_point", world_size=4)
+def test_world_size_divides_and_shapes_dtypes_are_kept(mode):
+    state = SwitchHookState(FakeAgent(), codec="fixed_point", world_size=4, asynchronous=mode)
     g = torch.linspace(-1, 1, 300, dtype=torch.float64).reshape(3, 100)
     out = switch_allreduce_hook(state, Bucket(g.clone())).wait()
     assert out.shape == (3, 100) and out.dtype == torch.float64
     torch.testing.assert_close(out, g / 4, rtol=1e-6, atol=1e-7)
 
 
-def test_rebuilt_buckets_get_new_codecs():
+def test_rebuilt_buckets_get_new_codecs(mode):
     agent = FakeAgent()
-    state = SwitchHookState(agent, codec="lossless", world_size=1)
+    state = SwitchHookState(agent, codec="lossless", world_size=1, asynchronous=mode)
     for n in (100, 100, 250):
         switch_allreduce_hook(state, Bucket(sparse_grad(n, n), index=0)).wait()
-        assert state.codecs[0][0] == n
+        assert state.codecs[(0, "lossless")][0] == n
     assert agent.transport.runs == 3
 
 
-def test_no_agent_falls_back_to_gloo_and_warns_once():
-    state = SwitchHookState(None, unavailable_reason="pool exhausted: RESOURCE_EXHAUSTED")
+def test_no_agent_falls_back_to_gloo_and_warns_once(mode):
+    state = SwitchHookState(
+        None, unavailable_reason="pool exhausted: RESOURCE_EXHAUSTED", asynchronous=mode
+    )
     g = sparse_grad(1000, 2)
     with pytest.warns(RuntimeWarning, match="pool exhausted"):
         out = switch_allreduce_hook(state, Bucket(g.clone())).wait()
@@ -118,9 +127,9 @@ def test_no_agent_falls_back_to_gloo_and_warns_once():
     assert state.stats.fallback_buckets == 13 and state.stats.switch_buckets == 0
 
 
-def test_timeout_falls_back_realigns_and_retries_after_cooldown():
+def test_timeout_falls_back_realigns_and_retries_after_cooldown(mode):
     agent = FakeAgent()
-    state = SwitchHookState(agent, codec="fixed_point", cooldown_steps=2)
+    state = SwitchHookState(agent, codec="fixed_point", cooldown_steps=2, asynchronous=mode)
     g = sparse_grad(800, 3)
     switch_allreduce_hook(state, Bucket(g.clone())).wait()
     agent.transport.broken = True
@@ -142,9 +151,9 @@ def test_timeout_falls_back_realigns_and_retries_after_cooldown():
     assert state.stats.fallback_reasons["the switch timed out (TransportError)"] == 1
 
 
-def test_unhealthy_agent_is_not_used_and_healthy_again_is():
+def test_unhealthy_agent_is_not_used_and_healthy_again_is(mode):
     agent = FakeAgent(healthy=False, unhealthy_reason="Heartbeat failed: UNAVAILABLE")
-    state = SwitchHookState(agent, codec="lossless", cooldown_steps=0)
+    state = SwitchHookState(agent, codec="lossless", cooldown_steps=0, asynchronous=mode)
     g = sparse_grad(500, 4)
     with pytest.warns(RuntimeWarning, match="UNAVAILABLE"):
         switch_allreduce_hook(state, Bucket(g.clone())).wait()
@@ -154,8 +163,8 @@ def test_unhealthy_agent_is_not_used_and_healthy_again_is():
     assert agent.transport.runs == 1 and state.stats.switch_buckets == 1
 
 
-def test_codec_error_falls_back():
-    state = SwitchHookState(FakeAgent(), codec="fixed_point")
+def test_codec_error_falls_back(mode):
+    state = SwitchHookState(FakeAgent(), codec="fixed_point", asynchronous=mode)
     g = sparse_grad(500, 5)
     g[7] = float("nan")
     with pytest.warns(RuntimeWarning, match="codec error"):
@@ -163,8 +172,8 @@ def test_codec_error_falls_back():
     assert torch.isnan(out[7]) and state.stats.fallbacks == 1
 
 
-def test_state_pickles_without_agent():
-    state = SwitchHookState(FakeAgent(), codec="lossless", world_size=1)
+def test_state_pickles_without_agent(mode):
+    state = SwitchHookState(FakeAgent(), codec="lossless", world_size=1, asynchronous=mode)
     switch_allreduce_hook(state, Bucket(sparse_grad(100, 6))).wait()
     copy = pickle.loads(pickle.dumps(state))
     assert copy.agent is None and copy.codecs == {} and copy.stats.switch_buckets == 1
@@ -173,3 +182,117 @@ def test_state_pickles_without_agent():
     copy.attach(FakeAgent())
     switch_allreduce_hook(copy, Bucket(sparse_grad(100, 6))).wait()
     assert copy.stats.switch_buckets == 2
+
+
+def embedding_grad(rows: int, dim: int, touched: list[int], seed: int) -> torch.Tensor:
+    """A gradient as nn.Embedding(sparse=True) makes it: uncoalesced, repeated rows."""
+    g = torch.Generator().manual_seed(seed)
+    idx = torch.tensor([touched])
+    return torch.sparse_coo_tensor(idx, torch.randn(len(touched), dim, generator=g), (rows, dim))
+
+
+@pytest.mark.parametrize("codec", ["lossless", "fixed_point"])
+def test_sparse_bucket_goes_through_the_switch_and_stays_sparse(codec):
+    agent = FakeAgent()
+    state = SwitchHookState(agent, codec=codec, world_size=1)
+    g = embedding_grad(1000, 8, [5, 900, 5, 17], seed=1)
+    out = switch_allreduce_hook(state, Bucket(g.clone())).wait()
+    assert out.is_sparse and out.shape == g.shape and out.dtype == g.dtype
+    assert sorted(out.coalesce().indices()[0].tolist()) == [5, 17, 900]
+    torch.testing.assert_close(out.to_dense(), g.to_dense(), rtol=1e-6, atol=1e-7)
+    assert agent.transport.runs == 1 and state.stats.switch_buckets == 1
+    assert state.stats.dense_bytes == 1000 * 8 * 4
+
+
+def test_sparse_bucket_falls_back_to_gloo_sparse():
+    agent = FakeAgent()
+    agent.transport.broken = True
+    state = SwitchHookState(agent, codec="lossless", world_size=1)
+    g = embedding_grad(50, 4, [1, 2], seed=2)
+    with pytest.warns(RuntimeWarning, match="timed out"):
+        out = switch_allreduce_hook(state, Bucket(g.clone())).wait()
+    assert out.is_sparse
+    torch.testing.assert_close(out.to_dense(), g.to_dense())
+
+
+def test_ddp_with_sparse_embeddings_matches_gloo():
+    """A real DDP model with nn.Embedding(sparse=True) and nn.EmbeddingBag(sparse=True): the
+    hook's parameters after three SGD steps equal those of DDP over gloo."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    def model() -> torch.nn.Module:
+        torch.manual_seed(0)
+        return torch.nn.ModuleDict(
+            {
+                "emb": torch.nn.Embedding(300, 6, sparse=True),
+                "bag": torch.nn.EmbeddingBag(200, 6, sparse=True, mode="sum"),
+                "out": torch.nn.Linear(6, 1),
+            }
+        )
+
+    def train(hooked: bool) -> list[torch.Tensor]:
+        m = model()
+        ddp = DDP(m)
+        if hooked:
+            ddp.register_comm_hook(
+                SwitchHookState(FakeAgent(), world_size=1), switch_allreduce_hook
+            )
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+        for step in range(3):
+            g = torch.Generator().manual_seed(step)
+            ids, bag = torch.randint(0, 300, (16,), generator=g), torch.randint(0, 200, (16, 3))
+            y = ddp.module["out"](ddp.module["emb"](ids) + ddp.module["bag"](bag)).sum()
+            opt.zero_grad()
+            y.backward()
+            opt.step()
+        return [p.detach().clone() for p in m.parameters()]
+
+    for a, b in zip(train(True), train(False), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+class GatedTransport(FakeTransport):
+    """A transport that waits for `gate` before each run and notes the thread and order."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = threading.Event()
+        self.order: list[int] = []
+        self.threads: set[str] = set()
+
+    def run(self, gen):
+        assert self.gate.wait(10), "the test never opened the gate"
+        self.threads.add(threading.current_thread().name)
+        self.order.append(self.runs)
+        return super().run(gen)
+
+
+def test_async_hook_returns_pending_futures_completed_in_order_by_one_thread():
+    agent = FakeAgent(transport=GatedTransport())
+    state = SwitchHookState(agent, codec="lossless", world_size=1, asynchronous=True)
+    grads = [sparse_grad(300, 10 + i) for i in range(4)]
+    futs = [
+        switch_allreduce_hook(state, Bucket(g.clone(), index=i, last=i == 3))
+        for i, g in enumerate(grads)
+    ]
+    assert not any(f.done() for f in futs)  # backward goes on while the buckets wait
+    agent.transport.gate.set()
+    for f, g in zip(futs, grads):
+        torch.testing.assert_close(f.wait(), g, rtol=1e-6, atol=1e-7)
+    assert agent.transport.order == [0, 1, 2, 3]
+    assert agent.transport.threads == {f"homagg-comm-{state.rank}"}
+    assert state.group is not None and state.group != dist.group.WORLD  # its own group
+    assert state.steps == 1 and state.stats.switch_buckets == 4
+    state.close()
+
+
+def test_async_hook_failure_of_the_job_reaches_the_waiter():
+    state = SwitchHookState(FakeAgent(), codec="lossless", world_size=1, asynchronous=True)
+    bad = Bucket(torch.zeros(1))
+    bad.buffer = lambda: "not a tensor"  # type: ignore[method-assign]
+    fut = switch_allreduce_hook(state, bad)
+    with pytest.raises((AttributeError, RuntimeError), match="detach|is_sparse"):
+        fut.wait()
+    ok = switch_allreduce_hook(state, Bucket(sparse_grad(100, 7)))  # the thread lives on
+    torch.testing.assert_close(ok.wait(), sparse_grad(100, 7), rtol=1e-6, atol=1e-7)
+    state.close()

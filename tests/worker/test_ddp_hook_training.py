@@ -83,9 +83,10 @@ def finish(procs: list[subprocess.Popen], tmp: Path, timeout: float) -> list[tup
     ]
 
 
-def job_spec(c: Controlled, codec: str, port: int) -> str:
+def job_spec(c: Controlled, codec: str, port: int, mode: str = "") -> str:
     job = c.create(WORLD, codec=codec, pool_size=16)
-    return f"{codec}:{job.job_id}:{job.token}:{port}"
+    name = f"{codec}/{mode}" if mode else codec
+    return f"{name}:{job.job_id}:{job.token}:{port}"
 
 
 def assert_same_params(a: dict, b: dict) -> None:
@@ -108,6 +109,22 @@ def test_training_through_the_switch_equals_plain_ddp(tmp_path):
             assert stats[codec]["switch_buckets"] >= 10
             assert_same_params(params["plain"], params[codec])
     assert_same_params(out[0][0]["lossless"], out[1][0]["lossless"])  # ranks agree
+
+
+def test_async_hook_and_dear_mode_through_the_switch_equal_plain_ddp(tmp_path):
+    c = Controlled(tmp_path, WORLD, fabric=True)
+    try:
+        jobs = [job_spec(c, "lossless", 41400, "async"), job_spec(c, "fixed_point", 41500, "dear")]
+        out = finish(launch(c, tmp_path, jobs), tmp_path, 90)
+    finally:
+        c.close()
+    for params, stats in out:
+        for name in ("lossless/async", "fixed_point/dear"):
+            assert stats[name]["fallback_buckets"] == 0 and stats[name]["warnings"] == [], stats
+            assert stats[name]["switch_buckets"] >= 10
+            assert_same_params(params["plain"], params[name])
+    for name in ("lossless/async", "fixed_point/dear"):
+        assert_same_params(out[0][0][name], out[1][0][name])  # ranks agree
 
 
 def test_killed_switch_falls_back_to_gloo_and_warns_once(tmp_path):

@@ -41,7 +41,7 @@ class LoseFirstSend:
 def test_headers_and_retransmissions():
     channel = LoseFirstSend()
     transport = SwitchTransport(
-        TransportConfig(job_id=4321, rank=0, world_size=1, window=4), channel
+        TransportConfig(job_id=4321, rank=0, world_size=1, pool_size=4), channel
     )
     cells = np.arange(3 * CELLS_PER_PKT - 5, dtype=np.int32) - 1000
     np.testing.assert_array_equal(transport.allreduce(Op.MAX, cells), cells)

@@ -11,7 +11,7 @@ import numpy as np
 from aggwire.constants import Op
 
 from .base import CorruptResultError, GradInput, Phase, output_shape, to_dense
-from .fixed_point import (
+from .exponent import (
     DEFAULT_BLOCK,
     check_agreed,
     decode_shifts,

@@ -130,7 +130,7 @@ def plan_peeling(keys: np.ndarray, shape: SketchShape) -> PeelPlan | None:
     # sum; in a row of count 1 it names the lone key). Ranks < 2^25 and counts < 2^13 keep
     # it below 2^53, so float64 bincount is exact.
     tag = np.arange(k, dtype=np.float64) + _ONE
-    packed = np.zeros(shape.rows, dtype=np.float64)
+    packed: np.ndarray = np.zeros(shape.rows, dtype=np.float64)
     for i in range(HASHES):
         packed += np.bincount(codes[i] >> 1, weights=tag, minlength=shape.rows)
     if packed.max() >= 2.0**53:  # absurdly overloaded rows (a hopeless geometry): reject

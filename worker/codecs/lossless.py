@@ -27,7 +27,7 @@ from .count_sketch import (
     fingerprint,
     plan_peeling,
 )
-from .fixed_point import (
+from .exponent import (
     DEFAULT_BLOCK,
     check_agreed,
     decode_shifts,

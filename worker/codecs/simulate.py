@@ -10,10 +10,17 @@ from functools import reduce
 import numpy as np
 
 from aggwire.constants import Op
+from aggwire.lanes import lanes_add
 
 from .base import Codec, GradInput, Phase
 
-_COMBINE = {Op.ADD: np.add, Op.OR: np.bitwise_or, Op.MAX: np.maximum}
+_COMBINE = {
+    Op.ADD: np.add,
+    Op.OR: np.bitwise_or,
+    Op.MAX: np.maximum,
+    Op.ADD16: lambda a, b: lanes_add(a, b, 16),
+    Op.ADD8: lambda a, b: lanes_add(a, b, 8),
+}
 
 
 class PhaseMismatch(AssertionError):
@@ -22,8 +29,8 @@ class PhaseMismatch(AssertionError):
 
 
 def combine(op: Op, cells: Sequence[np.ndarray]) -> np.ndarray:
-    """The switch's element-wise combination: ADD wraps modulo 2^32 as int32, OR is
-    bitwise, MAX compares as signed int32."""
+    """The switch's element-wise combination: ADD wraps modulo 2^32 as int32, ADD16 / ADD8
+    wrap each lane on its own (aggwire.lanes), OR is bitwise, MAX compares as signed int32."""
     # numpy's int32 array addition wraps in two's complement, exactly like the data plane.
     return reduce(_COMBINE[Op(op)], cells[1:], cells[0].copy())
 
@@ -87,7 +94,8 @@ def drive(
         for rank, gen in enumerate(gens):
             start = time.perf_counter()
             try:
-                phases[rank] = next(gen) if sends[rank] is None else gen.send(sends[rank])
+                send = sends[rank]
+                phases[rank] = next(gen) if send is None else gen.send(send)
             except StopIteration as stop:
                 done[rank] = True
                 results[rank] = stop.value
@@ -100,7 +108,9 @@ def drive(
                 raise PhaseMismatch(f"step {step}: only workers {failed} failed") from next(
                     e for e in errors if e is not None
                 )
-            raise errors[0]
+            first = errors[0]
+            assert first is not None
+            raise first
         if any(done):
             if not all(done):
                 raise PhaseMismatch(f"step {step}: some workers finished, others sent a phase")

@@ -1,0 +1,120 @@
+"""`homagg-run` (python -m homagg.launch): create a job on the controller, run a command
+(torchrun ...) with what its ranks need in the environment, release the job when the
+command ends, and exit with its status.
+
+The ranks find HOMAGG_CONTROLLER, HOMAGG_JOB_ID and HOMAGG_TOKEN_FILE (a file only this
+user can read; the token is never on a command line) and `homagg.attach` joins this job.
+
+Example:
+  homagg-run --controller 10.0.0.100:50051 --world-size 2 --codec lossless -- \\
+    torchrun --nnodes 1 --nproc-per-node 2 examples/train_ddp.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+import grpc
+
+from controller.client import ControllerClient
+from worker.attach import ENV_CODEC, ENV_CONTROLLER, ENV_JOB_ID, ENV_TOKEN, ENV_TOKEN_FILE
+from worker.codecs import CODECS
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="homagg-run",
+        description=__doc__.split("\n\n")[0],
+        epilog="\n\n".join(__doc__.split("\n\n")[1:]),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--controller",
+        default=os.environ.get(ENV_CONTROLLER, ""),
+        help=f"controller address host:port (default ${ENV_CONTROLLER})",
+    )
+    p.add_argument("--world-size", type=int, required=True, help="ranks of the job, in total")
+    p.add_argument("--codec", choices=list(CODECS), default=next(iter(CODECS)))
+    p.add_argument("--pool-size", type=int, default=0, help="switch slots (0: controller default)")
+    p.add_argument("--name", default="homagg-run", help="job name shown by aggctl")
+    p.add_argument("command", nargs=argparse.REMAINDER, help="-- the command to run (torchrun)")
+    return p
+
+
+def _write_token(token: str) -> Path:
+    fd, path = tempfile.mkstemp(prefix="homagg-token-")  # mode 0600
+    with os.fdopen(fd, "w") as f:
+        f.write(token)
+    return Path(path)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Create, run, release; the command's exit status (128 + signal when it was killed)."""
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        print("homagg-run: give the command after --, e.g. -- torchrun ...", file=sys.stderr)
+        return 2
+    if not args.controller:
+        print(
+            f"homagg-run: no controller: pass --controller or set {ENV_CONTROLLER}", file=sys.stderr
+        )
+        return 2
+    try:
+        with ControllerClient(args.controller, timeout=10.0) as client:
+            job = client.create_job(
+                args.name, world_size=args.world_size, codec=args.codec, pool_size=args.pool_size
+            )
+    except grpc.RpcError as exc:
+        print(
+            f"homagg-run: CreateJob failed at {args.controller}: {exc.code().name}: "
+            f"{exc.details()}",
+            file=sys.stderr,
+        )
+        return 1
+    token_file = _write_token(job.token)
+    env = {k: v for k, v in os.environ.items() if k != ENV_TOKEN}
+    env.update(
+        {
+            ENV_CONTROLLER: args.controller,
+            ENV_JOB_ID: str(job.job_id),
+            ENV_TOKEN_FILE: str(token_file),
+            ENV_CODEC: args.codec,
+        }
+    )
+    print(f"homagg-run: job {job.job_id} ({args.name}, {args.world_size} ranks)", flush=True)
+    proc = subprocess.Popen(command, env=env)
+    previous = {
+        s: signal.signal(s, lambda n, f: proc.send_signal(n))
+        for s in (signal.SIGINT, signal.SIGTERM)
+    }
+    try:
+        code = proc.wait()
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+        token_file.unlink(missing_ok=True)
+        try:
+            with ControllerClient(args.controller, timeout=10.0) as client:
+                client.release(job.job_id)
+        except grpc.RpcError as exc:
+            print(
+                f"homagg-run: job {job.job_id} not released ({exc.code().name}); its lease ends it",
+                file=sys.stderr,
+            )
+    return code if code >= 0 else 128 - code
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Command line entry point."""
+    return run(_parser().parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,72 @@
+/* Forwarding in TNA: the same tables, keys and actions as p4src/forwarding.p4 (proxy
+ * ARP, IPv4 LPM routing with static neighbor rewriting, the hand-off of aggregation
+ * traffic); only the intrinsic metadata differ. */
+#include "headers.p4"
+
+control Forwarding(inout ingress_headers_t hdr, inout ingress_metadata_t meta,
+                   in ingress_intrinsic_metadata_t ig_intr_md,
+                   inout ingress_intrinsic_metadata_for_tm_t ig_tm_md) {
+    action no_route() {
+        meta.drop_reason = DROP_NO_ROUTE;
+    }
+
+    action arp_reply(mac_addr_t mac) {
+        ipv4_addr_t target = hdr.arp.tpa;
+        hdr.arp.oper = ARP_OPER_REPLY;
+        hdr.arp.tha = hdr.arp.sha;
+        hdr.arp.tpa = hdr.arp.spa;
+        hdr.arp.sha = mac;
+        hdr.arp.spa = target;
+        hdr.ethernet.dst_addr = hdr.ethernet.src_addr;
+        hdr.ethernet.src_addr = mac;
+        ig_tm_md.ucast_egress_port = ig_intr_md.ingress_port;
+    }
+
+    table arp_responder {
+        key = { hdr.arp.tpa: exact; }
+        actions = { arp_reply; no_route; }
+        const default_action = no_route();
+        size = ARP_TABLE_SIZE;
+    }
+
+    action route(PortId_t port, mac_addr_t src_mac, mac_addr_t dst_mac) {
+        ig_tm_md.ucast_egress_port = port;
+        hdr.ethernet.src_addr = src_mac;
+        hdr.ethernet.dst_addr = dst_mac;
+        hdr.ipv4.ttl = hdr.ipv4.ttl - 1;
+    }
+
+    action aggregate() {
+        meta.to_aggregation = 1;
+    }
+
+    table ipv4_lpm {
+        key = { hdr.ipv4.dst_addr: lpm; }
+        actions = { route; aggregate; no_route; }
+        const default_action = no_route();
+        size = IPV4_TABLE_SIZE;
+    }
+
+    apply {
+        if (hdr.arp.isValid()) {
+            if (hdr.arp.oper == ARP_OPER_REQUEST && hdr.arp.htype == ARP_HTYPE_ETHERNET
+                    && hdr.arp.ptype == ETHERTYPE_IPV4 && hdr.arp.hlen == 6
+                    && hdr.arp.plen == 4) {
+                arp_responder.apply();
+            } else {
+                meta.drop_reason = DROP_UNSUPPORTED;
+            }
+        } else if (hdr.ipv4.isValid()) {
+            /* Options would need a checksum over bytes the parser does not keep. */
+            if (hdr.ipv4.ihl != 5) {
+                meta.drop_reason = DROP_UNSUPPORTED;
+            } else if (hdr.ipv4.ttl <= 1) {
+                meta.drop_reason = DROP_TTL_EXPIRED;
+            } else {
+                ipv4_lpm.apply();
+            }
+        } else {
+            meta.drop_reason = DROP_UNSUPPORTED;
+        }
+    }
+}

@@ -1,0 +1,63 @@
+/* homagg for Tofino (TNA): the v1model program's protocol, tables and drop reasons in one
+ * ingress/egress pipeline. docs/protocol.md is the specification and docs/tofino.md maps
+ * each part of p4src/homagg.p4 onto this program. */
+#include <core.p4>
+#include <tna.p4>
+
+#include "headers.p4"
+#include "parser.p4"
+#include "forwarding.p4"
+#include "aggregation.p4"
+#include "delivery.p4"
+#include "deparser.p4"
+
+control SwitchIngress(inout ingress_headers_t hdr, inout ingress_metadata_t meta,
+                      in ingress_intrinsic_metadata_t ig_intr_md,
+                      in ingress_intrinsic_metadata_from_parser_t ig_prsr_md,
+                      inout ingress_intrinsic_metadata_for_deparser_t ig_dprsr_md,
+                      inout ingress_intrinsic_metadata_for_tm_t ig_tm_md) {
+    Counter<bit<64>, bit<8>>(NUM_DROP_REASONS, CounterType_t.PACKETS_AND_BYTES) drop_counter;
+    Forwarding() forwarding;
+    Aggregation() aggregation;
+
+    apply {
+        if (ig_prsr_md.parser_err != PARSER_ERROR_OK) {
+            meta.drop_reason = DROP_TRUNCATED;
+        } else {
+            forwarding.apply(hdr, meta, ig_intr_md, ig_tm_md);
+            if (meta.to_aggregation == 1) {
+                aggregation.apply(hdr, meta, ig_intr_md, ig_tm_md);
+            }
+        }
+        if (meta.drop_reason != DROP_NONE) {
+            drop_counter.count(meta.drop_reason);
+            ig_dprsr_md.drop_ctl = 1;
+        } else if (meta.absorbed == 1) {
+            ig_dprsr_md.drop_ctl = 1;
+        }
+    }
+}
+
+control SwitchEgress(inout egress_headers_t hdr, inout egress_metadata_t meta,
+                     in egress_intrinsic_metadata_t eg_intr_md,
+                     in egress_intrinsic_metadata_from_parser_t eg_prsr_md,
+                     inout egress_intrinsic_metadata_for_deparser_t eg_dprsr_md,
+                     inout egress_intrinsic_metadata_for_output_port_t eg_oport_md) {
+    Counter<bit<64>, bit<8>>(NUM_DROP_REASONS, CounterType_t.PACKETS_AND_BYTES) drop_counter;
+    ResultDelivery() delivery;
+
+    apply {
+        if (hdr.agg.isValid() && (hdr.agg.flags & AGG_FLAG_RESULT) != 0) {
+            delivery.apply(hdr, meta, eg_intr_md);
+        }
+        if (meta.drop_reason != DROP_NONE) {
+            drop_counter.count(meta.drop_reason);
+            eg_dprsr_md.drop_ctl = 1;
+        }
+    }
+}
+
+Pipeline(SwitchIngressParser(), SwitchIngress(), SwitchIngressDeparser(),
+         SwitchEgressParser(), SwitchEgress(), SwitchEgressDeparser()) pipe;
+
+Switch(pipe) main;

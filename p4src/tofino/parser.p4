@@ -1,0 +1,83 @@
+/* Parsers: the ingress parses what the v1model parser does (Ethernet, ARP or option-less
+ * unfragmented IPv4/UDP, the aggregation header and cells); the egress parses up to the
+ * aggregation header and leaves the cells as payload. A packet too short for a header
+ * reaches the ingress with parser_err set and is dropped as truncated, as on v1model. */
+#include "headers.p4"
+
+parser SwitchIngressParser(packet_in pkt, out ingress_headers_t hdr,
+                           out ingress_metadata_t meta,
+                           out ingress_intrinsic_metadata_t ig_intr_md) {
+    state start {
+        pkt.extract(ig_intr_md);
+        pkt.advance(PORT_METADATA_SIZE);
+        meta = {
+            drop_reason = DROP_NONE, to_aggregation = 0, absorbed = 0, pool_base = 0,
+            pool_size = 0, num_workers = 0, count = 0, mcast_grp = 0, worker_port = 0,
+            worker_bit = 0, slot_sum = 0, slot_index = 0, job = 0, old_owner = 0,
+            old_chunk = 0, age = 0, old_seen = 0, seen_before = 0, verdict = 0
+        };
+        transition parse_ethernet;
+    }
+    state parse_ethernet {
+        pkt.extract(hdr.ethernet);
+        transition select(hdr.ethernet.ether_type) {
+            ETHERTYPE_IPV4: parse_ipv4;
+            ETHERTYPE_ARP: parse_arp;
+            default: accept;
+        }
+    }
+    state parse_arp {
+        pkt.extract(hdr.arp);
+        transition accept;
+    }
+    state parse_ipv4 {
+        pkt.extract(hdr.ipv4);
+        transition select(hdr.ipv4.ihl, hdr.ipv4.frag_offset, hdr.ipv4.protocol) {
+            (5, 0, IP_PROTO_UDP): parse_udp;
+            default: accept;
+        }
+    }
+    state parse_udp {
+        pkt.extract(hdr.udp);
+        transition select(hdr.udp.dst_port) {
+            AGG_UDP_PORT: parse_agg;
+            default: accept;
+        }
+    }
+    state parse_agg {
+        pkt.extract(hdr.agg);
+        pkt.extract(hdr.cells);
+        transition accept;
+    }
+}
+
+parser SwitchEgressParser(packet_in pkt, out egress_headers_t hdr, out egress_metadata_t meta,
+                          out egress_intrinsic_metadata_t eg_intr_md) {
+    state start {
+        pkt.extract(eg_intr_md);
+        meta.drop_reason = DROP_NONE;
+        pkt.extract(hdr.ethernet);
+        transition select(hdr.ethernet.ether_type) {
+            ETHERTYPE_IPV4: parse_ipv4;
+            default: accept;
+        }
+    }
+    state parse_ipv4 {
+        pkt.extract(hdr.ipv4);
+        transition select(hdr.ipv4.ihl, hdr.ipv4.frag_offset, hdr.ipv4.protocol) {
+            (5, 0, IP_PROTO_UDP): parse_udp;
+            default: accept;
+        }
+    }
+    state parse_udp {
+        pkt.extract(hdr.udp);
+        transition select(hdr.udp.src_port, hdr.udp.dst_port) {
+            (_, AGG_UDP_PORT): parse_agg;
+            default: accept;
+        }
+    }
+    state parse_agg {
+        pkt.extract(hdr.agg);
+        transition accept;
+    }
+}

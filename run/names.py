@@ -1,0 +1,79 @@
+"""Every name and address one `make run` owns, derived from its run number, so that two
+runs on one machine never share an interface, a root-namespace route or a directory."""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from testnet.addresses import CONTROLLER_INDEX, PREFIX_LEN, host_ip, service_ip
+
+STATE_DIR = Path(tempfile.gettempdir()) / "homagg-run"
+# Run k owns the subnet 10.0.k.0/24; interface names stay within Linux's 15 characters
+# ("hg254h99-eth0" is 13).
+MAX_RUNS = 254
+MAX_HOSTS = CONTROLLER_INDEX  # worker indexes 0..98; the controller takes 99
+
+
+@dataclass(frozen=True)
+class RunNames:
+    """Names of run `number` (1..MAX_RUNS): Mininet nodes (hence their interfaces), the
+    subnet of its hosts, controller and service address, and its directory."""
+
+    number: int
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.number <= MAX_RUNS:
+            raise ValueError(f"run number {self.number} outside 1..{MAX_RUNS}")
+
+    @property
+    def switch(self) -> str:
+        """The Mininet switch; its root-namespace interfaces are <switch>-ethN."""
+        return f"hg{self.number}s"
+
+    @property
+    def controller_host(self) -> str:
+        """The controller's Mininet host (root namespace; interface <name>-eth0)."""
+        return f"hg{self.number}c"
+
+    def host(self, i: int) -> str:
+        """Worker host i (0-based)."""
+        if not 0 <= i < MAX_HOSTS:
+            raise ValueError(f"host index {i} outside 0..{MAX_HOSTS - 1}")
+        return f"hg{self.number}h{i + 1}"
+
+    def host_ip(self, i: int) -> str:
+        """Address of worker host i (0-based)."""
+        self.host(i)
+        return host_ip(i, self.number)
+
+    @property
+    def controller_ip(self) -> str:
+        """The controller's address: in the root namespace, so it must differ per run."""
+        return host_ip(CONTROLLER_INDEX, self.number)
+
+    @property
+    def service_ip(self) -> str:
+        """The switch's aggregation service address, in the hosts' subnet."""
+        return service_ip(self.number)
+
+    @property
+    def prefix_len(self) -> int:
+        """Prefix length of the run's subnet."""
+        return PREFIX_LEN
+
+    @property
+    def link_prefixes(self) -> tuple[str, str]:
+        """Prefixes of every root-namespace interface of this run."""
+        return f"{self.switch}-", f"{self.controller_host}-"
+
+    @property
+    def directory(self) -> Path:
+        """The run's directory: its state file and, by default, its output."""
+        return STATE_DIR / f"run{self.number}"
+
+    @property
+    def state_file(self) -> Path:
+        """What the run started, while it runs (run/state.py)."""
+        return self.directory / "state.json"

@@ -1,0 +1,55 @@
+"""The one addressing scheme of the test fabric, `make run` and the tests: in subnet k
+(10.0.k.0/24; the test fabric uses 0, `make run` number k uses k), worker host i (0-based)
+has IP 10.0.k.<i+1>, MAC 02:00:00:00:01:<i+1> and sits on switch port i+1; the controller's
+host takes index CONTROLLER_INDEX; the switch answers as 10.0.k.254 with SWITCH_MAC."""
+
+from __future__ import annotations
+
+from typing import Any
+
+SWITCH_MAC = "02:00:00:00:00:fe"
+PREFIX_LEN = 24
+MAX_HOSTS = 253  # 10.0.k.1 .. 10.0.k.253; .254 is the switch's service address
+MAX_SUBNET = 254
+# The controller's host: an index no worker of a run uses (make run has at most 99 hosts).
+CONTROLLER_INDEX = 99
+
+
+def _check(i: int) -> int:
+    if not 0 <= i < MAX_HOSTS:
+        raise ValueError(f"host index {i} is outside 0..{MAX_HOSTS - 1} of the /24 scheme")
+    return i
+
+
+def _subnet(k: int) -> int:
+    if not 0 <= k <= MAX_SUBNET:
+        raise ValueError(f"subnet {k} is outside 0..{MAX_SUBNET} (10.0.k.0/24)")
+    return k
+
+
+def host_ip(i: int, subnet: int = 0) -> str:
+    """IPv4 address of host i (0-based) in subnet 10.0.<subnet>.0/24."""
+    return f"10.0.{_subnet(subnet)}.{_check(i) + 1}"
+
+
+def service_ip(subnet: int = 0) -> str:
+    """The switch's aggregation service address in subnet 10.0.<subnet>.0/24."""
+    return f"10.0.{_subnet(subnet)}.254"
+
+
+SERVICE_IP = service_ip(0)
+
+
+def host_mac(i: int) -> str:
+    """MAC address of host i (0-based); subnets share MACs (they never share a link)."""
+    return f"02:00:00:00:01:{_check(i) + 1:02x}"
+
+
+def host_switch_port(i: int) -> int:
+    """The switch port host i (0-based) is attached to."""
+    return _check(i) + 1
+
+
+def host_entry(i: int, subnet: int = 0) -> dict[str, Any]:
+    """Host i as the controller's configuration lists it (ip, mac, switch_port)."""
+    return {"ip": host_ip(i, subnet), "mac": host_mac(i), "switch_port": host_switch_port(i)}

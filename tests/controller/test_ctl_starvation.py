@@ -1,0 +1,140 @@
+"""WaitReady cannot starve other tenants: parked calls are bounded per rank (a newer one
+supersedes the older), per client and in total, below the number of request threads, so
+heartbeats and operator calls always find a thread (controller/waiting.py)."""
+
+from __future__ import annotations
+
+import time
+
+import grpc
+import pytest
+from ctl_helpers import HOSTS, make_config
+
+from controller.api import jobs_pb2
+from controller.client import ControllerClient
+from controller.config import ConfigError
+from controller.errors import ResourceExhausted
+from controller.waiting import WaitLimiter, client_host
+
+
+def test_client_host():
+    assert client_host("ipv4:10.0.0.1:5000") == "10.0.0.1"
+    assert client_host("ipv6:[::1]:5000") == "[::1]"
+    assert client_host("unix:/tmp/sock") == "unix:/tmp/sock"
+
+
+def test_limiter_supersedes_per_rank_and_bounds_clients_and_total():
+    woken = []
+    lim = WaitLimiter(total=3, per_client=2, wake=lambda: woken.append(1))
+    with lim.admit(1, 0, "a") as first, lim.admit(1, 0, "a") as second:
+        # the same rank again: the older call is superseded (and woken), no extra room needed
+        assert first.superseded and not second.superseded and woken == [1]
+        with lim.admit(1, 1, "a"):
+            with pytest.raises(ResourceExhausted, match="wait_ready_per_client"):  # noqa: SIM117
+                with lim.admit(1, 2, "a"):
+                    pass
+            with lim.admit(2, 0, "b"):
+                assert lim.parked == 4  # the superseded one still holds its thread
+                with pytest.raises(ResourceExhausted, match="wait_ready_limit"):  # noqa: SIM117
+                    with lim.admit(2, 1, "b"):
+                        pass
+    assert lim.parked == 0 and lim.refused == 2 and lim.superseded == 1
+    with lim.admit(1, 0, "a") as again:  # the rank's slot was freed
+        assert not again.superseded
+
+
+def test_wait_limits_are_checked(tmp_path):
+    cfg = make_config("127.0.0.1:1", tmp_path)
+    assert (cfg.rpc_threads, cfg.wait_ready_limit, cfg.wait_ready_per_client) == (128, 96, 64)
+    cfg = make_config("127.0.0.1:1", tmp_path, rpc_threads=8)
+    assert (cfg.wait_ready_limit, cfg.wait_ready_per_client) == (6, 4)
+    with pytest.raises(ConfigError, match=r"wait_ready_limit: 128 outside 1\.\.96"):
+        make_config("127.0.0.1:1", tmp_path, wait_ready_limit=128)
+    with pytest.raises(ConfigError, match=r"wait_ready_per_client: 50 outside 1\.\.10"):
+        make_config("127.0.0.1:1", tmp_path, wait_ready_limit=10, wait_ready_per_client=50)
+
+
+def _join(client, job, rank, host, udp_port):
+    client.join(job.job_id, job.token, rank, host["mac"], host["ip"], udp_port, host["switch_port"])
+
+
+def _heartbeat_latencies(client, job, seconds: float) -> list[float]:
+    lat, end = [], time.monotonic() + seconds
+    while time.monotonic() < end:
+        t0 = time.monotonic()
+        client.heartbeat(job.job_id, job.token, 0)
+        lat.append(time.monotonic() - t0)
+        time.sleep(0.05)
+    return lat
+
+
+def test_140_parked_wait_ready_do_not_end_another_job(refswitch, tmp_path, start_controller):
+    """The issue's attack: one client parks 140 WaitReady calls on its own job (rank 0
+    joined, 128 request threads). Another job's heartbeats stay fast for several leases and
+    its job keeps running; status answers."""
+    ctl = start_controller(
+        make_config(refswitch.address, tmp_path, lease=2.0, heartbeat_interval=0.5)
+    )
+    c = ctl.client
+    hog = c.create_job("hog", 2, "dense", pool_size=4)
+    _join(c, hog, 0, HOSTS[0], 41000)
+    victim = c.create_job("victim", 1, "dense", pool_size=4)
+    _join(c, victim, 0, HOSTS[1], 41000)
+    request = jobs_pb2.WaitReadyRequest(job_id=hog.job_id, token=hog.token, rank=0, timeout_s=60)
+    parked = [c.stub.WaitReady.future(request, timeout=70) for _ in range(140)]
+    try:
+        lat = _heartbeat_latencies(c, victim, 3 * 2.0)
+        status = c.status()
+        assert status.switches[0].connected
+        lat.sort()
+        p99 = lat[min(len(lat) - 1, int(len(lat) * 0.99))]
+        print(f"140 parked WaitReady: heartbeat p99 {p99 * 1e3:.1f} ms, max {lat[-1] * 1e3:.1f} ms")
+        assert p99 < 1.0, f"heartbeat p99 {p99:.3f} s"
+        [job] = [j for j in c.list_jobs().jobs if j.job_id == victim.job_id]
+        assert job.state == "ready"
+        ended = [f for f in parked if f.done()]
+        assert len(ended) == 139  # every call but the newest was superseded
+        assert {f.exception().code() for f in ended} == {grpc.StatusCode.ABORTED}
+        assert "superseded" in ended[0].exception().details()
+        assert ctl.server.service.waits.parked == 1
+    finally:
+        for f in parked:
+            f.cancel()
+
+
+def test_clients_over_their_limit_are_refused(refswitch, tmp_path, start_controller):
+    """Eight request threads: at most 6 parked calls, 4 per client; heartbeats still answer."""
+    ctl = start_controller(make_config(refswitch.address, tmp_path, listen="[::]:0", rpc_threads=8))
+    c = ctl.client
+    job = c.create_job("wide", 9, "dense", pool_size=4)
+    for rank in range(8):
+        host = (
+            HOSTS[rank]
+            if rank < 4
+            else {"mac": f"02:00:00:00:02:{rank:02x}", "ip": f"10.0.1.{rank}", "switch_port": 9}
+        )
+        _join(c, job, rank, host, 41000 + rank)
+    other = ControllerClient(f"[::1]:{ctl.port}", timeout=5.0)
+    futures = []
+    try:
+        for rank in range(8):
+            client = c if rank < 5 else other
+            req = jobs_pb2.WaitReadyRequest(
+                job_id=job.job_id, token=job.token, rank=rank, timeout_s=30
+            )
+            futures.append(client.stub.WaitReady.future(req, timeout=40))
+            time.sleep(0.2)  # in order: ranks 0..3 admitted, rank 4 over the client limit
+        assert [f.done() for f in futures] == [False] * 4 + [True, False, False, True]
+        assert futures[4].exception().code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "wait_ready_per_client" in futures[4].exception().details()
+        assert "wait_ready_limit" in futures[7].exception().details()
+        lat = _heartbeat_latencies(c, job, 1.0)
+        assert max(lat) < 1.0
+    finally:
+        for f in futures:
+            f.cancel()
+        other.close()
+    deadline = time.monotonic() + 5
+    while ctl.server.service.waits.parked and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert ctl.server.service.waits.parked == 0  # cancelled clients freed their threads

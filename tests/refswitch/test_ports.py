@@ -1,0 +1,87 @@
+"""Frames the kernel drops before the reference switch reads them (its socket's receive
+buffer full) are counted per port from the socket's statistics, so every frame sent to the
+switch is accounted for: read by the pipeline, or counted as a kernel drop."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+
+import pytest
+
+from refswitch.ports import parse_port_spec, socket_drops
+from refswitch.switch import KERNEL_DROPS_REASON, ReferenceSwitch
+from testnet.namespace import (
+    add_namespace,
+    add_veth,
+    delete_link,
+    delete_namespace,
+    have_privileges,
+    in_namespace,
+    sysctl,
+)
+from testnet.rawsock import open_raw, recv_frames
+
+pytestmark = pytest.mark.skipif(
+    not have_privileges(), reason="needs root and iproute2 (a veth pair in a namespace)"
+)
+
+FRAME = bytes.fromhex("02000000000202000000000188b5") + bytes(200)  # local experimental
+
+
+@pytest.fixture
+def link():
+    """(switch side interface in this namespace, host side in a namespace of its own)."""
+    tag = f"kd{os.getpid() % 100000}"
+    ns, outside, inside = f"{tag}ns", f"{tag}s", f"{tag}h"
+    add_namespace(ns)
+    try:
+        add_veth(outside, inside, ns)
+        sysctl(f"net.ipv6.conf.{inside}.disable_ipv6", "1", netns=ns)
+        yield outside, ns, inside
+    finally:
+        delete_link(outside)
+        delete_namespace(ns)
+
+
+def _flood(ns: str, iface: str, count: int) -> None:
+    with in_namespace(ns):
+        sock = open_raw(iface)
+    try:
+        for _ in range(count):
+            with contextlib.suppress(BlockingIOError):  # our own queue full: fewer arrive
+                sock.send(FRAME)
+    finally:
+        sock.close()
+
+
+def test_socket_drops_reads_and_resets(link):
+    outside, ns, inside = link
+    sock = open_raw(outside, rcvbuf=64 << 10)
+    try:
+        assert socket_drops(sock) == 0
+        _flood(ns, inside, 3000)
+        got = len(recv_frames(sock, limit=100000))
+        dropped = socket_drops(sock)
+        assert dropped > 0 and got + dropped >= 2900
+        assert socket_drops(sock) == 0  # reading resets the kernel's count
+    finally:
+        sock.close()
+
+
+def test_port_set_counts_kernel_drops_per_port(link):
+    outside, ns, inside = link
+    switch = ReferenceSwitch({parse_port_spec(f"3@{outside}")[0]: outside}, "127.0.0.1:0")
+    try:
+        assert switch.ports is not None and switch.ports.kernel_drops == {3: 0}
+        for sock in switch.ports._socks.values():
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 << 10)
+        _flood(ns, inside, 3000)  # nobody reads: the buffer overflows
+        read = len(switch.ports.poll(0.5))
+        switch._count_kernel_drops()
+        dropped = switch.ports.kernel_drops[3]
+        assert dropped > 0 and read + dropped >= 2900
+        assert switch.pipeline.drops[KERNEL_DROPS_REASON] == dropped
+    finally:
+        switch.close()
