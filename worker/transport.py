@@ -1,9 +1,11 @@
 """The worker's transport to the switch: a self-clocked window of slots in flight.
 
-Chunk k of the job's stream goes to slot k mod S, shadow copy (k div S) mod 2, where S is
-the pool size; chunk k + S is sent only once chunk k's result is back (SwitchML's pool
-rule, docs/protocol.md), so every worker numbers chunks alike as long as all of them
-call `allreduce` with the same lengths in the same order (what the codecs guarantee).
+Chunk k of the job's stream carries the tag k mod P(S) and goes to slot tag mod S, shadow
+copy (tag div S) mod 2, where S is the pool size and P(S) the numbering period
+(worker/chunk_numbering.py); chunk k + S is sent only once chunk k's result is back
+(SwitchML's pool rule, docs/protocol.md), so every worker numbers chunks alike as long as
+all of them call `allreduce` with the same lengths in the same order (what the codecs
+guarantee).
 Lost packets are retransmitted after a timeout that doubles per try; duplicate, stray,
 late and reordered results are recognised by job and chunk and ignored.
 """
@@ -16,10 +18,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from aggwire.constants import AGG_VERSION, CELLS_PER_PKT, CHUNK_MASK, Flag, Op
+from aggwire.constants import AGG_VERSION, CELLS_PER_PKT, Flag, Op
 from aggwire.header import HEADER_DTYPE, header_view
 from aggwire.packer import PAYLOAD_BYTES, pack_payloads, parse_payloads
 from worker.channel import Channel
+from worker.chunk_numbering import chunk_period, chunk_tags, shadow_of, slot_of, tag_offset
 
 
 class TransportError(RuntimeError):
@@ -62,11 +65,14 @@ class SwitchTransport:
     """All-reduce of int32 cells through the switch under one op, chunk by chunk."""
 
     def __init__(self, config: TransportConfig, channel: Channel, first_chunk: int = 0) -> None:
-        if not config.pool_size >= 1:
-            raise ValueError("pool_size must be at least 1")
+        self.period = chunk_period(config.pool_size)  # raises on a pool size out of range
+        if first_chunk < 0:
+            raise ValueError(f"first_chunk must be >= 0, not {first_chunk}")
         self.config = config
         self.channel = channel
-        self.next_chunk = first_chunk  # the job-wide number of this worker's next chunk
+        # The job-wide stream index of this worker's next chunk (unbounded; the wire tag is
+        # derived from it modulo the numbering period).
+        self.next_chunk = first_chunk
         self.stats = TransportStats()
 
     def allreduce(self, op: Op, cells: np.ndarray) -> np.ndarray:
@@ -102,10 +108,10 @@ class SwitchTransport:
         headers["op"] = int(op)
         headers["rank"] = cfg.rank
         headers["job_id"] = cfg.job_id
-        chunks = (first + np.arange(count, dtype=np.int64)) & CHUNK_MASK
-        headers["chunk"] = chunks
-        headers["slot"] = chunks % cfg.pool_size
-        headers["shadow"] = (chunks // cfg.pool_size) % 2
+        tags = chunk_tags(first, count, cfg.pool_size)
+        headers["chunk"] = tags
+        headers["slot"] = slot_of(tags, cfg.pool_size)
+        headers["shadow"] = shadow_of(tags, cfg.pool_size)
         headers["ncells"] = CELLS_PER_PKT
         headers["ncells"][-1] = n - (count - 1) * CELLS_PER_PKT if n else CELLS_PER_PKT
         return pack_payloads(headers, cells)
@@ -135,7 +141,8 @@ class SwitchTransport:
             for i in expired:
                 if tries[i] >= cfg.max_retries:
                     raise TransportError(
-                        f"no result for chunk {first + i} of job {cfg.job_id} "
+                        f"no result for chunk {first + i} (tag {(first + i) % self.period}) "
+                        f"of job {cfg.job_id} "
                         f"after {tries[i]} retransmissions"
                     )
                 tries[i] += 1
@@ -167,9 +174,11 @@ class SwitchTransport:
             return None
         headers, cells = parse_payloads(data)
         h = headers[0]
-        i = (int(h["chunk"]) - first) & 0xFFFFFFFF
+        tag = int(h["chunk"])
+        i = tag_offset(tag, first % self.period, self.config.pool_size)
         if (
-            not int(h["flags"]) & Flag.RESULT
+            tag >= self.period
+            or not int(h["flags"]) & Flag.RESULT
             or int(h["job_id"]) != self.config.job_id
             or int(h["rank"]) != self.config.rank
             or i >= count
