@@ -7,11 +7,15 @@ copy (tag div S) mod 2, where S is the pool size and P(S) the numbering period
 all of them call `allreduce` with the same lengths in the same order (what the codecs
 guarantee).
 Lost packets are retransmitted after a timeout that doubles per try; duplicate, stray,
-late and reordered results are recognised by job and chunk and ignored.
+late and reordered results are recognised by job and chunk and ignored. A chunk that spent
+its retry budget keeps waiting while the switch path and the peers are proven alive (a
+slow rank is not a dead path, worker/straggler_wait.py). A local send error (a link down:
+ENETUNREACH) is the switch path failing: a TransportError that names the cause.
 """
 
 from __future__ import annotations
 
+import errno
 import time
 from collections.abc import Generator
 from dataclasses import dataclass, field
@@ -19,14 +23,16 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from aggwire.constants import AGG_VERSION, CELLS_PER_PKT, Flag, Op
-from aggwire.header import HEADER_DTYPE, header_view
+from aggwire.header import HEADER_DTYPE
 from aggwire.packer import PAYLOAD_BYTES, pack_payloads, parse_payloads
 from worker.channel import Channel
 from worker.chunk_numbering import chunk_period, chunk_tags, shadow_of, slot_of, tag_offset
+from worker.straggler_wait import PeersProblem, StragglerWait, marked_retx
 
 
 class TransportError(RuntimeError):
-    """The switch did not answer a chunk within the retry budget (the caller falls back)."""
+    """The switch path failed: no result within the budget, a dead peer or path, or a local
+    send error (the caller falls back)."""
 
 
 @dataclass(frozen=True)
@@ -40,6 +46,8 @@ class TransportConfig:
     initial_timeout: float = 0.02
     max_timeout: float = 0.5
     max_retries: int = 12
+    dead_path_s: float = 3.0  # once the budget is spent: silence of the switch that ends a wait
+    max_straggler_wait: float = 120.0  # once the budget is spent: the longest wait for a peer
 
 
 @dataclass
@@ -64,7 +72,15 @@ class TransportStats:
 class SwitchTransport:
     """All-reduce of int32 cells through the switch under one op, chunk by chunk."""
 
-    def __init__(self, config: TransportConfig, channel: Channel, first_chunk: int = 0) -> None:
+    def __init__(
+        self,
+        config: TransportConfig,
+        channel: Channel,
+        first_chunk: int = 0,
+        peers_problem: PeersProblem | None = None,
+    ) -> None:
+        """`peers_problem` ("" while every peer is alive, else why not; the agent's) lets a
+        chunk that spent its retry budget wait for a slow peer; None: it fails at once."""
         self.period = chunk_period(config.pool_size)  # raises on a pool size out of range
         if first_chunk < 0:
             raise ValueError(f"first_chunk must be >= 0, not {first_chunk}")
@@ -74,6 +90,9 @@ class SwitchTransport:
         # derived from it modulo the numbering period).
         self.next_chunk = first_chunk
         self.stats = TransportStats()
+        self.wait = StragglerWait(
+            config.dead_path_s, config.max_straggler_wait, peers_problem=peers_problem
+        )
 
     def allreduce(self, op: Op, cells: np.ndarray) -> np.ndarray:
         """The element-wise combination under op of every worker's `cells` (int32, 1-D)."""
@@ -131,23 +150,17 @@ class SwitchTransport:
             while next_to_send < count and (
                 next_to_send < cfg.pool_size or done[next_to_send - cfg.pool_size]
             ):
-                self.channel.send(payloads[next_to_send].tobytes())
+                self._send(payloads[next_to_send].tobytes())
                 sent_at[next_to_send] = now
                 deadline[next_to_send] = now + cfg.initial_timeout
-                stats.packets_sent += 1
                 next_to_send += 1
             inflight = np.flatnonzero(~done[:next_to_send])
             expired = inflight[deadline[inflight] <= now]
             for i in expired:
                 if tries[i] >= cfg.max_retries:
-                    raise TransportError(
-                        f"no result for chunk {first + i} (tag {(first + i) % self.period}) "
-                        f"of job {cfg.job_id} "
-                        f"after {tries[i]} retransmissions"
-                    )
+                    self._wait_for_peers(first, int(inflight[0]), int(i), now - sent_at[i])
                 tries[i] += 1
-                self.channel.send(_with_retx(payloads[i]))
-                stats.packets_sent += 1
+                self._send(marked_retx(payloads[i]))
                 stats.retransmissions += 1
                 deadline[i] = now + min(cfg.max_timeout, cfg.initial_timeout * 2.0 ** tries[i])
             wait = (
@@ -163,12 +176,42 @@ class SwitchTransport:
                     remaining -= 1
                     stats.results += 1
                     stats.latencies.append(time.monotonic() - sent_at[i])
+                    self.wait.progressed(first + i, payloads[i])
                 data = self.channel.recv(0.0)
+        self.wait.keep_probe()
+
+    def _wait_for_peers(self, first: int, oldest: int, i: int, waited: float) -> None:
+        """Chunk first + i spent its retry budget: probe the path and keep waiting for a slow
+        peer, or raise TransportError when the path or a peer is gone (straggler_wait.py)."""
+        cfg, now = self.config, time.monotonic()
+        probe = self.wait.probe_for(first + oldest, cfg.pool_size)
+        reason = self.wait.stop_reason(now, waited, probe is not None)
+        if reason:
+            raise TransportError(
+                f"no result for chunk {first + i} (tag {(first + i) % self.period}) "
+                f"of job {cfg.job_id} after {cfg.max_retries} retransmissions: {reason}"
+            )
+        if probe is not None and self.wait.should_probe(now, cfg.max_timeout / 2):
+            self._send(probe)
+
+    def _send(self, payload: bytes) -> None:
+        """One datagram to the switch; a local send error is the switch path failing."""
+        try:
+            self.channel.send(payload)
+        except OSError as exc:
+            name = errno.errorcode.get(exc.errno, "") if exc.errno else ""
+            cause = f"{name}: {exc.strerror}" if name else str(exc)
+            raise TransportError(
+                f"cannot send to the switch of job {self.config.job_id} ({cause}): "
+                "the switch path failed at this host (a link or route down?)"
+            ) from exc
+        self.stats.packets_sent += 1
 
     def _accept(
         self, data: bytes, first: int, count: int, done: np.ndarray, out: np.ndarray
     ) -> int | None:
         """Place a result; returns its index in this call, or None for anything to ignore."""
+        self.wait.heard(time.monotonic())
         if len(data) != PAYLOAD_BYTES:
             self.stats.ignored += 1
             return None
@@ -188,10 +231,3 @@ class SwitchTransport:
             return None
         out[i * CELLS_PER_PKT : (i + 1) * CELLS_PER_PKT] = cells[0]
         return i
-
-
-def _with_retx(payload: np.ndarray) -> bytes:
-    """The same contribution, marked as a retransmission."""
-    out = payload.copy()
-    header_view(out)["flags"] |= int(Flag.RETX)
-    return out.tobytes()
