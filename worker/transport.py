@@ -6,7 +6,8 @@ copy (tag div S) mod 2, where S is the pool size and P(S) the numbering period
 (SwitchML's pool rule, docs/protocol.md), so every worker numbers chunks alike as long as
 all of them call `allreduce` with the same lengths in the same order (what the codecs
 guarantee).
-Lost packets are retransmitted after a timeout that doubles per try; duplicate, stray,
+Lost packets are retransmitted after a timeout from measured round trips (RFC 6298,
+worker/retransmission_timer.py) that doubles per try; duplicate, stray,
 late and reordered results are recognised by job and chunk and ignored. A chunk that spent
 its retry budget keeps waiting while the switch path and the peers are proven alive (a
 slow rank is not a dead path, worker/straggler_wait.py). A local send error (a link down:
@@ -27,6 +28,7 @@ from aggwire.header import HEADER_DTYPE
 from aggwire.packer import PAYLOAD_BYTES, pack_payloads, parse_payloads
 from worker.channel import Channel
 from worker.chunk_numbering import chunk_period, chunk_tags, shadow_of, slot_of, tag_offset
+from worker.retransmission_timer import RetransmissionTimer
 from worker.straggler_wait import PeersProblem, StragglerWait, marked_retx
 
 
@@ -43,8 +45,10 @@ class TransportConfig:
     rank: int
     world_size: int
     pool_size: int  # slots of the job's pool: chunks in flight
-    initial_timeout: float = 0.02
+    initial_timeout: float = 0.02  # before the first measured round trip
     max_timeout: float = 0.5
+    min_timeout: float = 0.005  # the measured timeout's floor
+    adaptive_timeout: bool = True  # False: initial_timeout always (the former behaviour)
     max_retries: int = 12
     dead_path_s: float = 3.0  # once the budget is spent: silence of the switch that ends a wait
     max_straggler_wait: float = 120.0  # once the budget is spent: the longest wait for a peer
@@ -90,6 +94,12 @@ class SwitchTransport:
         # derived from it modulo the numbering period).
         self.next_chunk = first_chunk
         self.stats = TransportStats()
+        self.timer = RetransmissionTimer(
+            initial=config.initial_timeout,
+            minimum=min(config.min_timeout, config.initial_timeout),
+            maximum=max(config.max_timeout, config.initial_timeout),
+            adaptive=config.adaptive_timeout,
+        )
         self.wait = StragglerWait(
             config.dead_path_s, config.max_straggler_wait, peers_problem=peers_problem
         )
@@ -143,16 +153,17 @@ class SwitchTransport:
         deadline = np.zeros(count)
         tries = np.zeros(count, np.int64)
         done = np.zeros(count, bool)
-        next_to_send, remaining = 0, count
+        next_to_send, remaining, timer = 0, count, self.timer
         while remaining:
             now = time.monotonic()
+            rto = timer.rto
             # Self-clocking: chunk i goes once chunk i - pool_size is done (or of an earlier call).
             while next_to_send < count and (
                 next_to_send < cfg.pool_size or done[next_to_send - cfg.pool_size]
             ):
                 self._send(payloads[next_to_send].tobytes())
                 sent_at[next_to_send] = now
-                deadline[next_to_send] = now + cfg.initial_timeout
+                deadline[next_to_send] = now + rto
                 next_to_send += 1
             inflight = np.flatnonzero(~done[:next_to_send])
             expired = inflight[deadline[inflight] <= now]
@@ -162,7 +173,7 @@ class SwitchTransport:
                 tries[i] += 1
                 self._send(marked_retx(payloads[i]))
                 stats.retransmissions += 1
-                deadline[i] = now + min(cfg.max_timeout, cfg.initial_timeout * 2.0 ** tries[i])
+                deadline[i] = now + timer.timeout(int(tries[i]))
             wait = (
                 max(0.0, float(deadline[inflight].min()) - time.monotonic())
                 if inflight.size
@@ -175,7 +186,10 @@ class SwitchTransport:
                     done[i] = True
                     remaining -= 1
                     stats.results += 1
-                    stats.latencies.append(time.monotonic() - sent_at[i])
+                    rtt = time.monotonic() - sent_at[i]
+                    stats.latencies.append(rtt)
+                    if not tries[i]:  # Karn: a retransmitted chunk's round trip is ambiguous
+                        timer.sample(rtt)
                     self.wait.progressed(first + i, payloads[i])
                 data = self.channel.recv(0.0)
         self.wait.keep_probe()
