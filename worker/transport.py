@@ -149,36 +149,33 @@ class SwitchTransport:
         """Keep up to `pool_size` chunks in flight until every result is in `out`."""
         cfg, stats = self.config, self.stats
         count = payloads.shape[0]
-        sent_at = np.zeros(count)
-        deadline = np.zeros(count)
+        sent_at = np.zeros(count)  # first send: round trips
+        last_sent = np.zeros(count)  # last send: timeouts
         tries = np.zeros(count, np.int64)
         done = np.zeros(count, bool)
         next_to_send, remaining, timer = 0, count, self.timer
         while remaining:
             now = time.monotonic()
-            rto = timer.rto
             # Self-clocking: chunk i goes once chunk i - pool_size is done (or of an earlier call).
             while next_to_send < count and (
                 next_to_send < cfg.pool_size or done[next_to_send - cfg.pool_size]
             ):
                 self._send(payloads[next_to_send].tobytes())
-                sent_at[next_to_send] = now
-                deadline[next_to_send] = now + rto
+                sent_at[next_to_send] = last_sent[next_to_send] = now
                 next_to_send += 1
             inflight = np.flatnonzero(~done[:next_to_send])
-            expired = inflight[deadline[inflight] <= now]
-            for i in expired:
+            # Deadlines follow the timer as it learns (and backs off), not the one at send time.
+            deadline = last_sent[inflight] + timer.timeouts(tries[inflight])
+            for i in inflight[deadline <= now]:
                 if tries[i] >= cfg.max_retries:
                     self._wait_for_peers(first, int(inflight[0]), int(i), now - sent_at[i])
                 tries[i] += 1
                 self._send(marked_retx(payloads[i]))
+                last_sent[i] = now
                 stats.retransmissions += 1
-                deadline[i] = now + timer.timeout(int(tries[i]))
-            wait = (
-                max(0.0, float(deadline[inflight].min()) - time.monotonic())
-                if inflight.size
-                else 0.0
-            )
+                timer.timed_out()
+            deadline = last_sent[inflight] + timer.timeouts(tries[inflight])
+            wait = max(0.0, float(deadline.min()) - time.monotonic()) if inflight.size else 0.0
             data = self.channel.recv(wait)
             while data is not None:
                 i = self._accept(data, first, count, done, out)
