@@ -85,3 +85,24 @@ def test_the_transport_samples_only_chunks_sent_once():
     transport.allreduce(Op.ADD, np.ones(3 * CELLS_PER_PKT, np.int32))
     assert transport.stats.retransmissions == 3
     assert transport.timer.samples == 0 and transport.timer.rto == 0.02
+
+
+def test_a_timeout_backs_off_every_chunk_until_the_next_sample():
+    t = RetransmissionTimer()
+    t.sample(0.01)
+    base = t.rto
+    t.timed_out()
+    t.timed_out()
+    assert t.timeout(0) == pytest.approx(4 * base) and t.timeout(1) == pytest.approx(8 * base)
+    np.testing.assert_allclose(t.timeouts(np.array([0, 1])), [4 * base, 8 * base])
+    t.sample(0.01)  # a new measurement ends the backoff
+    assert t.backoff == 0 and t.timeout(0) == pytest.approx(t.rto)
+    for _ in range(100):
+        t.timed_out()
+    assert t.timeout(0) == t.maximum
+
+
+def test_fixed_mode_does_not_back_off_the_pool():
+    t = RetransmissionTimer(adaptive=False)
+    t.timed_out()
+    assert t.timeout(0) == 0.02 and t.timeout(1) == 0.04
