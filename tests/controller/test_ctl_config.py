@@ -4,6 +4,7 @@ names the key."""
 from __future__ import annotations
 
 import copy
+import re
 import tomllib
 from pathlib import Path
 
@@ -30,6 +31,15 @@ def test_example_parses():
         sw.host_by_ip("10.0.0.2").mac == "02:00:00:00:01:02" and sw.host_by_ip("10.0.0.3") is None
     )
     assert cfg.switch("s1") is sw and cfg.switch("s2") is None
+
+
+def test_the_examples_secured_lines_parse(tmp_path):
+    """Uncommented, the example's TLS and [[operator]] lines are a valid secured config."""
+    text = re.sub(r"(?m)^#(\w|\[\[)", r"\1", EXAMPLE.read_text())
+    cfg = parse_config(tomllib.loads(text), EXAMPLE.parent)
+    assert cfg.tls_cert == EXAMPLE.parent / "tls" / "server.crt" and cfg.tls_key is not None
+    [op] = cfg.operators
+    assert (op.name, op.max_jobs, op.max_slots) == ("ops", 8, 1024)
 
 
 def test_docs_show_the_example():
