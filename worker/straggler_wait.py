@@ -64,6 +64,12 @@ class StragglerWait:
             return None
         return marked_retx(self.probe_row)
 
+    def peers_gone(self) -> str:
+        """Why the peers may be gone ("" while the agent proves them, or without an agent):
+        checked at every timeout, so a dead peer ends the wait within its lease."""
+        problem = self.peers_problem() if self.peers_problem is not None else ""
+        return f"a peer is gone or the job ended: {problem}" if problem else ""
+
     def stop_reason(self, now: float, waited: float, can_probe: bool) -> str:
         """Why the rank must stop waiting for a chunk that spent its retry budget ("": keep
         waiting, and probe)."""
@@ -71,9 +77,9 @@ class StragglerWait:
             return "no evidence that the peers are alive (no agent)"
         if not can_probe:
             return "no completed chunk to prove the switch path with"
-        problem = self.peers_problem()
-        if problem:
-            return f"a peer is gone or the job ended: {problem}"
+        gone = self.peers_gone()
+        if gone:
+            return gone
         if waited > self.max_wait:
             return f"waited {waited:.1f} s for a slow peer (at most {self.max_wait:g} s)"
         if self.probing_since is None:

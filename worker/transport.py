@@ -169,6 +169,8 @@ class SwitchTransport:
             for i in inflight[deadline <= now]:
                 if tries[i] >= cfg.max_retries:
                     self._wait_for_peers(first, int(inflight[0]), int(i), now - sent_at[i])
+                elif tries[i] and (gone := self.wait.peers_gone()):
+                    raise self._no_result(first + int(i), gone)  # no need to spend the budget
                 tries[i] += 1
                 self._send(marked_retx(payloads[i]))
                 last_sent[i] = now
@@ -198,12 +200,16 @@ class SwitchTransport:
         probe = self.wait.probe_for(first + oldest, cfg.pool_size)
         reason = self.wait.stop_reason(now, waited, probe is not None)
         if reason:
-            raise TransportError(
-                f"no result for chunk {first + i} (tag {(first + i) % self.period}) "
-                f"of job {cfg.job_id} after {cfg.max_retries} retransmissions: {reason}"
-            )
+            raise self._no_result(first + i, f"{cfg.max_retries} retransmissions, then {reason}")
         if probe is not None and self.wait.should_probe(now, cfg.max_timeout / 2):
             self._send(probe)
+
+    def _no_result(self, index: int, reason: str) -> TransportError:
+        """The error for chunk `index` (stream index) that will not complete."""
+        return TransportError(
+            f"no result for chunk {index} (tag {index % self.period}) of job "
+            f"{self.config.job_id}: {reason}"
+        )
 
     def _send(self, payload: bytes) -> None:
         """One datagram to the switch; a local send error is the switch path failing."""
