@@ -72,8 +72,9 @@ def run_calls(calls: list, i: int, t: SwitchTransport) -> list[np.ndarray]:
 
 
 def test_every_pool_size_survives_the_wrap(fabric):
-    """Chunks P-2S+1 .. P-1 (both copies of every slot dirty), then 0 .. 2S across the wrap,
-    in two calls; every rank's result is the exact sum."""
+    """Chunks P-S .. P-1, then tags 0 .. 2S-1 across the wrap (every copy used before the
+    wrap is reused after it), the wrap inside the first of two calls; every rank's result
+    is the exact sum."""
     rng = np.random.default_rng(5)
     injected = 0
     for group in range(1, 65, GROUP):
@@ -81,8 +82,8 @@ def test_every_pool_size_survives_the_wrap(fabric):
         transports, calls = [], []
         for j, s in enumerate(pool_sizes):
             hosts = fabric.hosts[j * WORLD : (j + 1) * WORLD]
-            transports += wrap_transports(fabric, hosts, s, chunk_period(s) - 2 * s + 1)
-            lengths = [2 * s * CELLS_PER_PKT, 2 * s * CELLS_PER_PKT - 7]
+            transports += wrap_transports(fabric, hosts, s, chunk_period(s) - s)
+            lengths = [(s + 1) * CELLS_PER_PKT, (2 * s - 1) * CELLS_PER_PKT - 7]
             calls += [[rng.integers(-(2**20), 2**20, (WORLD, n)).astype(np.int32) for n in lengths]]
         try:
             got = run_workers(transports, partial(run_calls, calls))
@@ -93,7 +94,7 @@ def test_every_pool_size_survives_the_wrap(fabric):
                 expected = np.sum(parts, axis=0, dtype=np.int64).astype(np.int32)
                 for r in range(WORLD):
                     np.testing.assert_array_equal(got[j * WORLD + r][i], expected, f"pool {s}")
-            wrapped = chunk_period(s) + 2 * s + 1
+            wrapped = chunk_period(s) + 2 * s
             assert all(t.next_chunk == wrapped for t in transports[j * WORLD : (j + 1) * WORLD])
         injected += sum(sum(t.channel.injected.values()) for t in transports)
     assert injected > 0
