@@ -220,10 +220,15 @@ class WorkerAgent:
                 max_timeout=cfg.max_timeout,
                 max_retries=cfg.max_retries,
             )
-            self.transport = SwitchTransport(tcfg, channel)
+            self.transport = SwitchTransport(tcfg, channel, peers_problem=self.peers_problem)
         except ValueError as exc:  # a value the checks above missed: still a clear refusal
             channel.close()
             raise AgentError(f"cannot build the transport from the assignment: {exc}") from exc
+
+    def peers_problem(self) -> str:
+        """Why the peers may be gone ("" while this rank's heartbeats are answered: the
+        controller ends the job when any rank's lease expires, so an answer proves them)."""
+        return "" if self.healthy else self.unhealthy_reason or "the agent is unhealthy"
 
     def _heartbeat_loop(self) -> None:
         assert self.assignment is not None

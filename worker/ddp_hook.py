@@ -39,7 +39,7 @@ OK, UNHEALTHY, CODEC_FAILED, SWITCH_TIMEOUT, ERROR = 0, 1, 2, 3, 4
 _KIND_TEXT = {
     UNHEALTHY: "an agent is missing or unhealthy",
     CODEC_FAILED: "a codec error",
-    SWITCH_TIMEOUT: "the switch timed out (TransportError)",
+    SWITCH_TIMEOUT: "the switch path failed (TransportError)",
     ERROR: "an unexpected error",
 }
 

@@ -1,29 +1,40 @@
 """The worker's transport to the switch: a self-clocked window of slots in flight.
 
-Chunk k of the job's stream goes to slot k mod S, shadow copy (k div S) mod 2, where S is
-the pool size; chunk k + S is sent only once chunk k's result is back (SwitchML's pool
-rule, docs/protocol.md), so every worker numbers chunks alike as long as all of them
-call `allreduce` with the same lengths in the same order (what the codecs guarantee).
-Lost packets are retransmitted after a timeout that doubles per try; duplicate, stray,
-late and reordered results are recognised by job and chunk and ignored.
+Chunk k of the job's stream carries the tag k mod P(S) and goes to slot tag mod S, shadow
+copy (tag div S) mod 2, where S is the pool size and P(S) the numbering period
+(worker/chunk_numbering.py); chunk k + S is sent only once chunk k's result is back
+(SwitchML's pool rule, docs/protocol.md), so every worker numbers chunks alike as long as
+all of them call `allreduce` with the same lengths in the same order (what the codecs
+guarantee).
+Lost packets are retransmitted after a timeout from measured round trips (RFC 6298,
+worker/retransmission_timer.py) that doubles per try; duplicate, stray,
+late and reordered results are recognised by job and chunk and ignored. A chunk that spent
+its retry budget keeps waiting while the switch path and the peers are proven alive (a
+slow rank is not a dead path, worker/straggler_wait.py). A local send error (a link down:
+ENETUNREACH) is the switch path failing: a TransportError that names the cause.
 """
 
 from __future__ import annotations
 
+import errno
 import time
 from collections.abc import Generator
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from aggwire.constants import AGG_VERSION, CELLS_PER_PKT, CHUNK_MASK, Flag, Op
-from aggwire.header import HEADER_DTYPE, header_view
+from aggwire.constants import AGG_VERSION, CELLS_PER_PKT, Flag, Op
+from aggwire.header import HEADER_DTYPE
 from aggwire.packer import PAYLOAD_BYTES, pack_payloads, parse_payloads
 from worker.channel import Channel
+from worker.chunk_numbering import chunk_period, chunk_tags, shadow_of, slot_of, tag_offset
+from worker.retransmission_timer import RetransmissionTimer
+from worker.straggler_wait import PeersProblem, StragglerWait, marked_retx
 
 
 class TransportError(RuntimeError):
-    """The switch did not answer a chunk within the retry budget (the caller falls back)."""
+    """The switch path failed: no result within the budget, a dead peer or path, or a local
+    send error (the caller falls back)."""
 
 
 @dataclass(frozen=True)
@@ -34,9 +45,13 @@ class TransportConfig:
     rank: int
     world_size: int
     pool_size: int  # slots of the job's pool: chunks in flight
-    initial_timeout: float = 0.02
+    initial_timeout: float = 0.02  # before the first measured round trip
     max_timeout: float = 0.5
+    min_timeout: float = 0.005  # the measured timeout's floor
+    adaptive_timeout: bool = True  # False: initial_timeout always (the former behaviour)
     max_retries: int = 12
+    dead_path_s: float = 3.0  # once the budget is spent: silence of the switch that ends a wait
+    max_straggler_wait: float = 120.0  # once the budget is spent: the longest wait for a peer
 
 
 @dataclass
@@ -61,13 +76,33 @@ class TransportStats:
 class SwitchTransport:
     """All-reduce of int32 cells through the switch under one op, chunk by chunk."""
 
-    def __init__(self, config: TransportConfig, channel: Channel, first_chunk: int = 0) -> None:
-        if not config.pool_size >= 1:
-            raise ValueError("pool_size must be at least 1")
+    def __init__(
+        self,
+        config: TransportConfig,
+        channel: Channel,
+        first_chunk: int = 0,
+        peers_problem: PeersProblem | None = None,
+    ) -> None:
+        """`peers_problem` ("" while every peer is alive, else why not; the agent's) lets a
+        chunk that spent its retry budget wait for a slow peer; None: it fails at once."""
+        self.period = chunk_period(config.pool_size)  # raises on a pool size out of range
+        if first_chunk < 0:
+            raise ValueError(f"first_chunk must be >= 0, not {first_chunk}")
         self.config = config
         self.channel = channel
-        self.next_chunk = first_chunk  # the job-wide number of this worker's next chunk
+        # The job-wide stream index of this worker's next chunk (unbounded; the wire tag is
+        # derived from it modulo the numbering period).
+        self.next_chunk = first_chunk
         self.stats = TransportStats()
+        self.timer = RetransmissionTimer(
+            initial=config.initial_timeout,
+            minimum=min(config.min_timeout, config.initial_timeout),
+            maximum=max(config.max_timeout, config.initial_timeout),
+            adaptive=config.adaptive_timeout,
+        )
+        self.wait = StragglerWait(
+            config.dead_path_s, config.max_straggler_wait, peers_problem=peers_problem
+        )
 
     def allreduce(self, op: Op, cells: np.ndarray) -> np.ndarray:
         """The element-wise combination under op of every worker's `cells` (int32, 1-D)."""
@@ -102,10 +137,10 @@ class SwitchTransport:
         headers["op"] = int(op)
         headers["rank"] = cfg.rank
         headers["job_id"] = cfg.job_id
-        chunks = (first + np.arange(count, dtype=np.int64)) & CHUNK_MASK
-        headers["chunk"] = chunks
-        headers["slot"] = chunks % cfg.pool_size
-        headers["shadow"] = (chunks // cfg.pool_size) % 2
+        tags = chunk_tags(first, count, cfg.pool_size)
+        headers["chunk"] = tags
+        headers["slot"] = slot_of(tags, cfg.pool_size)
+        headers["shadow"] = shadow_of(tags, cfg.pool_size)
         headers["ncells"] = CELLS_PER_PKT
         headers["ncells"][-1] = n - (count - 1) * CELLS_PER_PKT if n else CELLS_PER_PKT
         return pack_payloads(headers, cells)
@@ -114,40 +149,35 @@ class SwitchTransport:
         """Keep up to `pool_size` chunks in flight until every result is in `out`."""
         cfg, stats = self.config, self.stats
         count = payloads.shape[0]
-        sent_at = np.zeros(count)
-        deadline = np.zeros(count)
+        sent_at = np.zeros(count)  # first send: round trips
+        last_sent = np.zeros(count)  # last send: timeouts
         tries = np.zeros(count, np.int64)
         done = np.zeros(count, bool)
-        next_to_send, remaining = 0, count
+        next_to_send, remaining, timer = 0, count, self.timer
         while remaining:
             now = time.monotonic()
             # Self-clocking: chunk i goes once chunk i - pool_size is done (or of an earlier call).
             while next_to_send < count and (
                 next_to_send < cfg.pool_size or done[next_to_send - cfg.pool_size]
             ):
-                self.channel.send(payloads[next_to_send].tobytes())
-                sent_at[next_to_send] = now
-                deadline[next_to_send] = now + cfg.initial_timeout
-                stats.packets_sent += 1
+                self._send(payloads[next_to_send].tobytes())
+                sent_at[next_to_send] = last_sent[next_to_send] = now
                 next_to_send += 1
             inflight = np.flatnonzero(~done[:next_to_send])
-            expired = inflight[deadline[inflight] <= now]
-            for i in expired:
+            # Deadlines follow the timer as it learns (and backs off), not the one at send time.
+            deadline = last_sent[inflight] + timer.timeouts(tries[inflight])
+            for i in inflight[deadline <= now]:
                 if tries[i] >= cfg.max_retries:
-                    raise TransportError(
-                        f"no result for chunk {first + i} of job {cfg.job_id} "
-                        f"after {tries[i]} retransmissions"
-                    )
+                    self._wait_for_peers(first, int(inflight[0]), int(i), now - sent_at[i])
+                elif tries[i] and (gone := self.wait.peers_gone()):
+                    raise self._no_result(first + int(i), gone)  # no need to spend the budget
                 tries[i] += 1
-                self.channel.send(_with_retx(payloads[i]))
-                stats.packets_sent += 1
+                self._send(marked_retx(payloads[i]))
+                last_sent[i] = now
                 stats.retransmissions += 1
-                deadline[i] = now + min(cfg.max_timeout, cfg.initial_timeout * 2.0 ** tries[i])
-            wait = (
-                max(0.0, float(deadline[inflight].min()) - time.monotonic())
-                if inflight.size
-                else 0.0
-            )
+                timer.timed_out()
+            deadline = last_sent[inflight] + timer.timeouts(tries[inflight])
+            wait = max(0.0, float(deadline.min()) - time.monotonic()) if inflight.size else 0.0
             data = self.channel.recv(wait)
             while data is not None:
                 i = self._accept(data, first, count, done, out)
@@ -155,21 +185,60 @@ class SwitchTransport:
                     done[i] = True
                     remaining -= 1
                     stats.results += 1
-                    stats.latencies.append(time.monotonic() - sent_at[i])
+                    rtt = time.monotonic() - sent_at[i]
+                    stats.latencies.append(rtt)
+                    if not tries[i]:  # Karn: a retransmitted chunk's round trip is ambiguous
+                        timer.sample(rtt)
+                    self.wait.progressed(first + i, payloads[i])
                 data = self.channel.recv(0.0)
+        self.wait.keep_probe()
+
+    def _wait_for_peers(self, first: int, oldest: int, i: int, waited: float) -> None:
+        """Chunk first + i spent its retry budget: probe the path and keep waiting for a slow
+        peer, or raise TransportError when the path or a peer is gone (straggler_wait.py)."""
+        cfg, now = self.config, time.monotonic()
+        probe = self.wait.probe_for(first + oldest, cfg.pool_size)
+        reason = self.wait.stop_reason(now, waited, probe is not None)
+        if reason:
+            raise self._no_result(first + i, f"{cfg.max_retries} retransmissions, then {reason}")
+        if probe is not None and self.wait.should_probe(now, cfg.max_timeout / 2):
+            self._send(probe)
+
+    def _no_result(self, index: int, reason: str) -> TransportError:
+        """The error for chunk `index` (stream index) that will not complete."""
+        return TransportError(
+            f"no result for chunk {index} (tag {index % self.period}) of job "
+            f"{self.config.job_id}: {reason}"
+        )
+
+    def _send(self, payload: bytes) -> None:
+        """One datagram to the switch; a local send error is the switch path failing."""
+        try:
+            self.channel.send(payload)
+        except OSError as exc:
+            name = errno.errorcode.get(exc.errno, "") if exc.errno else ""
+            cause = f"{name}: {exc.strerror}" if name else str(exc)
+            raise TransportError(
+                f"cannot send to the switch of job {self.config.job_id} ({cause}): "
+                "the switch path failed at this host (a link or route down?)"
+            ) from exc
+        self.stats.packets_sent += 1
 
     def _accept(
         self, data: bytes, first: int, count: int, done: np.ndarray, out: np.ndarray
     ) -> int | None:
         """Place a result; returns its index in this call, or None for anything to ignore."""
+        self.wait.heard(time.monotonic())
         if len(data) != PAYLOAD_BYTES:
             self.stats.ignored += 1
             return None
         headers, cells = parse_payloads(data)
         h = headers[0]
-        i = (int(h["chunk"]) - first) & 0xFFFFFFFF
+        tag = int(h["chunk"])
+        i = tag_offset(tag, first % self.period, self.config.pool_size)
         if (
-            not int(h["flags"]) & Flag.RESULT
+            tag >= self.period
+            or not int(h["flags"]) & Flag.RESULT
             or int(h["job_id"]) != self.config.job_id
             or int(h["rank"]) != self.config.rank
             or i >= count
@@ -179,10 +248,3 @@ class SwitchTransport:
             return None
         out[i * CELLS_PER_PKT : (i + 1) * CELLS_PER_PKT] = cells[0]
         return i
-
-
-def _with_retx(payload: np.ndarray) -> bytes:
-    """The same contribution, marked as a retransmission."""
-    out = payload.copy()
-    header_view(out)["flags"] |= int(Flag.RETX)
-    return out.tobytes()

@@ -1,0 +1,210 @@
+"""Retransmission timeout, fixed versus measured: retransmissions per chunk and time per
+round of the transport, at 1 and 4 workers, without and with 1% loss, on each switch target.
+
+"fixed" is the former timer (20 ms, doubling per try); "measured" derives the first try's
+timeout from round trips (RFC 6298 SRTT + 4 RTTVAR, 5 ms .. 0.5 s, doubling per try;
+worker/retransmission_timer.py). Each round is one all-reduce of --cells int32 cells
+(--bmv2-cells on BMv2, which forwards several times fewer packets per second) by W workers,
+threads of this process with one namespace and socket each; loss is injected per datagram
+in both directions (worker/channel.py FaultyChannel). Rounds of the two timers alternate,
+so both see the same machine load; the table gives the median over rounds. Writes
+bench/results/retransmission.md.
+
+    python -m bench.retransmission [--rounds 5] [--cells 262144] [--bmv2-cells 65536]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import socket
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+from bench.publish import publish
+
+WORLDS = (1, 4)
+LOSSES = (0.0, 0.01)
+TIMERS = ("fixed", "measured")
+POOL_SIZE = 32
+JOIN_TIMEOUT = 300.0
+
+
+class Group:
+    """One job of w workers on the fabric's hosts from `offset` on, one transport each."""
+
+    def __init__(self, fabric, offset: int, w: int, loss: float, timer: str, seed: int) -> None:
+        from aggwire.constants import AGG_UDP_PORT
+        from testnet.aggjob import WORKER_UDP_BASE, Job
+        from testnet.fabric import SERVICE_IP
+        from testnet.namespace import in_namespace
+        from worker.channel import FaultyChannel, UdpChannel
+        from worker.transport import SwitchTransport, TransportConfig
+
+        self.job = Job(fabric, fabric.hosts[offset : offset + w], pool_size=POOL_SIZE)
+        self.transports = []
+        for r, h in enumerate(self.job.hosts):
+            with in_namespace(h.namespace):
+                sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+            sock.bind((h.ip, WORKER_UDP_BASE + r))
+            channel = UdpChannel(sock, (SERVICE_IP, AGG_UDP_PORT))
+            if loss:
+                channel = FaultyChannel(channel, loss=loss, seed=seed + r)
+            cfg = TransportConfig(
+                job_id=self.job.job_id,
+                rank=r,
+                world_size=w,
+                pool_size=POOL_SIZE,
+                adaptive_timeout=timer == "measured",
+            )
+            self.transports.append(SwitchTransport(cfg, channel))
+
+    def round(self, cells: np.ndarray) -> tuple[float, int, int]:
+        """One all-reduce on every worker: (wall seconds, retransmissions, chunks)."""
+        errors: list[BaseException] = []
+        before = [(t.stats.retransmissions, t.stats.chunks) for t in self.transports]
+
+        def work(t) -> None:
+            try:
+                t.allreduce(1, cells)
+            except BaseException as exc:
+                errors.append(exc)
+
+        threads = [threading.Thread(target=work, args=(t,), daemon=True) for t in self.transports]
+        start = time.perf_counter()
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join(max(0.0, JOIN_TIMEOUT - (time.perf_counter() - start)))
+        elapsed = time.perf_counter() - start
+        if any(th.is_alive() for th in threads):
+            raise RuntimeError(f"a worker hung for {JOIN_TIMEOUT:.0f} s")
+        if errors:
+            raise errors[0]
+        retx = sum(t.stats.retransmissions - b[0] for t, b in zip(self.transports, before))
+        chunks = sum(t.stats.chunks - b[1] for t, b in zip(self.transports, before))
+        return elapsed, retx, chunks
+
+    def rto_ms(self) -> float:
+        """The mean first-try timeout the workers ended with, in ms."""
+        return 1e3 * statistics.mean(t.timer.rto for t in self.transports)
+
+    def close(self) -> None:
+        for t in self.transports:
+            t.channel.close()
+
+
+def measure(target: str, n: int, rounds: int) -> dict[tuple, dict[str, float]]:
+    """Per (W, loss, timer): median round ms, retransmissions per chunk, final RTO ms."""
+    from testnet.fabric import Fabric
+
+    cells = np.ones(n, np.int32)
+    rows: dict[tuple, dict[str, float]] = {}
+    hosts = max(WORLDS)  # per timer: both timers' jobs run side by side
+    with Fabric(
+        target, hosts * len(TIMERS), Path(tempfile.mkdtemp(prefix="bench-retx-"))
+    ) as fabric:
+        for h in fabric.hosts:
+            h.enable_ip_stack()
+        for w in WORLDS:
+            for loss in LOSSES:
+                groups = {
+                    tm: Group(fabric, i * hosts, w, loss, tm, seed=17)
+                    for i, tm in enumerate(TIMERS)
+                }
+                samples: dict[str, list] = {tm: [] for tm in TIMERS}
+                try:
+                    for tm in TIMERS:
+                        groups[tm].round(cells)  # warm-up: the first round trips
+                    for _ in range(rounds):
+                        for tm in TIMERS:
+                            samples[tm].append(groups[tm].round(cells))
+                    for tm in TIMERS:
+                        times = [s[0] for s in samples[tm]]
+                        retx = sum(s[1] for s in samples[tm])
+                        chunks = sum(s[2] for s in samples[tm])
+                        rows[(w, loss, tm)] = {
+                            "ms": 1e3 * statistics.median(times),
+                            "retx_per_chunk": retx / chunks,
+                            "rto_ms": groups[tm].rto_ms(),
+                        }
+                        print(target, w, loss, tm, rows[(w, loss, tm)], flush=True)
+                finally:
+                    for g in groups.values():
+                        g.close()
+    return rows
+
+
+def report(results: dict[str, dict], sizes: dict[str, int], rounds: int) -> list[str]:
+    """The markdown table: fixed and measured side by side per target, W and loss."""
+    lines = [
+        "# Retransmission timeout: fixed 20 ms versus measured round trips (RFC 6298)",
+        "",
+        f"`python -m bench.retransmission --rounds {rounds}` on {platform.node() or 'this host'}"
+        f" ({os.cpu_count()} cores, shared), {time.strftime('%Y-%m-%d')}. Pool size "
+        f"{POOL_SIZE}; one round is an all-reduce of n int32 cells per worker "
+        + ", ".join(f"{t}: n = {n:,}" for t, n in sizes.items())
+        + "; median over rounds, retransmissions per chunk over all rounds and workers; "
+        "RTO: the measured timer's first-try timeout at the end.",
+        "",
+        "| target | W | loss | retx/chunk fixed | retx/chunk measured "
+        "| ms/round fixed | ms/round measured | RTO at the end, measured (ms) |",
+        "|---|--:|--:|--:|--:|--:|--:|--:|",
+    ]
+    for target, rows in results.items():
+        for w in WORLDS:
+            for loss in LOSSES:
+                f, m = rows[(w, loss, "fixed")], rows[(w, loss, "measured")]
+                lines.append(
+                    f"| {target} | {w} | {loss:.0%} | {f['retx_per_chunk']:.3f} "
+                    f"| {m['retx_per_chunk']:.3f} | {f['ms']:.0f} | {m['ms']:.0f} "
+                    f"| {m['rto_ms']:.1f} |"
+                )
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Measure on every available target and write bench/results/retransmission.md."""
+    p = argparse.ArgumentParser(
+        prog="python -m bench.retransmission",
+        description=__doc__.split("\n\n")[0],
+        epilog=__doc__.split("\n\n", 1)[1],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--rounds", type=int, default=5, help="rounds per timer (default 5)")
+    p.add_argument("--cells", type=int, default=262_144, help="cells per round, refswitch")
+    p.add_argument("--bmv2-cells", type=int, default=65_536, help="cells per round, BMv2")
+    p.add_argument("--targets", nargs="+", default=None, help="default: every available one")
+    args = p.parse_args(argv)
+    if args.rounds < 1 or args.cells < 1 or args.bmv2_cells < 1:
+        p.error("--rounds, --cells and --bmv2-cells must be positive")
+    from testnet.namespace import have_privileges
+    from testnet.switch_process import bmv2_available
+
+    if not have_privileges():
+        p.error("needs root and iproute2 (network namespaces)")
+    targets = args.targets or ["refswitch"] + (["bmv2"] if bmv2_available() else [])
+    sizes = {t: args.bmv2_cells if t == "bmv2" else args.cells for t in targets}
+    results = {t: measure(t, sizes[t], args.rounds) for t in targets}
+    publish(
+        "retransmission",
+        report(results, sizes, args.rounds),
+        summary=", ".join(
+            f"{t} W=4 retx/chunk fixed {r[(4, 0.0, 'fixed')]['retx_per_chunk']:.3f} "
+            f"measured {r[(4, 0.0, 'measured')]['retx_per_chunk']:.3f}"
+            for t, r in results.items()
+        ),
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

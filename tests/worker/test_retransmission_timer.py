@@ -1,0 +1,108 @@
+"""The retransmission timeout from measured round trips (RFC 6298): the first sample, the
+smoothed estimate under steady and varying delays, the bounds, the backoff, Karn's rule in
+the transport (no switch needed)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from aggwire.constants import CELLS_PER_PKT, Op
+from tests.worker.test_transport_header import LoseFirstSend
+from worker.retransmission_timer import RetransmissionTimer
+from worker.transport import SwitchTransport, TransportConfig
+
+
+def test_before_any_sample_the_initial_timeout():
+    t = RetransmissionTimer(initial=0.02)
+    assert t.rto == 0.02 and t.timeout(1) == 0.04 and t.timeout(3) == 0.16
+
+
+def test_first_sample_sets_srtt_and_half_variance():
+    t = RetransmissionTimer()
+    t.sample(0.004)
+    assert t.srtt == 0.004 and t.rttvar == 0.002
+    assert t.rto == pytest.approx(0.004 + 4 * 0.002)
+
+
+def test_steady_round_trips_converge_to_srtt_within_the_floor():
+    t = RetransmissionTimer(minimum=0.005)
+    for _ in range(200):
+        t.sample(0.010)
+    assert t.srtt == pytest.approx(0.010) and t.rttvar < 1e-6
+    assert t.rto == pytest.approx(0.010, abs=1e-5)
+    for _ in range(200):
+        t.sample(0.0001)
+    assert t.rto == 0.005  # the floor
+
+
+def test_queueing_delay_raises_the_timeout_above_the_delay():
+    """Round trips of 30..90 ms (a loaded switch): the timeout covers nearly all of them."""
+    rng = np.random.default_rng(1)
+    t = RetransmissionTimer()
+    rtts = rng.uniform(0.03, 0.09, 2000)
+    for r in rtts:
+        t.sample(float(r))
+    assert t.rto > np.percentile(rtts, 95)
+    assert t.rto <= t.maximum
+
+
+def test_backoff_doubles_and_is_bounded():
+    t = RetransmissionTimer(maximum=0.5)
+    t.sample(0.01)
+    base = t.rto
+    assert [t.timeout(k) for k in range(3)] == [base, 2 * base, 4 * base]
+    assert t.timeout(20) == 0.5 and t.timeout(10**6) == 0.5
+    for _ in range(50):
+        t.sample(5.0)  # a spurious huge sample cannot make the transport sit idle
+    assert t.rto == 0.5
+
+
+def test_fixed_mode_is_the_former_behaviour():
+    t = RetransmissionTimer(initial=0.02, adaptive=False)
+    t.sample(0.3)
+    assert t.rto == 0.02 and t.timeout(2) == 0.08
+
+
+@pytest.mark.parametrize(
+    "kw", [dict(minimum=0.0), dict(initial=0.001, minimum=0.005), dict(initial=1.0, maximum=0.5)]
+)
+def test_inconsistent_bounds_are_refused(kw):
+    with pytest.raises(ValueError, match="minimum <= initial <= maximum"):
+        RetransmissionTimer(**kw)
+
+
+def test_negative_sample_is_refused():
+    with pytest.raises(ValueError, match="negative"):
+        RetransmissionTimer().sample(-0.001)
+
+
+def test_the_transport_samples_only_chunks_sent_once():
+    """Karn: every chunk here was retransmitted, so no round trip is sampled."""
+    transport = SwitchTransport(
+        TransportConfig(job_id=1, rank=0, world_size=1, pool_size=4), LoseFirstSend()
+    )
+    transport.allreduce(Op.ADD, np.ones(3 * CELLS_PER_PKT, np.int32))
+    assert transport.stats.retransmissions == 3
+    assert transport.timer.samples == 0 and transport.timer.rto == 0.02
+
+
+def test_a_timeout_backs_off_every_chunk_until_the_next_sample():
+    t = RetransmissionTimer()
+    t.sample(0.01)
+    base = t.rto
+    t.timed_out()
+    t.timed_out()
+    assert t.timeout(0) == pytest.approx(4 * base) and t.timeout(1) == pytest.approx(8 * base)
+    np.testing.assert_allclose(t.timeouts(np.array([0, 1])), [4 * base, 8 * base])
+    t.sample(0.01)  # a new measurement ends the backoff
+    assert t.backoff == 0 and t.timeout(0) == pytest.approx(t.rto)
+    for _ in range(100):
+        t.timed_out()
+    assert t.timeout(0) == t.maximum
+
+
+def test_fixed_mode_does_not_back_off_the_pool():
+    t = RetransmissionTimer(adaptive=False)
+    t.timed_out()
+    assert t.timeout(0) == 0.02 and t.timeout(1) == 0.04

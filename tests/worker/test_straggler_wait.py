@@ -1,0 +1,156 @@
+"""A slow rank is not a dead path (no switch needed): a simulated two-rank switch whose other
+rank pauses, goes away, or whose path dies; and local send errors classified as the path."""
+
+from __future__ import annotations
+
+import errno
+import time
+
+import numpy as np
+import pytest
+
+from aggwire.constants import CELLS_PER_PKT, Flag, Op
+from aggwire.header import header_view
+from aggwire.packer import parse_payloads
+from worker.transport import SwitchTransport, TransportConfig, TransportError
+
+FAST = dict(initial_timeout=0.01, max_timeout=0.05, max_retries=4, dead_path_s=0.3)
+
+
+class PeerSwitch:
+    """The switch as rank 0 sees it when rank 1 contributes chunk k at `peer_sends(k)`
+    (seconds from now, None: never): a result once both are in, a resent result for a
+    resend of a complete round, silence for an open one; `dead` silences everything."""
+
+    def __init__(self, peer_sends) -> None:
+        self.start = time.monotonic()
+        self.peer_sends = peer_sends
+        self.open: dict[int, bytes] = {}  # chunk -> rank 0's payload, round not complete
+        self.complete: set[int] = set()
+        self.replies: list[bytes] = []
+        self.dead = False
+        self.resends_of_complete = 0
+
+    def send(self, payload: bytes) -> None:
+        if self.dead:
+            return
+        h = parse_payloads(payload)[0][0]
+        chunk = int(h["chunk"])
+        if chunk in self.complete:
+            self.resends_of_complete += int(h["flags"]) & Flag.RETX != 0
+            self._reply(payload, Flag.RESULT | Flag.RETX)
+        else:
+            self.open[chunk] = payload
+
+    def _reply(self, payload: bytes, flags: int) -> None:
+        reply = np.frombuffer(payload, np.uint8).copy()
+        header_view(reply)["flags"] = int(flags)
+        self.replies.append(reply.tobytes())
+
+    def recv(self, timeout: float) -> bytes | None:
+        end = time.monotonic() + timeout
+        while True:
+            now = time.monotonic() - self.start
+            for chunk in sorted(self.open):
+                at = self.peer_sends(chunk)
+                if not self.dead and at is not None and now >= at:
+                    self._reply(self.open.pop(chunk), Flag.RESULT)
+                    self.complete.add(chunk)
+            if self.replies:
+                return self.replies.pop(0)
+            if time.monotonic() >= end:
+                return None
+            time.sleep(min(0.005, max(0.0, end - time.monotonic())))
+
+    def close(self) -> None:
+        pass
+
+
+def transport(channel, peers_problem=lambda: "", **kw) -> SwitchTransport:
+    cfg = TransportConfig(job_id=7, rank=0, world_size=2, pool_size=4, **{**FAST, **kw})
+    return SwitchTransport(cfg, channel, peers_problem=peers_problem)
+
+
+CELLS = np.arange(6 * CELLS_PER_PKT, dtype=np.int32)  # 6 chunks per call
+
+
+def test_a_paused_peer_is_waited_for_without_a_storm():
+    pause = 1.0
+    switch = PeerSwitch(lambda k: 0.0 if k < 6 else pause)
+    t = transport(switch)
+    np.testing.assert_array_equal(t.allreduce(Op.MAX, CELLS), CELLS)
+    np.testing.assert_array_equal(t.allreduce(Op.MAX, CELLS), CELLS)  # no TransportError
+    assert time.monotonic() - switch.start >= pause  # the peer's chunks came at `pause`
+    assert switch.resends_of_complete > 0  # the path was probed
+    # after the budget, one resend per chunk in flight and max_timeout, plus the probes
+    per_chunk = FAST["max_retries"] + pause / FAST["max_timeout"] + 2
+    assert t.stats.retransmissions <= 4 * per_chunk
+    assert t.wait.probes <= pause / (FAST["max_timeout"] / 2) + 2
+
+
+def test_a_dead_path_ends_the_wait():
+    switch = PeerSwitch(lambda k: 0.0 if k < 6 else None)
+    t = transport(switch)
+    t.allreduce(Op.ADD, CELLS)
+    switch.dead = True
+    start = time.monotonic()
+    with pytest.raises(TransportError, match="the switch path is gone"):
+        t.allreduce(Op.ADD, CELLS)
+    assert time.monotonic() - start < 2.0
+
+
+def test_a_gone_peer_ends_the_wait():
+    gone = {"why": ""}
+    switch = PeerSwitch(lambda k: 0.0 if k < 6 else None)
+    t = transport(switch, peers_problem=lambda: gone["why"], max_straggler_wait=30.0)
+    t.allreduce(Op.ADD, CELLS)
+    start = time.monotonic()
+    gone["why"] = "Heartbeat failed: FAILED_PRECONDITION: job 7 ended (lease of rank 1 expired)"
+    with pytest.raises(TransportError, match="lease of rank 1 expired"):
+        t.allreduce(Op.ADD, CELLS)
+    assert time.monotonic() - start < 1.0
+
+
+def test_the_wait_is_bounded():
+    switch = PeerSwitch(lambda k: 0.0 if k < 6 else None)
+    t = transport(switch, max_straggler_wait=0.6)
+    t.allreduce(Op.ADD, CELLS)
+    with pytest.raises(TransportError, match="for a slow peer"):
+        t.allreduce(Op.ADD, CELLS)
+
+
+def test_without_evidence_the_budget_ends_the_wait():
+    """No agent, or no completed chunk to probe with: the former behaviour."""
+    switch = PeerSwitch(lambda k: None)
+    with pytest.raises(TransportError, match="no completed chunk"):
+        transport(switch).allreduce(Op.ADD, CELLS)
+    switch = PeerSwitch(lambda k: 0.0 if k < 6 else None)
+    t = transport(switch, peers_problem=None)
+    t.allreduce(Op.ADD, CELLS)
+    with pytest.raises(TransportError, match="no evidence that the peers are alive"):
+        t.allreduce(Op.ADD, CELLS)
+
+
+def test_after_a_realignment_the_old_probe_is_not_used():
+    switch = PeerSwitch(lambda k: 0.0 if k < 6 else None)
+    t = transport(switch)
+    t.allreduce(Op.ADD, CELLS)
+    t.next_chunk += 100  # the hook's realignment after a fallback
+    with pytest.raises(TransportError, match="no completed chunk"):
+        t.allreduce(Op.ADD, CELLS)
+
+
+class Unreachable:
+    def send(self, payload: bytes) -> None:
+        raise OSError(errno.ENETUNREACH, "Network is unreachable")
+
+    def recv(self, timeout: float) -> bytes | None:
+        return None
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_local_send_error_is_the_switch_path_failing():
+    with pytest.raises(TransportError, match=r"ENETUNREACH.*switch path failed"):
+        transport(Unreachable()).allreduce(Op.ADD, CELLS)

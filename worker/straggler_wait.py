@@ -1,0 +1,108 @@
+"""A slow rank is not a dead path: what a rank does once a chunk has spent its retry budget.
+
+A chunk stays unanswered either because a peer has not contributed yet (a checkpoint write,
+a slow data loader) or because the switch path or a peer is gone. The switch drops a
+resent contribution of an open round silently (DUPLICATE), so the chunk's own resends
+prove nothing; but a resend of a chunk whose round is complete comes back as a resent
+result. The probe is this rank's contribution to its newest completed chunk d. Its slot
+copy is overwritten only by chunk d + 2S; while d >= j - S, where j is the oldest chunk
+the rank waits on, ranks send in order and no rank sends d + 2S before chunk j completed
+(pool rule), and once j completed j's own resends come back. Either way an answer proves
+the path. The peers are proven by the agent: its heartbeats are answered only while
+the controller holds every rank's lease (an expired lease ends the job). The rank keeps
+waiting while both hold, up to `max_wait` (a rank that left cleanly is not reported to its
+peers), and gives up at once when either fails.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from aggwire.constants import Flag
+from aggwire.header import header_view
+
+PeersProblem = Callable[[], str]  # "" while every peer is believed alive, else why not
+
+
+@dataclass
+class StragglerWait:
+    """The probe and the evidence of one transport; `peers_problem` None: no evidence of the
+    peers, so a spent retry budget ends the wait at once (the former behaviour)."""
+
+    dead_path_s: float = 3.0  # probing without any datagram from the switch this long: dead
+    max_wait: float = 120.0  # the longest wait for one chunk (from its first send)
+    peers_problem: PeersProblem | None = None
+    probe_index: int = -1  # stream index of the newest completed chunk (-1: none yet)
+    probe_row: np.ndarray | None = None  # this rank's contribution to it (payload bytes)
+    last_heard: float = float("-inf")  # when the switch last sent this rank anything
+    probing_since: float | None = None  # when this wait began probing (None: not waiting)
+    last_probe: float = float("-inf")
+    probes: int = 0
+
+    def heard(self, now: float) -> None:
+        """A datagram came from the switch: the path works."""
+        self.last_heard = now
+
+    def progressed(self, index: int, payload: np.ndarray) -> None:
+        """Chunk `index` (stream index) completed with this rank's `payload`: a wait ends."""
+        self.probing_since = None
+        if index > self.probe_index:
+            self.probe_index, self.probe_row = index, payload
+
+    def keep_probe(self) -> None:
+        """Copy the probe out of the call's payloads (so that they can be freed)."""
+        if self.probe_row is not None:
+            self.probe_row = self.probe_row.copy()
+
+    def probe_for(self, oldest_open: int, pool_size: int) -> bytes | None:
+        """The probe while `oldest_open` waits, or None when no completed chunk is surely
+        still held (the stream's first chunks, or after the ranks realigned their counters)."""
+        if self.probe_row is None or not oldest_open - pool_size <= self.probe_index:
+            return None
+        return marked_retx(self.probe_row)
+
+    def peers_gone(self) -> str:
+        """Why the peers may be gone ("" while the agent proves them, or without an agent):
+        checked at every timeout, so a dead peer ends the wait within its lease."""
+        problem = self.peers_problem() if self.peers_problem is not None else ""
+        return f"a peer is gone or the job ended: {problem}" if problem else ""
+
+    def stop_reason(self, now: float, waited: float, can_probe: bool) -> str:
+        """Why the rank must stop waiting for a chunk that spent its retry budget ("": keep
+        waiting, and probe)."""
+        if self.peers_problem is None:
+            return "no evidence that the peers are alive (no agent)"
+        if not can_probe:
+            return "no completed chunk to prove the switch path with"
+        gone = self.peers_gone()
+        if gone:
+            return gone
+        if waited > self.max_wait:
+            return f"waited {waited:.1f} s for a slow peer (at most {self.max_wait:g} s)"
+        if self.probing_since is None:
+            self.probing_since = now
+        silent = now - max(self.last_heard, self.probing_since)
+        if silent > self.dead_path_s:
+            return (
+                f"the switch path is gone: nothing from the switch for {silent:.1f} s "
+                f"({self.probes} probes of chunk {self.probe_index} unanswered)"
+            )
+        return ""
+
+    def should_probe(self, now: float, interval: float) -> bool:
+        """At most one probe per `interval` while waiting."""
+        if now - self.last_probe < interval:
+            return False
+        self.last_probe = now
+        self.probes += 1
+        return True
+
+
+def marked_retx(payload: np.ndarray) -> bytes:
+    """The same contribution, marked as a retransmission."""
+    out = payload.copy()
+    header_view(out)["flags"] |= int(Flag.RETX)
+    return out.tobytes()
