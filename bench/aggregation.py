@@ -327,7 +327,8 @@ def report(record: dict, elapsed: float, args) -> tuple[list[str], str]:
                     med = statistics.median(rec["secs"])
                     lines.append(
                         f"| {w} | {LABELS[m]} | {d:.1%} | {_rate(rec['secs'], n)} | "
-                        f"{base['gloo'] / med:.2f}x | {base['fixed_point'] / med:.2f}x | {rec['retx']} |"
+                        f"{base['gloo'] / med:.2f}x | {base['fixed_point'] / med:.2f}x | "
+                        f"{rec['retx']} |"
                     )
         lines.append("")
         if target == "refswitch":
