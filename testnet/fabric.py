@@ -85,7 +85,7 @@ class Fabric:
         self.hosts: list[FabricHost] = []
         self._switch: SwitchProcess | None = None
         self._restarts = 0
-        self.conn: SwitchConnection | None = None
+        self._conn: SwitchConnection | None = None
         try:
             self._build(num_hosts)
         except BaseException:
@@ -146,8 +146,7 @@ class Fabric:
 
     def close(self) -> None:
         """Stop the switch and remove every namespace and link this fabric made."""
-        if self.conn is not None:
-            self.conn.close()
+        self.release_connection()
         if self._switch is not None:
             self._switch.stop()
             (PID_DIR / f"{self.tag}.pid").unlink(missing_ok=True)
@@ -156,6 +155,25 @@ class Fabric:
                 h._raw.close()
             delete_namespace(h.namespace)
             delete_link(h.switch_iface)
+
+    @property
+    def conn(self) -> SwitchConnection:
+        """The fabric's P4Runtime connection, primary since the fabric was built."""
+        if self._conn is None:
+            raise RuntimeError(
+                "fabric has no switch connection: it failed to build or was released"
+            )
+        return self._conn
+
+    @conn.setter
+    def conn(self, conn: SwitchConnection | None) -> None:
+        self._conn = conn
+
+    def release_connection(self) -> None:
+        """Close the fabric's connection, so another client (a controller) becomes primary."""
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
 
     @property
     def switch(self) -> SwitchProcess:
