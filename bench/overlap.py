@@ -81,6 +81,8 @@ def one_run(model: str, name: str, bw: float, args: argparse.Namespace, out: Pat
         print(proc.stdout[-3000:])
         raise RuntimeError(f"python -m run --model {model} ({name}) failed ({proc.returncode})")
     runs = {name: _steps(out / "switch.jsonl")}
+    if len(runs[name]) < 2:  # it stopped early: show why
+        print(proc.stdout[-3000:])
     if name == "switch, blocking":
         runs["DDP over gloo"] = _steps(out / "gloo.jsonl")
     for line in proc.stdout.splitlines():

@@ -15,21 +15,42 @@ from typing import Any
 
 import grpc
 
-from controller.config import DEFAULT_LISTEN, ConfigError, check_address, load_config
+from controller.config import (
+    DEFAULT_LISTEN,
+    ConfigError,
+    ControllerConfig,
+    check_address,
+    load_config,
+)
+from controller.credentials import (
+    CA_FILE_ENV,
+    OPERATOR_TOKEN_ENV,
+    OPERATOR_TOKEN_FILE_ENV,
+    SecretError,
+    ca_file,
+    operator_token,
+)
 from controller.text_table import render_counters, render_jobs, render_pools, render_status
 
 DESCRIPTION = f"""\
 Control plane of homagg: in-network gradient aggregation on P4 switches.
 `aggctl serve` runs the controller (P4Runtime to the switches, the job service for
 workers); the other commands ask a running controller (--controller, default
-{DEFAULT_LISTEN}) and print tables, or JSON with --json."""
+{DEFAULT_LISTEN}) and print tables, or JSON with --json.
+
+The controller speaks TLS: the other commands verify its certificate against --ca-file
+(or ${CA_FILE_ENV}) and present the operator credential read from --credential-file,
+${OPERATOR_TOKEN_FILE_ENV} or ${OPERATOR_TOKEN_ENV} (never a command-line argument).
+--insecure is plaintext, for tests and local use (docs/controller.md, Security)."""
 
 COMMANDS: dict[str, tuple[str, str]] = {
     "serve": (
         "run the controller until SIGTERM/SIGINT",
         "Connects to every switch of the config (pushing the pipeline where it is missing,\n"
         "re-installing what a switch lost), restores the jobs of its database and serves the\n"
-        "job API. Example:\n  aggctl serve --config controller.toml",
+        "job API. It refuses to start without TLS (controller.tls_cert/tls_key) and an\n"
+        "[[operator]] credential unless --insecure is given. Example:\n"
+        "  aggctl serve --config controller.toml",
     ),
     "status": (
         "the controller and each switch: connected, slots used, jobs",
@@ -90,6 +111,28 @@ def _common(top: bool) -> argparse.ArgumentParser:
         default=10.0 if top else argparse.SUPPRESS,
         help="seconds to wait for the controller or the switch (default 10)",
     )
+    common.add_argument(
+        "--ca-file",
+        type=Path,
+        default=None if top else argparse.SUPPRESS,
+        metavar="FILE",
+        help=f"the CA that signed the controller's certificate (default ${CA_FILE_ENV})",
+    )
+    common.add_argument(
+        "--credential-file",
+        type=Path,
+        default=None if top else argparse.SUPPRESS,
+        metavar="FILE",
+        help=f"file holding the operator credential (default ${OPERATOR_TOKEN_FILE_ENV}, "
+        f"else the token in ${OPERATOR_TOKEN_ENV})",
+    )
+    common.add_argument(
+        "--insecure",
+        action="store_true",
+        default=False if top else argparse.SUPPRESS,
+        help="plaintext gRPC; serve: also start without TLS or operator credentials "
+        "(tests and local use only; logged as a warning)",
+    )
     return common
 
 
@@ -120,6 +163,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--listen", metavar="ADDR", help="override controller.listen")
     serve.add_argument("--database", type=Path, metavar="PATH", help="override controller.database")
+    serve.add_argument(
+        "--tls-cert", type=Path, metavar="FILE", help="override controller.tls_cert (PEM)"
+    )
+    serve.add_argument(
+        "--tls-key", type=Path, metavar="FILE", help="override controller.tls_key (PEM)"
+    )
     serve.add_argument(
         "--fresh-database",
         action="store_true",
@@ -245,10 +294,37 @@ def _print(args: argparse.Namespace, message: Any, text: str) -> None:
         print(text)
 
 
+class UsageError(Exception):
+    """A command line that cannot work; the message says what to give instead."""
+
+
+def client_security(args: argparse.Namespace) -> tuple[Path | None, str | None]:
+    """The CA file (None with --insecure) and the operator credential of a query command."""
+    try:
+        token = operator_token(args.credential_file)
+    except SecretError as exc:
+        raise UsageError(str(exc)) from None
+    if args.insecure:
+        return None, token
+    ca = ca_file(args.ca_file)
+    if ca is None:
+        raise UsageError(
+            f"no CA to verify the controller with: give --ca-file FILE (or set ${CA_FILE_ENV}), "
+            "or --insecure for a plaintext controller"
+        )
+    return ca, token
+
+
 def _query(args: argparse.Namespace) -> int:
     from controller.client import ControllerClient  # needs the generated modules
+    from controller.tls import TlsError
 
-    with ControllerClient(args.controller, args.timeout) as client:
+    ca, token = client_security(args)
+    try:
+        client = ControllerClient(args.controller, args.timeout, ca, token)
+    except TlsError as exc:
+        raise UsageError(str(exc)) from None
+    with client:
         if args.command == "status":
             st = client.status()
             _print(args, st, render_status(st))
@@ -268,9 +344,26 @@ def _query(args: argparse.Namespace) -> int:
     return 0
 
 
+def check_secured(config: ControllerConfig, insecure: bool) -> None:
+    """Refuse a controller without TLS or without an operator credential, unless insecure."""
+    if (config.tls_cert is None) != (config.tls_key is None):
+        raise ConfigError("--tls-cert and --tls-key go together")
+    missing = []
+    if config.tls_cert is None:
+        missing.append("no TLS certificate (controller.tls_cert and tls_key, or --tls-cert)")
+    if not config.operators:
+        missing.append("no [[operator]] credential")
+    if missing and not insecure:
+        raise ConfigError(
+            f"refusing to serve insecurely: {'; '.join(missing)}. Configure them "
+            "(docs/controller.md, Security), or give --insecure for tests and local use"
+        )
+
+
 def _serve(args: argparse.Namespace) -> int:
     from controller.service import ControllerServer
     from controller.store import StoreError
+    from controller.tls import TlsError
 
     try:
         config = load_config(args.config)
@@ -278,6 +371,9 @@ def _serve(args: argparse.Namespace) -> int:
             config = replace(config, listen=check_address(args.listen, "--listen", any_port=True))
         if args.database:
             config = replace(config, database=args.database)
+        if args.tls_cert or args.tls_key:
+            config = replace(config, tls_cert=args.tls_cert, tls_key=args.tls_key)
+        check_secured(config, args.insecure)
     except ConfigError as exc:
         print(f"aggctl: {exc}", file=sys.stderr)
         return 2
@@ -295,7 +391,7 @@ def _serve(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     try:
         server.start()
-    except OSError as exc:
+    except (OSError, TlsError) as exc:
         print(f"aggctl: {exc}", file=sys.stderr)
         server.stop()
         return 1
@@ -332,6 +428,9 @@ def main(argv: list[str] | None = None) -> int:
             details = f"no controller answers at {args.controller} ({details})"
         print(f"aggctl: {code}: {details}", file=sys.stderr)
         return 1
+    except UsageError as exc:
+        print(f"aggctl: {exc}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         return 130
 

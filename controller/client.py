@@ -1,8 +1,11 @@
 """A typed client of the controller's gRPC API (used by aggctl, the tests and workers).
-Failures surface as grpc.RpcError with the status codes listed in docs/controller.md."""
+Failures surface as grpc.RpcError with the status codes listed in docs/controller.md.
+With a CA file the channel is TLS and the controller's certificate must chain to that CA;
+without one it is plaintext (the controller's insecure mode)."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import TracebackType
 from typing import Any
 
@@ -10,17 +13,35 @@ import grpc
 
 from controller.api import jobs_pb2, jobs_pb2_grpc
 from controller.config import DEFAULT_LISTEN
+from controller.credentials import call_metadata
+from controller.tls import channel_credentials
 
 pb = jobs_pb2
 
 
 class ControllerClient:
-    """One channel to a controller; `timeout` bounds every call except WaitReady's own wait."""
+    """One channel to a controller; `timeout` bounds every call except WaitReady's own wait.
+    `ca_file`: verify the controller's TLS certificate against this CA (None: plaintext);
+    `operator_token`: the credential sent with CreateJob and the operator calls;
+    `server_name`: the name the certificate must carry when it is not the dialed host."""
 
-    def __init__(self, address: str = DEFAULT_LISTEN, timeout: float = 10.0) -> None:
+    def __init__(
+        self,
+        address: str = DEFAULT_LISTEN,
+        timeout: float = 10.0,
+        ca_file: Path | None = None,
+        operator_token: str | None = None,
+        server_name: str = "",
+    ) -> None:
         self.address = address
         self.timeout = timeout
-        self._channel = grpc.insecure_channel(address)
+        self.secure = ca_file is not None
+        self._auth = call_metadata(operator_token)
+        if ca_file is None:
+            self._channel = grpc.insecure_channel(address)
+        else:
+            options = [("grpc.ssl_target_name_override", server_name)] if server_name else []
+            self._channel = grpc.secure_channel(address, channel_credentials(ca_file), options)
         self.stub = jobs_pb2_grpc.ControllerStub(self._channel)
 
     def close(self) -> None:
@@ -49,6 +70,7 @@ class ControllerClient:
                 name=name, world_size=world_size, codec=codec, pool_size=pool_size, switch=switch
             ),
             timeout=self.timeout,
+            metadata=self._auth,
         )
 
     def join(
@@ -93,24 +115,32 @@ class ControllerClient:
 
     def status(self) -> Any:
         """Status -> StatusResponse."""
-        return self.stub.Status(pb.StatusRequest(), timeout=self.timeout)
+        return self.stub.Status(pb.StatusRequest(), timeout=self.timeout, metadata=self._auth)
 
     def list_jobs(self, include_ended: bool = False) -> Any:
         """ListJobs -> ListJobsResponse."""
         return self.stub.ListJobs(
-            pb.ListJobsRequest(include_ended=include_ended), timeout=self.timeout
+            pb.ListJobsRequest(include_ended=include_ended),
+            timeout=self.timeout,
+            metadata=self._auth,
         )
 
     def list_pools(self, switch: str = "") -> Any:
         """ListPools -> ListPoolsResponse."""
-        return self.stub.ListPools(pb.ListPoolsRequest(switch=switch), timeout=self.timeout)
+        return self.stub.ListPools(
+            pb.ListPoolsRequest(switch=switch), timeout=self.timeout, metadata=self._auth
+        )
 
     def counters(self, switch: str = "", job_id: int = 0) -> Any:
         """GetCounters -> GetCountersResponse."""
         return self.stub.GetCounters(
-            pb.GetCountersRequest(switch=switch, job_id=job_id), timeout=self.timeout
+            pb.GetCountersRequest(switch=switch, job_id=job_id),
+            timeout=self.timeout,
+            metadata=self._auth,
         )
 
     def release(self, job_id: int) -> Any:
         """ReleaseJob -> ReleaseJobResponse."""
-        return self.stub.ReleaseJob(pb.ReleaseJobRequest(job_id=job_id), timeout=self.timeout)
+        return self.stub.ReleaseJob(
+            pb.ReleaseJobRequest(job_id=job_id), timeout=self.timeout, metadata=self._auth
+        )

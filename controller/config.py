@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from aggwire.constants import NUM_SLOTS
+from controller.credentials import Operator
 from controller.forwarding import Host
 from controller.validation import MAX_SWITCH_PORT
 from p4rtproto.bytestrings import ipv4_to_int, mac_to_int
@@ -39,6 +40,11 @@ class SwitchConfig:
     device_id: int = 0
     election_id: int = 10
     timeout: float = 5.0
+    # The program pushed to this switch: None is the committed v1model build (BMv2, the
+    # reference switch); a Tofino switch names the TNA P4Info and its packed device config
+    # (docs/tofino.md). Both or neither.
+    p4info: Path | None = None
+    device_config: Path | None = None
 
     def host_by_ip(self, ip: str) -> Host | None:
         """The configured host with this IPv4 address, if any."""
@@ -59,6 +65,10 @@ class ControllerConfig:
     rpc_threads: int = 128
     wait_ready_limit: int = 96  # parked WaitReady calls (controller/waiting.py)
     wait_ready_per_client: int = 64
+    tls_cert: Path | None = None  # PEM certificate of the gRPC port (with tls_key: TLS)
+    tls_key: Path | None = None
+    max_job_slots: int = NUM_SLOTS  # per-job quota: the largest pool one job may ask for
+    operators: tuple[Operator, ...] = ()  # credentials of operator RPCs and CreateJob
 
     def switch(self, name: str) -> SwitchConfig | None:
         """The switch with this name, if configured."""
@@ -144,7 +154,18 @@ def _host(data: Any, where: str) -> Host:
     return host
 
 
-def _switch(data: Any, where: str) -> SwitchConfig:
+def _program_file(r: _Reader, key: str, base_dir: Path, where: str) -> Path | None:
+    """An optional program file of a switch entry, relative to the config file."""
+    value = r.string(key, "")
+    if not value:
+        return None
+    path = Path(value) if Path(value).is_absolute() else base_dir / value
+    if not path.is_file():
+        raise ConfigError(f"{where}.{key}: {path} is not a file")
+    return path
+
+
+def _switch(data: Any, where: str, base_dir: Path) -> SwitchConfig:
     r = _Reader(data, where)
     name = r.string("name")
     if not NAME_PATTERN.match(name):
@@ -159,8 +180,12 @@ def _switch(data: Any, where: str) -> SwitchConfig:
         device_id=r.integer("device_id", 0, 0, 2**64 - 1),
         election_id=r.integer("election_id", 10, 1, 2**63 - 1),
         timeout=r.seconds("timeout", 5.0),
+        p4info=_program_file(r, "p4info", base_dir, where),
+        device_config=_program_file(r, "device_config", base_dir, where),
     )
     r.finish()
+    if (sw.p4info is None) != (sw.device_config is None):
+        raise ConfigError(f"{where}: give both p4info and device_config, or neither")
     ips = [h.ip for h in hosts]
     for ip in ips:
         if ips.count(ip) > 1:
@@ -170,6 +195,36 @@ def _switch(data: Any, where: str) -> SwitchConfig:
     return sw
 
 
+def _operator(data: Any, where: str) -> Operator:
+    r = _Reader(data, where)
+    name = r.string("name")
+    if not NAME_PATTERN.match(name):
+        raise ConfigError(f"{where}.name: {name!r} is not 1..32 of [A-Za-z0-9_.-]")
+    digest = r.string("token_sha256").lower()
+    if not re.fullmatch(r"[0-9a-f]{64}", digest):
+        raise ConfigError(
+            f"{where}.token_sha256: expected the 64 hex digits of the token's SHA-256 "
+            '(printf %s "$TOKEN" | sha256sum)'
+        )
+    op = Operator(
+        name=name,
+        token_sha256=digest,
+        max_jobs=r.integer("max_jobs", 0, 0, 1 << 16),
+        max_slots=r.integer("max_slots", 0, 0, NUM_SLOTS),
+    )
+    r.finish()
+    return op
+
+
+def _optional_path(ctl: _Reader, key: str, base_dir: Path) -> Path | None:
+    """A file named by `key` (relative to the config's directory); None when absent or ""."""
+    value = ctl.string(key, "")
+    if not value:
+        return None
+    path = Path(value)
+    return path if path.is_absolute() else base_dir / path
+
+
 def parse_config(
     data: Mapping[str, Any], base_dir: Path, where: str = "config"
 ) -> ControllerConfig:
@@ -177,9 +232,16 @@ def parse_config(
     top = _Reader(data, where)
     ctl = _Reader(top._get("controller", Mapping, {}), f"{where}: controller")
     switches = tuple(
-        _switch(s, f"{where}: switch[{i}]") for i, s in enumerate(top.tables("switch"))
+        _switch(s, f"{where}: switch[{i}]", base_dir) for i, s in enumerate(top.tables("switch"))
+    )
+    operators = tuple(
+        _operator(o, f"{where}: operator[{i}]") for i, o in enumerate(top.tables("operator"))
     )
     top.finish()
+    for key in ("name", "token_sha256"):
+        values = [getattr(o, key) for o in operators]
+        if len(set(values)) != len(values):
+            raise ConfigError(f"{where}: two operators have the same {key}")
     if not switches:
         raise ConfigError(f"{where}: no [[switch]] configured")
     for key in ("name", "address"):
@@ -199,9 +261,20 @@ def parse_config(
         join_timeout=ctl.seconds("join_timeout", 60.0),
         default_pool_size=ctl.integer("default_pool_size", 64, 1, NUM_SLOTS),
         rpc_threads=ctl.integer("rpc_threads", 128, 4, 4096),
+        tls_cert=_optional_path(ctl, "tls_cert", base_dir),
+        tls_key=_optional_path(ctl, "tls_key", base_dir),
+        max_job_slots=ctl.integer("max_job_slots", NUM_SLOTS, 1, NUM_SLOTS),
+        operators=operators,
     )
     config = _wait_limits(ctl, config)
     ctl.finish()
+    if (config.tls_cert is None) != (config.tls_key is None):
+        raise ConfigError(f"{where}: controller.tls_cert and controller.tls_key go together")
+    if config.default_pool_size > config.max_job_slots:
+        raise ConfigError(
+            f"{where}: controller.default_pool_size ({config.default_pool_size}) is over the "
+            f"quota controller.max_job_slots ({config.max_job_slots})"
+        )
     if config.lease < 2 * config.heartbeat_interval:
         raise ConfigError(
             f"{where}: controller.lease ({config.lease} s) must be at least twice "

@@ -18,10 +18,13 @@ import grpc
 from controller.api import jobs_pb2, jobs_pb2_grpc
 from controller.config import ControllerConfig
 from controller.counters import CounterValue, SwitchCounters
-from controller.errors import Aborted, ControllerError
+from controller.credentials import Operator, authenticate, bearer
+from controller.errors import Aborted, ControllerError, Unauthenticated
 from controller.jobs import JobManager
 from controller.model import Job
+from controller.quotas import Quotas
 from controller.store import Store
+from controller.tls import server_credentials
 from controller.validation import check_timeout
 from controller.views import controller_status, job_counters, pool_ranges
 from controller.waiting import WaitLimiter, client_host
@@ -52,6 +55,18 @@ def _guard(method: Callable) -> Callable:
         context.abort(code, message)
 
     return handler
+
+
+def _operator_rpc(method: Callable) -> Callable:
+    """An RPC only an operator may call: the caller is authenticated before `method` runs and
+    passed to it (None when no operator credential is configured: the insecure mode)."""
+
+    @functools.wraps(method)
+    def handler(self: ControllerService, request: Any, context: grpc.ServicerContext) -> Any:
+        op = self.operator(context, method.__name__)
+        return method(self, request, context, op)
+
+    return _guard(handler)
 
 
 def job_info(m: JobManager, job: Job) -> Any:
@@ -120,12 +135,39 @@ class ControllerService(jobs_pb2_grpc.ControllerServicer):
         self.listen = listen
         cfg = manager.config
         self.waits = WaitLimiter(cfg.wait_ready_limit, cfg.wait_ready_per_client, manager.wake)
+        self.quotas = Quotas(manager)
 
-    @_guard
-    def CreateJob(self, request: Any, context: grpc.ServicerContext) -> Any:
-        job, token = self.m.create(
-            request.name, request.world_size, request.codec, request.pool_size, request.switch
-        )
+    def operator(self, context: grpc.ServicerContext, rpc: str) -> Operator | None:
+        """The operator presenting a valid credential; UNAUTHENTICATED otherwise. Every call
+        passes when no operator is configured (insecure mode, warned about at start)."""
+        operators = self.m.config.operators
+        if not operators:
+            return None
+        token = bearer(context.invocation_metadata())
+        if token is None:
+            raise Unauthenticated(
+                f"{rpc} is an operator call and needs an operator credential "
+                "('authorization: Bearer TOKEN' metadata; aggctl reads it from "
+                "--credential-file, $HOMAGG_OPERATOR_TOKEN_FILE or $HOMAGG_OPERATOR_TOKEN)"
+            )
+        op = authenticate(operators, token)
+        if op is None:
+            raise Unauthenticated(
+                f"{rpc}: the operator credential is not one this controller knows"
+            )
+        return op
+
+    @_operator_rpc
+    def CreateJob(self, request: Any, context: grpc.ServicerContext, op: Operator | None) -> Any:
+        pool_size = self.quotas.pool_size(request.pool_size)
+        with self.quotas.lock:  # the check and the creation are one step per creation
+            self.quotas.admit(op, pool_size)
+            job, token = self.m.create(
+                request.name, request.world_size, request.codec, pool_size, request.switch
+            )
+            self.quotas.record(job, op)
+        if op is not None:
+            log.info("job %d (%s) created by operator %s", job.job_id, job.name, op.name)
         cfg = self.m.config
         return pb.CreateJobResponse(
             job_id=job.job_id,
@@ -196,8 +238,8 @@ class ControllerService(jobs_pb2_grpc.ControllerServicer):
             job_ended=self.m.leave(request.job_id, request.token, request.rank)
         )
 
-    @_guard
-    def Status(self, request: Any, context: grpc.ServicerContext) -> Any:
+    @_operator_rpc
+    def Status(self, request: Any, context: grpc.ServicerContext, op: Operator | None) -> Any:
         st = controller_status(self.m)
         return pb.StatusResponse(
             version=version(),
@@ -226,14 +268,14 @@ class ControllerService(jobs_pb2_grpc.ControllerServicer):
             ],
         )
 
-    @_guard
-    def ListJobs(self, request: Any, context: grpc.ServicerContext) -> Any:
+    @_operator_rpc
+    def ListJobs(self, request: Any, context: grpc.ServicerContext, op: Operator | None) -> Any:
         jobs = self.m.list_jobs(request.include_ended)
         with self.m.lock:
             return pb.ListJobsResponse(jobs=[job_info(self.m, j) for j in jobs])
 
-    @_guard
-    def ListPools(self, request: Any, context: grpc.ServicerContext) -> Any:
+    @_operator_rpc
+    def ListPools(self, request: Any, context: grpc.ServicerContext, op: Operator | None) -> Any:
         return pb.ListPoolsResponse(
             ranges=[
                 pb.PoolRange(
@@ -243,14 +285,16 @@ class ControllerService(jobs_pb2_grpc.ControllerServicer):
             ]
         )
 
-    @_guard
-    def GetCounters(self, request: Any, context: grpc.ServicerContext) -> Any:
+    @_operator_rpc
+    def GetCounters(self, request: Any, context: grpc.ServicerContext, op: Operator | None) -> Any:
         found = job_counters(self.m, request.switch, request.job_id)
         return pb.GetCountersResponse(switches=[switch_counters(c) for c in found])
 
-    @_guard
-    def ReleaseJob(self, request: Any, context: grpc.ServicerContext) -> Any:
+    @_operator_rpc
+    def ReleaseJob(self, request: Any, context: grpc.ServicerContext, op: Operator | None) -> Any:
         job = self.m.release(request.job_id)
+        if op is not None:
+            log.info("job %d released by operator %s", job.job_id, op.name)
         with self.m.lock:
             return pb.ReleaseJobResponse(job=job_info(self.m, job))
 
@@ -282,7 +326,7 @@ class ControllerServer:
             maximum_concurrent_rpcs=self.config.rpc_threads * MAX_QUEUED_PER_THREAD,
         )
         try:
-            port = server.add_insecure_port(self.config.listen)
+            port = self._add_port(server)
         except RuntimeError as exc:
             raise OSError(f"cannot listen on {self.config.listen}: {exc}") from None
         if port == 0:
@@ -301,6 +345,23 @@ class ControllerServer:
             len(self.config.switches),
         )
         return port
+
+    def _add_port(self, server: grpc.Server) -> int:
+        cfg = self.config
+        if not cfg.operators:
+            log.warning(
+                "INSECURE: no [[operator]] configured: every operator call and CreateJob is "
+                "open to anyone who reaches %s",
+                cfg.listen,
+            )
+        if cfg.tls_cert is not None and cfg.tls_key is not None:
+            return server.add_secure_port(cfg.listen, server_credentials(cfg.tls_cert, cfg.tls_key))
+        log.warning(
+            "INSECURE: the job API on %s is plaintext (no controller.tls_cert/tls_key): "
+            "tokens cross the network readable",
+            cfg.listen,
+        )
+        return server.add_insecure_port(cfg.listen)
 
     def stop(self, grace: float = 1.0) -> None:
         """Stop serving, then the supervisors; the switches keep every entry."""

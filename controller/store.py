@@ -29,6 +29,10 @@ CREATE TABLE IF NOT EXISTS workers (
     mac TEXT NOT NULL, ip TEXT NOT NULL, udp_port INTEGER NOT NULL, switch_port INTEGER NOT NULL,
     left_job INTEGER NOT NULL, PRIMARY KEY (job_id, rank));
 """
+# created where first used, so a database of an older controller gains it without a migration
+OWNERS_TABLE = (
+    "CREATE TABLE IF NOT EXISTS job_owners (job_id INTEGER PRIMARY KEY, owner TEXT NOT NULL)"
+)
 JOB_COLUMNS = (
     "job_id, name, token_hash, world_size, codec, pool_size, created, switch, "
     "pool_base, ended, end_reason"
@@ -229,6 +233,18 @@ class Store:
         """One job, running or ended."""
         found = self._jobs("job_id = ?", (job_id,))
         return found[0] if found else None
+
+    def save_owner(self, job_id: int, owner: str) -> None:
+        """Record which operator credential created a job (its quotas count it)."""
+        with self._lock, self._tx() as db:
+            db.execute(OWNERS_TABLE)
+            db.execute("INSERT OR REPLACE INTO job_owners VALUES (?, ?)", (job_id, owner))
+
+    def owners(self) -> dict[int, str]:
+        """The creating operator of every job that has one."""
+        with self._lock, self._tx() as db:
+            db.execute(OWNERS_TABLE)
+            return dict(db.execute("SELECT job_id, owner FROM job_owners").fetchall())
 
 
 class _Transaction:

@@ -37,7 +37,8 @@ LINK_CODES = (
 
 
 class SwitchRejected(Exception):
-    """The switch refused updates for a reason other than connectivity (full table, bad value...)."""
+    """The switch refused updates for a reason other than connectivity (full table, bad
+    value...)."""
 
 
 class SwitchListener(Protocol):
@@ -78,6 +79,8 @@ class ManagedSwitch:
         self.name = config.name
         self.lock = lock
         self.listener = listener
+        if config.p4info is not None and config.device_config is not None:
+            artifacts = (config.p4info, config.device_config)  # its own program (Tofino)
         self.artifacts = artifacts
         self.p4info = P4InfoIndex.from_text_file(artifacts[0])
         self.pools = SlotAllocator()

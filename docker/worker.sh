@@ -1,6 +1,7 @@
 #!/bin/sh
 # One rank of the docker-compose job: eth1 is this worker's link to the switch (its port
 # RANK+1), eth0 the control network (controller, torchrun rendezvous and gloo).
+# The job token goes through a file of the shared volume, never a command line.
 # Usage: worker.sh RANK WORLD
 set -eu
 RANK=$1
@@ -8,17 +9,17 @@ WORLD=$2
 ip route add 10.0.0.0/16 dev eth1 2>/dev/null || true    # the service address and peers: via the switch
 python -c 'from testnet.rawsock import disable_offloads; disable_offloads("eth1")'
 if [ "$RANK" = 0 ]; then
-  python -m worker create --controller controller:50051 --name compose --world-size "$WORLD" \
-    --codec "${CODEC:-lossless}" --pool-size 8 --json > /shared/job.json.tmp
+  # the compose controller is plaintext on its private control network (docs/run.md#docker)
+  python -m worker create --insecure --controller controller:50051 --name compose \
+    --world-size "$WORLD" --codec "${CODEC:-lossless}" --pool-size 8 \
+    --token-file /shared/job.token --json > /shared/job.json.tmp
   mv /shared/job.json.tmp /shared/job.json
 fi
 while [ ! -s /shared/job.json ]; do sleep 0.5; done
-JOB_ID=$(python -c 'import json; print(json.load(open("/shared/job.json"))["job_id"])')
-TOKEN=$(python -c 'import json; print(json.load(open("/shared/job.json"))["token"])')
-IP=$(ip -4 -o addr show dev eth1 | awk '{print $4}' | cut -d/ -f1)
+HOMAGG_JOB_ID=$(python -c 'import json; print(json.load(open("/shared/job.json"))["job_id"])')
 mkdir -p /shared/out
+export HOMAGG_JOB_ID HOMAGG_TOKEN_FILE=/shared/job.token HOMAGG_IFACE=eth1
 GLOO_SOCKET_IFNAME=eth0 OMP_NUM_THREADS=1 exec python -m torch.distributed.run --nnodes "$WORLD" \
   --nproc-per-node 1 --node-rank "$RANK" --master-addr worker1 --master-port 29500 \
   -m run.train --mode switch --codec "${CODEC:-lossless}" --steps "${STEPS:-120}" \
-  --controller controller:50051 --job-id "$JOB_ID" --token "$TOKEN" \
-  --ip "$IP" --iface eth1 --switch-port $((RANK + 1)) --out /shared/out
+  --controller controller:50051 --iface eth1 --out /shared/out

@@ -4,6 +4,9 @@ command ends, and exit with its status.
 
 The ranks find HOMAGG_CONTROLLER, HOMAGG_JOB_ID and HOMAGG_TOKEN_FILE (a file only this
 user can read; the token is never on a command line) and `homagg.attach` joins this job.
+The controller is verified against $HOMAGG_CA_FILE (the ranks inherit it); the job is
+created with the operator credential of $HOMAGG_OPERATOR_TOKEN_FILE or
+$HOMAGG_OPERATOR_TOKEN, which the ranks do not get.
 
 Example:
   homagg-run --controller 10.0.0.100:50051 --world-size 2 --codec lossless -- \\
@@ -24,6 +27,14 @@ from pathlib import Path
 import grpc
 
 from controller.client import ControllerClient
+from controller.credentials import (
+    OPERATOR_TOKEN_ENV,
+    OPERATOR_TOKEN_FILE_ENV,
+    SecretError,
+    ca_file,
+    operator_token,
+)
+from controller.tls import TlsError
 from worker.attach import ENV_CODEC, ENV_CONTROLLER, ENV_JOB_ID, ENV_TOKEN, ENV_TOKEN_FILE
 from worker.codecs import CODECS
 
@@ -55,6 +66,11 @@ def _write_token(token: str) -> Path:
     return Path(path)
 
 
+def _client(address: str) -> ControllerClient:
+    """A client with this process's CA and operator credential (from the environment)."""
+    return ControllerClient(address, 10.0, ca_file(), operator_token())
+
+
 def run(args: argparse.Namespace) -> int:
     """Create, run, release; the command's exit status (128 + signal when it was killed)."""
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -67,10 +83,13 @@ def run(args: argparse.Namespace) -> int:
         )
         return 2
     try:
-        with ControllerClient(args.controller, timeout=10.0) as client:
+        with _client(args.controller) as client:
             job = client.create_job(
                 args.name, world_size=args.world_size, codec=args.codec, pool_size=args.pool_size
             )
+    except (SecretError, TlsError) as exc:
+        print(f"homagg-run: {exc}", file=sys.stderr)
+        return 2
     except grpc.RpcError as exc:
         print(
             f"homagg-run: CreateJob failed at {args.controller}: {exc.code().name}: "
@@ -79,7 +98,8 @@ def run(args: argparse.Namespace) -> int:
         )
         return 1
     token_file = _write_token(job.token)
-    env = {k: v for k, v in os.environ.items() if k != ENV_TOKEN}
+    secret = (ENV_TOKEN, OPERATOR_TOKEN_ENV, OPERATOR_TOKEN_FILE_ENV)
+    env = {k: v for k, v in os.environ.items() if k not in secret}
     env.update(
         {
             ENV_CONTROLLER: args.controller,
@@ -101,11 +121,12 @@ def run(args: argparse.Namespace) -> int:
             signal.signal(s, h)
         token_file.unlink(missing_ok=True)
         try:
-            with ControllerClient(args.controller, timeout=10.0) as client:
+            with _client(args.controller) as client:
                 client.release(job.job_id)
-        except grpc.RpcError as exc:
+        except (grpc.RpcError, SecretError, TlsError) as exc:
+            why = exc.code().name if isinstance(exc, grpc.RpcError) else exc
             print(
-                f"homagg-run: job {job.job_id} not released ({exc.code().name}); its lease ends it",
+                f"homagg-run: job {job.job_id} not released ({why}); its lease ends it",
                 file=sys.stderr,
             )
     return code if code >= 0 else 128 - code

@@ -35,7 +35,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--grpc-server-addr",
         default="127.0.0.1:9559",
-        help="address of the P4Runtime server (default 127.0.0.1:9559)",
+        help="address of the P4Runtime server (default 127.0.0.1:9559, loopback: only the "
+        "controller may reach it, docs/controller.md)",
     )
     p.add_argument(
         "--no-p4",
@@ -56,6 +57,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds between drop summaries in the log (default 10)",
     )
     return p
+
+
+def is_wildcard(address: str) -> bool:
+    """Whether a host:port listens on every interface (0.0.0.0, [::], or no host)."""
+    host = address.rpartition(":")[0].strip("[]")
+    return host in ("", "0.0.0.0", "::")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -83,6 +90,12 @@ def main(argv: list[str] | None = None) -> int:
         log.error("cannot start the P4Runtime server on %s: %s", args.grpc_server_addr, exc)
         switch.close()
         return 1
+    if is_wildcard(args.grpc_server_addr):
+        log.warning(
+            "P4Runtime on %s answers every network: whoever reaches it can become primary and "
+            "rewrite the tables; bind the controller's side only (docs/controller.md, Security)",
+            args.grpc_server_addr,
+        )
     signal.signal(signal.SIGTERM, lambda *_: switch.stop())
     signal.signal(signal.SIGINT, lambda *_: switch.stop())
     log.info(

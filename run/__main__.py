@@ -20,6 +20,7 @@ from types import FrameType
 from typing import TYPE_CHECKING
 
 from controller.config import DEFAULT_PORT
+from run.credentials import RunCredentials, make_run_credentials
 from run.model import DEFAULT_LR, MODELS
 from run.names import RunNames
 from run.state import RunState, netns_id, pids_in_netns
@@ -125,7 +126,11 @@ def _controller_address(names: RunNames) -> str:
 
 
 def _controller_toml(
-    switch_address: str, hosts: list[tuple[str, str, int]], out: Path, names: RunNames
+    switch_address: str,
+    hosts: list[tuple[str, str, int]],
+    out: Path,
+    names: RunNames,
+    creds: RunCredentials,
 ) -> str:
     from testnet.addresses import SWITCH_MAC
     from testnet.controller_process import config_toml
@@ -138,7 +143,9 @@ def _controller_toml(
                 "heartbeat_interval": 1.0,
                 "lease": 10.0,
                 "join_timeout": 120.0,
+                **creds.controller_keys(),
             },
+            "operator": creds.operators(),
             "switch": [
                 {
                     "name": "s1",
@@ -154,10 +161,13 @@ def _controller_toml(
     )
 
 
-def _start_controller(net: Mininet, topo: Topology, out: Path, state: RunState) -> subprocess.Popen:
-    """Start `aggctl serve` on the controller's host (root namespace); wait until it has
-    synced the switch."""
+def _start_controller(
+    net: Mininet, topo: Topology, out: Path, state: RunState, creds: RunCredentials
+) -> subprocess.Popen:
+    """Start `aggctl serve` on the controller's host (root namespace), on TLS with the run's
+    operator credential; wait until it has synced the switch."""
     from controller.client import ControllerClient
+    from controller.credentials import operator_token
     from testnet.addresses import host_mac
 
     names = state.names
@@ -166,7 +176,7 @@ def _start_controller(net: Mininet, topo: Topology, out: Path, state: RunState) 
     hosts = [(names.host_ip(i), host_mac(i), host_switch_port(i)) for i in range(topo.hosts)]
     hosts.append((names.controller_ip, c.defaultIntf().MAC(), topo.hosts + 1))
     cfg = out / "controller.toml"
-    cfg.write_text(_controller_toml(sw.process.address, hosts, out, names))
+    cfg.write_text(_controller_toml(sw.process.address, hosts, out, names, creds))
     (out / "controller.db").unlink(missing_ok=True)
     log = open(out / "controller.log", "wb")
     proc = subprocess.Popen(
@@ -178,7 +188,8 @@ def _start_controller(net: Mininet, topo: Topology, out: Path, state: RunState) 
         env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
     state.add("pgids", proc.pid)
-    with ControllerClient(_controller_address(names), timeout=2.0) as client:
+    token = operator_token(creds.operator_token_file)
+    with ControllerClient(_controller_address(names), 2.0, creds.ca, token) as client:
         deadline = time.monotonic() + 30
         while True:
             try:
@@ -194,8 +205,17 @@ def _start_controller(net: Mininet, topo: Topology, out: Path, state: RunState) 
             time.sleep(0.3)
 
 
-def _run_job(mode: str, net: Mininet, args: argparse.Namespace, state: RunState, port: int) -> None:
-    """One torchrun per host (rank = host index), rank 0's output streamed here."""
+def _run_job(
+    mode: str,
+    net: Mininet,
+    args: argparse.Namespace,
+    state: RunState,
+    port: int,
+    creds: RunCredentials | None = None,
+) -> None:
+    """One torchrun per host (rank = host index), rank 0's output streamed here. With `creds`
+    every rank verifies the controller against the run's CA and rank 0, which creates the job,
+    reads the operator credential from its file (the environment names the files)."""
     names = state.names
     hosts = [h for h in net.hosts if h.inNamespace]
     procs, logs = [], []
@@ -249,6 +269,7 @@ def _run_job(mode: str, net: Mininet, args: argparse.Namespace, state: RunState,
             "GLOO_SOCKET_IFNAME": iface,
             "OMP_NUM_THREADS": "1",
             "PYTHONUNBUFFERED": "1",
+            **(creds.client_env(operator=i == 0) if creds is not None else {}),
         }
         logs.append(args.out / f"{mode}-rank{i}.log")
         procs.append(
@@ -298,6 +319,7 @@ class _Session:
     state: RunState
     net: Mininet | None = None
     ctl: subprocess.Popen | None = None
+    creds: RunCredentials | None = None
 
 
 def _settle(args: argparse.Namespace) -> tuple[str, Topology]:
@@ -338,7 +360,8 @@ def _build(session: _Session, topo: Topology, target: str, out: Path) -> None:
     net.start()
     session.state.add("pgids", net.switches[0].process.proc.pid)
     prepare_hosts(net, PY)
-    session.ctl = _start_controller(net, topo, out, session.state)
+    session.creds = make_run_credentials(names.directory / "credentials", names.controller_ip)
+    session.ctl = _start_controller(net, topo, out, session.state, session.creds)
     print(
         f"controller on {_controller_address(names)} (host {names.controller_host}), switch "
         f"P4Runtime on {net.switches[0].process.address}; logs in {out}",
@@ -346,10 +369,11 @@ def _build(session: _Session, topo: Topology, target: str, out: Path) -> None:
     )
 
 
-def _counters(names: RunNames) -> str:
-    """`aggctl counters` as the operator sees it."""
+def _counters(names: RunNames, creds: RunCredentials) -> str:
+    """`aggctl counters` as the operator sees it (over TLS, with the run's credential)."""
+    address = _controller_address(names)
     done = subprocess.run(
-        [PY, "-m", "controller", "--controller", _controller_address(names), "counters"],
+        [PY, "-m", "controller", "--controller", address, *creds.aggctl_args(), "counters"],
         capture_output=True,
         text=True,
         timeout=30,
@@ -360,9 +384,10 @@ def _counters(names: RunNames) -> str:
 
 def _train(session: _Session, args: argparse.Namespace) -> str:
     """The switch run (then the switch's counters), then the gloo run; returns the counters."""
-    assert session.net is not None
-    _run_job("switch", session.net, args, session.state, 29500)  # rank 0 creates the job
-    counters = _counters(session.state.names)
+    assert session.net is not None and session.creds is not None
+    # rank 0 creates the job
+    _run_job("switch", session.net, args, session.state, 29500, session.creds)
+    counters = _counters(session.state.names, session.creds)
     if not args.no_gloo:
         _run_job("gloo", session.net, args, session.state, 29501)
     return counters

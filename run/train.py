@@ -44,6 +44,12 @@ class Tracked:
     local_max: float = 0.0
 
 
+def _grad_max(grad: torch.Tensor) -> float:
+    """Largest |element| of a gradient, dense or sparse (sparse embeddings: its values)."""
+    values = grad.coalesce().values() if grad.is_sparse else grad
+    return float(values.abs().max()) if values.numel() else 0.0
+
+
 def tracked_hook(state: Tracked, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """switch_allreduce_hook, recording the bucket's max |gradient| first."""
     buf = bucket.buffer()
@@ -106,8 +112,7 @@ def train(a: argparse.Namespace) -> None:
             if isinstance(model, DearDataParallel):  # DeAR steps in the next forward
                 assert tracked is not None
                 tracked.local_max = max(
-                    [float(p.grad.abs().max()) for p in model.parameters() if p.grad is not None]
-                    + [0.0]
+                    [_grad_max(p.grad) for p in model.parameters() if p.grad is not None] + [0.0]
                 )
                 if step == a.steps - 1:
                     model.flush()

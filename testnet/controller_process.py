@@ -14,7 +14,8 @@ from testnet.poll import wait_for
 
 
 def config_toml(doc: dict) -> str:
-    """A controller configuration document ({"controller": {...}, "switch": [{...}]}) as TOML."""
+    """A controller configuration document ({"controller": {...}, "switch": [{...}]}, and
+    optionally "operator": [{...}]) as TOML."""
 
     def value(v: object) -> str:
         if isinstance(v, str):
@@ -28,6 +29,8 @@ def config_toml(doc: dict) -> str:
     lines = ["[controller]"] + [f"{k} = {value(v)}" for k, v in doc["controller"].items()]
     for sw in doc["switch"]:
         lines += ["", "[[switch]]"] + [f"{k} = {value(v)}" for k, v in sw.items()]
+    for op in doc.get("operator", []):
+        lines += ["", "[[operator]]"] + [f"{k} = {value(v)}" for k, v in op.items()]
     return "\n".join(lines) + "\n"
 
 
@@ -56,6 +59,7 @@ class ControllerProcess:
                     "serve",
                     "--config",
                     str(self.config),
+                    "--insecure",  # a test's plaintext controller on loopback
                     *self.extra_args,
                 ],
                 stdout=log,

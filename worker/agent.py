@@ -21,6 +21,7 @@ import grpc
 from aggwire.constants import CELLS_PER_PKT, MAX_JOB_ID, MAX_WORKERS_PER_JOB, NUM_SLOTS
 from controller.client import ControllerClient
 from controller.model import Assignment
+from controller.tls import TlsError
 from worker.channel import Channel, UdpChannel
 from worker.transport import SwitchTransport, TransportConfig
 
@@ -63,6 +64,7 @@ class AgentConfig:
     initial_timeout: float = 0.02  # transport retransmission timing (TransportConfig)
     max_timeout: float = 0.5
     max_retries: int = 12
+    ca_file: Path | None = None  # verify the controller's TLS certificate (None: plaintext)
 
 
 def interface_mac(iface: str) -> str:
@@ -137,7 +139,12 @@ class WorkerAgent:
         self._fatal = False
         self._thread: threading.Thread | None = None
         self._left = False
-        self.client = ControllerClient(config.controller, timeout=config.rpc_timeout)
+        try:
+            self.client = ControllerClient(
+                config.controller, timeout=config.rpc_timeout, ca_file=config.ca_file
+            )
+        except TlsError as exc:
+            raise AgentError(f"no TLS to the controller {config.controller}: {exc}") from exc
         try:
             self._register()
             self._open_transport(

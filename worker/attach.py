@@ -3,7 +3,9 @@
 Everything comes from the environment: the controller from HOMAGG_CONTROLLER (or the
 `controller=` argument), rank and world size from the process group, the job either from
 the launcher (HOMAGG_JOB_ID with HOMAGG_TOKEN_FILE or HOMAGG_TOKEN) or created by rank 0
-and shared through the process group (the token is never logged), this worker's IP,
+with the operator credential of HOMAGG_OPERATOR_TOKEN_FILE or HOMAGG_OPERATOR_TOKEN and
+shared through the process group (the token is never logged), the CA that signed the
+controller's TLS certificate from HOMAGG_CA_FILE (without it: plaintext), this worker's IP,
 interface and MAC from the route to the controller (or HOMAGG_IFACE when the switch is on
 another interface), and its switch port from the
 controller's topology. Whatever fails, every rank gets the same message and the model
@@ -18,12 +20,19 @@ import socket
 import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch.distributed as dist
 
 from aggwire.constants import MAX_WORKERS_PER_JOB
+from controller.credentials import (
+    JOB_TOKEN_ENV,
+    JOB_TOKEN_FILE_ENV,
+    SecretError,
+    ca_file,
+    job_token,
+    operator_token,
+)
 from worker.agent import AgentConfig, AgentError, WorkerAgent, interface_mac, open_agent
 from worker.codecs import CODECS
 from worker.ddp_hook import SwitchHookState, switch_allreduce_hook
@@ -32,8 +41,8 @@ log = logging.getLogger(__name__)
 
 ENV_CONTROLLER = "HOMAGG_CONTROLLER"
 ENV_JOB_ID = "HOMAGG_JOB_ID"
-ENV_TOKEN = "HOMAGG_TOKEN"
-ENV_TOKEN_FILE = "HOMAGG_TOKEN_FILE"
+ENV_TOKEN = JOB_TOKEN_ENV
+ENV_TOKEN_FILE = JOB_TOKEN_FILE_ENV
 ENV_CODEC = "HOMAGG_CODEC"
 ENV_IFACE = "HOMAGG_IFACE"  # the data-plane interface, when not the route to the controller
 UDP_BASE_PORT = 41000  # rank r on a node uses UDP_BASE_PORT + LOCAL_RANK
@@ -102,25 +111,31 @@ def _ipv4_addresses() -> list[tuple[str, str]]:
 
 
 def _token_from_env() -> str:
-    path = os.environ.get(ENV_TOKEN_FILE)
-    if path:
-        try:
-            return Path(path).read_text().strip()
-        except OSError as exc:
-            raise AgentError(f"cannot read the job token from {ENV_TOKEN_FILE}: {exc}") from exc
-    return os.environ.get(ENV_TOKEN, "")
+    try:
+        return job_token() or ""
+    except SecretError as exc:
+        raise AgentError(f"the job token ({ENV_TOKEN_FILE}): {exc}") from exc
+
+
+def _client(controller: str, timeout: float) -> Any:
+    """A client of the controller with this process's CA and operator credential."""
+    from controller.client import ControllerClient
+    from controller.tls import TlsError
+
+    try:
+        return ControllerClient(controller, timeout, ca_file(), operator_token())
+    except (SecretError, TlsError) as exc:
+        raise AgentError(f"cannot reach the controller {controller} securely: {exc}") from exc
 
 
 def _make_job(controller: str, world: int, codec: str, pool_size: int, name: str) -> JobTicket:
     """Rank 0's part: the launcher's job from the environment, or a new one."""
-    from controller.client import ControllerClient
-
     if os.environ.get(ENV_JOB_ID):
         return JobTicket(int(os.environ[ENV_JOB_ID]), _token_from_env(), False)
     import grpc
 
     try:
-        with ControllerClient(controller, timeout=10.0) as client:
+        with _client(controller, 10.0) as client:
             made = client.create_job(name, world_size=world, codec=codec, pool_size=pool_size)
     except grpc.RpcError as exc:
         code = exc.code().name if hasattr(exc, "code") else "UNKNOWN"
@@ -174,23 +189,31 @@ def share_job(
     return JobTicket(ticket.job_id, ticket.token, ticket.created_here and rank == 0)
 
 
-def _release_at_exit(agent: WorkerAgent | None, ticket: JobTicket, controller: str) -> None:
-    """Leave (every rank) and release the job (the rank that created it) at exit; the
-    controller's lease ends both after a crash."""
+def _release_at_exit(
+    agent: WorkerAgent | None, ticket: JobTicket, controller: str
+) -> Callable[[], None]:
+    """Leave (every rank) and release the job (the rank that created it) at exit, or earlier
+    by calling the returned function (once is enough); the controller's lease ends both
+    after a crash."""
+    pending = [True]
 
     def done() -> None:
+        if not pending:
+            return
+        pending.clear()
         if agent is not None:
             agent.close()
         if ticket.created_here:
-            from controller.client import ControllerClient
-
             try:
-                with ControllerClient(controller, timeout=5.0) as client:
+                with _client(controller, 5.0) as client:
                     client.release(ticket.job_id)
             except Exception as exc:  # the lease ends it anyway
+                if "already ended" in str(exc):  # every rank left first: nothing to release
+                    return
                 log.warning("job %d not released (%s); its lease will end it", ticket.job_id, exc)
 
     atexit.register(done)
+    return done
 
 
 def connect(
@@ -202,10 +225,12 @@ def connect(
     name: str = "torchrun",
     group: dist.ProcessGroup | None = None,
     ranks: tuple[int, int, Exchange] | None = None,
+    closers: list[Callable[[], None]] | None = None,
 ) -> tuple[WorkerAgent | None, str]:
     """(agent, "") on every rank that joined the job, or (None, reason): the set-up of
     `attach` without a model. `ranks` (rank, world size, exchange) replaces the process
-    group's (the torch.distributed backend shares through the store)."""
+    group's (the torch.distributed backend shares through the store); `closers` receives
+    the function that leaves and releases the job before exit."""
     address = controller or os.environ.get(ENV_CONTROLLER, "")
     if not address:
         return None, f"no controller: set {ENV_CONTROLLER}=host:port or pass controller="
@@ -233,11 +258,14 @@ def connect(
             mac=route.mac,
             iface=route.iface,
             ready_timeout=60.0,
+            ca_file=ca_file(),
         )
         agent, reason = open_agent(cfg)
     except AgentError as exc:
         reason = str(exc)
-    _release_at_exit(agent, ticket, address)
+    done = _release_at_exit(agent, ticket, address)
+    if closers is not None:
+        closers.append(done)
     return agent, reason
 
 

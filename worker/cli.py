@@ -1,15 +1,23 @@
 """`python -m worker`: create a job, join one rank and print its assignment, or benchmark
-synthetic aggregation rounds through the switch with a codec (no torch training)."""
+synthetic aggregation rounds through the switch with a codec (no torch training).
+
+Secrets never go on the command line: the job token comes from --token-file,
+$HOMAGG_TOKEN_FILE or $HOMAGG_TOKEN, the operator credential (create) from
+--credential-file, $HOMAGG_OPERATOR_TOKEN_FILE or $HOMAGG_OPERATOR_TOKEN. The controller's
+TLS certificate is verified against --ca-file or $HOMAGG_CA_FILE; --insecure is plaintext
+(tests and local use)."""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import json
+import os
 import socket
 import sys
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import grpc
 import numpy as np
@@ -17,21 +25,36 @@ import numpy as np
 from aggwire.constants import AGG_FRAME_BYTES
 from controller.client import ControllerClient
 from controller.config import DEFAULT_LISTEN
+from controller.credentials import (
+    CA_FILE_ENV,
+    JOB_TOKEN_ENV,
+    JOB_TOKEN_FILE_ENV,
+    OPERATOR_TOKEN_ENV,
+    OPERATOR_TOKEN_FILE_ENV,
+    SecretError,
+    ca_file,
+    job_token,
+    operator_token,
+)
+from controller.tls import TlsError
 from worker.agent import AgentConfig, AgentError, WorkerAgent
 from worker.codecs import CODECS, make_codec
 
 EXAMPLES = {
     "create": (
-        "python -m worker create --controller 127.0.0.1:50051 --name demo --world-size 2 "
-        "--codec lossless"
+        "HOMAGG_OPERATOR_TOKEN_FILE=op.token python -m worker create --controller "
+        "127.0.0.1:50051 --ca-file ca.crt --name demo --world-size 2 --codec lossless "
+        "--token-file job.token"
     ),
     "join": (
-        "python -m worker join --controller 127.0.0.1:50051 --job-id 1 --token TOKEN --rank 0 "
-        "--ip 10.0.0.1 --udp-port 41000 --switch-port 1 --iface eth0 --json"
+        "python -m worker join --controller 127.0.0.1:50051 --ca-file ca.crt --job-id 1 "
+        "--token-file job.token --rank 0 --ip 10.0.0.1 --udp-port 41000 --switch-port 1 "
+        "--iface eth0 --json"
     ),
     "bench": (
-        "python -m worker bench --controller 127.0.0.1:50051 --job-id 1 --token TOKEN --rank 0 "
-        "--ip 10.0.0.1 --udp-port 41000 --switch-port 1 --mac 02:00:00:00:01:01 "
+        "python -m worker bench --controller 127.0.0.1:50051 --ca-file ca.crt --job-id 1 "
+        "--token-file job.token --rank 0 --ip 10.0.0.1 --udp-port 41000 --switch-port 1 "
+        "--mac 02:00:00:00:01:01 "
         "--codec lossless --size 1000000 --density 0.01 --rounds 10   # run once per rank"
     ),
 }
@@ -40,6 +63,7 @@ EXAMPLES = {
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m worker",
+        allow_abbrev=False,  # `--token SECRET` must not pass as --token-file
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="examples:\n  " + "\n  ".join(EXAMPLES.values()),
@@ -50,8 +74,22 @@ def _parser() -> argparse.ArgumentParser:
         help="create a job; prints its id and token",
         epilog="example:\n  " + EXAMPLES["create"],
         formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False,
     )
-    c.add_argument("--controller", default=DEFAULT_LISTEN, help="default %(default)s")
+    _connection(c)
+    c.add_argument(
+        "--credential-file",
+        type=Path,
+        metavar="FILE",
+        help=f"the operator credential (default ${OPERATOR_TOKEN_FILE_ENV}, "
+        f"else ${OPERATOR_TOKEN_ENV})",
+    )
+    c.add_argument(
+        "--token-file",
+        type=Path,
+        metavar="FILE",
+        help="write the new job's token here (mode 0600) and leave it out of the output",
+    )
     c.add_argument("--name", default="job")
     c.add_argument("--world-size", type=int, required=True)
     c.add_argument("--codec", default="lossless")
@@ -71,10 +109,16 @@ def _parser() -> argparse.ArgumentParser:
             help=help_text,
             epilog="example:\n  " + EXAMPLES[name],
             formatter_class=argparse.RawDescriptionHelpFormatter,
+            allow_abbrev=False,
         )
-        s.add_argument("--controller", default=DEFAULT_LISTEN, help="default %(default)s")
+        _connection(s)
         s.add_argument("--job-id", type=int, required=True)
-        s.add_argument("--token", required=True)
+        s.add_argument(
+            "--token-file",
+            type=Path,
+            metavar="FILE",
+            help=f"the job token (default ${JOB_TOKEN_FILE_ENV}, else ${JOB_TOKEN_ENV})",
+        )
         s.add_argument("--rank", type=int, required=True)
         s.add_argument(
             "--ip", required=True, help="this worker's IPv4 address (the UDP socket binds to it)"
@@ -111,6 +155,57 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _connection(p: argparse.ArgumentParser) -> None:
+    """The options that say where the controller is and how to verify it."""
+    p.add_argument("--controller", default=DEFAULT_LISTEN, help="default %(default)s")
+    p.add_argument(
+        "--ca-file",
+        type=Path,
+        metavar="FILE",
+        help=f"the CA that signed the controller's certificate (default ${CA_FILE_ENV})",
+    )
+    p.add_argument(
+        "--insecure",
+        action="store_true",
+        help="plaintext to the controller (tests and local use only)",
+    )
+
+
+class UsageError(Exception):
+    """Options that cannot work; the message says what to give instead."""
+
+
+def _ca(a: argparse.Namespace) -> Path | None:
+    """The CA to verify the controller with; None only with --insecure."""
+    if a.insecure:
+        return None
+    ca = ca_file(a.ca_file)
+    if ca is None:
+        raise UsageError(
+            f"no CA to verify the controller with: give --ca-file FILE (or set ${CA_FILE_ENV}), "
+            "or --insecure for a plaintext controller"
+        )
+    return ca
+
+
+def _job_token(a: argparse.Namespace) -> str:
+    token = job_token(a.token_file)
+    if token is None:
+        raise UsageError(
+            f"no job token: give --token-file FILE, or set ${JOB_TOKEN_FILE_ENV} or "
+            f"${JOB_TOKEN_ENV}"
+        )
+    return token
+
+
+def _write_secret(path: Path, text: str) -> None:
+    """Write a secret to a new file only its owner can read."""
+    path.unlink(missing_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text + "\n")
+
+
 def _socket_factory(netns: str) -> Callable[[], socket.socket] | None:
     if not netns:
         return None
@@ -127,7 +222,7 @@ def _agent(a: argparse.Namespace) -> WorkerAgent:
     cfg = AgentConfig(
         controller=a.controller,
         job_id=a.job_id,
-        token=a.token,
+        token=_job_token(a),
         rank=a.rank,
         ip=a.ip,
         udp_port=a.udp_port,
@@ -135,20 +230,19 @@ def _agent(a: argparse.Namespace) -> WorkerAgent:
         mac=a.mac,
         iface=a.iface,
         ready_timeout=a.ready_timeout,
+        ca_file=_ca(a),
     )
     return WorkerAgent(cfg, _socket_factory(a.netns))
 
 
 def cmd_create(a: argparse.Namespace) -> int:
-    """Create a job and print job_id, token and pool."""
-    with ControllerClient(a.controller) as c:
+    """Create a job and print job_id, token (unless --token-file) and pool."""
+    with ControllerClient(a.controller, 10.0, _ca(a), operator_token(a.credential_file)) as c:
         job = c.create_job(a.name, world_size=a.world_size, codec=a.codec, pool_size=a.pool_size)
-    out = {
-        "job_id": job.job_id,
-        "token": job.token,
-        "switch": job.switch,
-        "pool_size": job.pool_size,
-    }
+    out = {"job_id": job.job_id, "token": job.token, "switch": job.switch}
+    out["pool_size"] = job.pool_size
+    if a.token_file is not None:
+        _write_secret(a.token_file, out.pop("token"))
     print(json.dumps(out) if a.json else "  ".join(f"{k}={v}" for k, v in out.items()))
     return 0
 
@@ -233,9 +327,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     a = _parser().parse_args(argv)
     try:
         return {"create": cmd_create, "join": cmd_join, "bench": cmd_bench}[a.command](a)
-    except AgentError as exc:
+    except (AgentError, UsageError, SecretError, TlsError) as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 1
+        return 2 if isinstance(exc, (UsageError, SecretError, TlsError)) else 1
     except grpc.RpcError as exc:
         print(
             f"error: controller {a.controller}: {exc.code().name}: {exc.details()}", file=sys.stderr

@@ -14,6 +14,7 @@ import logging
 import time
 import warnings
 from collections import Counter
+from collections.abc import Generator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,7 +26,7 @@ from aggwire.constants import AGG_FRAME_BYTES
 from worker import sparse_bucket
 from worker.agent import WorkerAgent
 from worker.auto_control import HOST, AutoConfig, AutoController
-from worker.codecs import CODECS, Codec, CodecError, GradInput, make_codec
+from worker.codecs import CODECS, Codec, CodecError, GradInput, Phase, make_codec
 from worker.comm_thread import CommThread
 from worker.transport import TransportError
 
@@ -290,9 +291,14 @@ class SwitchHookState:
 
 
 def _through_switch(
-    state: SwitchHookState, index: int, grad: GradInput, length: int
+    state: SwitchHookState,
+    index: int,
+    grad: GradInput,
+    length: int,
+    phases: Generator[Phase, np.ndarray, np.ndarray] | None = None,
 ) -> tuple[np.ndarray | None, int, str]:
-    """(decoded sum, OK, "") or (None, failure kind, reason) for one bucket on this rank."""
+    """(decoded sum, OK, "") or (None, failure kind, reason) for one bucket on this rank;
+    `phases` replaces the bucket codec's (a raw switch operation)."""
     agent = state.agent
     if agent is None or agent.transport is None or not agent.healthy:
         return None, UNHEALTHY, state.local_reason()
@@ -300,7 +306,7 @@ def _through_switch(
     before = (transport.stats.packets_sent, transport.stats.retransmissions)
     start = time.perf_counter()
     try:
-        out = transport.run(state.codec_for(index, length).aggregate(grad))
+        out = transport.run(phases or state.codec_for(index, length).aggregate(grad))
     except TransportError as exc:
         return None, SWITCH_TIMEOUT, str(exc)
     except CodecError as exc:
@@ -372,7 +378,24 @@ def _switch_or_none(state: SwitchHookState, index: int, buf: torch.Tensor) -> to
     else:
         grad = buf.detach().reshape(-1).to("cpu", torch.float32).numpy()
         length = grad.size
-    out, failure, reason = _through_switch(state, index, grad, length)
+    out = agreed_sum(state, index, grad, length)
+    if out is None:
+        return None
+    if buf.is_sparse:
+        return sparse_bucket.from_codec_output(out, buf)
+    return _into_bucket(buf, out)
+
+
+def agreed_sum(
+    state: SwitchHookState,
+    index: int,
+    grad: GradInput,
+    length: int,
+    phases: Generator[Phase, np.ndarray, np.ndarray] | None = None,
+) -> np.ndarray | None:
+    """The switch's sum of `grad` (by bucket `index`'s codec, or by `phases`) when every
+    rank's succeeded, else None after the agreed fall-back; one agreement either way."""
+    out, failure, reason = _through_switch(state, index, grad, length, phases)
     failed, health, chunk = state.agree(failure, state.local_health())
     if failed != OK:
         state.fall_back(failed, reason, chunk)
@@ -382,9 +405,7 @@ def _switch_or_none(state: SwitchHookState, index: int, buf: torch.Tensor) -> to
     state.stats.dense_bytes += length * 4
     if health != OK:  # this result is good; the next bucket takes the fallback
         state.fall_back(health, state.local_reason(), chunk)
-    if buf.is_sparse:
-        return sparse_bucket.from_codec_output(out, buf)
-    return _into_bucket(buf, out)
+    return out
 
 
 def switch_allreduce_hook(

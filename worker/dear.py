@@ -110,18 +110,17 @@ class DearDataParallel(nn.Module):
         )
         self.bucket_bytes = self.tuner.current
         self.buckets: list[Bucket] = []
-        self._order: list[nn.Parameter] = []  # first use in forward, then the unused ones
+        self._order: list[nn.Parameter] = []  # in the order of their owners' first forward
+        self._ran: list[nn.Module] = []  # modules whose forward ran, first iteration, in order
+        self._owner: dict[nn.Module, list[nn.Parameter]] = {}
         self._bucket_of: dict[nn.Parameter, Bucket] = {}
         self._next_submit = 0
         self._callback_queued = False
         self._handles: list[Any] = []
-        self._owner: dict[nn.Module, list[nn.Parameter]] = {
-            m: [p for p in m.parameters(recurse=False) if p.requires_grad] for m in module.modules()
-        }
         for p in params:
             self._handles.append(p.register_post_accumulate_grad_hook(self._grad_ready))
-        for m, owned in self._owner.items():
-            if owned:
+        for m in module.modules():
+            if any(p.requires_grad for p in m.parameters()):
                 self._handles.append(m.register_forward_pre_hook(self._pre_forward))
 
     # -- forward ---------------------------------------------------------------------
@@ -136,22 +135,44 @@ class DearDataParallel(nn.Module):
             self._build_buckets()
         out = self.module(*args, **kwargs)
         if not self.buckets:
-            seen = set(self._order)
-            self._order += [
-                p for p in self.module.parameters() if p.requires_grad and p not in seen
-            ]
+            self._assign_owners()
             self._build_buckets()
         self.flush()  # buckets of parameters this forward did not use
         return out
 
     def _pre_forward(self, module: nn.Module, _inputs: Any) -> None:
-        owned = self._owner[module]
         if not self.buckets:
-            seen = set(self._order)
-            self._order += [p for p in owned if p not in seen]
+            if module not in self._ran:
+                self._ran.append(module)
             return
-        for p in owned:
+        for p in self._owner.get(module, ()):
             self._finish(self._bucket_of[p])
+
+    def _assign_owners(self) -> None:
+        """Each parameter to the innermost module holding it whose forward ran in the first
+        iteration: a module may use a child's parameters without calling the child (as
+        nn.MultiheadAttention does with out_proj), so the child's pre-hook never comes and
+        the update must happen before the parent runs. A shared parameter goes to the
+        module that ran first."""
+        when = {m: i for i, m in enumerate(self._ran)}
+        owner: dict[nn.Parameter, nn.Module] = {}
+
+        def visit(m: nn.Module, nearest: nn.Module) -> None:
+            here = m if m in when else nearest
+            for p in m.parameters(recurse=False):
+                if not p.requires_grad:
+                    continue
+                if p not in owner or when.get(here, -1) < when.get(owner[p], -1):
+                    owner[p] = here
+            for child in m.children():
+                visit(child, here)
+
+        visit(self.module, self.module)
+        self._owner = {}
+        for p, m in owner.items():
+            self._owner.setdefault(m, []).append(p)
+        ranked = sorted(self._owner, key=lambda m: when.get(m, -1))
+        self._order = [p for m in ranked for p in self._owner[m]]
 
     # -- buckets ---------------------------------------------------------------------
 
@@ -218,6 +239,8 @@ class DearDataParallel(nn.Module):
         for p, lo, hi in zip(b.params, b.offsets, b.offsets[1:]):
             if p.grad is None:
                 b.flat[lo:hi].zero_()
+            elif p.grad.is_sparse:  # nn.Embedding(sparse=True): its rows, into the bucket
+                b.flat[lo:hi].copy_(p.grad.detach().to_dense().reshape(-1))
             else:
                 b.flat[lo:hi].copy_(p.grad.detach().reshape(-1))
         last = b.index == len(self.buckets) - 1

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from ctl_helpers import TARGETS, RunningController, SwitchUnderTest, make_config
@@ -46,8 +47,8 @@ def start_controller() -> Iterator[Callable[[ControllerConfig], RunningControlle
     """Starts in-process controllers (synced with their switches); stops them all afterwards."""
     running: list[RunningController] = []
 
-    def start(config: ControllerConfig, sync: bool = True) -> RunningController:
-        ctl = RunningController(config)
+    def start(config: ControllerConfig, sync: bool = True, **client: Any) -> RunningController:
+        ctl = RunningController(config, **client)
         running.append(ctl)
         if sync:
             ctl.wait_synced()

@@ -139,12 +139,18 @@ def make_config(address: str, tmp_path: Path, **controller: Any) -> ControllerCo
 class RunningController:
     """An in-process controller and a client of it."""
 
-    def __init__(self, config: ControllerConfig, **options: Any) -> None:
+    def __init__(
+        self,
+        config: ControllerConfig,
+        ca_file: Path | None = None,
+        operator_token: str | None = None,
+        **options: Any,
+    ) -> None:
         self.config = config
         self.server = ControllerServer(config, poll_interval=0.05, max_backoff=0.3, **options)
         self.port = self.server.start()
         self.address = f"127.0.0.1:{self.port}"
-        self.client = ControllerClient(self.address, timeout=5.0)
+        self.client = ControllerClient(self.address, 5.0, ca_file, operator_token)
         self.manager = self.server.manager
 
     def wait_synced(self, timeout: float = 10.0) -> None:

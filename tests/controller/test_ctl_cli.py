@@ -31,7 +31,8 @@ def running(refswitch, tmp_path, start_controller):
 
 
 def run(capsys, *argv: str) -> tuple[int, str, str]:
-    code = main(list(argv))
+    """aggctl against the tests' plaintext controller (the secured one: test_ctl_security.py)."""
+    code = main(["--insecure", *argv])
     out, err = capsys.readouterr()
     return code, out, err
 

@@ -4,6 +4,7 @@ names the key."""
 from __future__ import annotations
 
 import copy
+import re
 import tomllib
 from pathlib import Path
 
@@ -30,6 +31,15 @@ def test_example_parses():
         sw.host_by_ip("10.0.0.2").mac == "02:00:00:00:01:02" and sw.host_by_ip("10.0.0.3") is None
     )
     assert cfg.switch("s1") is sw and cfg.switch("s2") is None
+
+
+def test_the_examples_secured_lines_parse(tmp_path):
+    """Uncommented, the example's TLS and [[operator]] lines are a valid secured config."""
+    text = re.sub(r"(?m)^#(\w|\[\[)", r"\1", EXAMPLE.read_text())
+    cfg = parse_config(tomllib.loads(text), EXAMPLE.parent)
+    assert cfg.tls_cert == EXAMPLE.parent / "tls" / "server.crt" and cfg.tls_key is not None
+    [op] = cfg.operators
+    assert (op.name, op.max_jobs, op.max_slots) == ("ops", 8, 1024)
 
 
 def test_docs_show_the_example():
@@ -118,3 +128,22 @@ def test_unreadable_and_invalid_files(tmp_path):
     bad.write_text("[controller\n")
     with pytest.raises(ConfigError, match="not valid TOML"):
         load_config(bad)
+
+
+def test_a_switch_may_name_its_own_program(tmp_path):
+    doc = tomllib.loads(EXAMPLE.read_text())
+    (tmp_path / "tna").mkdir()
+    (tmp_path / "tna" / "p4info.txtpb").write_text("")
+    (tmp_path / "tna" / "device_config.pb").write_bytes(b"")
+    [sw] = parse_config(doc, tmp_path).switches
+    assert sw.p4info is None and sw.device_config is None  # the committed v1model build
+    doc["switch"][0].update(p4info="tna/p4info.txtpb", device_config="tna/device_config.pb")
+    [sw] = parse_config(doc, tmp_path).switches
+    assert sw.p4info == tmp_path / "tna" / "p4info.txtpb"
+    assert sw.device_config == tmp_path / "tna" / "device_config.pb"
+    del doc["switch"][0]["device_config"]
+    with pytest.raises(ConfigError, match="both p4info and device_config"):
+        parse_config(doc, tmp_path)
+    doc["switch"][0]["device_config"] = "tna/missing.pb"
+    with pytest.raises(ConfigError, match=r"switch\[0\]\.device_config: .* is not a file"):
+        parse_config(doc, tmp_path)

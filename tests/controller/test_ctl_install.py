@@ -12,7 +12,7 @@ import pytest
 
 from aggwire import p4names
 from controller.aggregation import JobEntries, Worker
-from controller.artifacts import P4INFO_PATH
+from controller.artifacts import BMV2_JSON_PATH, P4INFO_PATH
 from controller.config import SwitchConfig
 from controller.entries import MULTICAST_GROUPS
 from controller.errors import Unavailable
@@ -277,3 +277,20 @@ def test_reconcile_reports_the_ids_of_jobs_it_did_not_expect():
     done = reconcile(conn, [])  # type: ignore[arg-type]
     assert done.stale_job_ids == (JOB.job_id,) and done.removed == 7
     assert reconcile(conn, []).stale_job_ids == ()  # type: ignore[arg-type]
+
+
+def test_a_switch_with_its_own_program_pushes_it(tmp_path):
+    p4info, device = tmp_path / "tna.p4info.txtpb", tmp_path / "device_config.pb"
+    p4info.write_text(P4INFO_PATH.read_text())  # a copy stands for the TNA P4Info
+    device.write_bytes(b"packed BfPipelineConfig")
+    cfg = SwitchConfig(
+        "t1", "127.0.0.1:1", "02:00:00:00:00:fe", "10.0.0.254", p4info=p4info, device_config=device
+    )
+    sw = ManagedSwitch(cfg, threading.RLock(), Listener())
+    assert sw.artifacts == (p4info, device)
+    plain = ManagedSwitch(
+        SwitchConfig("s1", "127.0.0.1:2", "02:00:00:00:00:fd", "10.0.0.253"),
+        threading.RLock(),
+        Listener(),
+    )
+    assert plain.artifacts == (P4INFO_PATH, BMV2_JSON_PATH)

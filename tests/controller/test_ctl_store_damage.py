@@ -111,7 +111,7 @@ def test_serve_refuses_a_zero_byte_database(tmp_path):
         'service_ip = "10.0.0.254"\n'
     )
     (tmp_path / "c.db").write_bytes(b"")
-    done = _serve(config)
+    done = _serve(config, "--insecure")
     assert done.returncode == 2, done.stderr
     assert "empty (0 bytes)" in done.stderr and "--fresh-database" in done.stderr
     assert "Traceback" not in done.stderr

@@ -60,3 +60,31 @@ def test_refusals_are_one_clear_line(controlled):
     assert done.returncode == 2 and "give the command after --" in done.stderr
     bad = launch("127.0.0.1:1", sys.executable, "-c", "pass")
     assert bad.returncode == 1 and "CreateJob failed at 127.0.0.1:1: UNAVAILABLE" in bad.stderr
+
+
+SECURED_CHILD = """
+import os
+assert "HOMAGG_OPERATOR_TOKEN" not in os.environ and os.path.isfile(os.environ["HOMAGG_CA_FILE"])
+print("job", os.environ["HOMAGG_JOB_ID"])
+"""
+
+
+def test_a_secured_controller_needs_the_credential_and_the_ranks_do_not_get_it(tmp_path):
+    from agent_fabric import OPERATOR_TOKEN
+
+    c = Controlled(tmp_path, 2, fabric=False, tls=True)
+    try:
+        cmd = [sys.executable, "-m", "homagg.launch", "--controller", c.address]
+        cmd += ["--world-size", "2", "--", sys.executable, "-c", SECURED_CHILD]
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "HOMAGG_CA_FILE": str(c.ca_file)}
+        env.pop("HOMAGG_OPERATOR_TOKEN", None)
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 1 and "UNAUTHENTICATED" in done.stderr
+        env["HOMAGG_OPERATOR_TOKEN"] = OPERATOR_TOKEN  # begins with '-'
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        job_id = int(done.stdout.strip().splitlines()[-1].split()[1])
+        [job] = [j for j in c.client.list_jobs(include_ended=True).jobs if j.job_id == job_id]
+        assert job.state == "ended"  # released with the credential
+    finally:
+        c.close()

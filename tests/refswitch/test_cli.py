@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from refswitch.cli import build_parser, is_wildcard
 from testnet.namespace import have_privileges
 from testnet.switch_process import free_port
 
@@ -21,6 +22,12 @@ def run(*args: str, timeout: float = 20) -> subprocess.CompletedProcess:
 def test_help_explains_the_flags():
     out = run("--help").stdout
     assert "PORT@IFACE" in out and "--grpc-server-addr" in out and "example:" in out
+
+
+def test_p4runtime_binds_loopback_unless_told():
+    assert build_parser().parse_args([]).grpc_server_addr == "127.0.0.1:9559"
+    assert is_wildcard("0.0.0.0:9559") and is_wildcard("[::]:9559") and is_wildcard(":9559")
+    assert not is_wildcard("127.0.0.1:9559") and not is_wildcard("10.0.0.1:1")
 
 
 def test_bad_interface_spec_is_a_clear_error():

@@ -71,3 +71,10 @@ def test_referenced_files_modules_and_controller_port_exist(compose):
             or module.startswith("torch.")
         ), module
     assert "--mode switch" in script and "--iface eth1" in script
+
+
+def test_the_job_token_never_rides_a_command_line():
+    script = (ROOT / "docker" / "worker.sh").read_text()
+    assert not re.search(r"--token\b(?!-)", script) and "TOKEN=$(" not in script
+    assert "--token-file /shared/job.token" in script
+    assert "HOMAGG_TOKEN_FILE=/shared/job.token" in script

@@ -129,3 +129,13 @@ def test_stop_ends_a_live_run_by_its_pid_and_leaves_other_runs_alone(state_dir):
         for proc in runs:
             proc.kill()
             proc.wait()
+
+
+def test_grad_max_of_dense_and_sparse_gradients():
+    from run.train import _grad_max
+
+    dense = torch.tensor([[0.5, -3.0], [1.0, 2.0]])
+    sparse = torch.sparse_coo_tensor([[1, 1]], torch.tensor([[-4.0, 1.0], [0.5, 0.0]]), (3, 2))
+    assert _grad_max(dense) == 3.0
+    assert _grad_max(sparse) == 3.5  # the duplicate row 1 sums: |-4 + 0.5|
+    assert _grad_max(torch.sparse_coo_tensor(torch.zeros(1, 0, dtype=torch.long), [], (3,))) == 0.0

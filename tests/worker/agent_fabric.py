@@ -12,6 +12,8 @@ from typing import Any
 
 from controller.client import ControllerClient
 from controller.config import ControllerConfig, parse_config
+from controller.credentials import Operator, hash_token
+from controller.pki import make_pki
 from controller.service import ControllerServer
 from refswitch.switch import ReferenceSwitch
 from testnet.addresses import host_entry
@@ -23,6 +25,7 @@ from worker.agent import AgentConfig
 
 TIMING = {"heartbeat_interval": 0.2, "lease": 3.0, "join_timeout": 60.0}
 UDP_BASE = 41000
+OPERATOR_TOKEN = "-operator-token-of-the-tls-tests"  # a leading '-' on purpose
 
 
 def hosts(n: int) -> list[dict[str, Any]]:
@@ -62,14 +65,25 @@ def free_port_udp() -> int:
 class Controlled:
     """An in-process controller over one switch; `fabric` is set for data-plane setups."""
 
-    def __init__(self, tmp_path: Path, n: int, fabric: bool, listen: str = "") -> None:
-        """listen "unix:PATH" serves on a Unix socket, reachable from every namespace."""
+    def __init__(
+        self,
+        tmp_path: Path,
+        n: int,
+        fabric: bool,
+        listen: str = "",
+        tls: bool = False,
+        target: str = "refswitch",
+    ) -> None:
+        """listen "unix:PATH" serves on a Unix socket, reachable from every namespace; `tls`
+        serves TLS (a fresh CA in tmp_path/pki) and requires OPERATOR_TOKEN for operator calls;
+        target "bmv2" runs the fabric's switch on BMv2."""
+        self.ca_file: Path | None = None
         self.fabric: Fabric | None = None
         self.refswitch: ReferenceSwitch | None = None
         self.server: ControllerServer | None = None
         try:
             if fabric:
-                self.fabric = Fabric("refswitch", n, tmp_path)
+                self.fabric = Fabric(target, n, tmp_path)
                 for h in self.fabric.hosts:
                     h.enable_ip_stack()
                 self.fabric.conn.close()  # the controller becomes the primary
@@ -82,10 +96,19 @@ class Controlled:
             config = controller_config(address, tmp_path, n)
             if listen:
                 config = dataclasses.replace(config, listen=listen)
+            if tls:
+                pki = make_pki(tmp_path / "pki", ["127.0.0.1"])
+                self.ca_file = pki.ca
+                operator = Operator("test", hash_token(OPERATOR_TOKEN))
+                config = dataclasses.replace(
+                    config, tls_cert=pki.cert, tls_key=pki.key, operators=(operator,)
+                )
             self.server = ControllerServer(config, poll_interval=0.05, max_backoff=0.3)
             port = self.server.start()
             self.address = listen or f"127.0.0.1:{port}"
-            self.client = ControllerClient(self.address, timeout=5.0)
+            self.client = ControllerClient(
+                self.address, 5.0, self.ca_file, OPERATOR_TOKEN if tls else None
+            )
             wait_for(
                 lambda: all(s.connected for s in self.client.status().switches),
                 15,
@@ -112,6 +135,7 @@ class Controlled:
             switch_port=h["switch_port"],
             mac=h["mac"],
             ready_timeout=15.0,
+            ca_file=self.ca_file,
         )
         if self.fabric is None:  # no namespaces: a loopback socket (the data plane is not used)
             fields.update(ip="127.0.0.1", udp_port=free_port_udp())

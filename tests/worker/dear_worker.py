@@ -18,16 +18,32 @@ from worker.dear import DearDataParallel
 STEPS = 12
 
 
-def make_model() -> nn.Module:
+class AttentionNet(nn.Module):
+    """Embeddings, self-attention, an MLP. nn.MultiheadAttention uses its out_proj's
+    parameters without calling out_proj: DeAR must update them before the attention runs."""
+
+    def __init__(self, sparse: bool = False) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(50, 16, sparse=sparse)
+        self.attn = nn.MultiheadAttention(16, 2, batch_first=True)
+        self.mlp = nn.Sequential(nn.Flatten(), nn.Linear(48, 64), nn.ReLU(), nn.Linear(64, 4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.emb(x)
+        a, _ = self.attn(h, h, h, need_weights=False)
+        return self.mlp(h + a)
+
+
+def make_model(opt_name: str) -> nn.Module:
     torch.manual_seed(0)
-    return nn.Sequential(
-        nn.Embedding(50, 16), nn.Flatten(), nn.Linear(48, 64), nn.ReLU(), nn.Linear(64, 4)
-    )
+    return AttentionNet(sparse=opt_name == "sgd-sparse")
 
 
 def make_opt(name: str, params) -> torch.optim.Optimizer:
     if name == "sgd":
         return torch.optim.SGD(params, lr=0.05, momentum=0.9, weight_decay=1e-4)
+    if name == "sgd-sparse":  # sparse embedding gradients (plain SGD takes them)
+        return torch.optim.SGD(params, lr=0.05)
     return torch.optim.Adam(params, lr=1e-2)
 
 
@@ -38,7 +54,7 @@ def batches(rank: int):
 
 
 def run_ddp(rank: int, opt_name: str) -> dict:
-    model = DDP(make_model())
+    model = DDP(make_model(opt_name))
     opt = make_opt(opt_name, model.parameters())
     for x, y in batches(rank):
         opt.zero_grad()
@@ -48,7 +64,7 @@ def run_ddp(rank: int, opt_name: str) -> dict:
 
 
 def run_dear(rank: int, opt_name: str, candidates: list[int]) -> tuple[dict, dict]:
-    model = make_model()
+    model = make_model(opt_name)
     dear = DearDataParallel(
         model, make_opt(opt_name, model.parameters()), candidates=candidates, tune_steps=2
     )
@@ -79,7 +95,7 @@ def main() -> None:
         timeout=timedelta(seconds=60),
     )
     results, infos = {}, {}
-    for opt_name in ("sgd", "adam"):
+    for opt_name in ("sgd", "adam", "sgd-sparse"):
         results[f"ddp-{opt_name}"] = run_ddp(a.rank, opt_name)
         # candidates smaller than the model: several buckets, tuned over three sizes
         results[f"dear-{opt_name}"], infos[opt_name] = run_dear(a.rank, opt_name, [512, 2048, 8192])

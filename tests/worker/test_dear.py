@@ -51,7 +51,7 @@ def test_dear_over_gloo_ends_at_ddp_parameters(tmp_path):
     assert all(p.returncode == 0 for p in procs), "\n".join(o[-3000:] for o in outs)
     ranks = [torch.load(tmp_path / f"r{r}.pt") for r in range(2)]
     for res in ranks:
-        for opt in ("sgd", "adam"):
+        for opt in ("sgd", "adam", "sgd-sparse"):
             for k, v in res[f"ddp-{opt}"].items():
                 torch.testing.assert_close(res[f"dear-{opt}"][k], v, atol=1e-6, rtol=1e-5)
     for k, v in ranks[0]["dear-adam"].items():

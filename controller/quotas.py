@@ -1,0 +1,60 @@
+"""Quotas of CreateJob: per job (the largest pool one job may ask for) and per operator
+credential (its running jobs, and the slots they hold together). A refusal is
+RESOURCE_EXHAUSTED naming the quota and its value."""
+
+from __future__ import annotations
+
+import threading
+
+from controller.credentials import Operator
+from controller.errors import ResourceExhausted
+from controller.jobs import JobManager
+from controller.model import Job
+from controller.validation import check_pool_size
+
+
+class Quotas:
+    """Checks a new job against the quotas and records who created it (kept in the store, so
+    the counts survive a restart). `admit` and `record` run under one lock per creation."""
+
+    def __init__(self, manager: JobManager) -> None:
+        self.m = manager
+        self.lock = threading.Lock()
+        self.owner: dict[int, str] = manager.store.owners()
+
+    def pool_size(self, requested: int) -> int:
+        """The slots a request for `requested` (0: the default) takes, within max_job_slots."""
+        cfg = self.m.config
+        size = check_pool_size(requested, cfg.default_pool_size)
+        if size > cfg.max_job_slots:
+            raise ResourceExhausted(
+                f"quota max_job_slots is {cfg.max_job_slots}: a job may not ask for {size} slots"
+            )
+        return size
+
+    def admit(self, op: Operator | None, pool_size: int) -> None:
+        """Refuse a job of `pool_size` slots that would take `op` over max_jobs or max_slots."""
+        if op is None:
+            return
+        with self.m.lock:
+            mine = [j for j in self.m.jobs.values() if self._owned(j, op)]
+        if op.max_jobs and len(mine) >= op.max_jobs:
+            raise ResourceExhausted(
+                f"quota max_jobs of operator {op.name!r} is {op.max_jobs}: "
+                f"{len(mine)} job(s) running; release one first"
+            )
+        held = sum(j.pool_size for j in mine)
+        if op.max_slots and held + pool_size > op.max_slots:
+            raise ResourceExhausted(
+                f"quota max_slots of operator {op.name!r} is {op.max_slots}: its jobs hold "
+                f"{held} slot(s), this one asks for {pool_size}"
+            )
+
+    def record(self, job: Job, op: Operator | None) -> None:
+        """Remember that `op` created `job`."""
+        if op is not None:
+            self.m.store.save_owner(job.job_id, op.name)
+            self.owner[job.job_id] = op.name
+
+    def _owned(self, job: Job, op: Operator) -> bool:
+        return job.ended is None and self.owner.get(job.job_id) == op.name

@@ -1,0 +1,209 @@
+"""The "homagg" torch.distributed backend. In namespaces: two ranks (gloo and the
+aggregation both through the reference switch) run all_reduce calls, a hand-written
+training loop and DDP without a hook (tests/worker/backend_worker.py); every result is
+right, the switch carried what it can, the rest (float64 MIN, integers beyond the int32
+cells, all_gather) went to gloo, and destroy_process_group released the job. Without a
+controller, or with a refused token, each rank warns once and gets the same results over
+gloo. In process: the order-preserving float key and which all_reduces the switch takes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+from agent_fabric import Controlled, wait_for
+
+import homagg
+from testnet.namespace import have_privileges
+from testnet.switch_process import bmv2_available
+from worker.backend import backend_codec, float_from_key, float_order_key, switch_kind
+
+ROOT = Path(__file__).resolve().parents[2]
+WORKER = Path(__file__).with_name("backend_worker.py")
+WORLD = 2
+needs_netns = pytest.mark.skipif(
+    not have_privileges(), reason="needs root and iproute2 (network namespaces)"
+)
+TARGETS = [
+    "refswitch",
+    pytest.param(
+        "bmv2",
+        marks=pytest.mark.skipif(
+            not bmv2_available(), reason="simple_switch_grpc is not installed (docs/bmv2.md)"
+        ),
+    ),
+]
+
+
+def test_float_key_orders_like_the_floats():
+    x = np.array([-np.inf, -3.5, -1e-30, -0.0, 0.0, 1e-30, 2.0, 3.4e38, np.inf], np.float32)
+    k = float_order_key(x)
+    assert np.all(np.diff(k.astype(np.int64)) >= 0)
+    assert np.array_equal(float_from_key(k), x)
+    rng = np.random.default_rng(1)
+    a, b = rng.normal(size=1000).astype(np.float32), rng.normal(size=1000).astype(np.float32)
+    assert np.array_equal(
+        float_from_key(np.maximum(float_order_key(a), float_order_key(b))), np.maximum(a, b)
+    )
+    nans = np.array([np.nan, -np.nan, 1.0], np.float32)  # any NaN wins, whatever its sign
+    top = float_from_key(np.maximum(float_order_key(nans), float_order_key(np.full(3, np.inf))))
+    assert np.isnan(top[:2]).all() and top[2] == np.inf
+
+
+def test_switch_kind():
+    s, mx, avg, mn = dist.ReduceOp.SUM, dist.ReduceOp.MAX, dist.ReduceOp.AVG, dist.ReduceOp.MIN
+    f, i = torch.ones(3), torch.ones(3, dtype=torch.int32)
+    assert [switch_kind(f, o) for o in (s, avg, mx, mn)] == ["codec", "codec", "max", ""]
+    assert [switch_kind(i, o) for o in (s, mx, mn)] == ["add", "max", ""]
+    assert switch_kind(torch.ones(2, dtype=torch.float64), s) == ""
+    assert switch_kind(torch.ones(2, dtype=torch.bool), mx) == ""
+    assert [switch_kind(f.to_sparse(), o) for o in (s, avg, mx)] == ["codec", "codec", ""]
+    assert switch_kind(i.to_sparse(), s) == ""
+    assert switch_kind(torch.ones(0), s) == ""
+    opts = dist.AllreduceOptions()  # what the backend receives: a ReduceOp, not a RedOpType
+    for op, kind in ((s, "codec"), (avg, "codec"), (mx, "max"), (mn, "")):
+        opts.reduceOp = op
+        assert switch_kind(f, opts.reduceOp) == kind
+
+
+def test_backend_codec(monkeypatch):
+    monkeypatch.delenv("HOMAGG_CODEC", raising=False)
+    assert backend_codec() == "lossless"
+    for bad in ("auto", "nope"):
+        monkeypatch.setenv("HOMAGG_CODEC", bad)
+        with pytest.raises(ValueError, match="homagg backend takes one of"):
+            backend_codec()
+
+
+def test_registered_on_import():
+    assert homagg.BACKEND_NAME in dist.Backend.backend_list
+    homagg.register_backend()  # idempotent
+    assert dist.Backend.backend_list.count(homagg.BACKEND_NAME) == 1
+
+
+def run_ranks(
+    c: Controlled, tmp: Path, tag: str, port: int, pause: Path | None = None, **extra: str
+) -> list[dict]:
+    """Both ranks of backend_worker.py; their reports (asserting they exited 0 in time).
+    With `pause`, the job is released once both ranks are ready there (mid-run)."""
+    assert c.fabric is not None
+    hosts = c.fabric.hosts
+    procs, logs = [], []
+    for r, host in enumerate(hosts[:WORLD]):
+        env = {
+            **os.environ,
+            "PYTHONPATH": str(ROOT),
+            "RANK": str(r),
+            "LOCAL_RANK": "0",
+            "WORLD_SIZE": str(WORLD),
+            "MASTER_ADDR": hosts[0].ip,
+            "MASTER_PORT": str(port),
+            "GLOO_SOCKET_IFNAME": host.iface,
+            "HOMAGG_CONTROLLER": c.address,
+            "HOMAGG_IFACE": host.iface,  # the controller is on a Unix socket, not routed
+            "OMP_NUM_THREADS": "1",
+            **extra,
+        }
+        env = {k: v for k, v in env.items() if v}
+        cmd = ["ip", "netns", "exec", host.namespace, sys.executable, str(WORKER)]
+        logs.append(tmp / f"{tag}-r{r}.log")
+        with open(logs[-1], "w") as out:
+            cmd.append(str(tmp / f"{tag}-r{r}.json"))
+            cmd += [str(pause)] if pause is not None else []
+            procs.append(subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT))
+    deadline = time.monotonic() + 180  # BMv2 under load
+    if pause is not None:
+        wait_for(
+            lambda: (
+                all((pause / f"ready-{r}").exists() for r in range(WORLD))
+                or any(p.poll() is not None for p in procs)
+            ),
+            60,
+            "the ranks to reach the pause",
+        )
+        for job in c.client.list_jobs().jobs:
+            c.client.release(job.job_id)
+        (pause / "released").write_text("")
+    for p in procs:
+        try:
+            p.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait(5)
+    text = "\n".join(log.read_text()[-3000:] for log in logs)
+    assert all(p.returncode == 0 for p in procs), text
+    reports = [json.loads((tmp / f"{tag}-r{r}.json").read_text()) for r in range(WORLD)]
+    for rep in reports:
+        rep["log"] = text
+        assert all(rep["checks"].values()), (rep["checks"], text)
+        assert rep["backend"] == "homagg"
+    return reports
+
+
+@needs_netns
+@pytest.mark.parametrize("target", TARGETS)
+def test_backend_through_the_switch(tmp_path, target):
+    sock = f"unix:{tmp_path}/ctl.sock"
+    c = Controlled(tmp_path, WORLD, fabric=True, listen=sock, target=target)
+    try:
+        reports = run_ranks(c, tmp_path, "switch", 29631)
+    finally:
+        c.close()
+    for rep in reports:
+        assert rep["fallbacks"] == 0 and "falls back" not in rep["log"], rep
+        # 11 in collectives(); per step 5 gradients by hand and >= 2 DDP buckets (sparse, dense)
+        assert rep["switch"] >= 11 + 4 * 5 + 4 * 2, rep
+        gloo = rep["gloo_calls"]
+        assert gloo.get("integers beyond the int32 cells") == 2, gloo
+        assert gloo.get("not a switch operation", 0) >= 1 and "fallback" not in gloo, gloo
+    assert reports[0]["jobs_after_destroy"] == ["ended"]  # left and released at destroy
+    print(f"{target}: seconds per all_reduce of n float32:", reports[0]["seconds"])
+
+
+@needs_netns
+def test_backend_falls_back_once_with_a_reason(tmp_path):
+    c = Controlled(tmp_path, WORLD, fabric=True, listen=f"unix:{tmp_path}/ctl.sock")
+    try:
+        none = run_ranks(c, tmp_path, "none", 29632, HOMAGG_CONTROLLER="")
+        job = c.create(WORLD)
+        wrong = {"HOMAGG_JOB_ID": str(job.job_id), "HOMAGG_TOKEN": "hgt_wrong"}
+        refused = run_ranks(c, tmp_path, "refused", 29633, **wrong)
+    finally:
+        c.close()
+    for reports, reason in (
+        (none, "no controller: set HOMAGG_CONTROLLER"),
+        (refused, "JoinJob failed"),
+    ):
+        for rep in reports:
+            assert rep["switch"] == 0 and rep["gloo_calls"]["fallback"] > 0, rep
+            assert rep["log"].count("falls back to the process group") == WORLD, rep["log"]
+            assert reason in rep["log"], rep["log"]
+
+
+@needs_netns
+def test_backend_falls_back_when_the_job_ends_mid_run(tmp_path):
+    pause = tmp_path / "pause"
+    pause.mkdir()
+    c = Controlled(tmp_path, WORLD, fabric=True, listen=f"unix:{tmp_path}/ctl.sock")
+    try:
+        reports = run_ranks(c, tmp_path, "mid", 29634, pause=pause)
+    finally:
+        c.close()
+    for rep in reports:  # the calls before the pause went through the switch, then gloo
+        assert rep["switch"] >= 9 and rep["fallbacks"] >= 1, rep
+        assert rep["gloo_calls"]["fallback"] >= 4 * 5, rep
+        assert rep["log"].count("falls back to the process group") == WORLD, rep["log"]
+
+
+def test_switch_group_names_a_foreign_group():
+    gloo = dist.ProcessGroupGloo(dist.HashStore(), 0, 1)
+    with pytest.raises(ValueError, match="not 'homagg'"):
+        homagg.switch_group(gloo)
