@@ -57,12 +57,27 @@ demo: venv  ## the data-plane demo: int32 contributions through the switch, ever
 	$(PY) -m testnet.demo
 
 BENCH_REPS ?= 5
-bench: venv  ## benchmarks (needs root, ~10 min on 2 cores): switch rate, codecs, aggregation throughput, training; tables and plots in bench/results/
+BENCH ?= quick
+# BENCH=full: the long matrix (rounds, steps, every W and link rate, a shaped peer table)
+ifeq ($(BENCH),full)
+BENCH_PEERS = --rounds 3 --steps 40
+BENCH_REGIMES = --rounds 2 --steps 16 --hosts 2,4,8 --bws 100,1000
+BENCH_EXTRA = echo "== peer methods on 100 Mbit/s links (bench.peers)"; \
+	$(PY) -m bench.peers --rounds 2 --steps 30 --bw 100 --name peers_100mbit;
+else
+BENCH_PEERS = --rounds 1 --steps 16
+BENCH_REGIMES = --rounds 1 --steps 8 --hosts 4,8 --bws 100 --codecs lossless
+BENCH_EXTRA =
+endif
+bench: venv  ## benchmarks (needs root, ~20 min on 2 cores; BENCH=full: hours): switch rate, codecs, aggregation, training, peer methods, link rates and W; tables and plots in bench/results/
 	@start=$$(date +%s); set -e; \
 	echo "== switch packet rate (bench.switch_rate)"; $(PY) -m bench.switch_rate --cells 64 128 256 --reps $(BENCH_REPS); \
 	echo "== codecs (bench.codecs)"; $(PY) -m bench.codecs --reps $(BENCH_REPS); \
 	echo "== aggregation throughput (bench.aggregation)"; $(PY) -m bench.aggregation; \
 	echo "== training iteration time (bench.training)"; $(PY) -m bench.training; \
+	echo "== the switch beside the peer methods (bench.peers)"; $(PY) -m bench.peers $(BENCH_PEERS); \
+	echo "== link rates and W (bench.regimes)"; $(PY) -m bench.regimes $(BENCH_REGIMES); \
+	$(BENCH_EXTRA) \
 	echo; $(PY) -m bench.summary $$(( $$(date +%s) - start ))
 
 RUN ?=

@@ -38,6 +38,9 @@ def main(argv: list[str] | None = None) -> int:
     train = _find("training.md", r"^SUMMARY (.*)$") or _find("training.md", r"^Summary: (.*)\.$")
     if train:
         parts.append(train)
+    peers = _find("peers.md", r"^Summary: (.*)\.$")
+    if peers:
+        parts.append(peers)
     print("; ".join(parts))
     return 0
 

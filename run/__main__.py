@@ -23,6 +23,7 @@ from controller.config import DEFAULT_PORT
 from run.credentials import RunCredentials, make_run_credentials
 from run.model import DEFAULT_LR, MODELS
 from run.names import RunNames
+from run.peers import PEERS
 from run.state import RunState, netns_id, pids_in_netns
 from testnet.addresses import host_switch_port
 from testnet.switch_process import bmv2_available
@@ -108,6 +109,13 @@ def _parser() -> argparse.ArgumentParser:
         help="switch slots of the job's pool: packets in flight per rank (default 8)",
     )
     p.add_argument("--no-gloo", action="store_true", help="skip the gloo comparison run")
+    p.add_argument(
+        "--peers",
+        default="",
+        help="comma-separated DDP-over-gloo variants to run after gloo, in the same network: "
+        + ", ".join(PEERS)
+        + " (run/peers.py)",
+    )
     p.add_argument(
         "--timeout", type=float, default=900, help="seconds per training run (default 900)"
     )
@@ -328,6 +336,10 @@ def _settle(args: argparse.Namespace) -> tuple[str, Topology]:
 
     if args.lr is None:
         args.lr = DEFAULT_LR[args.model]
+    args.peer_list = [x for x in args.peers.split(",") if x]
+    bad = [x for x in args.peer_list if x not in PEERS]
+    if bad:
+        raise ValueError(f"--peers {','.join(bad)}: expected some of {', '.join(PEERS)}")
     target = args.target if args.target != "auto" else ("bmv2" if bmv2_available() else "refswitch")
     topo = (
         Topology.load(args.topo, hosts=args.hosts, bw_mbit=args.bw)
@@ -383,13 +395,16 @@ def _counters(names: RunNames, creds: RunCredentials) -> str:
 
 
 def _train(session: _Session, args: argparse.Namespace) -> str:
-    """The switch run (then the switch's counters), then the gloo run; returns the counters."""
+    """The switch run (then the switch's counters), then the gloo run and the peer runs;
+    returns the counters."""
     assert session.net is not None and session.creds is not None
     # rank 0 creates the job
     _run_job("switch", session.net, args, session.state, 29500, session.creds)
     counters = _counters(session.state.names, session.creds)
     if not args.no_gloo:
         _run_job("gloo", session.net, args, session.state, 29501)
+    for i, peer in enumerate(args.peer_list):
+        _run_job(peer, session.net, args, session.state, 29502 + i)
     return counters
 
 
@@ -401,6 +416,8 @@ def _report(args: argparse.Namespace, topo: Topology, target: str, counters: str
     runs = {switch_run: report.read_steps(args.out / "switch.jsonl")}
     if not args.no_gloo:
         runs["DDP over gloo"] = report.read_steps(args.out / "gloo.jsonl")
+    for peer in args.peer_list:
+        runs[peer] = report.read_steps(args.out / f"{peer}.jsonl")
     print(
         "\nsummary (wire = bytes each host sent per step, everything included; "
         "dense = the model's float32 gradients)"

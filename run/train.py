@@ -29,6 +29,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from run import peers
 from run.model import DEFAULT_LR, MODELS, JobShape, make_task
 from worker.attach import connect
 from worker.ddp_hook import AUTO, SwitchHookState, switch_allreduce_hook
@@ -69,6 +70,7 @@ def train(a: argparse.Namespace) -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     shape = JobShape(users=a.users, items=a.items, dim=a.dim, batch=a.batch)
     task = make_task(a.model, shape)
+    peers.prepare(a.mode, task.model)  # before DDP: it reads which gradients are sparse
     dear = a.mode == "switch" and a.overlap == "dear"
     model = task.model if dear else DDP(task.model)
     tracked: Tracked | None = None
@@ -101,6 +103,8 @@ def train(a: argparse.Namespace) -> None:
     out = Path(a.out)
     log = open(out / f"{a.mode}.jsonl", "w") if rank == 0 else None
     dense = sum(p.numel() for p in model.parameters()) * 4
+    if a.mode not in ("switch", "gloo"):
+        peers.attach(a.mode, model, a.steps)  # DDP keeps the hook's state
     try:
         for step in range(a.steps):
             start, sent = time.perf_counter(), tx_bytes(a.iface)
@@ -229,7 +233,7 @@ def main(argv: list[str] | None = None) -> None:
         epilog=__doc__.split("\n\n")[1],
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--mode", choices=["switch", "gloo"], required=True)
+    p.add_argument("--mode", choices=peers.MODES, required=True)
     p.add_argument("--codec", default="lossless", help="a codec, or auto (delay-aware)")
     p.add_argument(
         "--overlap",
