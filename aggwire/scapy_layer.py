@@ -42,7 +42,8 @@ class Agg(Packet):
     """Aggregation header followed by CELLS_PER_PKT big-endian int32 cells."""
 
     name = "Agg"
-    fields_desc = [
+    # scapy reads fields_desc per Packet class: a class attribute by its design.
+    fields_desc = [  # noqa: RUF012
         *(scapy_field(f) for f in AGG_HEADER_FIELDS),
         FieldListField(
             "cells",

@@ -230,12 +230,11 @@ def measure_target(target: str, n: int, reps: int, gloo: GlooPool, record: dict)
                         secs, retx = gloo.run(w, n), 0
                     else:
                         xs = inputs[(w, d if d is not None else 0.01)]
-                        key = (w, method, d)
-                        if (
-                            key not in codecs
-                        ):  # kept across repetitions, as training keeps one per bucket
-                            codecs[key] = make_codecs(method, w, d or 0.01)
-                        secs, out, retx = groups[w].step(codecs[key], xs)
+                        codec_key = (w, method, d)
+                        # kept across repetitions, as training keeps one per bucket
+                        if codec_key not in codecs:
+                            codecs[codec_key] = make_codecs(method, w, d or 0.01)
+                        secs, out, retx = groups[w].step(codecs[codec_key], xs)
                         if any(not np.array_equal(out[0], o) for o in out[1:]):
                             raise RuntimeError(f"{method} W={w}: workers decoded different sums")
                     key = (target, n, w, method, d)
@@ -327,7 +326,8 @@ def report(record: dict, elapsed: float, args) -> tuple[list[str], str]:
                     med = statistics.median(rec["secs"])
                     lines.append(
                         f"| {w} | {LABELS[m]} | {d:.1%} | {_rate(rec['secs'], n)} | "
-                        f"{base['gloo'] / med:.2f}x | {base['fixed_point'] / med:.2f}x | {rec['retx']} |"
+                        f"{base['gloo'] / med:.2f}x | {base['fixed_point'] / med:.2f}x | "
+                        f"{rec['retx']} |"
                     )
         lines.append("")
         if target == "refswitch":

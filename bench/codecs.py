@@ -235,7 +235,7 @@ def bench_rows(world: int) -> list[str]:
         "|---|---|---:|",
     ]
     for name, block in (("per element", 1), (f"per row ({dim} elements)", dim)):
-        log = []
+        log: list[Phase] = []
         simulate([LosslessSparse(world, support_block=block) for _ in xs], xs, phases_log=log)
         phases = " + ".join(f"{p.op.name} x {p.cells.size:,}" for p in log)
         lines.append(f"| {name} | {phases} | {sum(p.cells.size for p in log) / n:.4f} |")
@@ -306,8 +306,8 @@ def main(argv: list[str] | None = None) -> int:
     cells = bench_cells(n, args.world, [0.001, 0.01, 0.1])
     row_lines = bench_rows(args.world)
     # coarse far from the ~0.818 threshold, fine around it
-    loads: np.ndarray = np.round(
-        np.r_[np.arange(0.5, 0.751, 0.05), np.arange(0.76, 0.8601, 0.01), 0.9, 0.95, 1.0], 3
+    loads = np.r_[np.arange(0.5, 0.751, 0.05), np.arange(0.76, 0.8601, 0.01), 0.9, 0.95, 1.0].round(
+        3
     )
     sizes = (
         {1_000: 40, 10_000: 20, 100_000: 5} if args.quick else {1_000: 200, 10_000: 50, 100_000: 10}

@@ -114,7 +114,7 @@ def train(model_name: str, make, world: int, steps: int) -> list[float]:
             loss = loss_fn(model(*inputs), labels)
             loss.backward()
             step_loss += loss.item() / world
-            grads.append(torch.cat([p.grad.reshape(-1) for p in params]).numpy().copy())
+            grads.append(_flat_grad(params))
         if codecs is None:
             total = np.sum(grads, axis=0, dtype=np.float32)
         else:
@@ -123,10 +123,26 @@ def train(model_name: str, make, world: int, steps: int) -> list[float]:
         with torch.no_grad():
             offset = 0
             for p in params:
-                p -= lr * flat[offset : offset + p.numel()].view_as(p)
+                p.sub_(lr * flat[offset : offset + p.numel()].view_as(p))
                 offset += p.numel()
         losses.append(step_loss)
     return losses
+
+
+def _flat_grad(params: list[torch.nn.Parameter]) -> np.ndarray:
+    """All parameters' gradients as one float32 vector (a copy)."""
+    missing = [i for i, p in enumerate(params) if p.grad is None]
+    if missing:
+        raise RuntimeError(f"parameters {missing} got no gradient: is every one in the loss?")
+    return torch.cat([p.grad.reshape(-1) for p in params if p.grad is not None]).numpy().copy()
+
+
+def _codec_maker(world: int, name: str) -> Callable[[], list]:
+    """The maker of run `name`'s codecs, for a run that has codecs (not the exact sum)."""
+    make = _codecs(world)[name]
+    if make is None:
+        raise ValueError(f"run {name!r} is the exact sum: it has no codecs to time")
+    return make
 
 
 def switch_times(target: str, sizes: dict[str, int], world: int, reps: int) -> dict:
@@ -138,8 +154,8 @@ def switch_times(target: str, sizes: dict[str, int], world: int, reps: int) -> d
     rng = np.random.default_rng(0)
     makers = {
         "fixed point 32-bit": lambda: [FixedPoint(world) for _ in range(world)],
-        "16-bit lanes + EF": _codecs(world)["16-bit lanes + EF"],
-        "8-bit lanes + EF": _codecs(world)["8-bit lanes + EF"],
+        "16-bit lanes + EF": _codec_maker(world, "16-bit lanes + EF"),
+        "8-bit lanes + EF": _codec_maker(world, "8-bit lanes + EF"),
     }
     times: dict[tuple[str, str], list[float]] = {}
     gloo = GlooPool(sorted(set(sizes.values())))

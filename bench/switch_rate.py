@@ -73,8 +73,7 @@ def run_child(
     from testnet.switch_process import bmv2_available
 
     targets = ["refswitch"] + (["bmv2"] if bmv2_available() else [])
-    kwargs = {"artifacts": artifacts} if artifacts else {}
-    fabrics = {t: Fabric(t, 4, **kwargs) for t in targets}
+    fabrics = {t: Fabric(t, 4, artifacts=artifacts) if artifacts else Fabric(t, 4) for t in targets}
     try:
         jobs = {t: Job(f, f.hosts, pool_size=32) for t, f in fabrics.items()}
         rates: dict[str, dict[str, list[float]]] = {o: {t: [] for t in targets} for o in ops}
@@ -170,7 +169,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--child", type=str, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:
-        artifacts = tuple(Path(x) for x in args.child.split(",")) if args.child != "-" else None
+        artifacts = None
+        if args.child != "-":
+            p4info, bmv2_json = args.child.split(",")  # written by the parent: two paths
+            artifacts = (Path(p4info), Path(bmv2_json))
         print(
             "RESULT "
             + json.dumps(

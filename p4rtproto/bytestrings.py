@@ -36,7 +36,7 @@ def decode(data: bytes, bitwidth: int) -> int:
 
 
 def padded(value: int, bitwidth: int) -> bytes:
-    """Encode `value` on exactly ceil(bitwidth / 8) bytes (the form old P4Runtime servers expect)."""
+    """Encode `value` on exactly ceil(bitwidth / 8) bytes (the form old P4Runtime servers want)."""
     encode(value, bitwidth)  # range check
     return value.to_bytes((bitwidth + 7) // 8, "big")
 

@@ -50,7 +50,10 @@ class P4InfoLookupError(KeyError):
 
 @dataclass(frozen=True)
 class MatchFieldInfo:
-    """One key field of a table: `match_type` is 'exact', 'lpm', 'ternary', 'range' or 'optional'."""
+    """One key field of a table.
+
+    `match_type` is 'exact', 'lpm', 'ternary', 'range' or 'optional'.
+    """
 
     id: int
     name: str

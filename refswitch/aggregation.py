@@ -25,7 +25,7 @@ from aggwire.constants import (
 )
 from aggwire.lanes import lanes_add
 from refswitch.device import Device
-from refswitch.packet import Headers, Metadata, StandardMetadata
+from refswitch.packet import AggH, Headers, Metadata, StandardMetadata
 
 VERDICT_FRESH = 1  # first of a newer round (or another job): overwrite
 VERDICT_COMBINE = 2  # same round, new worker: combine with op
@@ -46,10 +46,10 @@ class AggregationRegisters:
         self.cells = np.zeros((NUM_SLOT_COPIES, CELLS_PER_PKT), np.int32)
 
 
-def update_slot(regs: AggregationRegisters, hdr: Headers, meta: Metadata) -> None:
-    """The update_slot action: one read-modify-write of the slot copy's state."""
+def update_slot(regs: AggregationRegisters, agg: AggH, meta: Metadata) -> None:
+    """The update_slot action: one read-modify-write of the slot copy's state; writes the
+    slot's exponent into the (valid) aggregation header `agg`."""
     i = meta.slot_index
-    agg = hdr.agg
     st_job, st_chunk, seen = regs.job[i], regs.chunk[i], regs.seen[i]
     count, exp = regs.count[i], regs.exp[i]
     age = (agg.chunk - st_chunk) & CHUNK_MASK  # serial-number arithmetic (RFC 1982)
@@ -73,7 +73,7 @@ def update_slot(regs: AggregationRegisters, hdr: Headers, meta: Metadata) -> Non
         regs.count[i] = (count + 1) & 0xFF
         regs.exp[i] = max(exp, agg.exp)
     meta.count = regs.count[i]
-    hdr.agg.exp = regs.exp[i]
+    agg.exp = regs.exp[i]
 
 
 def slot_in_pool(pool_base: int, pool_size: int, slot: int) -> bool:
@@ -83,30 +83,33 @@ def slot_in_pool(pool_base: int, pool_size: int, slot: int) -> bool:
     return pool_base < NUM_SLOTS and slot < pool_size and slot < NUM_SLOTS - pool_base
 
 
-def _combine_cells(regs: AggregationRegisters, hdr: Headers, meta: Metadata) -> None:
+def _combine_cells(
+    regs: AggregationRegisters, op: int, cells: np.ndarray, meta: Metadata
+) -> np.ndarray:
     """add_cells / add16_cells / add8_cells / or_cells / max_cells: per lane, wrapping,
-    written back and into the packet."""
+    written back; returns the packet's new cells."""
     stored = regs.cells[meta.slot_index]
-    op = hdr.agg.op
     if op == Op.ADD:
-        np.add(stored, hdr.cells, out=stored)
+        np.add(stored, cells, out=stored)
     elif op == Op.ADD16:
-        stored[:] = lanes_add(stored, hdr.cells, 16)
+        stored[:] = lanes_add(stored, cells, 16)
     elif op == Op.ADD8:
-        stored[:] = lanes_add(stored, hdr.cells, 8)
+        stored[:] = lanes_add(stored, cells, 8)
     elif op == Op.OR:
-        np.bitwise_or(stored, hdr.cells, out=stored)
+        np.bitwise_or(stored, cells, out=stored)
     else:
-        np.maximum(stored, hdr.cells, out=stored)
-    hdr.cells = stored.copy()
+        np.maximum(stored, cells, out=stored)
+    return stored.copy()
 
 
 def aggregation(
     device: Device, regs: AggregationRegisters, hdr: Headers, meta: Metadata, std: StandardMetadata
 ) -> None:
     """Aggregation.apply()."""
-    agg = hdr.agg
-    if agg is None:
+    agg, cells, udp, ipv4 = hdr.agg, hdr.cells, hdr.udp, hdr.ipv4
+    # The parser extracts agg and its cells only under a valid ipv4 and udp: the other
+    # checks hold for every parsed packet and only name that invariant.
+    if agg is None or cells is None or udp is None or ipv4 is None:
         meta.drop_reason = DropReason.BAD_HEADER
         return
     if agg.version != AGG_VERSION or agg.shadow > 1 or agg.flags & Flag.RESULT:
@@ -115,8 +118,8 @@ def aggregation(
     if (
         agg.ncells == 0
         or agg.ncells > CELLS_PER_PKT
-        or hdr.udp.length != AGG_UDP_LENGTH
-        or hdr.ipv4.total_len != AGG_IPV4_LENGTH
+        or udp.length != AGG_UDP_LENGTH
+        or ipv4.total_len != AGG_IPV4_LENGTH
     ):
         meta.drop_reason = DropReason.BAD_LENGTH
         return
@@ -143,12 +146,12 @@ def aggregation(
         meta.drop_reason = DropReason.SLOT_OUT_OF_POOL
         return
     meta.slot_index = ((meta.pool_base + agg.slot) << 1) | agg.shadow  # < NUM_SLOT_COPIES
-    update_slot(regs, hdr, meta)
+    update_slot(regs, agg, meta)
     events = device.counter(p4names.EVENT_COUNTER)
     if meta.verdict == VERDICT_FRESH:
-        regs.cells[meta.slot_index] = hdr.cells
+        regs.cells[meta.slot_index] = cells
     elif meta.verdict == VERDICT_COMBINE:
-        _combine_cells(regs, hdr, meta)
+        hdr.cells = _combine_cells(regs, agg.op, cells, meta)
     elif meta.verdict == VERDICT_RESEND:
         hdr.cells = regs.cells[meta.slot_index].copy()
 

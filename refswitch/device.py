@@ -26,7 +26,10 @@ log = logging.getLogger(__name__)
 
 
 class Counter:
-    """An indirect counter array: per-cell packet and byte counts (BMv2 keeps both, whatever the unit)."""
+    """An indirect counter array: per-cell packet and byte counts.
+
+    BMv2 keeps both, whatever the counter's unit.
+    """
 
     def __init__(self, info: CounterInfo) -> None:
         self.info = info
@@ -112,7 +115,10 @@ class Device:
             self.config_generation += 1
 
     def table(self, name: str) -> Table:
-        """A table by full name or alias (P4InfoLookupError, a KeyError, when unknown or before any pipeline)."""
+        """A table by full name or alias.
+
+        Raises P4InfoLookupError (a KeyError) when unknown or before any pipeline.
+        """
         try:
             return self._tables_by_name[name]
         except KeyError:

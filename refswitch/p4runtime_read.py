@@ -35,7 +35,7 @@ _UNSUPPORTED_READS = {
 
 
 def read_entities(device: Device, request: p4runtime_pb2.ReadRequest) -> list[p4runtime_pb2.Entity]:
-    """Every entity matching the request; DeviceError (the whole read fails) on the first bad one."""
+    """Every entity matching the request; DeviceError (the whole read fails) on the first bad."""
     out: list[p4runtime_pb2.Entity] = []
     with device.lock:
         for entity in request.entities:

@@ -179,7 +179,7 @@ def _field(info: MatchFieldInfo, fm: p4runtime_pb2.FieldMatch) -> FieldMatch:
 def decode_action(
     p4info: P4InfoIndex, table_action: p4runtime_pb2.TableAction
 ) -> tuple[ActionInfo, dict[str, int]]:
-    """The action and params of a direct TableAction; INVALID_ARGUMENT for unknown ids or bad values."""
+    """The action and params of a direct TableAction; INVALID_ARGUMENT for bad ids or values."""
     if table_action.WhichOneof("type") != "action":
         raise invalid("Cannot provide indirect action for direct table")
     call = table_action.action

@@ -54,7 +54,7 @@ class PortSet:
         """Frames received within timeout, as (port, frame), in arrival order per port."""
         out: list[tuple[int, bytes]] = []
         for key, _ in self._selector.select(timeout):
-            out.extend((key.data, frame) for frame in recv_frames(key.fileobj))
+            out.extend((key.data, frame) for frame in recv_frames(self._socks[key.data]))
         return out
 
     def update_kernel_drops(self) -> dict[int, int]:

@@ -253,7 +253,7 @@ class Table:
         self.default.packets = self.default.bytes = 0
 
     def check_match(self, match: tuple[FieldMatch, ...], priority: int) -> None:
-        """INVALID_ARGUMENT unless `match` is well formed for this table (PI's checks and messages)."""
+        """INVALID_ARGUMENT unless `match` is well formed for this table (PI's checks, messages)."""
         if len(match) != len(self._kinds):
             raise DeviceError(
                 code_pb2.INVALID_ARGUMENT,

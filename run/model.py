@@ -121,6 +121,8 @@ class TinyLM(nn.Module):
     encoder layers under a causal mask, a linear head; gradients dense but for the rows of
     the tokens a batch holds."""
 
+    mask: torch.Tensor  # the causal mask, a buffer (moves with the module)
+
     def __init__(self, shape: JobShape) -> None:
         super().__init__()
         self.tok = nn.Embedding(shape.vocab, shape.width)

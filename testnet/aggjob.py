@@ -88,7 +88,7 @@ class Job:
         self, ranks: list[int] | None = None, per_rank: int = 1, timeout: float = 3.0
     ) -> dict[int, list[Ether]]:
         """Frames arriving at the hosts of `ranks` (all ranks by default), parsed by Scapy."""
-        out = {}
+        out: dict[int, list[Ether]] = {}
         for r in range(self.world) if ranks is None else ranks:
             frames = self.hosts[r].raw.receive(timeout, count=per_rank)
             out[r] = [Ether(f) for f in frames]
@@ -130,7 +130,7 @@ class CounterDelta:
     def drops(self) -> dict[DropReason, int]:
         """Packets dropped per reason since creation (ingress and egress), zeros left out."""
         now = self._read()
-        out = {}
+        out: dict[DropReason, int] = {}
         for name in (p4names.INGRESS_DROPS, p4names.EGRESS_DROPS):
             for i, v in now[name].items():
                 d = v - self.base[name].get(i, 0)

@@ -33,10 +33,10 @@ def run(target: str, hosts: int, rounds: int, pool_size: int) -> int:
         start = time.monotonic()
         for k in range(rounds):
             parts = [random_cells(rng) for _ in range(hosts)]
-            for r in range(hosts):
-                job.send(r, parts[r], slot=k % pool_size, shadow=(k // pool_size) % 2, chunk=k)
+            for r, part in enumerate(parts):
+                job.send(r, part, slot=k % pool_size, shadow=(k // pool_size) % 2, chunk=k)
             expected = wrapped_sum(parts)
-            for r, pkts in job.collect().items():
+            for pkts in job.collect().values():
                 if len(pkts) != 1 or not np.array_equal(result_cells(pkts[0]), expected):
                     errors += 1
             if (k + 1) % max(1, rounds // 10) == 0:

@@ -49,7 +49,18 @@ class FabricHost:
     switch_port: int
     mac: str
     ip: str
-    raw: RawPort | None = field(default=None, repr=False)
+    _raw: RawPort | None = field(default=None, repr=False)
+
+    @property
+    def raw(self) -> RawPort:
+        """The host's raw socket, open once the fabric has built this host."""
+        if self._raw is None:
+            raise RuntimeError(f"host {self.index} has no raw port: the fabric is not built")
+        return self._raw
+
+    @raw.setter
+    def raw(self, port: RawPort) -> None:
+        self._raw = port
 
     def enable_ip_stack(self) -> None:
         """Give the host's kernel its address, for tests that use ordinary sockets."""
@@ -72,9 +83,9 @@ class Fabric:
         self.tag = fabric_tag(os.getpid(), next(_fabric_ids))
         self.workdir = workdir or Path(tempfile.mkdtemp(prefix=f"{self.tag}-"))
         self.hosts: list[FabricHost] = []
-        self.switch: SwitchProcess | None = None
+        self._switch: SwitchProcess | None = None
         self._restarts = 0
-        self.conn: SwitchConnection | None = None
+        self._conn: SwitchConnection | None = None
         try:
             self._build(num_hosts)
         except BaseException:
@@ -135,16 +146,45 @@ class Fabric:
 
     def close(self) -> None:
         """Stop the switch and remove every namespace and link this fabric made."""
-        if self.conn is not None:
-            self.conn.close()
-        if self.switch is not None:
-            self.switch.stop()
+        self.release_connection()
+        if self._switch is not None:
+            self._switch.stop()
             (PID_DIR / f"{self.tag}.pid").unlink(missing_ok=True)
         for h in self.hosts:
-            if h.raw is not None:
-                h.raw.close()
+            if h._raw is not None:
+                h._raw.close()
             delete_namespace(h.namespace)
             delete_link(h.switch_iface)
+
+    @property
+    def conn(self) -> SwitchConnection:
+        """The fabric's P4Runtime connection, primary since the fabric was built."""
+        if self._conn is None:
+            raise RuntimeError(
+                "fabric has no switch connection: it failed to build or was released"
+            )
+        return self._conn
+
+    @conn.setter
+    def conn(self, conn: SwitchConnection | None) -> None:
+        self._conn = conn
+
+    def release_connection(self) -> None:
+        """Close the fabric's connection, so another client (a controller) becomes primary."""
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    @property
+    def switch(self) -> SwitchProcess:
+        """The running switch process (a fresh one after restart_switch())."""
+        if self._switch is None:
+            raise RuntimeError("fabric has no switch: it failed to build or is closed")
+        return self._switch
+
+    @switch.setter
+    def switch(self, process: SwitchProcess) -> None:
+        self._switch = process
 
     def __enter__(self) -> Fabric:
         return self

@@ -57,7 +57,7 @@ def _setns(path: str) -> None:
 
 @contextmanager
 def in_namespace(name: str) -> Iterator[None]:
-    """Run the body with this thread in network namespace `name`; sockets created there stay there."""
+    """Run the body with this thread in network namespace `name` (sockets made there stay)."""
     home = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
     try:
         _setns(f"/run/netns/{name}")

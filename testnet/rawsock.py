@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import fcntl
 import select
@@ -37,10 +38,9 @@ def disable_offloads(iface: str) -> None:
         for cmd in (ETHTOOL_STXCSUM, ETHTOOL_SSG, ETHTOOL_STSO, ETHTOOL_SGSO, ETHTOOL_SGRO):
             value = ctypes.create_string_buffer(struct.pack("II", cmd, 0))
             ifreq = struct.pack("16sP", iface.encode(), ctypes.addressof(value))
-            try:
+            # OSError: the driver lacks this offload, so there is nothing to turn off.
+            with contextlib.suppress(OSError):
                 fcntl.ioctl(sock, SIOCETHTOOL, ifreq)
-            except OSError:
-                pass  # the driver lacks this offload: nothing to turn off
 
 
 def _ethtool_get(sock: socket.socket, iface: str, cmd: int) -> int:

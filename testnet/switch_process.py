@@ -113,7 +113,8 @@ class SwitchProcess:
         self.address = f"127.0.0.1:{self.grpc_port}"
         self.log_path = log_path
         prepare_ports(ports)
-        self._log = open(log_path, "wb")
+        # Kept open while the switch runs (it is the child's stdout); stop() closes it.
+        self._log = open(log_path, "wb")  # noqa: SIM115
         self.proc = subprocess.Popen(
             switch_command(target, ports, self.grpc_port, device_id),
             stdout=self._log,

@@ -73,8 +73,7 @@ def make_fabric(target: str, n: int, tmp: Path) -> Fabric:
     try:
         for h in fabric.hosts:
             h.enable_ip_stack()
-        fabric.conn.close()
-        fabric.conn = None
+        fabric.release_connection()
     except BaseException:
         fabric.close()
         raise

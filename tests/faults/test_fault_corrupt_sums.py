@@ -65,7 +65,7 @@ def test_corrupted_sums_are_an_error_in_bounded_time(values, phase_op, fault_rep
         change = corruptions(rng)[trial % 5]
         hit = {"n": 0}
 
-        def tamper(step, phase, combined):
+        def tamper(step, phase, combined, hit=hit, change=change):
             if phase.op == phase_op and hit["n"] == 0:
                 hit["n"] += 1
                 return change(combined.copy())

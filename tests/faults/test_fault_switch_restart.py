@@ -67,7 +67,11 @@ def test_workers_resume_after_a_switch_restart(target, tmp_path, fault_report):
                 f"no progress: round {k}, {timeouts} timed-out rounds"
             )
             parts = round_parts(k, WORLD, n)
-            got = run_threads(lambda r: agents[r].transport.allreduce(Op.ADD, parts[r]), WORLD, 30)
+            got = run_threads(
+                lambda r, parts=parts: agents[r].transport.allreduce(Op.ADD, parts[r]),
+                WORLD,
+                30,
+            )
             errors = [g for g in got if isinstance(g, BaseException)]
             if errors:
                 assert all(type(e).__name__ == "TransportError" for e in errors), errors

@@ -101,7 +101,7 @@ def test_from_bytes_and_text_agree(test_p4info_path: Path, test_p4info: P4InfoIn
 
 
 def test_direct_counter_found_from_direct_table_id() -> None:
-    """p4c lists direct counters in direct_resource_ids; the counter's direct_table_id suffices too."""
+    """p4c lists direct counters in direct_resource_ids; the counter's direct_table_id suffices."""
     p4info = p4info_pb2.P4Info()
     t = p4info.tables.add()
     t.preamble.id, t.preamble.name = 7, "t"

@@ -57,7 +57,7 @@ def test_or_and_max(fabric, rng, op):
     for r in range(4):
         job.send(r, parts[r], op=op)
     expected = np.bitwise_or.reduce(parts) if op == Op.OR else np.maximum.reduce(parts)
-    for r, pkts in job.collect().items():
+    for pkts in job.collect().values():
         np.testing.assert_array_equal(result_cells(pkts[0]), expected)
 
 
@@ -112,7 +112,7 @@ def test_many_rounds_reuse_slots_through_both_copies(fabric, rng):
         parts = [random_cells(rng) for _ in range(world)]
         for r in range(world):
             job.send(r, parts[r], slot=k % pool_size, shadow=(k // pool_size) % 2, chunk=k)
-        for r, pkts in job.collect().items():
+        for pkts in job.collect().values():
             assert len(pkts) == 1 and pkts[0][Agg].chunk == k
             np.testing.assert_array_equal(result_cells(pkts[0]), wrapped_sum(parts))
 

@@ -23,7 +23,7 @@ TIMEOUT = 5.0
 
 
 class Stream:
-    """A StreamChannel fed from a queue, its responses (or its final RpcError) collected by a thread."""
+    """A StreamChannel fed from a queue; a thread collects its responses (or final RpcError)."""
 
     def __init__(self, stub: p4runtime_pb2_grpc.P4RuntimeStub) -> None:
         self.requests: queue.Queue[Any] = queue.Queue()
@@ -147,7 +147,7 @@ def table_update(
     params: dict[str, bytes] | None = None,
     priority: int = 0,
 ) -> p4runtime_pb2.Update:
-    """An update from raw bytes: fields are (name, kind, value or (a, b)), params are name -> bytes."""
+    """An update from raw bytes: fields are (name, kind, value or (a, b)), params name -> bytes."""
     info = p4info.table(table)
     update = Update(type=kind)
     te = update.entity.table_entry
@@ -290,7 +290,7 @@ def test_pipeline_actions(
 
 
 def test_get_pipeline_response_types(stub: Any, primary: Stream, test_p4info: P4InfoIndex) -> None:
-    Get = p4runtime_pb2.GetForwardingPipelineConfigRequest
+    get_request = p4runtime_pb2.GetForwardingPipelineConfigRequest
     request = SetAction(device_id=0, action=SetAction.VERIFY_AND_COMMIT)
     request.election_id.low = 1
     request.config.p4info.CopyFrom(test_p4info.proto)
@@ -298,20 +298,22 @@ def test_get_pipeline_response_types(stub: Any, primary: Stream, test_p4info: P4
     request.config.cookie.cookie = 42
     stub.SetForwardingPipelineConfig(request, timeout=TIMEOUT)
     for kind, has_p4info, has_config in [
-        (Get.ALL, True, True),
-        (Get.COOKIE_ONLY, False, False),
-        (Get.P4INFO_AND_COOKIE, True, False),
-        (Get.DEVICE_CONFIG_AND_COOKIE, False, True),
+        (get_request.ALL, True, True),
+        (get_request.COOKIE_ONLY, False, False),
+        (get_request.P4INFO_AND_COOKIE, True, False),
+        (get_request.DEVICE_CONFIG_AND_COOKIE, False, True),
     ]:
         config = stub.GetForwardingPipelineConfig(
-            Get(device_id=0, response_type=kind), timeout=TIMEOUT
+            get_request(device_id=0, response_type=kind), timeout=TIMEOUT
         ).config
         assert config.HasField("p4info") == has_p4info
         assert (config.p4_device_config == b"json") == has_config
         assert config.cookie.cookie == 42
     assert (
         P4InfoIndex(
-            stub.GetForwardingPipelineConfig(Get(device_id=0), timeout=TIMEOUT).config.p4info
+            stub.GetForwardingPipelineConfig(
+                get_request(device_id=0), timeout=TIMEOUT
+            ).config.p4info
         ).proto
         == test_p4info.proto
     )

@@ -38,7 +38,7 @@ def test_leader_rotation_indices_sums_and_memory(world):
         ps = [m + g for m, g in zip(memory, gs)]
         log, results = [], []
 
-        def observe(step, phase, combined):
+        def observe(step, phase, combined, results=results):
             results.append(combined)
             return combined
 

@@ -263,7 +263,6 @@ def test_corrupted_value_phase_is_detected_never_wrong(mode):
 
 
 def test_corrupted_bitmap_and_exponents():
-    rng = np.random.default_rng(10)
     world, n = 2, 4001
     xs = [np.zeros(n, np.float32) for _ in range(world)]
     xs[0][[3, 100, 2000]] = [1.0, -2.0, 3.0]

@@ -87,7 +87,7 @@ def status_cell(ok: bool) -> np.ndarray:
     return np.array([0 if ok else 1], dtype=np.int32)
 
 
-def raise_on_status(cell: np.integer) -> None:
+def raise_on_status(cell: int | np.integer) -> None:
     """Raise CorruptResultError on every worker if some worker reported a local fault."""
     if cell != 0:
         raise CorruptResultError(

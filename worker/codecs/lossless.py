@@ -65,11 +65,11 @@ class LosslessSparse:
     the support (and the sketch keys) blocks of that many consecutive elements, e.g. one
     embedding row; `values="ranked"` sends the values at their rank in the union instead
     of a sketch (|U| cells, no peeling). `index_levels` 1 or 2 forces the support
-    bitmap's form (default: two levels from TWO_LEVEL_MIN_WORDS words). The returned sum is a read-only view of a buffer
-    the codec reuses: the next `aggregate` on the same codec overwrites it (copy it to
-    keep it); only the elements written last time are cleared, so a step costs O(|U|)
-    and not the page faults of a fresh n-element array (one codec per bucket, as the DDP
-    hook does)."""
+    bitmap's form (default: two levels from TWO_LEVEL_MIN_WORDS words). The returned sum
+    is a read-only view of a buffer the codec reuses: the next `aggregate` on the same
+    codec overwrites it (copy it to keep it); only the elements written last time are
+    cleared, so a step costs O(|U|) and not the page faults of a fresh n-element array
+    (one codec per bucket, as the DDP hook does)."""
 
     def __init__(
         self,

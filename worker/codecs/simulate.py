@@ -14,7 +14,7 @@ from aggwire.lanes import lanes_add
 
 from .base import Codec, GradInput, Phase
 
-_COMBINE = {
+_COMBINE: dict[Op, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
     Op.ADD: np.add,
     Op.OR: np.bitwise_or,
     Op.MAX: np.maximum,
