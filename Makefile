@@ -11,6 +11,7 @@ BF_P4C ?= bf-p4c
 TNA_CELLS ?= 32
 TOFINO_BUILD ?= p4src/tofino/build
 PYTEST_ARGS ?=
+TYPED_PACKAGES := aggwire p4rtproto refswitch controller worker testnet run homagg bench examples
 RUN_ARGS ?=
 # make run options (empty: the defaults of `python -m run --help`)
 HOSTS ?=
@@ -27,7 +28,7 @@ RUN_OPTS := $(if $(HOSTS),--hosts $(HOSTS)) $(if $(MODEL),--model $(MODEL)) $(if
 # Debian packages make run needs: Mininet (no Open vSwitch: our own switch class), venv, tc, ifconfig
 RUN_DEBS := mininet python3-venv iproute2 net-tools
 
-.PHONY: help venv test run run-deps demo bench stop p4 p4-tofino clean
+.PHONY: help venv test lint run run-deps demo bench stop p4 p4-tofino clean
 
 help:  ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -43,8 +44,13 @@ $(VENV)/.installed: pyproject.toml p4rtproto/generate.py controller/api/generate
 
 venv: $(VENV)/.installed  ## create the virtual environment with every dependency
 
-test: venv  ## run the whole test suite (packet tests need root; BMv2 tests run when simple_switch_grpc is installed)
+test: venv lint  ## lint, then the whole test suite (packet tests need root; BMv2 tests run when simple_switch_grpc is installed)
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+lint: venv  ## ruff (rules and formatting, pyproject.toml) and mypy over the packages
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+	$(PY) -m mypy $(TYPED_PACKAGES)
 
 run-deps:  ## install Debian's mininet and what it relies on, when missing (needs root)
 	@dpkg -s $(RUN_DEBS) >/dev/null 2>&1 || { apt-get update && \

@@ -45,7 +45,7 @@ class Group:
         from testnet.aggjob import WORKER_UDP_BASE, Job
         from testnet.fabric import SERVICE_IP
         from testnet.namespace import in_namespace
-        from worker.channel import FaultyChannel, UdpChannel
+        from worker.channel import Channel, FaultyChannel, UdpChannel
         from worker.transport import SwitchTransport, TransportConfig
 
         self.job = Job(fabric, fabric.hosts[offset : offset + w], pool_size=POOL_SIZE)
@@ -55,7 +55,7 @@ class Group:
                 sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
             sock.bind((h.ip, WORKER_UDP_BASE + r))
-            channel = UdpChannel(sock, (SERVICE_IP, AGG_UDP_PORT))
+            channel: Channel = UdpChannel(sock, (SERVICE_IP, AGG_UDP_PORT))
             if loss:
                 channel = FaultyChannel(channel, loss=loss, seed=seed + r)
             cfg = TransportConfig(

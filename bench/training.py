@@ -164,7 +164,8 @@ def main(argv: list[str] | None = None) -> int:
                     order.reverse()
                 for codec, no_gloo in order:
                     print(
-                        f"  training round {rnd + 1}/{args.rounds}: python -m run --model {model} --codec {codec}"
+                        f"  training round {rnd + 1}/{args.rounds}: "
+                        f"python -m run --model {model} --codec {codec}"
                         f"{' --no-gloo' if no_gloo else ''} --steps {args.steps}",
                         flush=True,
                     )
@@ -182,7 +183,8 @@ def main(argv: list[str] | None = None) -> int:
                     print(
                         f"    done in {time.perf_counter() - t0:.0f} s: "
                         + ", ".join(
-                            f"{n} median {statistics.median(s['seconds'] for s in steps[1:]) * 1e3:.0f} ms"
+                            f"{n} median "
+                            f"{statistics.median(s['seconds'] for s in steps[1:]) * 1e3:.0f} ms"
                             for n, steps in runs.items()
                         ),
                         flush=True,
@@ -191,10 +193,12 @@ def main(argv: list[str] | None = None) -> int:
         f"# Training iteration time ({platform.machine()}, {os.cpu_count()} cores, "
         f"{time.strftime('%Y-%m-%d')})",
         "",
-        f"`python -m bench.training --steps {args.steps} --rounds {args.rounds} --models {','.join(models)}`; "
-        f"ran in {time.perf_counter() - start:.0f} s. `python -m run` (Mininet, {args.hosts} hosts, switch "
-        f"{target_used}, unshaped links). Iteration time of every step but each run's first: median "
-        f"[p10, p90] over {args.rounds} x {args.steps - 1} steps; wire = bytes rank 0's host sent per "
+        f"`python -m bench.training --steps {args.steps} --rounds {args.rounds} "
+        f"--models {','.join(models)}`; ran in {time.perf_counter() - start:.0f} s. "
+        f"`python -m run` (Mininet, {args.hosts} hosts, switch {target_used}, unshaped "
+        "links). Iteration time of every step but each run's first: median "
+        f"[p10, p90] over {args.rounds} x {args.steps - 1} steps; wire = bytes rank 0's "
+        "host sent per "
         "step (everything: aggregation, gloo, control) / dense gradient bytes.",
         "",
     ]
@@ -211,7 +215,8 @@ def main(argv: list[str] | None = None) -> int:
             s = samples[(model, name)]
             med = statistics.median(s)
             lines.append(
-                f"| {args.hosts} | {DESCRIPTION[model]} | {name} | {med * 1e3:.0f} [{_pct(s, 0.1) * 1e3:.0f}, "
+                f"| {args.hosts} | {DESCRIPTION[model]} | {name} | {med * 1e3:.0f} "
+                f"[{_pct(s, 0.1) * 1e3:.0f}, "
                 f"{_pct(s, 0.9) * 1e3:.0f}] | {gloo / med:.2f}x | "
                 f"{statistics.mean(wire[(model, name)]):.2f}x |"
             )

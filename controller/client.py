@@ -93,7 +93,8 @@ class ControllerClient:
         return self.stub.JoinJob(request, timeout=self.timeout)
 
     def wait_ready(self, job_id: int, token: str, rank: int, timeout_s: float = 30.0) -> Any:
-        """WaitReady -> Assignment; DEADLINE_EXCEEDED when ranks are still missing after timeout_s."""
+        """WaitReady -> Assignment; DEADLINE_EXCEEDED when ranks are still missing after
+        timeout_s."""
         return self.stub.WaitReady(
             pb.WaitReadyRequest(job_id=job_id, token=token, rank=rank, timeout_s=timeout_s),
             timeout=timeout_s + self.timeout,

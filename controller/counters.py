@@ -44,7 +44,8 @@ class JobCount:
 
 @dataclass
 class SwitchCounters:
-    """Every counter of one switch; `error` is set (and the rest empty) when it could not be read."""
+    """Every counter of one switch; `error` is set (and the rest empty) when it could not be
+    read."""
 
     switch: str
     error: str = ""
@@ -71,7 +72,8 @@ def _named(
 def read_counters(
     conn: SwitchConnection, switch: str, job_names: dict[int, str], job_id: int | None = None
 ) -> SwitchCounters:
-    """Read every counter of the switch; job_names names the jobs (and, with job_id, only that one)."""
+    """Read every counter of the switch; job_names names the jobs (and, with job_id, only that
+    one)."""
     result = SwitchCounters(switch)
     reasons = tuple(r for r in DropReason if r != DropReason.NONE)
     result.ingress_drops = _named(conn.read_counter(p4names.INGRESS_DROPS), DropReason, reasons)

@@ -6,6 +6,7 @@ switch sessions (docs/controller.md describes the rules)."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -272,10 +273,9 @@ class JobManager:
                 worker = self._live_rank(job, rank)
                 self._renew(job, worker)
                 if job.complete and not job.installed:
-                    try:
+                    # the supervisor installs it once the switch is back
+                    with contextlib.suppress(Unavailable):
                         self._try_install(job)
-                    except Unavailable:
-                        pass  # the supervisor installs it once the switch is back
                 if job.installed:
                     return self._assignment(job, rank)
                 remaining = deadline - self.clock()
@@ -455,7 +455,8 @@ class JobManager:
 
     def _try_install(self, job: Job) -> None:
         """Install a complete job if its switch is up (else its supervisor will, on reconnection);
-        Unavailable if the link fails during the install, FailedPrecondition if the switch refuses."""
+        Unavailable if the link fails during the install, FailedPrecondition if the switch
+        refuses."""
         assert job.switch is not None
         sw = self.switches[job.switch]
         if not sw.connected:

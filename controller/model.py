@@ -14,7 +14,8 @@ class JobState(StrEnum):
     """What a job is doing, as operators and workers see it."""
 
     WAITING = "waiting"  # some ranks have not joined
-    INSTALLING = "installing"  # every rank joined; the entries are not (yet, or no longer known to be) on the switch
+    # every rank joined; the entries are not (yet, or no longer known to be) on the switch
+    INSTALLING = "installing"
     READY = "ready"  # installed: the data plane aggregates it
     ENDED = "ended"  # entries removed and pool freed (left, expired or released)
 

@@ -24,7 +24,8 @@ Update = p4runtime_pb2.Update
 
 @dataclass
 class TableEntry:
-    """A table entry decoded with the P4Info: full table/action names, ints, don't-care fields left out."""
+    """A table entry decoded with the P4Info: full table/action names, ints, don't-care fields
+    left out."""
 
     table: str
     match: dict[str, MatchValue]

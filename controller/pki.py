@@ -13,6 +13,10 @@ import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # imported where used: the package is optional (openssl otherwise)
+    from cryptography import x509
 
 
 @dataclass(frozen=True)
@@ -24,14 +28,14 @@ class Pki:
     key: Path
 
 
-def _name(common_name: str) -> object:
+def _name(common_name: str) -> x509.Name:
     from cryptography import x509
     from cryptography.x509.oid import NameOID
 
     return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
 
 
-def _san(host: str) -> object:
+def _san(host: str) -> x509.GeneralName:
     from cryptography import x509
 
     try:

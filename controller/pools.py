@@ -42,7 +42,8 @@ class SlotAllocator:
         )
 
     def reserve(self, base: int, size: int) -> None:
-        """Mark an exact range as allocated (rebuilding persisted pools); ValueError if any slot is taken."""
+        """Mark an exact range as allocated (rebuilding persisted pools); ValueError if any slot
+        is taken."""
         if size < 1 or base < 0 or base + size > self.total:
             raise ValueError(f"range {base}+{size} outside the switch's {self.total} slots")
         i = bisect.bisect_right(self._free, (base, self.total + 1)) - 1
@@ -54,7 +55,8 @@ class SlotAllocator:
         self._used[base] = size
 
     def release(self, base: int) -> int:
-        """Free the range allocated at `base` (merging it with free neighbours); returns its size."""
+        """Free the range allocated at `base` (merging it with free neighbours); returns its
+        size."""
         size = self._used.pop(base, None)
         if size is None:
             raise KeyError(f"no pool allocated at slot {base}")

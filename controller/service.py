@@ -210,7 +210,7 @@ class ControllerService(jobs_pb2_grpc.ControllerServicer):
         self.m.heartbeat(job_id, request.token, rank)  # authorized before it may park
         with self.waits.admit(job_id, rank, client_host(context.peer())) as ticket:
             # a client that goes away frees its thread now, not at the next wake-up
-            context.add_callback(lambda: ticket.done or self.m.wake())
+            context.add_callback(lambda: None if ticket.done else self.m.wake())
             try:
                 a = self.m.wait_ready(
                     job_id,

@@ -16,14 +16,16 @@ from controller.artifacts import BMV2_JSON_PATH, P4INFO_PATH
 from controller.switch_connection import SwitchConnection
 from p4rtproto.p4info import P4InfoIndex
 
-BANNER = """homagg P4Runtime shell on {address} (device {device_id}, election id {election_id}, {role})
-  conn       the SwitchConnection: conn.read_entries(table), conn.read_counter(name),
+BANNER = (
+    "homagg P4Runtime shell on {address} (device {device_id}, election id {election_id}, {role})\n"
+    """  conn       the SwitchConnection: conn.read_entries(table), conn.read_counter(name),
              conn.read_multicast_groups(), conn.insert_entry(...), conn.set_pipeline(...)
   p4info     the committed program's P4InfoIndex (p4info.tables, p4info.counters)
   p4names    object names (p4names.JOB_TABLE, p4names.INGRESS_DROPS, ...)
   entries(t) the entries of table t          drops()  ingress drops by reason
   push()     push the committed pipeline (resets every slot and entry: primary only)
 {warning}Ctrl-D leaves (the switch keeps its state)."""
+)
 
 
 def namespace(conn: SwitchConnection) -> dict[str, Any]:

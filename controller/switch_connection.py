@@ -82,7 +82,8 @@ class P4RuntimeWriteError(SwitchError):
 
 
 def _rpc_error(exc: grpc.RpcError) -> SwitchError:
-    """Turn a gRPC error into SwitchError, or P4RuntimeWriteError when it carries p4.v1.Error details."""
+    """Turn a gRPC error into SwitchError, or P4RuntimeWriteError when it carries p4.v1.Error
+    details."""
     code = exc.code() if isinstance(exc, grpc.Call) else None
     message = (exc.details() if isinstance(exc, grpc.Call) else str(exc)) or ""
     trailers = exc.trailing_metadata() if isinstance(exc, grpc.Call) else None
@@ -274,7 +275,8 @@ class SwitchConnection:
         return self._call("Capabilities", p4runtime_pb2.CapabilitiesRequest()).p4runtime_api_version
 
     def set_pipeline(self, p4info_path: Path, device_config_path: Path) -> None:
-        """Push a P4Info (text format, or binary if named *.bin/*.pb) and device config (BMv2 JSON)."""
+        """Push a P4Info (text format, or binary if named *.bin/*.pb) and device config (BMv2
+        JSON)."""
         p4info_path = Path(p4info_path)
         if p4info_path.suffix in (".bin", ".pb"):
             index = P4InfoIndex.from_bytes(p4info_path.read_bytes())

@@ -186,15 +186,15 @@ def _start_controller(
     cfg = out / "controller.toml"
     cfg.write_text(_controller_toml(sw.process.address, hosts, out, names, creds))
     (out / "controller.db").unlink(missing_ok=True)
-    log = open(out / "controller.log", "wb")
-    proc = subprocess.Popen(
-        [PY, "-m", "controller", "serve", "--config", str(cfg)],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        stdin=subprocess.DEVNULL,
-        start_new_session=True,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )
+    with open(out / "controller.log", "wb") as log:  # the child keeps its own descriptor
+        proc = subprocess.Popen(
+            [PY, "-m", "controller", "serve", "--config", str(cfg)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )
     state.add("pgids", proc.pid)
     token = operator_token(creds.operator_token_file)
     with ControllerClient(_controller_address(names), 2.0, creds.ca, token) as client:
@@ -280,11 +280,10 @@ def _run_job(
             **(creds.client_env(operator=i == 0) if creds is not None else {}),
         }
         logs.append(args.out / f"{mode}-rank{i}.log")
-        procs.append(
-            h.popen(
-                cmd, env=env, stdout=open(logs[-1], "wb"), stderr=subprocess.STDOUT, cwd=str(ROOT)
+        with open(logs[-1], "wb") as rank_log:  # the rank keeps its own descriptor
+            procs.append(
+                h.popen(cmd, env=env, stdout=rank_log, stderr=subprocess.STDOUT, cwd=str(ROOT))
             )
-        )
         state.add("pgids", procs[-1].pid)
     deadline, shown = time.monotonic() + args.timeout, 0
     try:

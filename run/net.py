@@ -117,8 +117,7 @@ def prepare_hosts(net: Mininet, python: str) -> None:
             h.cmd(
                 "sysctl -qw net.ipv6.conf.all.disable_ipv6=1 net.ipv6.conf.default.disable_ipv6=1"
             )
-            h.cmd(
-                f"{python} -c 'from testnet.rawsock import disable_offloads as d; d(\"{h.defaultIntf().name}\")'"
-            )
+            call = f'disable_offloads("{h.defaultIntf().name}")'
+            h.cmd(f"{python} -c 'from testnet.rawsock import disable_offloads; {call}'")
         else:
             disable_offloads(h.defaultIntf().name)

@@ -99,11 +99,14 @@ def train(a: argparse.Namespace) -> None:
         if dear:
             model = DearDataParallel(task.model, opt, hook_state, tune_steps=2)
         else:
+            assert isinstance(model, DDP)
             model.register_comm_hook(tracked, tracked_hook)
     out = Path(a.out)
-    log = open(out / f"{a.mode}.jsonl", "w") if rank == 0 else None
+    # closed in the finally below (rank 0 only writes the step records)
+    log = open(out / f"{a.mode}.jsonl", "w") if rank == 0 else None  # noqa: SIM115
     dense = sum(p.numel() for p in model.parameters()) * 4
     if a.mode not in ("switch", "gloo"):
+        assert isinstance(model, DDP)  # the peer methods are DDP comm hooks
         peers.attach(a.mode, model, a.steps)  # DDP keeps the hook's state
     try:
         for step in range(a.steps):

@@ -41,7 +41,8 @@ def write_toml(doc: dict, path: Path) -> Path:
 
 
 class ControllerProcess:
-    """`python -m controller serve --config CONFIG` listening on `address`; kill() is SIGKILL by PID."""
+    """`python -m controller serve --config CONFIG` listening on `address`; kill() is SIGKILL by
+    PID."""
 
     def __init__(self, config: Path, address: str, log: Path, *extra_args: str) -> None:
         self.config, self.address, self.log = config, address, log

@@ -158,6 +158,13 @@ class WorkerAgent:
         )
         self._thread.start()
 
+    def joined(self) -> tuple[Assignment, SwitchTransport]:
+        """The assignment and the transport of this joined agent (an AgentError once the
+        agent is closed: both are gone then)."""
+        if self.assignment is None or self.transport is None:
+            raise AgentError("the agent is not in its job (closed, or the join failed)")
+        return self.assignment, self.transport
+
     @property
     def mac(self) -> str:
         """The MAC this rank registers (configured, or read from its interface)."""

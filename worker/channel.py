@@ -36,7 +36,8 @@ class UdpChannel:
         self.sock.setblocking(False)
 
     def send(self, payload: bytes) -> None:
-        """Send one datagram; a full socket buffer is waited out briefly, like a wire would queue."""
+        """Send one datagram; a full socket buffer is waited out briefly, like a wire would
+        queue."""
         for _ in range(100):
             try:
                 self.sock.sendto(payload, self.service)

@@ -250,7 +250,7 @@ def cmd_create(a: argparse.Namespace) -> int:
 def cmd_join(a: argparse.Namespace) -> int:
     """Join, wait until ready, print the assignment (and hold the lease if asked)."""
     with _agent(a) as agent:
-        asg = dataclasses.asdict(agent.assignment)
+        asg = dataclasses.asdict(agent.joined()[0])
         if a.json:
             print(json.dumps(asg))
         else:
@@ -274,7 +274,7 @@ def cmd_bench(a: argparse.Namespace) -> int:
     """N rounds of a synthetic tensor through the switch; per-round and summary metrics."""
     rng = np.random.default_rng(a.seed * 1000 + a.rank)
     with _agent(a) as agent:
-        asg, transport = agent.assignment, agent.transport
+        asg, transport = agent.joined()
         codec = make_codec(a.codec, asg.world_size, asg.rank)
         rows = []
         for i in range(a.rounds):
@@ -297,8 +297,9 @@ def cmd_bench(a: argparse.Namespace) -> int:
             if not a.json:
                 r = rows[-1]
                 print(
-                    f"round {i:3d}  {r['ms']:9.2f} ms  {r['dense_gbps']:7.3f} Gbit/s dense-equivalent  "
-                    f"wire {wire:>10} B ({r['wire_vs_dense']:.3f} x dense)  retx {r['retransmissions']}"
+                    f"round {i:3d}  {r['ms']:9.2f} ms  {r['dense_gbps']:7.3f} Gbit/s "
+                    f"dense-equivalent  wire {wire:>10} B ({r['wire_vs_dense']:.3f} x dense)  "
+                    f"retx {r['retransmissions']}"
                 )
     summary = {
         "codec": a.codec,

@@ -28,6 +28,7 @@ from aggwire.header import HEADER_DTYPE
 from aggwire.packer import PAYLOAD_BYTES, pack_payloads, parse_payloads
 from worker.channel import Channel
 from worker.chunk_numbering import chunk_period, chunk_tags, shadow_of, slot_of, tag_offset
+from worker.codecs.base import Phase
 from worker.retransmission_timer import RetransmissionTimer
 from worker.straggler_wait import PeersProblem, StragglerWait, marked_retx
 
@@ -119,7 +120,7 @@ class SwitchTransport:
         self.stats.chunks += count
         return out[:n]
 
-    def run(self, gen: Generator) -> np.ndarray:
+    def run(self, gen: Generator[Phase, np.ndarray, np.ndarray]) -> np.ndarray:
         """Drive a codec's phase generator through the switch; returns what it returns."""
         try:
             phase = next(gen)

@@ -43,7 +43,8 @@ TARGETS = [
 
 
 class SwitchUnderTest:
-    """A switch on a fixed P4Runtime port that can be stopped and started again (losing its state)."""
+    """A switch on a fixed P4Runtime port that can be stopped and started again (losing its
+    state)."""
 
     def __init__(self, target: str, workdir: Path) -> None:
         self.target, self.workdir = target, workdir
@@ -61,15 +62,14 @@ class SwitchUnderTest:
             self.refswitch = ReferenceSwitch({}, self.address)
             self.refswitch.start()
             return
-        log = open(self.workdir / f"bmv2-{self.starts}.log", "wb")
-        self.proc = subprocess.Popen(
-            switch_command("bmv2", {}, self.port),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-        log.close()
+        with open(self.workdir / f"bmv2-{self.starts}.log", "wb") as log:
+            self.proc = subprocess.Popen(
+                switch_command("bmv2", {}, self.port),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
 
         def listening() -> bool:
             assert self.proc is not None and self.proc.poll() is None, "simple_switch_grpc exited"
@@ -167,7 +167,8 @@ class RunningController:
 
 
 def job_state(conn: SwitchConnection) -> dict[str, Any]:
-    """What the switch holds for jobs: job_table by job id, worker/rewrite keys, multicast groups."""
+    """What the switch holds for jobs: job_table by job id, worker/rewrite keys, multicast
+    groups."""
 
     def ranks(table: str) -> list[tuple]:
         return sorted(
@@ -233,7 +234,8 @@ class Env:
 
 @contextmanager
 def bad_request_env(target: str, tmp: Path) -> Iterator[Env]:
-    """A switch of kind `target`, a controller on it and a read-only P4Runtime reader, with Env's jobs."""
+    """A switch of kind `target`, a controller on it and a read-only P4Runtime reader, with Env's
+    jobs."""
     switch = SwitchUnderTest(target, tmp)
     ctl = RunningController(make_config(switch.address, tmp, lease=60.0, heartbeat_interval=5.0))
     reader = SwitchConnection(switch.address, election_id=1, timeout=3.0)

@@ -100,7 +100,7 @@ def test_released_job_marks_the_agent_unhealthy_without_crashing(ctl):
 def test_bad_token_is_a_clear_error(ctl):
     job = ctl.create(1)
     cfg = ctl.agent_config(job, 0, token="not-the-token")
-    with pytest.raises(AgentError, match="JoinJob failed .*UNAUTHENTICATED") as info:
+    with pytest.raises(AgentError, match=r"JoinJob failed .*UNAUTHENTICATED") as info:
         WorkerAgent(cfg)
     assert info.value.code == grpc.StatusCode.UNAUTHENTICATED
     ctl.client.release(job.job_id)

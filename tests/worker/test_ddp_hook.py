@@ -291,7 +291,7 @@ def test_async_hook_failure_of_the_job_reaches_the_waiter():
     bad = Bucket(torch.zeros(1))
     bad.buffer = lambda: "not a tensor"  # type: ignore[method-assign]
     fut = switch_allreduce_hook(state, bad)
-    with pytest.raises((AttributeError, RuntimeError), match="detach|is_sparse"):
+    with pytest.raises((AttributeError, RuntimeError), match=r"detach|is_sparse"):
         fut.wait()
     ok = switch_allreduce_hook(state, Bucket(sparse_grad(100, 7)))  # the thread lives on
     torch.testing.assert_close(ok.wait(), sparse_grad(100, 7), rtol=1e-6, atol=1e-7)

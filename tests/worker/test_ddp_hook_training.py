@@ -55,11 +55,8 @@ def launch(
             cmd += ["--job", spec]
         if kill_dir is not None:
             cmd += ["--kill-dir", str(kill_dir)]
-        procs.append(
-            subprocess.Popen(
-                cmd, env=env, stdout=open(tmp / f"r{r}.log", "w"), stderr=subprocess.STDOUT
-            )
-        )
+        with open(tmp / f"r{r}.log", "w") as rank_log:  # the rank keeps its own descriptor
+            procs.append(subprocess.Popen(cmd, env=env, stdout=rank_log, stderr=subprocess.STDOUT))
     return procs
 
 
