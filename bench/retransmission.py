@@ -148,7 +148,7 @@ def report(results: dict[str, dict], sizes: dict[str, int], rounds: int) -> list
     lines = [
         "# Retransmission timeout: fixed 20 ms versus measured round trips (RFC 6298)",
         "",
-        f"`python -m bench.retransmission --rounds {rounds}` on {platform.node() or 'this host'}"
+        f"`python -m bench.retransmission --rounds {rounds}` on {platform.machine()}"
         f" ({os.cpu_count()} cores, shared), {time.strftime('%Y-%m-%d')}. Pool size "
         f"{POOL_SIZE}; one round is an all-reduce of n int32 cells per worker "
         + ", ".join(f"{t}: n = {n:,}" for t, n in sizes.items())
