@@ -1,8 +1,8 @@
 """The switch killed and restarted (same ports and P4Runtime address, empty: no pipeline, no
-entries) while 3 workers aggregate: the workers notice by timeouts (TransportError within
-their retry budget), the controller re-pushes the pipeline and every entry, and the
-workers, realigned on the largest chunk number as the DDP hook does, resume with exact
-sums."""
+entries) while 3 workers aggregate: the controller re-pushes the pipeline and every entry,
+and the workers resume with exact sums, either riding through (the straggler wait keeps
+resending while the switch is back within its silence limit) or, when a round gives up
+with a TransportError, realigned on the largest chunk number as the DDP hook does."""
 
 from __future__ import annotations
 
@@ -92,7 +92,7 @@ def test_workers_resume_after_a_switch_restart(target, tmp_path, fault_report):
             k += 1
             progress["k"] = k
         chaos.join(30)
-        assert timeouts >= 1, "the workers never noticed the restart"
+        assert restarted.is_set(), "the switch was never restarted"
         status = c.status().switches[0]
         assert status.pipeline_pushes == pushes + 1 and status.connected
         reader = backup_reader(fabric.switch.address)
@@ -101,10 +101,12 @@ def test_workers_resume_after_a_switch_restart(target, tmp_path, fault_report):
         finally:
             reader.close()
         assert all(a.healthy for a in agents)
-        fault_report(
-            f"{k} exact rounds; {timeouts} round(s) timed out during the restart; "
+        resumed = (
             f"resumed {resumed_after:.1f} s after the first timeout"
+            if resumed_after is not None
+            else "no round gave up: the workers' resends rode through the restart"
         )
+        fault_report(f"{k} exact rounds; {timeouts} round(s) timed out; {resumed}")
     finally:
         for a in agents:
             a.close()
