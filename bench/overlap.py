@@ -13,20 +13,18 @@ run with its gloo twin, then async, dear and auto (--no-gloo), in that order, pe
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 from bench.publish import publish
+from bench.runs import RunSpec, run_once
 
-REPO = Path(__file__).resolve().parent.parent
 # run name -> (codec, overlap); the codec of the fixed runs is each model's best fixed one
 MODES = {
     "switch, blocking": ("fixed", "blocking"),
@@ -38,56 +36,31 @@ FIXED_CODEC = {"ncf": "lossless", "mlp": "fixed_point", "lm": "fixed_point"}
 RUNS = ("DDP over gloo", *MODES)
 
 
-def _steps(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
 def one_run(model: str, name: str, bw: float, args: argparse.Namespace, out: Path) -> dict:
     """`python -m run` for one switch run (the blocking one with its gloo twin)."""
     codec, overlap = MODES[name]
     codec = FIXED_CODEC[model] if codec == "fixed" else codec
-    cmd = [
-        sys.executable,
-        "-m",
-        "run",
-        "--model",
+    spec = RunSpec(
         model,
-        "--steps",
-        str(args.steps),
-        "--hosts",
-        str(args.hosts),
-        "--target",
-        args.target,
-        "--codec",
         codec,
-        "--overlap",
-        overlap,
-        "--out",
-        str(out),
-        "--timeout",
-        str(args.timeout),
-    ]
-    cmd += ["--bw", f"{bw:g}"] if bw else []
-    cmd += [] if name == "switch, blocking" else ["--no-gloo"]
-    proc = subprocess.run(
-        cmd,
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        timeout=2 * args.timeout + 120,
+        hosts=args.hosts,
+        bw_mbit=bw,
+        steps=args.steps,
+        gloo=name == "switch, blocking",
+        target=args.target,
+        timeout=args.timeout,
+        overlap=overlap,
     )
-    if proc.returncode not in (0, 1):  # 1: parameters beyond the bound (still timed)
-        print(proc.stdout[-3000:])
-        raise RuntimeError(f"python -m run --model {model} ({name}) failed ({proc.returncode})")
-    runs = {name: _steps(out / "switch.jsonl")}
+    output: list[str] = []
+    got, _ = run_once(spec, out, output)
+    runs: dict = {name: got[f"switch, {codec}"]}
+    if "DDP over gloo" in got:
+        runs["DDP over gloo"] = got["DDP over gloo"]
     if len(runs[name]) < 2:  # it stopped early: show why
-        print(proc.stdout[-3000:])
-    if name == "switch, blocking":
-        runs["DDP over gloo"] = _steps(out / "gloo.jsonl")
-    for line in proc.stdout.splitlines():
-        if line.startswith(("auto codec choices", "DeAR bucket size")):
-            runs.setdefault("notes", []).append(line)  # type: ignore[arg-type]
+        print("\n".join(output[-40:]))
+    notes = [x for x in output if x.startswith(("auto codec choices", "DeAR bucket size"))]
+    if notes:
+        runs["notes"] = notes
     return runs
 
 

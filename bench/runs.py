@@ -29,16 +29,22 @@ class RunSpec:
     peers: list[str] = field(default_factory=list)
     target: str = "auto"
     timeout: float = 300.0
+    overlap: str = "blocking"  # the switch run's --overlap: blocking, async or dear
 
 
-def run_once(spec: RunSpec, out: Path) -> tuple[dict[str, list[dict[str, Any]]], str]:
+def run_once(
+    spec: RunSpec, out: Path, output: list[str] | None = None
+) -> tuple[dict[str, list[dict[str, Any]]], str]:
     """Run it; ({run name: rank 0's step records}, the switch target used). Run names:
-    "switch, <codec>", "DDP over gloo" and the peer mode names."""
+    "switch, <codec>", "DDP over gloo" and the peer mode names. `output`, if given, gets
+    the run's output lines (its summary, auto's and DeAR's choices)."""
     cmd = [sys.executable, "-m", "run", "--model", spec.model, "--steps", str(spec.steps)]
     cmd += ["--hosts", str(spec.hosts), "--target", spec.target, "--codec", spec.codec]
     cmd += ["--out", str(out), "--timeout", str(spec.timeout)]
     if spec.bw_mbit:
         cmd += ["--bw", f"{spec.bw_mbit:g}"]
+    if spec.overlap != "blocking":
+        cmd += ["--overlap", spec.overlap]
     if not spec.gloo:
         cmd.append("--no-gloo")
     if spec.peers:
@@ -57,6 +63,8 @@ def run_once(spec: RunSpec, out: Path) -> tuple[dict[str, list[dict[str, Any]]],
             proc.kill()
             proc.wait(10)
         raise
+    if output is not None:
+        output.extend(stdout.splitlines())
     target = spec.target
     for line in stdout.splitlines():
         if line.startswith("make run:"):

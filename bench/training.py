@@ -17,23 +17,16 @@ The first codec's run also runs its gloo twin; the others run without.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 from bench.publish import plot_path, publish, pyplot
-
-REPO = Path(__file__).resolve().parent.parent
-
-
-def _steps(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+from bench.runs import RunSpec, run_once
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -58,46 +51,16 @@ def run_round(
     model: str, codec: str, no_gloo: bool, args: argparse.Namespace, out: Path
 ) -> tuple[dict, str]:
     """One `python -m run`: {run name: step records} and the switch target it used."""
-    cmd = [
-        sys.executable,
-        "-m",
-        "run",
-        "--model",
+    spec = RunSpec(
         model,
-        "--steps",
-        str(args.steps),
-        "--hosts",
-        str(args.hosts),
-        "--target",
-        args.target,
-        "--codec",
         codec,
-        "--out",
-        str(out),
-        "--timeout",
-        str(args.timeout),
-    ] + (["--no-gloo"] if no_gloo else [])
-    proc = subprocess.run(
-        cmd,
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        timeout=2 * args.timeout + 120,
+        hosts=args.hosts,
+        steps=args.steps,
+        gloo=not no_gloo,
+        target=args.target,
+        timeout=args.timeout,
     )
-    target = args.target
-    for line in proc.stdout.splitlines():
-        if line.startswith("make run:"):
-            target = line.split("switch ")[1].split(",")[0]
-    if proc.returncode not in (0, 1):  # 1: parameters differ beyond the bound (still timed)
-        print(proc.stdout[-3000:])
-        raise RuntimeError(
-            f"python -m run --model {model} --codec {codec} failed ({proc.returncode})"
-        )
-    runs = {f"switch, {codec}": _steps(out / "switch.jsonl")}
-    if not no_gloo:
-        runs["DDP over gloo"] = _steps(out / "gloo.jsonl")
-    return runs, target
+    return run_once(spec, out)
 
 
 def plot(

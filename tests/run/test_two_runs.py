@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
+import signal
 import sys
 from pathlib import Path
 
 import pytest
 from test_make_run import _mininet_reason  # tests/run is on sys.path (rootdir-less)
+
+from testnet.processes import run_together
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -25,26 +27,17 @@ def test_two_runs_at_once_both_finish_and_clean_up(tmp_path):
     cmd = [sys.executable, "-m", "run", "--hosts", "2", "--target", "refswitch", "--steps", "3"]
     cmd += ["--users", "500", "--items", "200", "--no-gloo", "--timeout", "120"]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    runs = [
-        subprocess.Popen(
-            [*cmd, "--out", str(tmp_path / f"out{i}")],
-            cwd=ROOT,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for i in range(2)
-    ]
-    try:
-        outputs = [p.communicate(timeout=170)[0] for p in runs]
-    finally:
-        for p in runs:
-            if p.poll() is None:
-                p.terminate()  # the run stops everything it started itself
-                p.wait(60)
-    for p, out in zip(runs, outputs):
-        assert p.returncode == 0, out[-3000:]
+    done = run_together(
+        [[*cmd, "--out", str(tmp_path / f"out{i}")] for i in range(2)],
+        170,
+        env=env,
+        cwd=ROOT,
+        stop=signal.SIGTERM,  # the run stops everything it started itself
+        grace=60,
+    )
+    outputs = [out for _, out in done]
+    for code, out in done:
+        assert code == 0, out[-3000:]
         assert "[switch] step    3/3" in out, out[-2000:]
     numbers = [int(re.search(r"make run: run (\d+)", out).group(1)) for out in outputs]
     assert numbers[0] != numbers[1]

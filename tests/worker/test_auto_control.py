@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from testnet.processes import run_together
 from worker import auto_control
 from worker.auto_control import HOST, AutoConfig, AutoController, Choice
 
@@ -80,37 +80,15 @@ def density(label: str) -> float:
 
 def test_two_ranks_raise_compression_with_injected_delay_and_lower_it_after(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT), "GLOO_SOCKET_IFNAME": "lo"}
-    procs = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                str(WORKER),
-                "--rank",
-                str(r),
-                "--store",
-                str(tmp_path / "s"),
-                "--out",
-                str(tmp_path / f"r{r}.json"),
-                "--steps",
-                "40",
-                "--slow",
-                "8:20",
-            ],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
+    cmds = [
+        [
+            *(sys.executable, str(WORKER), "--rank", str(r), "--store", str(tmp_path / "s")),
+            *("--out", str(tmp_path / f"r{r}.json"), "--steps", "40", "--slow", "8:20"),
+        ]
         for r in range(2)
     ]
-    try:
-        logs = [p.communicate(timeout=200)[0] for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait(5)
-    assert all(p.returncode == 0 for p in procs), "\n".join(o[-3000:] for o in logs)
+    done = run_together(cmds, 200, env=env)
+    assert all(code == 0 for code, _ in done), "\n".join(out[-3000:] for _, out in done)
     out = [json.loads((tmp_path / f"r{r}.json").read_text()) for r in range(2)]
     assert out[0]["history"] == out[1]["history"]  # every rank decided alike, every step
     assert out[0]["choices"] == out[1]["choices"]

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
 
+from testnet.processes import run_together
 from worker.bucket_tuner import BucketTuner
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -20,35 +20,15 @@ WORKER = Path(__file__).with_name("dear_worker.py")
 
 def test_dear_over_gloo_ends_at_ddp_parameters(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT), "GLOO_SOCKET_IFNAME": "lo"}
-    procs = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                str(WORKER),
-                "--rank",
-                str(r),
-                "--world",
-                "2",
-                "--store",
-                str(tmp_path / "store"),
-                "--out",
-                str(tmp_path / f"r{r}.pt"),
-            ],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
+    cmds = [
+        [
+            *(sys.executable, str(WORKER), "--rank", str(r), "--world", "2"),
+            *("--store", str(tmp_path / "store"), "--out", str(tmp_path / f"r{r}.pt")),
+        ]
         for r in range(2)
     ]
-    try:
-        outs = [p.communicate(timeout=120)[0] for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait(5)
-    assert all(p.returncode == 0 for p in procs), "\n".join(o[-3000:] for o in outs)
+    done = run_together(cmds, 240, env=env)
+    assert all(code == 0 for code, _ in done), "\n".join(out[-3000:] for _, out in done)
     ranks = [torch.load(tmp_path / f"r{r}.pt") for r in range(2)]
     for res in ranks:
         for opt in ("sgd", "adam", "sgd-sparse"):
