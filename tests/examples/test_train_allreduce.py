@@ -5,10 +5,7 @@ parameters of the same loop on gloo, its integer sample count exact."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -17,7 +14,7 @@ import torch
 from testnet.namespace import have_privileges
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "worker"))
-from agent_fabric import Controlled
+from agent_fabric import Controlled, rank_env, run_in_hosts
 
 pytestmark = pytest.mark.skipif(
     not have_privileges(), reason="needs root and iproute2 (network namespaces)"
@@ -29,37 +26,11 @@ WORLD, STEPS = 2, 8
 
 def run_example(c: Controlled, tmp: Path, backend: str, port: int) -> str:
     """Both ranks of the example; returns their logs (asserting they exited 0 in time)."""
-    assert c.fabric is not None
-    procs, logs = [], []
-    for r, host in enumerate(c.fabric.hosts[:WORLD]):
-        env = {
-            **os.environ,
-            "PYTHONPATH": str(ROOT),
-            "RANK": str(r),
-            "LOCAL_RANK": "0",
-            "WORLD_SIZE": str(WORLD),
-            "MASTER_ADDR": c.fabric.hosts[0].ip,
-            "MASTER_PORT": str(port),
-            "GLOO_SOCKET_IFNAME": host.iface,
-            "HOMAGG_CONTROLLER": c.address,
-            "HOMAGG_IFACE": host.iface,  # the controller is on a Unix socket, not routed
-            "OMP_NUM_THREADS": "1",
-        }
-        cmd = ["ip", "netns", "exec", host.namespace, sys.executable, str(EXAMPLE)]
-        cmd += ["--steps", str(STEPS), "--backend", backend, "--save", str(tmp / f"{backend}.pt")]
-        logs.append(tmp / f"{backend}-r{r}.log")
-        with open(logs[-1], "w") as out:
-            procs.append(subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT))
-    deadline = time.monotonic() + 120
-    for p in procs:
-        try:
-            p.wait(max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait(5)
-    text = "\n".join(log.read_text()[-3000:] for log in logs)
-    assert all(p.returncode == 0 for p in procs), text
-    return text
+    envs = [rank_env(c, r, WORLD, port, controller=c.address) for r in range(WORLD)]
+    argv = [str(EXAMPLE), "--steps", str(STEPS), "--backend", backend]
+    argv += ["--save", str(tmp / f"{backend}.pt")]
+    logs = [tmp / f"{backend}-r{r}.log" for r in range(WORLD)]
+    return "\n".join(t[-3000:] for t in run_in_hosts(c, [argv] * WORLD, envs, logs, 120))
 
 
 def test_loop_on_the_backend_equals_gloo(tmp_path):

@@ -6,10 +6,7 @@ at the parameters of the same script without a controller (gloo, one warning).""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -18,7 +15,7 @@ import torch
 from testnet.namespace import have_privileges
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "worker"))
-from agent_fabric import Controlled
+from agent_fabric import Controlled, rank_env, run_in_hosts
 
 pytestmark = pytest.mark.skipif(
     not have_privileges(), reason="needs root and iproute2 (network namespaces)"
@@ -30,38 +27,10 @@ WORLD = 2
 
 def run_example(c: Controlled, tmp: Path, tag: str, controller: str, port: int) -> list[str]:
     """Both ranks of the example; returns their logs (asserting they exited 0 in time)."""
-    procs, logs = [], []
-    for r, host in enumerate(c.fabric.hosts[:WORLD]):
-        env = {
-            **os.environ,
-            "PYTHONPATH": str(ROOT),
-            "RANK": str(r),
-            "LOCAL_RANK": "0",
-            "WORLD_SIZE": str(WORLD),
-            "MASTER_ADDR": c.fabric.hosts[0].ip,
-            "MASTER_PORT": str(port),
-            "GLOO_SOCKET_IFNAME": host.iface,
-            "HOMAGG_CONTROLLER": controller,
-            "HOMAGG_IFACE": host.iface,  # the controller is on a Unix socket, not routed
-            "OMP_NUM_THREADS": "1",
-        }
-        if not controller:
-            del env["HOMAGG_CONTROLLER"]
-        cmd = ["ip", "netns", "exec", host.namespace, sys.executable, str(EXAMPLE)]
-        cmd += ["--steps", "8", "--save", str(tmp / f"{tag}.pt")]
-        logs.append(tmp / f"{tag}-r{r}.log")
-        with open(logs[-1], "w") as out:
-            procs.append(subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT))
-    deadline = time.monotonic() + 120
-    for p in procs:
-        try:
-            p.wait(max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait(5)
-    texts = [log.read_text() for log in logs]
-    assert all(p.returncode == 0 for p in procs), "\n".join(t[-3000:] for t in texts)
-    return texts
+    envs = [rank_env(c, r, WORLD, port, controller=controller) for r in range(WORLD)]
+    argv = [str(EXAMPLE), "--steps", "8", "--save", str(tmp / f"{tag}.pt")]
+    logs = [tmp / f"{tag}-r{r}.log" for r in range(WORLD)]
+    return run_in_hosts(c, [argv] * WORLD, envs, logs, 120)
 
 
 def test_example_through_the_switch_equals_gloo(tmp_path):

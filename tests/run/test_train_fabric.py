@@ -6,10 +6,7 @@ the fixed-point bound."""
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -18,7 +15,7 @@ from run import report
 from testnet.namespace import have_privileges
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "worker"))
-from agent_fabric import Controlled
+from agent_fabric import Controlled, rank_env, run_in_hosts
 
 pytestmark = pytest.mark.skipif(
     not have_privileges(), reason="needs root and iproute2 (network namespaces)"
@@ -28,35 +25,14 @@ WORLD, STEPS, LR = 2, 6, 3.0
 
 
 def train(c: Controlled, out: Path, mode: str, port: int) -> None:
-    procs, logs = [], []
-    for r, host in enumerate(c.fabric.hosts[:WORLD]):
-        env = {
-            **os.environ,
-            "PYTHONPATH": str(ROOT),
-            "RANK": str(r),
-            "LOCAL_RANK": "0",
-            "WORLD_SIZE": str(WORLD),
-            "MASTER_ADDR": c.fabric.hosts[0].ip,
-            "MASTER_PORT": str(port),
-            "GLOO_SOCKET_IFNAME": host.iface,
-            "HOMAGG_IFACE": host.iface,  # the controller is on a Unix socket, not routed
-            "OMP_NUM_THREADS": "1",
-        }
-        cmd = ["ip", "netns", "exec", host.namespace, sys.executable, "-m", "run.train"]
-        cmd += ["--mode", mode, "--steps", str(STEPS), "--users", "2000", "--items", "400"]
-        cmd += ["--lr", str(LR), "--iface", host.iface, "--out", str(out), "--pool-size", "16"]
-        cmd += ["--controller", c.address]
-        logs.append(out / f"{mode}-r{r}.log")
-        with open(logs[-1], "w") as f:
-            procs.append(subprocess.Popen(cmd, env=env, stdout=f, stderr=subprocess.STDOUT))
-    deadline = time.monotonic() + 150
-    for p in procs:
-        try:
-            p.wait(max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait(5)
-    assert all(p.returncode == 0 for p in procs), "\n".join(log.read_text()[-3000:] for log in logs)
+    assert c.fabric is not None
+    envs = [rank_env(c, r, WORLD, port) for r in range(WORLD)]
+    argvs = []
+    for host in c.fabric.hosts[:WORLD]:
+        argv = ["-m", "run.train", "--mode", mode, "--steps", str(STEPS), "--users", "2000"]
+        argv += ["--items", "400", "--lr", str(LR), "--iface", host.iface, "--out", str(out)]
+        argvs.append([*argv, "--pool-size", "16", "--controller", c.address])
+    run_in_hosts(c, argvs, envs, [out / f"{mode}-r{r}.log" for r in range(WORLD)], 150)
 
 
 def test_sparse_recommender_switch_equals_gloo(tmp_path):

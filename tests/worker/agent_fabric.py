@@ -5,7 +5,11 @@ switch with hosts in namespaces (data plane), and agent configurations for its h
 from __future__ import annotations
 
 import dataclasses
+import os
 import socket
+import subprocess
+import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -163,3 +167,56 @@ class Controlled:
             self.refswitch.close()
         if self.fabric is not None:
             self.fabric.close()
+
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def rank_env(c: Controlled, rank: int, world: int, port: int, **homagg: str) -> dict[str, str]:
+    """What torchrun gives `rank` of a job on the fabric's hosts (rank 0's host is the
+    master), its host's interface for gloo and the agent, plus HOMAGG_* variables given as
+    keywords (controller="..." is HOMAGG_CONTROLLER; an empty value is left out)."""
+    assert c.fabric is not None
+    host = c.fabric.hosts[rank]
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "RANK": str(rank),
+        "LOCAL_RANK": "0",
+        "WORLD_SIZE": str(world),
+        "MASTER_ADDR": c.fabric.hosts[0].ip,
+        "MASTER_PORT": str(port),
+        "GLOO_SOCKET_IFNAME": host.iface,
+        "HOMAGG_IFACE": host.iface,  # the controller is on a Unix socket, not routed
+        "OMP_NUM_THREADS": "1",
+    }
+    env.update({f"HOMAGG_{k.upper()}": v for k, v in homagg.items()})
+    return {k: v for k, v in env.items() if v}
+
+
+def run_in_hosts(
+    c: Controlled,
+    argvs: list[list[str]],
+    envs: list[dict[str, str]],
+    logs: list[Path],
+    timeout: float,
+) -> list[str]:
+    """Rank i's argv run in host i's namespace with envs[i], its output in logs[i]; all
+    waited for within `timeout` s (the late ones killed); asserts every rank exited 0 and
+    returns their logs."""
+    assert c.fabric is not None
+    procs = []
+    for host, argv, env, log in zip(c.fabric.hosts, argvs, envs, logs):
+        cmd = ["ip", "netns", "exec", host.namespace, sys.executable, *argv]
+        with open(log, "w") as out:  # the rank keeps its own descriptor
+            procs.append(subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT))
+    deadline = time.monotonic() + timeout
+    for p in procs:
+        try:
+            p.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait(5)
+    texts = [log.read_text() for log in logs]
+    assert all(p.returncode == 0 for p in procs), "\n".join(t[-3000:] for t in texts)
+    return texts

@@ -9,7 +9,6 @@ gloo. In process: the order-preserving float key and which all_reduces the switc
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -19,7 +18,7 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-from agent_fabric import Controlled, wait_for
+from agent_fabric import Controlled, rank_env, wait_for
 
 import homagg
 from testnet.namespace import have_privileges
@@ -98,20 +97,7 @@ def run_ranks(
     hosts = c.fabric.hosts
     procs, logs = [], []
     for r, host in enumerate(hosts[:WORLD]):
-        env = {
-            **os.environ,
-            "PYTHONPATH": str(ROOT),
-            "RANK": str(r),
-            "LOCAL_RANK": "0",
-            "WORLD_SIZE": str(WORLD),
-            "MASTER_ADDR": hosts[0].ip,
-            "MASTER_PORT": str(port),
-            "GLOO_SOCKET_IFNAME": host.iface,
-            "HOMAGG_CONTROLLER": c.address,
-            "HOMAGG_IFACE": host.iface,  # the controller is on a Unix socket, not routed
-            "OMP_NUM_THREADS": "1",
-            **extra,
-        }
+        env = {**rank_env(c, r, WORLD, port, controller=c.address), **extra}
         env = {k: v for k, v in env.items() if v}
         cmd = ["ip", "netns", "exec", host.namespace, sys.executable, str(WORKER)]
         logs.append(tmp / f"{tag}-r{r}.log")
