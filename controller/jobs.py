@@ -1,12 +1,12 @@
 """The job lifecycle across the configured switches: create (pool allocated as soon as the
 switch is known), join (the join completing the world installs the job), wait, heartbeat
 leases, leave, release, and expiry. State changes are persisted before they are applied to
-a switch; a failing request changes nothing. One lock guards the jobs, the pools and the
-switch sessions (docs/controller.md describes the rules)."""
+a switch; a failing request changes nothing. The manager's lock guards the jobs, the pools
+and the leases and is never held during a P4Runtime call: switch writes run outside it,
+ordered per switch by the switch's io lock (docs/controller.md, "Locks and switch writes")."""
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 import time
@@ -29,10 +29,11 @@ from controller.errors import (
     Unavailable,
 )
 from controller.model import Assignment, Job, JobState, JobWorker
-from controller.pools import PoolExhausted
+from controller.placement import attached_port, check_endpoint_free, place, switch_for, unplace
+from controller.restore import restore_jobs
 from controller.store import Store
-from controller.switches import ManagedSwitch, SwitchRejected
-from p4rtproto.bytestrings import mac_to_int
+from controller.switch_writes import SwitchWrites
+from controller.switches import ManagedSwitch
 
 log = logging.getLogger(__name__)
 
@@ -60,9 +61,11 @@ class JobManager:
         }
         self.jobs: dict[int, Job] = {}
         self.started = wall()
-        # After --fresh-database no job is created before every switch was read back: its
-        # job ids must not come back (Store.raise_next_job_id).
-        self.unread = set(self.switches) if store.set_aside is not None else set()
+        # No job is created before every switch was read back since the start: a database
+        # older than a switch's state (or started fresh) must not hand out an id the switch
+        # still holds (Store.raise_next_job_id).
+        self.unread = set(self.switches)
+        self.writes = SwitchWrites(self)
         self._stop = threading.Event()
         self._reaper: threading.Thread | None = None
         self._restore()
@@ -70,26 +73,7 @@ class JobManager:
     # -- lifecycle of the manager ---------------------------------------------------------
 
     def _restore(self) -> None:
-        now = self.clock()
-        for job in self.store.active_jobs():
-            sw = self.switches.get(job.switch) if job.switch else None
-            problem = ""
-            if job.switch and sw is None:
-                problem = f"switch {job.switch} is no longer configured"
-            elif sw is not None and job.pool_base is not None:
-                try:
-                    sw.pools.reserve(job.pool_base, job.pool_size)
-                except ValueError as exc:
-                    problem = f"its pool could not be restored: {exc}"
-            if problem:
-                log.warning("job %d ended on restart: %s", job.job_id, problem)
-                job.ended, job.end_reason = self.wall(), problem
-                self.store.save_job(job)
-                continue
-            for w in job.live_ranks():
-                w.deadline = now + self.config.lease  # a grace period: workers heartbeat again
-            job.idle_deadline = now + self.config.join_timeout
-            self.jobs[job.job_id] = job
+        self.jobs = restore_jobs(self.store, self.switches, self.config, self.clock(), self.wall)
         if self.jobs:
             log.info("restored %d job(s) from %s", len(self.jobs), self.store.path)
 
@@ -110,16 +94,17 @@ class JobManager:
         for sw in self.switches.values():
             sw.stop()
 
-    # -- called by the switch supervisors (lock held) -----------------------------------
+    # -- called by the switch supervisors ------------------------------------------------
 
     def desired_jobs(self, switch: str) -> list[JobEntries]:
-        """Every complete job of the switch: what its reconciliation installs."""
+        """Every complete job of the switch: what its reconciliation installs (lock held)."""
         return [j.entries() for j in self.jobs.values() if j.switch == switch and j.complete]
 
-    def switch_synced(self, switch: str) -> None:
-        """The switch now holds every complete job of it."""
-        for job in self.jobs.values():
-            if job.switch == switch and job.complete:
+    def switch_synced(self, switch: str, job_ids: Sequence[int]) -> None:
+        """The switch now holds these jobs (the reconciliation's; lock held)."""
+        for job_id in job_ids:
+            job = self.jobs.get(job_id)
+            if job is not None and job.switch == switch:
                 job.installed = True
         self.unread.discard(switch)
         self.changed.notify_all()
@@ -130,11 +115,17 @@ class JobManager:
         self.store.raise_next_job_id(job_ids)
 
     def switch_lost(self, switch: str) -> None:
-        """The session ended: whether the entries survive is checked on reconnection."""
+        """The session ended: whether the entries survive is checked on reconnection (lock
+        held)."""
         for job in self.jobs.values():
             if job.switch == switch:
                 job.installed = False
         self.changed.notify_all()
+
+    def settle(self, switch: str) -> None:
+        """Remove the entries of the switch's ended jobs, then install its complete jobs that
+        are not installed (the switch's io lock held, the manager's not)."""
+        self.writes.settle(self.switches[switch])
 
     # -- worker API -------------------------------------------------------------------
 
@@ -150,25 +141,26 @@ class JobManager:
             raise InvalidArgument(
                 f"switch: no switch {switch!r} (configured: {', '.join(self.switches)})"
             )
-        if self.unread:
-            raise Unavailable(
-                f"the database was started fresh: no job is created before switch(es) "
-                f"{', '.join(sorted(self.unread))} were read back; retry in a moment"
-            )
         token, token_hash = check.new_token()
         job = Job(0, name, token_hash, world_size, codec, pool_size, self.wall())
         target = switch or (next(iter(self.switches)) if len(self.switches) == 1 else "")
         with self.lock:
+            if self.unread:
+                raise Unavailable(
+                    f"no job is created before switch(es) {', '.join(sorted(self.unread))} "
+                    "were read back since the controller started (job ids they hold must not "
+                    "come back); retry in a moment"
+                )
             if target:
-                self._place(job, self.switches[target])
+                place(self.jobs.values(), job, self.switches[target])
             try:
                 job.job_id = self.store.take_job_id(self.jobs)
                 self.store.save_job(job)
             except OverflowError as exc:
-                self._unplace(job)
+                unplace(self.switches, job)
                 raise ResourceExhausted(str(exc)) from None
             except BaseException:
-                self._unplace(job)
+                unplace(self.switches, job)
                 raise
             job.idle_deadline = self.clock() + self.config.join_timeout
             self.jobs[job.job_id] = job
@@ -202,7 +194,7 @@ class JobManager:
         with self.lock:
             job = self._authorize(job_id, token)  # before the topology is consulted
             if switch_port is None:
-                switch_port = self._attached_port(ip)
+                switch_port = attached_port(self.switches, ip)
             new = JobWorker(rank, mac, ip, udp_port, switch_port)
             check.check_rank(rank, job.world_size)
             old = job.workers.get(rank)
@@ -214,27 +206,9 @@ class JobManager:
                     f"rank {rank} of job {job_id} already joined from {old.ip}:{old.udp_port} "
                     f"({old.mac}, switch port {old.switch_port})"
                 )
-            clash = next(
-                (w for w in job.workers.values() if (w.ip, w.udp_port) == (new.ip, new.udp_port)),
-                None,
-            )
-            if clash is not None:
-                raise AlreadyExists(
-                    f"rank {clash.rank} of job {job_id} already receives at {ip}:{udp_port}"
-                )
-            sw = self._switch_for(job, new)
-            placed = job.switch is None
-            if placed:
-                self._place(job, sw)
-            job.workers[rank] = new
-            try:
-                self.store.save_job(job)
-            except BaseException:
-                del job.workers[rank]
-                if placed:
-                    self._unplace(job)
-                raise
-            self._renew(job, new)
+            sw = switch_for(self.switches, job, new)
+            check_endpoint_free(self.jobs.values(), job, new, sw.name)
+            self._add_rank(job, new, sw)
             log.info(
                 "job %d: rank %d joined from %s:%d (port %d), %d of %d",
                 job_id,
@@ -245,15 +219,29 @@ class JobManager:
                 len(job.workers),
                 job.world_size,
             )
-            if job.complete:
-                try:
-                    self._try_install(job)
-                except (
-                    Unavailable
-                ) as exc:  # the join stands; the supervisor installs on reconnection
-                    log.warning("job %d: %s", job_id, exc)
             self.changed.notify_all()
-            return job
+            if not job.complete:
+                return job
+        try:
+            self.writes.install(job)
+        except Unavailable as exc:  # the join stands; the supervisor installs on reconnection
+            log.warning("job %d: %s", job_id, exc)
+        return job
+
+    def _add_rank(self, job: Job, worker: JobWorker, sw: ManagedSwitch) -> None:
+        """Record a joined rank (placing the job on `sw` with its first rank), persisted first."""
+        placed = job.switch is None
+        if placed:
+            place(self.jobs.values(), job, sw)
+        job.workers[worker.rank] = worker
+        try:
+            self.store.save_job(job)
+        except BaseException:
+            del job.workers[worker.rank]
+            if placed:
+                unplace(self.switches, job)
+            raise
+        self._renew(job, worker)
 
     def wait_ready(
         self,
@@ -272,11 +260,7 @@ class JobManager:
                 job = self._authorize(job_id, token)
                 worker = self._live_rank(job, rank)
                 self._renew(job, worker)
-                if job.complete and not job.installed:
-                    # the supervisor installs it once the switch is back
-                    with contextlib.suppress(Unavailable):
-                        self._try_install(job)
-                if job.installed:
+                if job.installed:  # else the join or the switch's supervisor installs it
                     return self._assignment(job, rank)
                 remaining = deadline - self.clock()
                 if remaining <= 0 or not is_active() or self._stop.is_set():
@@ -327,25 +311,46 @@ class JobManager:
                 job.workers[rank] = worker
                 raise
             log.info("job %d: rank %d left", job_id, rank)
-            if was_complete and not job.live_ranks():
-                self._end(job, "every rank left")
-                return True
+            ended = was_complete and not job.live_ranks()
+            if ended:
+                self.end_job(job, "every rank left")
             self.changed.notify_all()
-            return False
+        if ended:
+            self.writes.remove_now(job)
+        return ended
 
     # -- operator API -----------------------------------------------------------------
 
     def release(self, job_id: int) -> Job:
-        """End a running job now (operator): entries removed, pool freed."""
+        """End a running job now (operator): entries removed, pool freed. Unavailable, with
+        nothing changed, unless its entries are known to be gone from the switch."""
+        reason = "released by the operator"
         with self.lock:
-            job = self.jobs.get(job_id)
-            if job is None:
-                ended = self.store.job(job_id) if 1 <= job_id <= MAX_JOB_ID else None
-                if ended is None:
-                    raise NotFound(f"no job {job_id}")
-                raise FailedPrecondition(f"job {job_id} has already ended: {ended.end_reason}")
-            self._end(job, "released by the operator", strict=True)
-            return job
+            job = self._running(job_id)
+            if job.switch is None or not job.complete:
+                self.end_job(job, reason)  # nothing of it is on a switch
+                return job
+            sw = self.switches[job.switch]
+        with sw.io:  # after any install of the job in flight; before any later one
+            with self.lock:
+                job = self._running(job_id)
+                sw.require()
+                entries = job.entries()
+            self.writes.flush_removals(sw)
+            sw.remove(entries, strict=True)
+            with self.lock:
+                job = self._running(job_id)
+                self.end_job(job, reason, on_switch=False)
+        return job
+
+    def _running(self, job_id: int) -> Job:
+        job = self.jobs.get(job_id)
+        if job is None:
+            ended = self.store.job(job_id) if 1 <= job_id <= MAX_JOB_ID else None
+            if ended is None:
+                raise NotFound(f"no job {job_id}")
+            raise FailedPrecondition(f"job {job_id} has already ended: {ended.end_reason}")
+        return job
 
     def list_jobs(self, include_ended: bool = False) -> list[Job]:
         """Running jobs by id, then (optionally) the most recently ended ones."""
@@ -388,104 +393,17 @@ class JobManager:
         worker.deadline = now + self.config.lease
         job.idle_deadline = now + self.config.join_timeout
 
-    def _attached_port(self, ip: str) -> int:
-        """The switch port a host is attached to, per the configured topology."""
-        for sw in self.switches.values():
-            host = sw.config.host_by_ip(ip)
-            if host is not None:
-                return host.switch_port
-        raise InvalidArgument(
-            f"{ip} is not a host of any configured switch, so its switch port is unknown: "
-            "add the host to the controller's configuration or pass the switch port"
-        )
-
-    def _switch_for(self, job: Job, worker: JobWorker) -> ManagedSwitch:
-        """The switch the worker is on; a known host must match the topology."""
-        for sw in self.switches.values():
-            host = sw.config.host_by_ip(worker.ip)
-            if host is None:
-                continue
-            if (
-                mac_to_int(host.mac) != mac_to_int(worker.mac)
-                or host.switch_port != worker.switch_port
-            ):
-                raise InvalidArgument(
-                    f"per the topology {worker.ip} is {host.mac} on port "
-                    f"{host.switch_port} of switch "
-                    f"{sw.name}, not {worker.mac} on port {worker.switch_port}"
-                )
-            if job.switch is not None and job.switch != sw.name:
-                raise FailedPrecondition(
-                    f"job {job.job_id} runs on switch {job.switch} but {worker.ip} is attached "
-                    f"to {sw.name}: jobs spanning several switches are not supported"
-                )
-            return sw
+    def end_job(self, job: Job, reason: str, on_switch: bool = True) -> None:
+        """Free the job's pool and record why it ended (lock held). on_switch: its entries
+        may be on the switch; their removal is queued ahead of every later write there (the
+        caller or the switch's supervisor performs it outside the lock)."""
         if job.switch is not None:
-            return self.switches[job.switch]
-        if len(self.switches) == 1:
-            return next(iter(self.switches.values()))
-        raise InvalidArgument(
-            f"{worker.ip} is not a host of any configured switch, so the job's switch "
-            f"cannot be chosen: name the switch in CreateJob"
-        )
-
-    def _place(self, job: Job, sw: ManagedSwitch) -> None:
-        """Allocate the job's pool on the switch (within its job and worker table sizes)."""
-        there = [j for j in self.jobs.values() if j.switch == sw.name]
-        if len(there) >= sw.max_jobs:
-            raise ResourceExhausted(
-                f"switch {sw.name} already runs {len(there)} jobs, all its job table holds"
-            )
-        ranks = sum(j.world_size for j in there)
-        if ranks + job.world_size > sw.max_workers:
-            raise ResourceExhausted(
-                f"switch {sw.name} has room for {sw.max_workers - ranks} more ranks, "
-                f"the job has {job.world_size}"
-            )
-        try:
-            job.pool_base = sw.pools.allocate(job.pool_size)
-        except PoolExhausted as exc:
-            raise PoolExhausted(f"switch {sw.name}: {exc}") from None
-        job.switch = sw.name
-
-    def _unplace(self, job: Job) -> None:
-        if job.switch is not None and job.pool_base is not None:
-            self.switches[job.switch].pools.release(job.pool_base)
-        job.switch = job.pool_base = None
-
-    def _try_install(self, job: Job) -> None:
-        """Install a complete job if its switch is up (else its supervisor will, on reconnection);
-        Unavailable if the link fails during the install, FailedPrecondition if the switch
-        refuses."""
-        assert job.switch is not None
-        sw = self.switches[job.switch]
-        if not sw.connected:
-            return
-        try:
-            sw.install(job.entries())
-        except SwitchRejected as exc:
-            reason = f"switch {sw.name} rejected its entries: {exc}"
-            self._end(job, reason)
-            raise FailedPrecondition(f"job {job.job_id} ended: {reason}") from None
-        job.installed = True
-        log.info(
-            "job %d installed on %s: slots %d..%d, %d ranks",
-            job.job_id,
-            sw.name,
-            job.pool_base,
-            (job.pool_base or 0) + job.pool_size - 1,
-            job.world_size,
-        )
-        self.changed.notify_all()
-
-    def _end(self, job: Job, reason: str, strict: bool = False) -> None:
-        """Remove the job's entries, free its pool and record why it ended. strict: the
-        entries must be gone from the switch now, else Unavailable and the job keeps running
-        (a release must not report success while the switch still holds the job)."""
-        if job.switch is not None and job.complete:
-            self.switches[job.switch].remove(job.entries(), strict=strict)
-        if job.switch is not None and job.pool_base is not None:
-            self.switches[job.switch].pools.release(job.pool_base)
+            sw = self.switches[job.switch]
+            if on_switch and job.complete:
+                sw.pending_removals[job.job_id] = job.entries()
+                sw.kick()
+            if job.pool_base is not None:
+                sw.pools.release(job.pool_base)
         job.ended, job.end_reason, job.installed = self.wall(), reason, False
         del self.jobs[job.job_id]
         try:
@@ -535,11 +453,11 @@ class JobManager:
                         if len(late) == 1
                         else f"ranks {', '.join(map(str, late))}"
                     )
-                    self._end(
+                    self.end_job(
                         job, f"lease of {ranks} expired (no heartbeat for {self.config.lease:g} s)"
                     )
                 elif not live and job.idle_deadline < now:
-                    self._end(job, f"no live rank for {self.config.join_timeout:g} s")
+                    self.end_job(job, f"no live rank for {self.config.join_timeout:g} s")
                 else:
                     continue
                 ended.append(job.job_id)

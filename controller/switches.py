@@ -3,7 +3,12 @@ backoff after the switch (or the link) goes away, and the reconciliation that ma
 switch hold exactly what it should: the pipeline (pushed only when missing or different,
 since a push resets the slots of running jobs), the forwarding entries of the topology and
 the entries of every job placed on it. Entries are written through controller/install.py
-(one order for every writer); job installs roll back."""
+(one order for every writer); job installs roll back.
+
+Two locks: the job manager's (jobs, pools, leases and this switch's bookkeeping) is never
+held during P4Runtime calls, so heartbeats, Status and operator reads never wait on a slow
+switch; the switch's own `io` lock orders every write sequence on it (reconciliation,
+installs, removals). Lock order: `io` first, then the manager's."""
 
 from __future__ import annotations
 
@@ -42,15 +47,19 @@ class SwitchRejected(Exception):
 
 
 class SwitchListener(Protocol):
-    """What a ManagedSwitch asks of the job manager (called with the shared lock held)."""
+    """What a ManagedSwitch asks of the job manager. desired_jobs, switch_synced and
+    switch_lost are called with the manager's lock held; settle with the switch's io lock
+    held and the manager's not."""
 
     def desired_jobs(self, switch: str) -> list[JobEntries]: ...
 
-    def switch_synced(self, switch: str) -> None: ...
+    def switch_synced(self, switch: str, job_ids: Sequence[int]) -> None: ...
 
     def switch_lost(self, switch: str) -> None: ...
 
     def job_ids_held(self, switch: str, job_ids: Sequence[int]) -> None: ...
+
+    def settle(self, switch: str) -> None: ...
 
 
 def _same_program(a: P4InfoIndex, b: P4InfoIndex) -> bool:
@@ -77,7 +86,12 @@ class ManagedSwitch:
     ) -> None:
         self.config = config
         self.name = config.name
-        self.lock = lock
+        self.lock = lock  # the job manager's: state only, never held during P4Runtime calls
+        self.io = threading.Lock()  # orders every write sequence on this switch
+        # Entries of ended jobs not yet removed (under `lock`): removed before anything else
+        # is written (a new job may reuse their slots), or by the next reconciliation.
+        self.pending_removals: dict[int, JobEntries] = {}
+        self.epoch = 0  # (under `lock`) counts losses of trust: a write begun before is stale
         self.listener = listener
         if config.p4info is not None and config.device_config is not None:
             artifacts = (config.p4info, config.device_config)  # its own program (Tofino)
@@ -97,6 +111,7 @@ class ManagedSwitch:
         self._losses_at_sync = 0
         self.poll_interval, self.max_backoff = poll_interval, max_backoff
         self._stop = threading.Event()
+        self._work = threading.Event()  # kick(): something to settle
         self._thread: threading.Thread | None = None
 
     @property
@@ -152,16 +167,27 @@ class ManagedSwitch:
     def stop(self) -> None:
         """Stop the supervisor and close the session (the switch keeps its entries)."""
         self._stop.set()
+        self._work.set()
         if self._thread is not None:
             self._thread.join(self.config.timeout + 2)
-        with self.lock:
-            self._drop(notify=False)
+        self._drop(notify=False)
+
+    def kick(self) -> None:
+        """Ask the supervisor to settle now (removals pending, a job to install)."""
+        self._work.set()
 
     def _run(self) -> None:
         backoff = self.poll_interval
         while not self._stop.is_set():
             if self.connected and not self.needs_sync:
-                self._stop.wait(self.poll_interval)
+                self._work.clear()
+                # never queue behind a long write: what is left is settled at the next poll
+                if self.io.acquire(timeout=self.poll_interval):
+                    try:
+                        self._settle()
+                    finally:
+                        self.io.release()
+                self._work.wait(self.poll_interval)
                 continue
             conn = self.conn
             if conn is not None and conn.is_connected and not conn.is_primary:
@@ -175,8 +201,7 @@ class ManagedSwitch:
                     self.conn.stream_error,
                 )
                 self.last_error = self.conn.stream_error or "session lost"
-                with self.lock:
-                    self._drop()
+                self._drop()
             try:
                 self._sync()
                 backoff = self.poll_interval
@@ -188,18 +213,28 @@ class ManagedSwitch:
                     log.exception(
                         "switch %s: synchronisation failed (retrying in %.1f s)", self.name, backoff
                     )
-                with self.lock:
-                    self._drop()
+                self._drop()
                 self._stop.wait(backoff)
                 backoff = min(backoff * 2, self.max_backoff)
 
+    def _settle(self) -> None:
+        """Remove ended jobs' entries and install completed jobs (io lock held)."""
+        try:
+            self.listener.settle(self.name)
+        except Exception:  # the session stays: only this round of writes failed
+            log.exception("switch %s: settling failed", self.name)
+
     def _drop(self, notify: bool = True) -> None:
-        self.synced = False
-        if self.conn is not None:
-            self.conn.close()
-            self.conn = None
-            if notify:
-                self.listener.switch_lost(self.name)
+        """Forget the session (its jobs are no longer known to be installed), then close it
+        outside the manager's lock."""
+        with self.lock:
+            conn, self.conn, self.synced = self.conn, None, False
+            if conn is not None:
+                self.epoch += 1
+                if notify:
+                    self.listener.switch_lost(self.name)
+        if conn is not None:
+            conn.close()
 
     def _backup(self, conn: SwitchConnection) -> None:
         """Another client is primary: the session stays open as a backup (the switch tells it
@@ -211,6 +246,7 @@ class ManagedSwitch:
         if self.synced:
             with self.lock:
                 self.synced, self.needs_sync = False, True
+                self.epoch += 1
                 self.listener.switch_lost(self.name)
 
     def _sync(self) -> None:
@@ -229,21 +265,27 @@ class ManagedSwitch:
                     self.connects += 1
                 self._backup(conn)
                 return
-        losses = conn.primary_losses
-        with self.lock:
+        with self.io:
+            losses = conn.primary_losses
+            with self.lock:
+                jobs = self.listener.desired_jobs(self.name)
+                # the reconciliation removes whatever no desired job needs
+                self.pending_removals.clear()
             try:
                 # never from memory alone: the tables are read back (unless freshly pushed)
-                self.reconcile(conn, self.listener.desired_jobs(self.name))
+                self.reconcile(conn, jobs)
                 if conn.primary_losses != losses or not conn.is_primary:
                     raise SwitchError("lost primary during the reconciliation")
             except BaseException:
                 if fresh:
                     conn.close()
                 raise
-            self.conn, self.needs_sync, self.last_error = conn, False, ""
-            self.synced, self._losses_at_sync = True, losses
-            self.connects += int(fresh)
-            self.listener.switch_synced(self.name)
+            with self.lock:
+                self.conn, self.needs_sync, self.last_error = conn, False, ""
+                self.synced, self._losses_at_sync = True, losses
+                self.connects += int(fresh)
+                self.listener.switch_synced(self.name, [j.job_id for j in jobs])
+            self._settle()  # what ended or completed meanwhile
 
     # -- reconciliation -------------------------------------------------------------------
 
@@ -306,16 +348,17 @@ class ManagedSwitch:
                 ) from None
             raise SwitchRejected(str(exc)) from None
 
-    def remove(self, job: JobEntries, strict: bool = False) -> None:
-        """Delete a job's entries, job entry first; missing ones are fine. Unreachable or not
-        primary: nothing to do now, the next reconciliation removes them. strict=True: raise
-        Unavailable instead unless every entry is known to be gone."""
+    def remove(self, job: JobEntries, strict: bool = False) -> bool:
+        """Delete a job's entries, job entry first; missing ones are fine. True when every
+        entry is known to be gone. Unreachable or not primary: nothing to do now, the next
+        reconciliation removes them. strict=True: raise Unavailable instead of returning
+        False."""
         if strict:
             conn = self.require()
         elif self.connected:
             conn = self.conn  # type: ignore[assignment]
         else:
-            return
+            return False
         problems = remove_job(conn, job)
         for exc in problems:
             log.warning("switch %s: removing job %d: %s", self.name, job.job_id, exc)
@@ -325,3 +368,4 @@ class ManagedSwitch:
                 f"switch {self.name} did not remove job {job.job_id}'s entries "
                 f"({problems[0]}); the job keeps running and the switch is reconciled: retry"
             )
+        return not problems

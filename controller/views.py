@@ -1,5 +1,5 @@
 """What operators read: the state of each switch, the pools (allocated and free ranges) and
-the counters, taken from a JobManager under its lock."""
+the counters, taken from a JobManager under its lock (never held while a switch is read)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from controller.counters import SwitchCounters, read_counters
 from controller.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
 from controller.jobs import JobManager
-from controller.switch_connection import SwitchError
+from controller.switch_connection import SwitchConnection, SwitchError
 
 
 @dataclass(frozen=True)
@@ -103,7 +103,8 @@ def pool_ranges(m: JobManager, switch: str = "") -> list[PoolRange]:
 
 def job_counters(m: JobManager, switch: str = "", job_id: int = 0) -> list[SwitchCounters]:
     """Counters of one or every switch (only one job's with job_id). A switch that cannot be
-    read is reported with its error, or is Unavailable when it was asked for by name or job."""
+    read is reported with its error, or is Unavailable when it was asked for by name or job.
+    The switches are read outside the manager's lock (a slow switch delays only this call)."""
     with m.lock:
         if job_id:
             job = m.jobs.get(job_id)
@@ -119,13 +120,20 @@ def job_counters(m: JobManager, switch: str = "", job_id: int = 0) -> list[Switc
         else:
             names = _switch_names(m, switch)
         job_names = {j.job_id: j.name for j in m.jobs.values()}
-        out = []
+        sessions: dict[str, SwitchConnection | Unavailable] = {}
         for name in names:
             try:
-                conn = m.switches[name].require()
-                out.append(read_counters(conn, name, job_names, job_id or None))
-            except (Unavailable, SwitchError) as exc:
-                if job_id or switch:
-                    raise Unavailable(str(exc)) from None
-                out.append(SwitchCounters(name, error=str(exc)))
-        return out
+                sessions[name] = m.switches[name].require()
+            except Unavailable as exc:
+                sessions[name] = exc
+    out = []
+    for name, session in sessions.items():
+        try:
+            if isinstance(session, Unavailable):
+                raise session
+            out.append(read_counters(session, name, job_names, job_id or None))
+        except (Unavailable, SwitchError) as exc:
+            if job_id or switch:
+                raise Unavailable(str(exc)) from None
+            out.append(SwitchCounters(name, error=str(exc)))
+    return out

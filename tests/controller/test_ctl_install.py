@@ -142,7 +142,10 @@ class Listener:
     def desired_jobs(self, switch):
         return []
 
-    def switch_synced(self, switch):
+    def switch_synced(self, switch, job_ids):
+        pass
+
+    def settle(self, switch):
         pass
 
     def switch_lost(self, switch):
