@@ -67,6 +67,11 @@ CASES = {
         C.ALREADY_EXISTS,
         "already receives",
     ),
+    "join/endpoint of another running job": (
+        join(ip=H2["ip"], mac=H2["mac"], switch_port=H2["switch_port"], udp_port=41000),
+        C.ALREADY_EXISTS,
+        "used by rank 0 of job 2 (full) on switch s1",
+    ),
     "join/rank of a ready job": (join("full", rank=0), C.ALREADY_EXISTS, "rank 0"),
     "join/bad mac": (join(mac="02:00:00:00:01"), C.INVALID_ARGUMENT, "mac"),
     "join/bad ip": (join(ip="10.0.0"), C.INVALID_ARGUMENT, "ip"),

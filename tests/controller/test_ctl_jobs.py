@@ -122,6 +122,31 @@ def test_two_jobs_side_by_side(controller, reader):
     assert (status.slots_used, status.jobs) == (150, 2)
 
 
+def test_one_endpoint_per_switch_across_jobs(controller, reader):
+    """Two running jobs on one switch cannot deliver to the same (IP, UDP port): the second
+    join is refused naming the first job; another port is fine, and the endpoint is free
+    again once the first job ended."""
+    c = controller.client
+    h0, h1 = HOSTS[0], HOSTS[1]
+    first = c.create_job("first", 1, "dense", pool_size=4)
+    c.join(first.job_id, first.token, 0, h0["mac"], h0["ip"], 41000, h0["switch_port"])
+    second = c.create_job("second", 2, "dense", pool_size=4)
+    code, details = rpc_code(
+        lambda: c.join(second.job_id, second.token, 0, h0["mac"], h0["ip"], 41000, 1)
+    )
+    assert code == grpc.StatusCode.ALREADY_EXISTS
+    assert f"10.0.0.1:41000 is already used by rank 0 of job {first.job_id} (first)" in details
+    assert "bind another UDP port" in details
+    [job] = [j for j in c.list_jobs().jobs if j.job_id == second.job_id]
+    assert job.joined == 0  # nothing changed
+    c.join(second.job_id, second.token, 0, h0["mac"], h0["ip"], 41001, h0["switch_port"])
+    c.release(first.job_id)
+    c.join(second.job_id, second.token, 1, h1["mac"], h1["ip"], 41000, h1["switch_port"])
+    third = c.create_job("third", 1, "dense", pool_size=4)
+    assert c.join(third.job_id, third.token, 0, h0["mac"], h0["ip"], 41000, 1).ready
+    assert set(job_state(reader())["jobs"]) == {second.job_id, third.job_id}
+
+
 def test_pool_exhaustion_is_resource_exhausted(controller):
     c = controller.client
     big = c.create_job("big", 1, "dense", pool_size=NUM_SLOTS - 10)
