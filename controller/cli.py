@@ -391,10 +391,10 @@ def _serve(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     try:
         server.start()
-    except (OSError, TlsError) as exc:
+    except (OSError, TlsError, StoreError) as exc:
         print(f"aggctl: {exc}", file=sys.stderr)
         server.stop()
-        return 1
+        return 2 if isinstance(exc, StoreError) else 1
     try:
         while not stop.wait(1.0):
             pass

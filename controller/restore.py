@@ -25,12 +25,18 @@ log = logging.getLogger(__name__)
 
 def _problem(job: Job) -> str:
     """What is wrong with a job row ("" when nothing is)."""
+    numbers = [("world_size", job.world_size), ("pool_size", job.pool_size)]
+    for w in job.workers.values():
+        numbers += [("rank", w.rank), ("udp_port", w.udp_port), ("switch_port", w.switch_port)]
+    wrong = [(k, v) for k, v in numbers if type(v) is not int]
+    if wrong:
+        return f"{wrong[0][0]} {wrong[0][1]!r} is not an integer"
     if not isinstance(job.job_id, int) or not 1 <= job.job_id <= MAX_JOB_ID:
         return f"job id {job.job_id!r} outside 1..{MAX_JOB_ID}"
     check.check_name(job.name)
     check.check_world_size(job.world_size)
     check.check_codec(job.codec)
-    if not isinstance(job.pool_size, int) or not 1 <= job.pool_size <= NUM_SLOTS:
+    if not 1 <= job.pool_size <= NUM_SLOTS:
         return f"pool size {job.pool_size!r} outside 1..{NUM_SLOTS}"
     if not isinstance(job.token_hash, str) or not re.fullmatch(r"[0-9a-f]{64}", job.token_hash):
         return "its token hash is not a SHA-256 digest"

@@ -125,6 +125,12 @@ class Store:
         if not {"meta", "jobs", "workers"} <= tables:
             raise StoreError(f"{self.path} lacks the controller's tables: {FRESH_HINT}")
         db.execute(f"SELECT {JOB_COLUMNS} FROM jobs LIMIT 1").fetchall()  # columns as expected
+        row = db.execute("SELECT value FROM meta WHERE key = 'next_job_id'").fetchone()
+        if row is not None and not (str(row[0]).isdigit() and 1 <= int(row[0]) <= MAX_JOB_ID):
+            raise StoreError(
+                f"the controller database {self.path} holds an invalid next job id "
+                f"({row[0]!r}, not 1..{MAX_JOB_ID}): {FRESH_HINT}"
+            )
 
     def _tx(self) -> sqlite3.Connection:
         return _Transaction(self._db)  # type: ignore[return-value]
@@ -242,9 +248,14 @@ class Store:
 
     def owners(self) -> dict[int, str]:
         """The creating operator of every job that has one."""
-        with self._lock, self._tx() as db:
-            db.execute(OWNERS_TABLE)
-            return dict(db.execute("SELECT job_id, owner FROM job_owners").fetchall())
+        try:
+            with self._lock, self._tx() as db:
+                db.execute(OWNERS_TABLE)
+                return dict(db.execute("SELECT job_id, owner FROM job_owners").fetchall())
+        except (sqlite3.DatabaseError, TypeError, ValueError) as exc:
+            raise StoreError(
+                f"the controller database {self.path} is damaged ({exc}): {FRESH_HINT}"
+            ) from exc
 
 
 class _Transaction:

@@ -10,11 +10,23 @@ import subprocess
 import sys
 from pathlib import Path
 
+import grpc
 import pytest
-from ctl_helpers import HOSTS, RunningController, job_state, join_all, make_config
+from ctl_helpers import (
+    HOSTS,
+    RunningController,
+    config_dict,
+    job_state,
+    join_all,
+    make_config,
+    rpc_code,
+)
 
-from controller.model import Job
+from controller.config import parse_config
+from controller.model import Job, JobWorker
+from controller.service import ControllerServer
 from controller.store import Store, StoreError
+from testnet.poll import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -142,3 +154,105 @@ def test_fresh_database_never_reuses_a_job_id_the_switch_holds(
         assert job.job_id == 4
     finally:
         fresh.stop()
+
+
+def _one_ready_job(path: Path) -> None:
+    """A sound database holding job 1: two ranks joined on s1, slots 0..15."""
+    store = Store(path)
+    job = Job(store.take_job_id(()), "j1", "ab" * 32, 2, "dense", 16, 1000.0, "s1", 0)
+    for rank, host in enumerate(HOSTS[:2]):
+        job.workers[rank] = JobWorker(rank, host["mac"], host["ip"], 41000, host["switch_port"])
+    store.save_job(job)
+    store.close()
+
+
+BAD_ROWS = {
+    "world size 0": ("UPDATE jobs SET world_size = 0", "world_size"),
+    "world size as text": ("UPDATE jobs SET world_size = 'two'", "world_size"),
+    "codec": ("UPDATE jobs SET codec = 'two words'", "codec"),
+    "pool past the slots": ("UPDATE jobs SET pool_base = 4090", "pool 4090+16"),
+    "switch without a pool": ("UPDATE jobs SET pool_base = NULL", "do not go together"),
+    "token hash": ("UPDATE jobs SET token_hash = 'nothex'", "token hash"),
+    "rank outside the world": ("UPDATE workers SET rank = 7 WHERE rank = 1", "rank"),
+    "mac": ("UPDATE workers SET mac = 'garbage'", "mac"),
+    "ip": ("UPDATE workers SET ip = '300.1.2.3'", "ip"),
+    "udp port": ("UPDATE workers SET udp_port = 0", "udp_port"),
+    "next job id": ("UPDATE meta SET value = 'abc' WHERE key = 'next_job_id'", "next job id"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_ROWS))
+def test_semantically_bad_rows_are_refused(tmp_path, case):
+    """A sound sqlite file whose rows no controller wrote: refused at start with the job and
+    the problem named and the way to start fresh, never a crash later."""
+    statement, named = BAD_ROWS[case]
+    path = tmp_path / "controller.db"
+    _one_ready_job(path)
+    db = sqlite3.connect(path)
+    db.execute(statement)
+    db.commit()
+    db.close()
+    with pytest.raises(StoreError, match="--fresh-database") as info:
+        ControllerServer(make_config("127.0.0.1:1", tmp_path)).stop()
+    assert named in str(info.value)
+    if case != "next job id":
+        assert "invalid row for job 1" in str(info.value)
+
+
+def test_serve_refuses_bad_rows_without_a_traceback(tmp_path):
+    path = tmp_path / "c.db"
+    _one_ready_job(path)
+    db = sqlite3.connect(path)
+    db.execute("UPDATE workers SET switch_port = 9999")
+    db.commit()
+    db.close()
+    config = tmp_path / "c.toml"
+    config.write_text(
+        '[controller]\nlisten = "127.0.0.1:0"\ndatabase = "c.db"\n\n'
+        '[[switch]]\nname = "s1"\naddress = "127.0.0.1:1"\nmac = "02:00:00:00:00:fe"\n'
+        'service_ip = "10.0.0.254"\n'
+    )
+    done = _serve(config, "--insecure")
+    assert done.returncode == 2, done.stderr
+    assert "invalid row for job 1" in done.stderr and "switch_port" in done.stderr
+    assert "--fresh-database" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_an_older_database_never_reuses_an_id_the_switch_holds(
+    switch, tmp_path, start_controller, reader
+):
+    """Jobs 1..3 run; an older but sound copy of the database (job 1 only) is swapped in.
+    Every start is gated on reading the switches back, not only --fresh-database: while a
+    configured switch has not been read back CreateJob answers UNAVAILABLE naming it, and
+    after the read-back the switch's jobs 2 and 3 are removed and the next id is 4."""
+    first = start_controller(make_config(switch.address, tmp_path))
+    older = tmp_path / "older.db"
+    for n in range(3):
+        job = first.client.create_job("run", 1, "dense", pool_size=4)
+        join_all(first.client, job, HOSTS[n : n + 1])
+        if n == 0:
+            src = sqlite3.connect(first.config.database)
+            src.backup(dst := sqlite3.connect(older))
+            src.close()
+            dst.close()
+    assert set(job_state(reader())["jobs"]) == {1, 2, 3}
+    first.stop()
+    db = first.config.database
+    for suffix in ("", "-wal", "-shm"):
+        Path(f"{db}{suffix}").unlink(missing_ok=True)
+    older.rename(db)
+
+    doc = config_dict(
+        [("s1", switch.address, HOSTS), ("s2", "127.0.0.1:1", [])], tmp_path, lease=30.0
+    )
+    gated = start_controller(parse_config(doc, tmp_path), sync=False)
+    wait_for(lambda: gated.client.status().switches[0].connected, 10, "s1 to be read back")
+    code, details = rpc_code(lambda: gated.client.create_job("early", 1, "dense", pool_size=4))
+    assert code == grpc.StatusCode.UNAVAILABLE
+    assert "switch(es) s2 were read back" in details
+    assert set(job_state(reader())["jobs"]) == {1}  # the unknown jobs 2 and 3 were removed
+    gated.stop()
+
+    ctl = start_controller(make_config(switch.address, tmp_path))
+    assert [j.job_id for j in ctl.client.list_jobs().jobs] == [1]
+    assert ctl.client.create_job("after", 1, "dense", pool_size=4).job_id == 4
