@@ -43,6 +43,14 @@ The controller speaks TLS: the other commands verify its certificate against --c
 ${OPERATOR_TOKEN_FILE_ENV} or ${OPERATOR_TOKEN_ENV} (never a command-line argument).
 --insecure is plaintext, for tests and local use (docs/controller.md, Security)."""
 
+# gRPC's own status text when the server's maximum_concurrent_rpcs is reached (it cannot be
+# set); what it means for the controller is added here.
+CONCURRENCY_LIMIT_TEXT = "Concurrent RPC limit exceeded"
+CONCURRENCY_LIMIT_HINT = (
+    " (the controller already has 4 x controller.rpc_threads calls in progress or queued: "
+    "retry in a moment; if it lasts, some client floods it, or raise rpc_threads)"
+)
+
 COMMANDS: dict[str, tuple[str, str]] = {
     "serve": (
         "run the controller until SIGTERM/SIGINT",
@@ -426,6 +434,8 @@ def main(argv: list[str] | None = None) -> int:
         details = exc.details() if isinstance(exc, grpc.Call) else str(exc)
         if code == "UNAVAILABLE":
             details = f"no controller answers at {args.controller} ({details})"
+        elif code == "RESOURCE_EXHAUSTED" and details.startswith(CONCURRENCY_LIMIT_TEXT):
+            details += CONCURRENCY_LIMIT_HINT
         print(f"aggctl: {code}: {details}", file=sys.stderr)
         return 1
     except UsageError as exc:

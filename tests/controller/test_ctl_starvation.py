@@ -4,6 +4,7 @@ heartbeats and operator calls always find a thread (controller/waiting.py)."""
 
 from __future__ import annotations
 
+import threading
 import time
 
 import grpc
@@ -11,9 +12,11 @@ import pytest
 from ctl_helpers import HOSTS, make_config
 
 from controller.api import jobs_pb2
+from controller.cli import CONCURRENCY_LIMIT_TEXT, main
 from controller.client import ControllerClient
 from controller.config import ConfigError
 from controller.errors import ResourceExhausted
+from controller.service import MAX_QUEUED_PER_THREAD
 from controller.waiting import WaitLimiter, client_host
 
 
@@ -138,3 +141,48 @@ def test_clients_over_their_limit_are_refused(refswitch, tmp_path, start_control
     while ctl.server.service.waits.parked and time.monotonic() < deadline:
         time.sleep(0.05)
     assert ctl.server.service.waits.parked == 0  # cancelled clients freed their threads
+
+
+def test_calls_past_the_concurrency_limit_are_resource_exhausted(
+    refswitch, tmp_path, start_controller, monkeypatch, capsys
+):
+    """4 request threads: at most 4 x 4 = 16 calls in progress or queued. With every
+    heartbeat held in the job manager (a stand-in for calls that take long), 20 heartbeats
+    leave 4 answered RESOURCE_EXHAUSTED at once with gRPC's text, which aggctl explains; the
+    16 admitted ones complete once released."""
+    ctl = start_controller(make_config(refswitch.address, tmp_path, rpc_threads=4))
+    c = ctl.client
+    job = c.create_job("busy", 1, "dense", pool_size=4)
+    _join(c, job, 0, HOSTS[0], 41000)
+    gate = threading.Event()
+    real = ctl.manager.heartbeat
+
+    def held(*args):
+        gate.wait(30)
+        return real(*args)
+
+    monkeypatch.setattr(ctl.manager, "heartbeat", held)
+    limit = 4 * MAX_QUEUED_PER_THREAD
+    request = jobs_pb2.HeartbeatRequest(job_id=job.job_id, token=job.token, rank=0)
+    calls = []
+    try:
+        for _ in range(limit + 4):
+            calls.append(c.stub.Heartbeat.future(request, timeout=30))
+            time.sleep(0.02)  # accepted in order
+        deadline = time.monotonic() + 5
+        while sum(f.done() for f in calls) < 4 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        refused = [f for f in calls if f.done()]
+        assert len(refused) == 4 and refused == calls[limit:]
+        for f in refused:
+            assert f.exception().code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert f.exception().details().startswith(CONCURRENCY_LIMIT_TEXT)
+        assert main(["--insecure", "--controller", ctl.address, "status"]) == 1
+        err = capsys.readouterr().err
+        assert "RESOURCE_EXHAUSTED: Concurrent RPC limit exceeded" in err
+        assert "4 x controller.rpc_threads calls in progress or queued" in err
+    finally:
+        gate.set()
+    for f in calls[:limit]:
+        assert f.result().state == "ready"
+    assert c.heartbeat(job.job_id, job.token, 0).state == "ready"  # room again
