@@ -13,7 +13,7 @@ from ctl_helpers import HOSTS, make_config
 
 from controller.api import jobs_pb2
 from controller.cli import COMMANDS, main
-from controller.text_table import render_jobs
+from controller.text_table import render_jobs, render_status
 from testnet.switch_process import free_port
 
 
@@ -105,6 +105,62 @@ def test_jobs_table_names_the_pool_size_and_shows_no_slots_before_placement():
     header, row_a, row_b = render_jobs([placed, unplaced], ranks=False).splitlines()
     assert header.split()[6:9] == ["SLOTS", "POOL", "SIZE"]
     assert row_a.split()[6:8] == ["64..79", "16"] and row_b.split()[6:8] == ["-", "8"]
+
+
+def _columns(header: str, row: str) -> dict[str, str]:
+    """A rendered row cut at the header's column starts (names are single words or 'X Y')."""
+    names = ["SWITCH", "ADDRESS", "DEVICE", "CONNECTED", "ROLE", "SLOTS USED", "JOBS", "HOSTS"]
+    names += ["SERVICE IP", "CONNECTS", "PUSHES", "LAST ERROR"]
+    starts = [header.index(n) for n in names]
+    ends: list[int | None] = [*starts[1:], None]
+    return {n: row[a:b].strip() for n, a, b in zip(names, starts, ends, strict=True)}
+
+
+def test_status_table_shows_each_switch_role():
+    """ROLE: primary, backup (the primary's election id is in LAST ERROR) or none (no
+    session)."""
+    common = dict(device_id=0, slots_total=4096, hosts=2, service_ip="10.0.0.254")
+    st = jobs_pb2.StatusResponse(
+        version="0.1.0",
+        uptime_s=65,
+        database="c.db",
+        listen="127.0.0.1:50051",
+        active_jobs=1,
+        switches=[
+            jobs_pb2.SwitchStatus(
+                name="s1", address="127.0.0.1:9559", connected=True, role="primary", jobs=1,
+                slots_used=128, connects=1, pipeline_pushes=1, **common,
+            ),
+            jobs_pb2.SwitchStatus(
+                name="s2", address="127.0.0.1:9560", connected=False,
+                role="backup (election id 20 is primary)", connects=1,
+                last_error="the controller is not primary (a client with election id 20 is, "
+                "the controller has 10)", **common,
+            ),
+            jobs_pb2.SwitchStatus(
+                name="s3", address="127.0.0.1:9561", connected=False, role="none",
+                last_error="switch s3 unreachable within 1.0 s", **common,
+            ),
+        ],
+    )  # fmt: skip
+    head, table = render_status(st).split("\n\n")
+    assert head.startswith("controller 127.0.0.1:50051  version 0.1.0  up 1m05s")
+    header, *rows = table.splitlines()
+    cells = [_columns(header, row) for row in rows]
+    assert [(c["SWITCH"], c["CONNECTED"], c["ROLE"]) for c in cells] == [
+        ("s1", "yes", "primary"),
+        ("s2", "NO", "backup"),
+        ("s3", "NO", "none"),
+    ]
+    assert cells[0]["SLOTS USED"] == "128/4096" and cells[0]["LAST ERROR"] == "-"
+    assert "election id 20" in cells[1]["LAST ERROR"]
+
+
+def test_status_table_of_a_live_controller_says_primary(running, capsys):
+    ctl, _ = running
+    code, out, _ = run(capsys, "--controller", ctl.address, "status")
+    header, row = out.strip().splitlines()[-2:]
+    assert code == 0 and _columns(header, row)["ROLE"] == "primary"
 
 
 def test_errors_are_one_line(running, capsys):
