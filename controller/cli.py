@@ -20,6 +20,7 @@ from controller.config import (
     ConfigError,
     ControllerConfig,
     check_address,
+    is_loopback,
     load_config,
 )
 from controller.credentials import (
@@ -183,6 +184,12 @@ def _parser() -> argparse.ArgumentParser:
         help="start with no jobs: an existing database (e.g. one refused as empty or damaged) "
         "is kept aside as PATH.damaged-TIME, the switches' job entries are removed and new "
         "job ids start above every id they hold",
+    )
+    serve.add_argument(
+        "--insecure-non-loopback",
+        action="store_true",
+        help="with --insecure: also listen insecurely on an address other hosts can reach "
+        "(a network only trusted hosts reach; logged as a warning)",
     )
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning"])
     add("status")
@@ -352,8 +359,9 @@ def _query(args: argparse.Namespace) -> int:
     return 0
 
 
-def check_secured(config: ControllerConfig, insecure: bool) -> None:
-    """Refuse a controller without TLS or without an operator credential, unless insecure."""
+def check_secured(config: ControllerConfig, insecure: bool, non_loopback: bool = False) -> None:
+    """Refuse a controller without TLS or without an operator credential, unless insecure;
+    and an insecure one on an address other hosts can reach, unless non_loopback too."""
     if (config.tls_cert is None) != (config.tls_key is None):
         raise ConfigError("--tls-cert and --tls-key go together")
     missing = []
@@ -365,6 +373,14 @@ def check_secured(config: ControllerConfig, insecure: bool) -> None:
         raise ConfigError(
             f"refusing to serve insecurely: {'; '.join(missing)}. Configure them "
             "(docs/controller.md, Security), or give --insecure for tests and local use"
+        )
+    if missing and not non_loopback and not is_loopback(config.listen):
+        raise ConfigError(
+            f"refusing to serve insecurely on {config.listen}, which is not a loopback "
+            f"address ({'; '.join(missing)}): anyone who reaches it could release any job "
+            "and read the job tokens. Listen on 127.0.0.1, [::1] or unix:PATH, configure TLS "
+            "and an operator (docs/controller.md, Security), or, on a network only trusted "
+            "hosts reach, add --insecure-non-loopback"
         )
 
 
@@ -381,7 +397,7 @@ def _serve(args: argparse.Namespace) -> int:
             config = replace(config, database=args.database)
         if args.tls_cert or args.tls_key:
             config = replace(config, tls_cert=args.tls_cert, tls_key=args.tls_key)
-        check_secured(config, args.insecure)
+        check_secured(config, args.insecure, args.insecure_non_loopback)
     except ConfigError as exc:
         print(f"aggctl: {exc}", file=sys.stderr)
         return 2

@@ -5,8 +5,10 @@ names the offending key."""
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import re
+import socket
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -133,6 +135,23 @@ def check_address(address: str, where: str, any_port: bool = False) -> str:
     if not sep or not host or not port.isdigit() or not int(not any_port) <= int(port) <= 65535:
         raise ConfigError(f"{where}: expected HOST:PORT, got {address!r}")
     return address
+
+
+def is_loopback(listen: str) -> bool:
+    """True when a listen address is reachable from this host only: a Unix socket, or a host
+    that is (or resolves only to) loopback addresses."""
+    if listen.startswith(("unix:", "unix-abstract:")):
+        return True
+    host = listen.rpartition(":")[0].strip("[]")
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        pass
+    try:
+        found = {str(info[4][0]) for info in socket.getaddrinfo(host, None)}
+    except (OSError, UnicodeError):
+        return False
+    return bool(found) and all(ipaddress.ip_address(a.split("%")[0]).is_loopback for a in found)
 
 
 def _check(fn: Any, value: str, where: str) -> str:

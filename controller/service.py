@@ -16,7 +16,7 @@ from typing import Any
 import grpc
 
 from controller.api import jobs_pb2, jobs_pb2_grpc
-from controller.config import ControllerConfig
+from controller.config import ControllerConfig, is_loopback
 from controller.counters import CounterValue, SwitchCounters
 from controller.credentials import Operator, authenticate, bearer
 from controller.errors import Aborted, ControllerError, Unauthenticated
@@ -348,6 +348,13 @@ class ControllerServer:
 
     def _add_port(self, server: grpc.Server) -> int:
         cfg = self.config
+        secured = cfg.operators and cfg.tls_cert is not None
+        if not secured and not is_loopback(cfg.listen):
+            log.warning(
+                "INSECURE: %s is not a loopback address: every host that reaches it can use "
+                "what follows",
+                cfg.listen,
+            )
         if not cfg.operators:
             log.warning(
                 "INSECURE: no [[operator]] configured: every operator call and CreateJob is "
