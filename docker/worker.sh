@@ -1,18 +1,28 @@
 #!/bin/sh
 # One rank of the docker-compose job: eth1 is this worker's link to the switch (its port
 # RANK+1), eth0 the control network (controller, torchrun rendezvous and gloo).
-# The job token goes through a file of the shared volume, never a command line.
+# The controller serves TLS: every rank verifies it with the CA of the credentials volume, and
+# rank 0, which creates the job, alone uses the operator credential. The job token goes
+# through a file of the shared volume, never a command line.
 # Usage: worker.sh RANK WORLD
 set -eu
 RANK=$1
 WORLD=$2
 ip route add 10.0.0.0/16 dev eth1 2>/dev/null || true    # the service address and peers: via the switch
 python -c 'from testnet.rawsock import disable_offloads; disable_offloads("eth1")'
+while [ ! -s /credentials/controller.toml ]; do sleep 0.5; done    # the controller's secrets are made
+export HOMAGG_CA_FILE=/credentials/ca.crt
 if [ "$RANK" = 0 ]; then
-  # the compose controller is plaintext on its private control network (docs/run.md#docker)
-  python -m worker create --insecure --controller controller:50051 --name compose \
-    --world-size "$WORLD" --codec "${CODEC:-lossless}" --pool-size 8 \
-    --token-file /shared/job.token --json > /shared/job.json.tmp
+  # retried (for a minute) until the controller serves and has read the switch back
+  tries=0
+  until HOMAGG_OPERATOR_TOKEN_FILE=/credentials/operator.token python -m worker create \
+      --controller controller:50051 --name compose --world-size "$WORLD" \
+      --codec "${CODEC:-lossless}" --pool-size 8 --token-file /shared/job.token \
+      --json > /shared/job.json.tmp; do
+    tries=$((tries + 1))
+    [ "$tries" -lt 60 ] || exit 1
+    sleep 1
+  done
   mv /shared/job.json.tmp /shared/job.json
 fi
 while [ ! -s /shared/job.json ]; do sleep 0.5; done

@@ -1,0 +1,34 @@
+"""The secrets of the compose job, made once in its credentials volume as `make run` makes
+them (run/credentials.py): a CA, the controller's certificate for the name the workers dial
+("controller") and for the host's loopback (the published port), an operator credential
+(mode 0600), and the controller's configuration: docker/controller.toml with TLS and that
+operator. Usage: python docker/credentials.py DIRECTORY TEMPLATE"""
+
+from __future__ import annotations
+
+import sys
+import tomllib
+from pathlib import Path
+
+from run.credentials import make_run_credentials
+from testnet.controller_process import config_toml
+
+CONTROLLER_NAME = "controller"  # the compose service the workers dial
+OPERATOR = "compose"
+
+
+def make_credentials(directory: Path, template: Path) -> Path:
+    """Write the secrets and the secured configuration into `directory`; returns the latter."""
+    creds = make_run_credentials(directory, CONTROLLER_NAME)
+    doc = tomllib.loads(template.read_text())
+    doc["controller"].update(creds.controller_keys())
+    doc["operator"] = [{"name": OPERATOR, "token_sha256": creds.token_sha256, "max_jobs": 2}]
+    config = directory / "controller.toml"
+    partial = config.with_suffix(".tmp")
+    partial.write_text(config_toml(doc))
+    partial.rename(config)  # written last: the workers wait for it
+    return config
+
+
+if __name__ == "__main__":
+    print(make_credentials(Path(sys.argv[1]), Path(sys.argv[2])))
