@@ -20,11 +20,16 @@ from refswitch.table import Entry, FieldMatch
 
 log = logging.getLogger(__name__)
 ERROR_SPACE = "ALL-sswitch-p4org"  # PI's error space for target errors
-# A failing Write's per-update errors travel in a trailer (grpc-status-details-bin); clients
-# refuse metadata over their limit (gRPC's default: 16 KiB; ours: p4rtproto GRPC_OPTIONS).
-MAX_ERROR_DETAILS_BYTES = 64 << 10
+# A failing Write's status travels in trailers: the google.rpc.Status with one p4.v1.Error per
+# update (grpc-status-details-bin) and its message again (grpc-message). A stock gRPC client
+# (e.g. p4runtime-shell) refuses metadata over 16 KiB and, between its soft limit of 8 KiB and
+# that, rejects a random share ("Stream removed"); so the Status stays within
+# MAX_STATUS_BYTES and its message within MAX_STATUS_MESSAGE, below the soft limit together.
+# Our own client accepts 1 MiB (p4rtproto GRPC_OPTIONS), e.g. for PI's unbounded statuses.
+MAX_STATUS_BYTES = 6656
+MAX_STATUS_MESSAGE = 1 << 10  # characters (a summary; the other messages are far shorter)
 MAX_ERROR_MESSAGE = 200  # characters of one update's error message
-SUMMARY_FAILURES = 5  # failures named in the message when the details are left out
+SUMMARY_FAILURES = 5  # failures whose messages are kept when the others' are left out
 
 Update = p4runtime_pb2.Update
 FIRST_RESERVED_GROUP_ID = 1 << 15  # PI keeps groups at or above this for clone sessions
@@ -402,35 +407,56 @@ def _write_pre(
 
 def write_failure_status(results: list[tuple[int, str]]) -> status_pb2.Status:
     """The status of a Write with failed updates: one p4.v1.Error per update, in order, as PI
-    sends. Beyond MAX_ERROR_DETAILS_BYTES (large failing batches) the per-update errors are
-    left out and the message summarizes them (count per code, the first failures), so the
-    trailer stays within what clients accept instead of ending the call ("Stream removed")."""
+    sends, within MAX_STATUS_BYTES. Beyond, the messages of all but the first failures are left
+    out, and the error space (every update keeps its code, which clients act on: ~150 failures
+    fit); beyond that too, the per-update
+    errors are left out and the message summarizes them (count per code, the first failures),
+    so the trailers stay within what stock clients accept instead of ending the call."""
     failed = [(i, code, msg) for i, (code, msg) in enumerate(results) if code != code_pb2.OK]
     status = status_pb2.Status(
         code=code_pb2.UNKNOWN, message=f"{len(failed)} of {len(results)} updates failed"
     )
-    size = 0
-    for code, message in results:
-        err = p4runtime_pb2.Error(canonical_code=code, message=message[:MAX_ERROR_MESSAGE])
-        if code != code_pb2.OK:
-            err.space = ERROR_SPACE
-        packed = any_pb2.Any()
-        packed.Pack(err)
-        size += packed.ByteSize() + 4  # field tag and length
-        if size > MAX_ERROR_DETAILS_BYTES:
-            break
-        status.details.append(packed)
-    else:
-        return status
+    budget = MAX_STATUS_BYTES - status.ByteSize() - 200  # room for the note below
+    for keep_messages in (len(failed), SUMMARY_FAILURES):
+        details = _packed_errors(results, keep_messages, budget)
+        if details is not None:
+            status.details.extend(details)
+            if keep_messages < len(failed):
+                status.message += (
+                    f" (messages of failures after the first {keep_messages} left out, "
+                    f"{MAX_STATUS_BYTES} bytes at most; every update's code is listed)"
+                )
+            return status
     by_code = collections.Counter(code_pb2.Code.Name(code) for _, code, _ in failed)
     first = "; ".join(
-        f"#{i} {code_pb2.Code.Name(code)}: {msg[:MAX_ERROR_MESSAGE]}"
+        f"#{i} {code_pb2.Code.Name(code)}: {msg[:100]}"
         for i, code, msg in failed[:SUMMARY_FAILURES]
     )
-    del status.details[:]
     status.message += (
-        f" (per-update errors left out: more than {MAX_ERROR_DETAILS_BYTES} bytes); by code: "
+        f" (per-update errors left out: more than {MAX_STATUS_BYTES} bytes); by code: "
         + ", ".join(f"{name} {n}" for name, n in by_code.most_common())
         + f"; first: {first}"
     )
+    status.message = status.message[:MAX_STATUS_MESSAGE]
     return status
+
+
+def _packed_errors(
+    results: list[tuple[int, str]], keep_messages: int, budget: int
+) -> list[any_pb2.Any] | None:
+    """One packed p4.v1.Error per update, message and space only for the first `keep_messages`
+    failures; None as soon as they exceed `budget` bytes."""
+    packed_errors, size, failures = [], 0, 0
+    for code, message in results:
+        err = p4runtime_pb2.Error(canonical_code=code)
+        if code != code_pb2.OK:
+            if failures < keep_messages:
+                err.space, err.message = ERROR_SPACE, message[:MAX_ERROR_MESSAGE]
+            failures += 1
+        packed = any_pb2.Any()
+        packed.Pack(err)
+        size += packed.ByteSize() + 3  # field tag and length
+        if size > budget:
+            return None
+        packed_errors.append(packed)
+    return packed_errors
