@@ -101,7 +101,7 @@ def restore_jobs(
             store.save_job(job)
             continue
         for w in job.live_ranks():
-            w.deadline = now + config.lease
+            w.deadline = now + config.lease  # a grace period: workers heartbeat again
         job.idle_deadline = now + config.join_timeout
         jobs[job.job_id] = job
     return jobs

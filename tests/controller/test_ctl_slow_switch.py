@@ -187,3 +187,45 @@ def test_writes_past_the_timeout_fail_cleanly(refswitch, tmp_path, start_control
     finally:
         reader.close()
     assert {j.state for j in c.list_jobs().jobs} == {"ready"}
+
+
+def test_a_job_ended_during_its_install_is_removed_after_it(
+    refswitch, tmp_path, start_controller, monkeypatch
+):
+    """No rank heartbeats while its job's install crawls (1.5 s per write, 6 s in all): the
+    lease (2 s) ends the job mid-install. The install finishes, then the job's entries are
+    removed: the switch holds nothing of it, and its slots are free again."""
+    slow = SlowWrites(monkeypatch)
+    ctl = start_controller(_config(refswitch.address, tmp_path, switch_timeout=8.0))
+    c = ctl.client
+    job = c.create_job("doomed", 2, "dense", pool_size=4)
+    _join(c, job, 0, host=0)
+    slow.delay = 1.5
+    patient = ControllerClient(ctl.address, timeout=30.0)
+    try:
+        joining, joined = _in_thread(lambda: _join(patient, job, 1, host=1))
+
+        def ended() -> bool:
+            jobs = c.list_jobs(include_ended=True).jobs
+            return any(j.job_id == job.job_id and j.state == "ended" for j in jobs)
+
+        wait_for(ended, 10, "the lease to end the job")
+        assert joining.is_alive(), "the install was to be still in flight"
+        joining.join(30)
+    finally:
+        patient.close()
+    slow.delay = 0.0
+    assert "error" not in joined and not joined["result"].ready, joined
+    [gone] = [j for j in c.list_jobs(include_ended=True).jobs if j.job_id == job.job_id]
+    assert "lease of" in gone.end_reason
+    reader = SwitchConnection(refswitch.address, election_id=1, timeout=3.0)
+    reader.connect(require_primary=False)
+    try:
+        wait_for(
+            lambda: job_state(reader) == {"jobs": {}, "workers": [], "rewrites": [], "groups": {}},
+            10,
+            "the ended job's entries to be removed",
+        )
+    finally:
+        reader.close()
+    assert [(r.base, r.size, r.job_id) for r in c.list_pools().ranges] == [(0, 4096, 0)]
