@@ -27,7 +27,7 @@ from run.peers import PEERS
 from run.state import RunState, netns_id, pids_in_netns
 from testnet.addresses import host_switch_port
 from testnet.switch_process import bmv2_available
-from worker.codecs import CODECS
+from worker.codecs import CODECS, DEFAULT_CODEC, is_exact
 
 if TYPE_CHECKING:
     from mininet.net import Mininet
@@ -37,7 +37,6 @@ if TYPE_CHECKING:
 ROOT = Path(__file__).resolve().parents[1]
 PY = sys.executable
 CONTROLLER_PORT = DEFAULT_PORT
-EXACT_CODECS = ("lossless", "fixed_point")  # exact up to the fixed-point bound
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -58,10 +57,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--codec",
-        default="lossless",
+        default=DEFAULT_CODEC,
         choices=[*CODECS, "auto"],
-        help="homomorphic codec of the switch run (default lossless); auto: chosen per bucket "
-        "and step from the measured delay (asynchronous hook)",
+        help=f"homomorphic codec of the switch run (default {DEFAULT_CODEC}); auto: chosen per "
+        "bucket and step from the measured delay (asynchronous hook)",
     )
     p.add_argument(
         "--overlap",
@@ -433,7 +432,7 @@ def _report(args: argparse.Namespace, topo: Topology, target: str, counters: str
         diff = report.compare(args.out / "switch.pt", args.out / "gloo.pt")
         bound = report.fixed_point_bound(runs[next(iter(runs))], topo.hosts, args.lr)
         head = f"\nfinal parameters, switch vs gloo: max |difference| {diff:.3g}"
-        if args.codec in EXACT_CODECS:
+        if is_exact(args.codec):  # exact up to the fixed-point bound
             ok = diff <= bound
             verdict = "AGREE within the bound" if ok else "DIFFER beyond the bound"
             print(f"{head}, fixed-point bound {bound:.3g}: {verdict}")

@@ -32,6 +32,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from run import peers
 from run.model import DEFAULT_LR, MODELS, JobShape, make_task
 from worker.attach import connect
+from worker.codecs import DEFAULT_CODEC
 from worker.ddp_hook import AUTO, SwitchHookState, switch_allreduce_hook
 from worker.dear import DearDataParallel
 
@@ -271,7 +272,7 @@ def main(argv: list[str] | None = None) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--mode", choices=peers.MODES, required=True)
-    p.add_argument("--codec", default="lossless", help="a codec, or auto (delay-aware)")
+    p.add_argument("--codec", default=DEFAULT_CODEC, help="a codec, or auto (delay-aware)")
     p.add_argument(
         "--overlap",
         choices=["blocking", "async", "dear"],

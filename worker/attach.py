@@ -34,7 +34,7 @@ from controller.credentials import (
     operator_token,
 )
 from worker.agent import AgentConfig, AgentError, WorkerAgent, interface_mac, open_agent
-from worker.codecs import CODECS
+from worker.codecs import DEFAULT_CODEC, check_codec
 from worker.ddp_hook import SwitchHookState, switch_allreduce_hook
 
 log = logging.getLogger(__name__)
@@ -217,7 +217,7 @@ def _release_at_exit(
 
 
 def connect(
-    codec: str = "lossless",
+    codec: str = DEFAULT_CODEC,
     *,
     controller: str | None = None,
     pool_size: int = 0,
@@ -281,9 +281,7 @@ def attach(
     """Aggregate `model`'s (a DistributedDataParallel) gradients through the switch from the
     next step on; returns the hook state (its `stats` say what happened). Call it on every
     rank after init_process_group and DDP(...); a failure falls back to the process group."""
-    codec = codec or os.environ.get(ENV_CODEC, "lossless")
-    if codec not in CODECS:
-        raise ValueError(f"unknown codec {codec!r}; expected one of {', '.join(CODECS)}")
+    codec = check_codec(codec or os.environ.get(ENV_CODEC, DEFAULT_CODEC))
     agent, reason = connect(codec, controller=controller, pool_size=pool_size, group=group)
     state = SwitchHookState(
         agent,

@@ -38,7 +38,7 @@ from controller.credentials import (
 )
 from controller.tls import TlsError
 from worker.agent import AgentConfig, AgentError, WorkerAgent
-from worker.codecs import CODECS, make_codec
+from worker.codecs import CODECS, DEFAULT_CODEC, make_codec
 
 EXAMPLES = {
     "create": (
@@ -92,7 +92,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     c.add_argument("--name", default="job")
     c.add_argument("--world-size", type=int, required=True)
-    c.add_argument("--codec", default="lossless")
+    c.add_argument("--codec", default=DEFAULT_CODEC)
     c.add_argument(
         "--pool-size",
         type=int,
@@ -145,7 +145,7 @@ def _parser() -> argparse.ArgumentParser:
                 help="stay joined (heartbeating) this many seconds",
             )
         else:
-            s.add_argument("--codec", choices=CODECS, default="lossless")
+            s.add_argument("--codec", choices=CODECS, default=DEFAULT_CODEC)
             s.add_argument("--size", type=int, default=100_000, help="float32 elements per round")
             s.add_argument(
                 "--density", type=float, default=0.01, help="nonzero fraction (1: dense)"
