@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from mininet.net import Mininet
 
     from run.net import Topology
+    from testnet.controller_process import ControllerProcess
 
 ROOT = Path(__file__).resolve().parents[1]
 PY = sys.executable
@@ -168,14 +169,14 @@ def _controller_toml(
     )
 
 
-def _start_controller(
+def _controller_process(
     net: Mininet, topo: Topology, out: Path, state: RunState, creds: RunCredentials
-) -> subprocess.Popen:
-    """Start `aggctl serve` on the controller's host (root namespace), on TLS with the run's
-    operator credential; wait until it has synced the switch."""
-    from controller.client import ControllerClient
+) -> ControllerProcess:
+    """`aggctl serve` for the controller's host (root namespace), on TLS with the run's
+    operator credential: its configuration written, not started yet."""
     from controller.credentials import operator_token
     from testnet.addresses import host_mac
+    from testnet.controller_process import ControllerProcess
 
     names = state.names
     sw = net.switches[0]
@@ -185,31 +186,13 @@ def _start_controller(
     cfg = out / "controller.toml"
     cfg.write_text(_controller_toml(sw.process.address, hosts, out, names, creds))
     (out / "controller.db").unlink(missing_ok=True)
-    with open(out / "controller.log", "wb") as log:  # the child keeps its own descriptor
-        proc = subprocess.Popen(
-            [PY, "-m", "controller", "serve", "--config", str(cfg)],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-            env={**os.environ, "PYTHONPATH": str(ROOT)},
-        )
-    state.add("pgids", proc.pid)
-    token = operator_token(creds.operator_token_file)
-    with ControllerClient(_controller_address(names), 2.0, creds.ca, token) as client:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                if all(s.connected for s in client.status().switches):
-                    return proc
-            except Exception:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(
-                    "the controller did not come up:\n"
-                    + (out / "controller.log").read_text()[-2000:]
-                )
-            time.sleep(0.3)
+    return ControllerProcess(
+        cfg,
+        _controller_address(names),
+        out / "controller.log",
+        ca=creds.ca,
+        token=operator_token(creds.operator_token_file),
+    )
 
 
 def _run_job(
@@ -324,7 +307,7 @@ class _Session:
 
     state: RunState
     net: Mininet | None = None
-    ctl: subprocess.Popen | None = None
+    ctl: ControllerProcess | None = None
     creds: RunCredentials | None = None
 
 
@@ -371,7 +354,9 @@ def _build(session: _Session, topo: Topology, target: str, out: Path) -> None:
     session.state.add("pgids", net.switches[0].process.proc.pid)
     prepare_hosts(net, PY)
     session.creds = make_run_credentials(names.directory / "credentials", names.controller_ip)
-    session.ctl = _start_controller(net, topo, out, session.state, session.creds)
+    session.ctl = ctl = _controller_process(net, topo, out, session.state, session.creds)
+    session.state.add("pgids", ctl.launch())
+    ctl.wait_synced().close()
     print(
         f"controller on {_controller_address(names)} (host {names.controller_host}), switch "
         f"P4Runtime on {net.switches[0].process.address}; logs in {out}",
@@ -445,13 +430,8 @@ def _report(args: argparse.Namespace, topo: Topology, target: str, counters: str
 def _teardown(session: _Session) -> None:
     """Stop the controller, every process in the hosts' namespaces and Mininet."""
     ctl, net = session.ctl, session.net
-    if ctl is not None and ctl.poll() is None:
-        ctl.terminate()
-        try:
-            ctl.wait(10)
-        except subprocess.TimeoutExpired:
-            os.killpg(ctl.pid, signal.SIGKILL)
-            ctl.wait(5)
+    if ctl is not None:
+        ctl.stop()
     if net is not None:
         for h in net.hosts:  # stragglers would keep a host's namespace alive
             if h.inNamespace:
