@@ -30,8 +30,8 @@ import socket
 import statistics
 import sys
 import tempfile
-import threading
 import time
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -148,27 +148,13 @@ class SwitchGroup:
 
     def step(self, codecs: list, xs: list[np.ndarray]) -> tuple[float, list[np.ndarray], int]:
         """One aggregation of xs[r] by codecs[r] on every worker: (wall s, results, retx)."""
-        results: list = [None] * self.w
-        errors: list[BaseException] = []
+        from testnet.threads import run_threads
+
+        def work(r: int) -> np.ndarray:  # the codec's work too runs in the worker's thread
+            return self.transports[r].run(codecs[r].aggregate(xs[r]))
+
         retx0 = sum(t.stats.retransmissions for t in self.transports)
-
-        def work(r: int) -> None:
-            try:
-                results[r] = self.transports[r].run(codecs[r].aggregate(xs[r]))
-            except BaseException as exc:
-                errors.append(exc)
-
-        threads = [threading.Thread(target=work, args=(r,), daemon=True) for r in range(self.w)]
-        start = time.perf_counter()
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(max(0.0, JOIN_TIMEOUT - (time.perf_counter() - start)))
-        elapsed = time.perf_counter() - start
-        if any(t.is_alive() for t in threads):
-            raise RuntimeError(f"a worker hung for {JOIN_TIMEOUT:.0f} s (W={self.w})")
-        if errors:
-            raise errors[0]
+        elapsed, results = run_threads([partial(work, r) for r in range(self.w)], JOIN_TIMEOUT)
         return elapsed, results, sum(t.stats.retransmissions for t in self.transports) - retx0
 
     def close(self) -> None:

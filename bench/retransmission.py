@@ -22,8 +22,8 @@ import socket
 import statistics
 import sys
 import tempfile
-import threading
 import time
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -69,26 +69,13 @@ class Group:
 
     def round(self, cells: np.ndarray) -> tuple[float, int, int]:
         """One all-reduce on every worker: (wall seconds, retransmissions, chunks)."""
-        errors: list[BaseException] = []
+        from aggwire.constants import Op
+        from testnet.threads import run_threads
+
         before = [(t.stats.retransmissions, t.stats.chunks) for t in self.transports]
-
-        def work(t) -> None:
-            try:
-                t.allreduce(1, cells)
-            except BaseException as exc:
-                errors.append(exc)
-
-        threads = [threading.Thread(target=work, args=(t,), daemon=True) for t in self.transports]
-        start = time.perf_counter()
-        for th in threads:
-            th.start()
-        for th in threads:
-            th.join(max(0.0, JOIN_TIMEOUT - (time.perf_counter() - start)))
-        elapsed = time.perf_counter() - start
-        if any(th.is_alive() for th in threads):
-            raise RuntimeError(f"a worker hung for {JOIN_TIMEOUT:.0f} s")
-        if errors:
-            raise errors[0]
+        elapsed, _ = run_threads(
+            [partial(t.allreduce, Op.ADD, cells) for t in self.transports], JOIN_TIMEOUT
+        )
         retx = sum(t.stats.retransmissions - b[0] for t, b in zip(self.transports, before))
         chunks = sum(t.stats.chunks - b[1] for t, b in zip(self.transports, before))
         return elapsed, retx, chunks

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from aggwire.constants import MAX_WORKERS_PER_JOB
+from aggwire.constants import MAX_WORKERS_PER_JOB, WORKER_UDP_BASE
 from controller.credentials import (
     JOB_TOKEN_ENV,
     JOB_TOKEN_FILE_ENV,
@@ -45,7 +45,6 @@ ENV_TOKEN = JOB_TOKEN_ENV
 ENV_TOKEN_FILE = JOB_TOKEN_FILE_ENV
 ENV_CODEC = "HOMAGG_CODEC"
 ENV_IFACE = "HOMAGG_IFACE"  # the data-plane interface, when not the route to the controller
-UDP_BASE_PORT = 41000  # rank r on a node uses UDP_BASE_PORT + LOCAL_RANK
 
 
 @dataclass(frozen=True)
@@ -247,7 +246,7 @@ def connect(
     try:
         iface = os.environ.get(ENV_IFACE, "")
         route = route_of(iface) if iface else route_to(address)
-        port = udp_port or UDP_BASE_PORT + int(os.environ.get("LOCAL_RANK", "0"))
+        port = udp_port or WORKER_UDP_BASE + int(os.environ.get("LOCAL_RANK", "0"))
         cfg = AgentConfig(
             controller=address,
             job_id=ticket.job_id,
