@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import socket
 import statistics
 import sys
 import tempfile
@@ -41,21 +40,14 @@ class Group:
     """One job of w workers on the fabric's hosts from `offset` on, one transport each."""
 
     def __init__(self, fabric, offset: int, w: int, loss: float, timer: str, seed: int) -> None:
-        from aggwire.constants import AGG_UDP_PORT
-        from testnet.aggjob import WORKER_UDP_BASE, Job
-        from testnet.fabric import SERVICE_IP
-        from testnet.namespace import in_namespace
-        from worker.channel import Channel, FaultyChannel, UdpChannel
+        from testnet.aggjob import Job
+        from worker.channel import Channel, FaultyChannel
         from worker.transport import SwitchTransport, TransportConfig
 
         self.job = Job(fabric, fabric.hosts[offset : offset + w], pool_size=POOL_SIZE)
         self.transports = []
-        for r, h in enumerate(self.job.hosts):
-            with in_namespace(h.namespace):
-                sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
-            sock.bind((h.ip, WORKER_UDP_BASE + r))
-            channel: Channel = UdpChannel(sock, (SERVICE_IP, AGG_UDP_PORT))
+        for r in range(w):
+            channel: Channel = self.job.channel(r, rcvbuf=4 << 20)
             if loss:
                 channel = FaultyChannel(channel, loss=loss, seed=seed + r)
             cfg = TransportConfig(

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from aggwire.constants import WORKER_UDP_BASE
 from controller.client import ControllerClient
 from controller.config import ControllerConfig, parse_config
 from controller.credentials import Operator, hash_token
@@ -28,7 +29,7 @@ from testnet.switch_process import free_port
 from worker.agent import AgentConfig
 
 TIMING = {"heartbeat_interval": 0.2, "lease": 3.0, "join_timeout": 60.0}
-UDP_BASE = 41000
+UDP_BASE = WORKER_UDP_BASE
 OPERATOR_TOKEN = "-operator-token-of-the-tls-tests"  # a leading '-' on purpose
 
 
