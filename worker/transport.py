@@ -1,4 +1,4 @@
-"""The worker's transport to the switch: a self-clocked window of slots in flight.
+"""The worker's transport to the switch: a self-clocked pool of slots in flight.
 
 Chunk k of the job's stream carries the tag k mod P(S) and goes to slot tag mod S, shadow
 copy (tag div S) mod 2, where S is the pool size and P(S) the numbering period
