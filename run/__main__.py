@@ -195,6 +195,30 @@ def _controller_process(
     )
 
 
+def _rank_command(
+    mode: str,
+    args: argparse.Namespace,
+    names: RunNames,
+    rank: int,
+    world: int,
+    port: int,
+    iface: str,
+) -> list[str]:
+    """torchrun of run.train for host `rank` of `world` (rank 0's host is the master),
+    counting the bytes sent on `iface`."""
+    cmd = [PY, "-m", "torch.distributed.run", "--nnodes", str(world), "--nproc-per-node", "1"]
+    cmd += ["--node-rank", str(rank), "--master-addr", names.host_ip(0)]
+    cmd += ["--master-port", str(port), "-m", "run.train", "--mode", mode]
+    cmd += ["--codec", args.codec, "--overlap", args.overlap, "--model", args.model]
+    cmd += ["--steps", str(args.steps), "--users", str(args.users), "--items", str(args.items)]
+    cmd += ["--batch", str(args.batch), "--lr", str(args.lr), "--iface", iface]
+    cmd += ["--out", str(args.out)]
+    if mode == "switch":
+        cmd += ["--controller", _controller_address(names)]
+        cmd += ["--pool-size", str(args.pool_size)]
+    return cmd
+
+
 def _run_job(
     mode: str,
     net: Mininet,
@@ -206,53 +230,11 @@ def _run_job(
     """One torchrun per host (rank = host index), rank 0's output streamed here. With `creds`
     every rank verifies the controller against the run's CA and rank 0, which creates the job,
     reads the operator credential from its file (the environment names the files)."""
-    names = state.names
     hosts = [h for h in net.hosts if h.inNamespace]
     procs, logs = [], []
     for i, h in enumerate(hosts):
         iface = h.defaultIntf().name
-        cmd = [
-            PY,
-            "-m",
-            "torch.distributed.run",
-            "--nnodes",
-            str(len(hosts)),
-            "--nproc-per-node",
-            "1",
-            "--node-rank",
-            str(i),
-            "--master-addr",
-            names.host_ip(0),
-            "--master-port",
-            str(port),
-            "-m",
-            "run.train",
-            "--mode",
-            mode,
-            "--codec",
-            args.codec,
-            "--overlap",
-            args.overlap,
-            "--model",
-            args.model,
-            "--steps",
-            str(args.steps),
-            "--users",
-            str(args.users),
-            "--items",
-            str(args.items),
-            "--batch",
-            str(args.batch),
-            "--lr",
-            str(args.lr),
-            "--iface",
-            iface,
-            "--out",
-            str(args.out),
-        ]
-        if mode == "switch":
-            cmd += ["--controller", _controller_address(names)]
-            cmd += ["--pool-size", str(args.pool_size)]
+        cmd = _rank_command(mode, args, state.names, i, len(hosts), port, iface)
         env = {
             **os.environ,
             "PYTHONPATH": str(ROOT),
@@ -267,34 +249,40 @@ def _run_job(
                 h.popen(cmd, env=env, stdout=rank_log, stderr=subprocess.STDOUT, cwd=str(ROOT))
             )
         state.add("pgids", procs[-1].pid)
-    deadline, shown = time.monotonic() + args.timeout, 0
     try:
-        while True:
-            text = logs[0].read_text(errors="replace")
-            for line in text[shown:].splitlines(keepends=True):
-                if not line.endswith("\n"):
-                    break
-                shown += len(line)
-                if line.startswith(("[switch]", "[gloo")):
-                    print(line, end="", flush=True)
-            codes = [p.poll() for p in procs]
-            if all(c is not None for c in codes) or any(c not in (None, 0) for c in codes):
-                break
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"the {mode} run did not finish within {args.timeout:.0f} s")
-            time.sleep(0.2)
-        bad = [i for i, p in enumerate(procs) if p.wait(30) != 0]
-        if bad:
-            tails = "\n".join(
-                f"--- rank {i} ({logs[i]}):\n" + logs[i].read_text(errors="replace")[-2500:]
-                for i in bad
-            )
-            raise RuntimeError(f"the {mode} run failed on rank(s) {bad}:\n{tails}")
+        _follow(mode, procs, logs, args.timeout)
     finally:
         for p in procs:
             if p.poll() is None:
                 os.killpg(p.pid, signal.SIGKILL)
                 p.wait(10)
+
+
+def _follow(mode: str, procs: list[subprocess.Popen], logs: list[Path], timeout: float) -> None:
+    """Stream rank 0's step lines until every rank ended (or one failed, or `timeout` s
+    passed: TimeoutError); RuntimeError with the log tails of the ranks that failed."""
+    deadline, shown = time.monotonic() + timeout, 0
+    while True:
+        text = logs[0].read_text(errors="replace")
+        for line in text[shown:].splitlines(keepends=True):
+            if not line.endswith("\n"):
+                break
+            shown += len(line)
+            if line.startswith(("[switch]", "[gloo")):
+                print(line, end="", flush=True)
+        codes = [p.poll() for p in procs]
+        if all(c is not None for c in codes) or any(c not in (None, 0) for c in codes):
+            break
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the {mode} run did not finish within {timeout:.0f} s")
+        time.sleep(0.2)
+    bad = [i for i, p in enumerate(procs) if p.wait(30) != 0]
+    if bad:
+        tails = "\n".join(
+            f"--- rank {i} ({logs[i]}):\n" + logs[i].read_text(errors="replace")[-2500:]
+            for i in bad
+        )
+        raise RuntimeError(f"the {mode} run failed on rank(s) {bad}:\n{tails}")
 
 
 def _interrupt(signum: int, frame: FrameType | None) -> None:
