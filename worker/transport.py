@@ -24,13 +24,13 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from aggwire.constants import AGG_VERSION, CELLS_PER_PKT, Flag, Op
-from aggwire.header import HEADER_DTYPE
+from aggwire.header import HEADER_DTYPE, marked_retx
 from aggwire.packer import PAYLOAD_BYTES, pack_payloads, parse_payloads
 from worker.channel import Channel
 from worker.chunk_numbering import chunk_period, chunk_tags, shadow_of, slot_of, tag_offset
 from worker.codecs.base import Phase
 from worker.retransmission_timer import RetransmissionTimer
-from worker.straggler_wait import PeersProblem, StragglerWait, marked_retx
+from worker.straggler_wait import PeersProblem, StragglerWait
 
 
 class TransportError(RuntimeError):
