@@ -174,9 +174,9 @@ class SwitchTransport:
                     raise self._no_result(first + int(i), gone)  # no need to spend the budget
                 tries[i] += 1
                 self._send(marked_retx(payloads[i]))
+                timer.timed_out(last_sent[i], now)  # once per expiry event, not per chunk
                 last_sent[i] = now
                 stats.retransmissions += 1
-                timer.timed_out()
             deadline = last_sent[inflight] + timer.timeouts(tries[inflight])
             wait = max(0.0, float(deadline.min()) - time.monotonic()) if inflight.size else 0.0
             data = self.channel.recv(wait)
