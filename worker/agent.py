@@ -69,9 +69,14 @@ class AgentConfig:
     iface: str = ""
     ready_timeout: float = 30.0
     rpc_timeout: float = 5.0
-    initial_timeout: float = 0.02  # transport retransmission timing (TransportConfig)
+    # The transport's retransmission timing and straggler wait (TransportConfig's fields).
+    initial_timeout: float = 0.02
     max_timeout: float = 0.5
+    min_timeout: float = 0.005
+    adaptive_timeout: bool = True
     max_retries: int = 12
+    dead_path_s: float = 3.0
+    max_straggler_wait: float = 120.0
     ca_file: Path | None = None  # verify the controller's TLS certificate (None: plaintext)
 
 
@@ -233,7 +238,11 @@ class WorkerAgent:
                 pool_size=a.pool_size,
                 initial_timeout=cfg.initial_timeout,
                 max_timeout=cfg.max_timeout,
+                min_timeout=cfg.min_timeout,
+                adaptive_timeout=cfg.adaptive_timeout,
                 max_retries=cfg.max_retries,
+                dead_path_s=cfg.dead_path_s,
+                max_straggler_wait=cfg.max_straggler_wait,
             )
             self.transport = SwitchTransport(tcfg, channel, peers_problem=self.peers_problem)
         except ValueError as exc:  # a value the checks above missed: still a clear refusal
