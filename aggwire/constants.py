@@ -33,6 +33,18 @@ CHUNK_MASK = CHUNK_MODULUS - 1
 CELL_BITS = 32
 CELL_MASK = (1 << CELL_BITS) - 1
 
+# Switch ports (P4: port_t). v1model's port_t is bit<9>, and mark_to_drop sends a packet
+# to the highest port (BMv2's default drop port), so no host can be on that one.
+PORT_BITS = 9
+DROP_PORT = (1 << PORT_BITS) - 1  # 511
+MAX_SWITCH_PORT = DROP_PORT - 1  # the highest port a host (or a -i PORT@IFACE) can use
+
+# UDP and TCP port numbers are 16 bits; 0 is no port.
+MAX_L4_PORT = (1 << 16) - 1
+# Not in the P4 program (each worker's port is in its entry): the UDP port of a node's
+# first rank by convention; rank r on a node uses WORKER_UDP_BASE + its local rank.
+WORKER_UDP_BASE = 41000
+
 
 class Flag(IntEnum):
     """Bits of the header's flags byte."""

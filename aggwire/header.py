@@ -17,6 +17,7 @@ from aggwire.constants import (
     CELLS_PER_PKT,
     CHUNK_BITS,
     JOB_ID_BITS,
+    Flag,
 )
 
 
@@ -96,3 +97,10 @@ def header_view(payload: np.ndarray) -> np.ndarray:
         )
     view = payload[..., :AGG_HEADER_BYTES].view(HEADER_DTYPE)
     return view if payload.ndim == 1 else view[..., 0]
+
+
+def marked_retx(payload: np.ndarray) -> bytes:
+    """The same contribution (one packed uint8 payload), marked as a retransmission."""
+    out = payload.copy()
+    header_view(out)["flags"] |= int(Flag.RETX)
+    return out.tobytes()

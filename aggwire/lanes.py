@@ -1,13 +1,13 @@
 """Lane arithmetic of the adding ops (docs/protocol.md, "Lanes"): an int32 cell holds
 32/bits signed lanes, lane i in bits [bits*i, bits*(i+1)) of the cell's value, and the
-switch adds each lane modulo 2^bits with no carry into its neighbour. The reference
-switch and the codecs' simulated switch both use these definitions."""
+switch adds each lane modulo 2^bits with no carry into its neighbour. The switch's
+combine table (aggwire/combine.py) and the low-bit codec use these definitions."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from aggwire.constants import CELL_BITS, LANE_BITS_OF_OP, Op
+from aggwire.constants import CELL_BITS
 
 
 def top_bits(bits: int) -> np.uint32:
@@ -26,11 +26,6 @@ def lanes_add(a: np.ndarray, b: np.ndarray, bits: int) -> np.ndarray:
     ua, ub = a.view(np.uint32), b.view(np.uint32)
     low = (ua & ~tops) + (ub & ~tops)
     return (low ^ ((ua ^ ub) & tops)).view(np.int32)
-
-
-def lane_bits(op: Op) -> int:
-    """Lane width of an adding op (ADD 32, ADD16 16, ADD8 8)."""
-    return LANE_BITS_OF_OP[Op(op)]
 
 
 def split_lanes(cells: np.ndarray, bits: int) -> np.ndarray:

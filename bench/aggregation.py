@@ -26,12 +26,11 @@ import argparse
 import multiprocessing as mp
 import os
 import platform
-import socket
 import statistics
 import sys
 import tempfile
-import threading
 import time
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -120,21 +119,13 @@ class SwitchGroup:
     """A job of w workers on a fabric's first w hosts, one SwitchTransport each."""
 
     def __init__(self, fabric, w: int, initial_timeout: float) -> None:
-        from aggwire.constants import AGG_UDP_PORT
-        from testnet.aggjob import WORKER_UDP_BASE, Job
-        from testnet.fabric import SERVICE_IP
-        from testnet.namespace import in_namespace
-        from worker.channel import UdpChannel
+        from testnet.aggjob import Job
         from worker.transport import SwitchTransport, TransportConfig
 
         self.w = w
         self.job = Job(fabric, fabric.hosts[:w], pool_size=POOL_SIZE)
         self.transports = []
-        for r, h in enumerate(self.job.hosts):
-            with in_namespace(h.namespace):
-                sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
-            sock.bind((h.ip, WORKER_UDP_BASE + r))
+        for r in range(w):
             cfg = TransportConfig(
                 job_id=self.job.job_id,
                 rank=r,
@@ -142,33 +133,17 @@ class SwitchGroup:
                 pool_size=POOL_SIZE,
                 initial_timeout=initial_timeout,
             )
-            self.transports.append(
-                SwitchTransport(cfg, UdpChannel(sock, (SERVICE_IP, AGG_UDP_PORT)))
-            )
+            self.transports.append(SwitchTransport(cfg, self.job.channel(r, rcvbuf=4 << 20)))
 
     def step(self, codecs: list, xs: list[np.ndarray]) -> tuple[float, list[np.ndarray], int]:
         """One aggregation of xs[r] by codecs[r] on every worker: (wall s, results, retx)."""
-        results: list = [None] * self.w
-        errors: list[BaseException] = []
+        from testnet.threads import run_threads
+
+        def work(r: int) -> np.ndarray:  # the codec's work too runs in the worker's thread
+            return self.transports[r].run(codecs[r].aggregate(xs[r]))
+
         retx0 = sum(t.stats.retransmissions for t in self.transports)
-
-        def work(r: int) -> None:
-            try:
-                results[r] = self.transports[r].run(codecs[r].aggregate(xs[r]))
-            except BaseException as exc:
-                errors.append(exc)
-
-        threads = [threading.Thread(target=work, args=(r,), daemon=True) for r in range(self.w)]
-        start = time.perf_counter()
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(max(0.0, JOIN_TIMEOUT - (time.perf_counter() - start)))
-        elapsed = time.perf_counter() - start
-        if any(t.is_alive() for t in threads):
-            raise RuntimeError(f"a worker hung for {JOIN_TIMEOUT:.0f} s (W={self.w})")
-        if errors:
-            raise errors[0]
+        elapsed, results = run_threads([partial(work, r) for r in range(self.w)], JOIN_TIMEOUT)
         return elapsed, results, sum(t.stats.retransmissions for t in self.transports) - retx0
 
     def close(self) -> None:

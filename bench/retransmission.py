@@ -18,12 +18,11 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import socket
 import statistics
 import sys
 import tempfile
-import threading
 import time
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -41,21 +40,14 @@ class Group:
     """One job of w workers on the fabric's hosts from `offset` on, one transport each."""
 
     def __init__(self, fabric, offset: int, w: int, loss: float, timer: str, seed: int) -> None:
-        from aggwire.constants import AGG_UDP_PORT
-        from testnet.aggjob import WORKER_UDP_BASE, Job
-        from testnet.fabric import SERVICE_IP
-        from testnet.namespace import in_namespace
-        from worker.channel import Channel, FaultyChannel, UdpChannel
+        from testnet.aggjob import Job
+        from worker.channel import Channel, FaultyChannel
         from worker.transport import SwitchTransport, TransportConfig
 
         self.job = Job(fabric, fabric.hosts[offset : offset + w], pool_size=POOL_SIZE)
         self.transports = []
-        for r, h in enumerate(self.job.hosts):
-            with in_namespace(h.namespace):
-                sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
-            sock.bind((h.ip, WORKER_UDP_BASE + r))
-            channel: Channel = UdpChannel(sock, (SERVICE_IP, AGG_UDP_PORT))
+        for r in range(w):
+            channel: Channel = self.job.channel(r, rcvbuf=4 << 20)
             if loss:
                 channel = FaultyChannel(channel, loss=loss, seed=seed + r)
             cfg = TransportConfig(
@@ -69,26 +61,13 @@ class Group:
 
     def round(self, cells: np.ndarray) -> tuple[float, int, int]:
         """One all-reduce on every worker: (wall seconds, retransmissions, chunks)."""
-        errors: list[BaseException] = []
+        from aggwire.constants import Op
+        from testnet.threads import run_threads
+
         before = [(t.stats.retransmissions, t.stats.chunks) for t in self.transports]
-
-        def work(t) -> None:
-            try:
-                t.allreduce(1, cells)
-            except BaseException as exc:
-                errors.append(exc)
-
-        threads = [threading.Thread(target=work, args=(t,), daemon=True) for t in self.transports]
-        start = time.perf_counter()
-        for th in threads:
-            th.start()
-        for th in threads:
-            th.join(max(0.0, JOIN_TIMEOUT - (time.perf_counter() - start)))
-        elapsed = time.perf_counter() - start
-        if any(th.is_alive() for th in threads):
-            raise RuntimeError(f"a worker hung for {JOIN_TIMEOUT:.0f} s")
-        if errors:
-            raise errors[0]
+        elapsed, _ = run_threads(
+            [partial(t.allreduce, Op.ADD, cells) for t in self.transports], JOIN_TIMEOUT
+        )
         retx = sum(t.stats.retransmissions - b[0] for t, b in zip(self.transports, before))
         chunks = sum(t.stats.chunks - b[1] for t, b in zip(self.transports, before))
         return elapsed, retx, chunks

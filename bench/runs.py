@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from worker.codecs import DEFAULT_CODEC
+
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -21,7 +23,7 @@ class RunSpec:
     and the peer methods that run after it in the same network (run/peers.py)."""
 
     model: str
-    codec: str = "lossless"
+    codec: str = DEFAULT_CODEC
     hosts: int = 4
     bw_mbit: float = 0.0
     steps: int = 15

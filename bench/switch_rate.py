@@ -26,7 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from aggwire.constants import LANE_BITS_OF_OP, Op
+from aggwire.constants import CELL_BITS, LANE_BITS_OF_OP, Op
 from bench.publish import plot_path, publish, pyplot
 
 REPO = Path(__file__).resolve().parent.parent
@@ -124,7 +124,7 @@ def plot(rows: list[dict], path: Path) -> None:
     names = {"refswitch": "reference switch", "bmv2": "BMv2"}
     for t, style in (("refswitch", "o-"), ("bmv2", "s-")):
         for op in dict.fromkeys(r.get("op", "ADD") for r in rows):
-            lanes = 32 // LANE_BITS_OF_OP[Op[op]]
+            lanes = CELL_BITS // LANE_BITS_OF_OP[Op[op]]
             pts = [
                 (r["cells"], r["rates"][t])
                 for r in rows
@@ -222,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
         "|---:|---|---|---:|---:|---:|---:|",
     ]
     for row in rows:
-        lanes = 32 // LANE_BITS_OF_OP[Op[row["op"]]]
+        lanes = CELL_BITS // LANE_BITS_OF_OP[Op[row["op"]]]
         for t, rates in row["rates"].items():
             med = statistics.median(rates)
             lines.append(

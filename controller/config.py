@@ -15,10 +15,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from aggwire.constants import NUM_SLOTS
+from aggwire.constants import MAX_JOB_ID, MAX_L4_PORT, MAX_SWITCH_PORT, NUM_SLOTS
 from controller.credentials import Operator
 from controller.forwarding import Host
-from controller.validation import MAX_SWITCH_PORT
 from p4rtproto.bytestrings import ipv4_to_int, mac_to_int
 
 DEFAULT_PORT = 50051  # the job API's TCP port, unless configured otherwise
@@ -132,7 +131,8 @@ _REQUIRED = object()
 def check_address(address: str, where: str, any_port: bool = False) -> str:
     """'host:port' with a port in 1..65535 (0 too with any_port: the OS picks one)."""
     host, sep, port = address.rpartition(":")
-    if not sep or not host or not port.isdigit() or not int(not any_port) <= int(port) <= 65535:
+    lowest = 0 if any_port else 1
+    if not sep or not host or not port.isdigit() or not lowest <= int(port) <= MAX_L4_PORT:
         raise ConfigError(f"{where}: expected HOST:PORT, got {address!r}")
     return address
 
@@ -228,7 +228,7 @@ def _operator(data: Any, where: str) -> Operator:
     op = Operator(
         name=name,
         token_sha256=digest,
-        max_jobs=r.integer("max_jobs", 0, 0, 1 << 16),
+        max_jobs=r.integer("max_jobs", 0, 0, MAX_JOB_ID),  # no more jobs than ids
         max_slots=r.integer("max_slots", 0, 0, NUM_SLOTS),
     )
     r.finish()

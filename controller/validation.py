@@ -1,5 +1,8 @@
 """Checks of request fields, each raising InvalidArgument with a message that names the
-field, and the job tokens (random, stored only as a hash, compared in constant time)."""
+field, and the job tokens (random, stored only as a hash, compared in constant time).
+
+The ranges of a job's values are defined here once: the controller checks requests against
+them and the worker its assignment (worker/agent.py), so the two cannot drift."""
 
 from __future__ import annotations
 
@@ -10,15 +13,36 @@ import math
 import re
 import secrets
 
-from aggwire.constants import MAX_WORKERS_PER_JOB, NUM_SLOTS
+from aggwire.constants import (
+    MAX_JOB_ID,
+    MAX_L4_PORT,
+    MAX_SWITCH_PORT,
+    MAX_WORKERS_PER_JOB,
+    NUM_SLOTS,
+)
 from controller.errors import InvalidArgument
 from p4rtproto.bytestrings import int_to_mac, ipv4_to_int, mac_to_int
 
 CODEC_PATTERN = re.compile(r"^[A-Za-z0-9_.+-]{1,64}$")
-MAX_SWITCH_PORT = 511  # switch ports are bit<9> (v1model's port_t)
 DEFAULT_WAIT = 30.0
 MAX_WAIT = 300.0
 LIMITED_BROADCAST = ipaddress.IPv4Address("255.255.255.255")
+
+JOB_IDS = range(1, MAX_JOB_ID + 1)  # 0 is never assigned
+WORLD_SIZES = range(1, MAX_WORKERS_PER_JOB + 1)  # one bit each in the slot's seen bitmap
+POOL_SIZES = range(1, NUM_SLOTS + 1)
+UDP_PORTS = range(1, MAX_L4_PORT + 1)
+SWITCH_PORTS = range(MAX_SWITCH_PORT + 1)
+
+
+def span(values: range) -> str:
+    """A range as messages write it: "1..32"."""
+    return f"{values.start}..{values.stop - 1}"
+
+
+def is_unicast(address: ipaddress.IPv4Address) -> bool:
+    """Whether an IPv4 address can be a host's: not 0.0.0.0, 255.255.255.255 or multicast."""
+    return not (address.is_unspecified or address == LIMITED_BROADCAST or address.is_multicast)
 
 
 def check_name(name: str) -> str:
@@ -37,8 +61,8 @@ def check_codec(codec: str) -> str:
 
 def check_world_size(world_size: int) -> int:
     """Ranks in a job: 1..32 (one bit each in the slot's seen bitmap)."""
-    if not 1 <= world_size <= MAX_WORKERS_PER_JOB:
-        raise InvalidArgument(f"world_size: {world_size} outside 1..{MAX_WORKERS_PER_JOB}")
+    if world_size not in WORLD_SIZES:
+        raise InvalidArgument(f"world_size: {world_size} outside {span(WORLD_SIZES)}")
     return world_size
 
 
@@ -46,9 +70,9 @@ def check_pool_size(pool_size: int, default: int) -> int:
     """Slots requested: 0 means the default, else 1..NUM_SLOTS."""
     if pool_size == 0:
         return default
-    if not 1 <= pool_size <= NUM_SLOTS:
+    if pool_size not in POOL_SIZES:
         raise InvalidArgument(
-            f"pool_size: {pool_size} slots outside 1..{NUM_SLOTS} (0: the default, {default})"
+            f"pool_size: {pool_size} slots outside {span(POOL_SIZES)} (0: the default, {default})"
         )
     return pool_size
 
@@ -74,22 +98,22 @@ def check_ip(ip: str) -> str:
         address = ipaddress.IPv4Address(ipv4_to_int(ip))
     except ValueError:
         raise InvalidArgument(f"ip: not an IPv4 address: {ip!r}") from None
-    if address.is_unspecified or address == LIMITED_BROADCAST or address.is_multicast:
+    if not is_unicast(address):
         raise InvalidArgument(f"ip: {ip} is not a unicast host address")
     return ip
 
 
 def check_udp_port(port: int) -> int:
     """The worker's UDP port: 1..65535."""
-    if not 1 <= port <= 65535:
-        raise InvalidArgument(f"udp_port: {port} outside 1..65535")
+    if port not in UDP_PORTS:
+        raise InvalidArgument(f"udp_port: {port} outside {span(UDP_PORTS)}")
     return port
 
 
 def check_switch_port(port: int) -> int:
-    """A switch port: 0..511."""
-    if not 0 <= port <= MAX_SWITCH_PORT:
-        raise InvalidArgument(f"switch_port: {port} outside 0..{MAX_SWITCH_PORT}")
+    """A switch port a host can be on: 0..510 (511 is v1model's drop port)."""
+    if port not in SWITCH_PORTS:
+        raise InvalidArgument(f"switch_port: {port} outside {span(SWITCH_PORTS)}")
     return port
 
 

@@ -36,7 +36,7 @@ from controller.credentials import (
 )
 from controller.tls import TlsError
 from worker.attach import ENV_CODEC, ENV_CONTROLLER, ENV_JOB_ID, ENV_TOKEN, ENV_TOKEN_FILE
-from worker.codecs import CODECS
+from worker.codecs import CODECS, DEFAULT_CODEC
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -52,7 +52,7 @@ def _parser() -> argparse.ArgumentParser:
         help=f"controller address host:port (default ${ENV_CONTROLLER})",
     )
     p.add_argument("--world-size", type=int, required=True, help="ranks of the job, in total")
-    p.add_argument("--codec", choices=list(CODECS), default=next(iter(CODECS)))
+    p.add_argument("--codec", choices=list(CODECS), default=DEFAULT_CODEC)
     p.add_argument("--pool-size", type=int, default=0, help="switch slots (0: controller default)")
     p.add_argument("--name", default="homagg-run", help="job name shown by aggctl")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- the command to run (torchrun)")

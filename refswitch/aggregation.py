@@ -10,11 +10,13 @@ from __future__ import annotations
 import numpy as np
 
 from aggwire import p4names
+from aggwire.combine import combine_cells
 from aggwire.constants import (
     AGG_IPV4_LENGTH,
     AGG_UDP_LENGTH,
     AGG_VERSION,
     CELLS_PER_PKT,
+    CHUNK_BITS,
     CHUNK_MASK,
     NUM_SLOT_COPIES,
     NUM_SLOTS,
@@ -23,7 +25,6 @@ from aggwire.constants import (
     Flag,
     Op,
 )
-from aggwire.lanes import lanes_add
 from refswitch.device import Device
 from refswitch.packet import AggH, Headers, Metadata, StandardMetadata
 
@@ -54,7 +55,7 @@ def update_slot(regs: AggregationRegisters, agg: AggH, meta: Metadata) -> None:
     count, exp = regs.count[i], regs.exp[i]
     age = (agg.chunk - st_chunk) & CHUNK_MASK  # serial-number arithmetic (RFC 1982)
     other_job = st_job != agg.job_id
-    older = age >> 31 == 1
+    older = age >> (CHUNK_BITS - 1) == 1  # the difference's sign bit
     fresh = other_job or (age != 0 and not older)
     combine = not fresh and not older and (seen & meta.worker_bit) == 0
     if fresh:
@@ -86,20 +87,11 @@ def slot_in_pool(pool_base: int, pool_size: int, slot: int) -> bool:
 def _combine_cells(
     regs: AggregationRegisters, op: int, cells: np.ndarray, meta: Metadata
 ) -> np.ndarray:
-    """add_cells / add16_cells / add8_cells / or_cells / max_cells: per lane, wrapping,
+    """add_cells / add16_cells / add8_cells / or_cells / max_cells (aggwire.combine):
     written back; returns the packet's new cells."""
-    stored = regs.cells[meta.slot_index]
-    if op == Op.ADD:
-        np.add(stored, cells, out=stored)
-    elif op == Op.ADD16:
-        stored[:] = lanes_add(stored, cells, 16)
-    elif op == Op.ADD8:
-        stored[:] = lanes_add(stored, cells, 8)
-    elif op == Op.OR:
-        np.bitwise_or(stored, cells, out=stored)
-    else:
-        np.maximum(stored, cells, out=stored)
-    return stored.copy()
+    combined = combine_cells(op, regs.cells[meta.slot_index], cells)
+    regs.cells[meta.slot_index] = combined
+    return combined
 
 
 def aggregation(

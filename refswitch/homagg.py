@@ -7,13 +7,13 @@ import logging
 from collections import Counter
 
 from aggwire import p4names
-from aggwire.constants import DropReason, Flag
+from aggwire.constants import DROP_PORT, DropReason, Flag
 from refswitch.aggregation import AggregationRegisters, aggregation
 from refswitch.delivery import result_delivery
 from refswitch.deparser import compute_checksum, deparse
 from refswitch.device import Device
 from refswitch.forwarding import forwarding
-from refswitch.packet import DROP_PORT, Headers, Metadata, StandardMetadata, dup, mark_to_drop
+from refswitch.packet import Headers, Metadata, StandardMetadata, dup, mark_to_drop
 from refswitch.parser import parse
 
 log = logging.getLogger(__name__)

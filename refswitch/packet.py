@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-DROP_PORT = 511  # v1model: mark_to_drop sets egress_spec to this port
+from aggwire.constants import DROP_PORT  # v1model: mark_to_drop sets egress_spec to it
 
 # Wire layouts of the headers (big-endian, as the P4 parser extracts them).
 ETH_STRUCT = struct.Struct("!6s6sH")

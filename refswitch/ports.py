@@ -7,6 +7,7 @@ import selectors
 import socket
 import struct
 
+from aggwire.constants import MAX_SWITCH_PORT
 from testnet.rawsock import disable_offloads, open_raw, recv_frames
 
 log = logging.getLogger(__name__)
@@ -24,8 +25,10 @@ def socket_drops(sock: socket.socket) -> int:
 def parse_port_spec(spec: str) -> tuple[int, str]:
     """'3@veth3' -> (3, 'veth3'); raises ValueError with the expected form."""
     port, sep, iface = spec.partition("@")
-    if not sep or not port.isdigit() or not iface or not 0 <= int(port) < 511:
-        raise ValueError(f"bad interface {spec!r}: expected PORT@IFACE with PORT in 0..510")
+    if not sep or not port.isdigit() or not iface or not 0 <= int(port) <= MAX_SWITCH_PORT:
+        raise ValueError(
+            f"bad interface {spec!r}: expected PORT@IFACE with PORT in 0..{MAX_SWITCH_PORT}"
+        )
     return int(port), iface
 
 

@@ -8,7 +8,7 @@ import threading
 import time
 
 from aggwire import p4names
-from aggwire.constants import CELLS_PER_PKT
+from aggwire.constants import CELL_BITS, CELLS_PER_PKT
 from p4rtproto.api import p4info_pb2
 from refswitch.device import Device
 from refswitch.homagg import Pipeline
@@ -33,9 +33,9 @@ def check_program(p4info: p4info_pb2.P4Info, device_config: bytes) -> None:
             bits = sum(f[1] for f in types["cells_h"]["fields"])
         except (ValueError, KeyError, TypeError, IndexError) as exc:
             raise ValueError(f"device config is not the homagg BMv2 JSON: {exc}") from exc
-        if bits != 32 * CELLS_PER_PKT:
+        if bits != CELL_BITS * CELLS_PER_PKT:
             raise ValueError(
-                f"program built for {bits // 32} cells per packet, this switch "
+                f"program built for {bits // CELL_BITS} cells per packet, this switch "
                 f"model has {CELLS_PER_PKT}"
             )
 

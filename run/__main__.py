@@ -27,17 +27,17 @@ from run.peers import PEERS
 from run.state import RunState, netns_id, pids_in_netns
 from testnet.addresses import host_switch_port
 from testnet.switch_process import bmv2_available
-from worker.codecs import CODECS
+from worker.codecs import CODECS, DEFAULT_CODEC, is_exact
 
 if TYPE_CHECKING:
     from mininet.net import Mininet
 
     from run.net import Topology
+    from testnet.controller_process import ControllerProcess
 
 ROOT = Path(__file__).resolve().parents[1]
 PY = sys.executable
 CONTROLLER_PORT = DEFAULT_PORT
-EXACT_CODECS = ("lossless", "fixed_point")  # exact up to the fixed-point bound
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -58,10 +58,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--codec",
-        default="lossless",
+        default=DEFAULT_CODEC,
         choices=[*CODECS, "auto"],
-        help="homomorphic codec of the switch run (default lossless); auto: chosen per bucket "
-        "and step from the measured delay (asynchronous hook)",
+        help=f"homomorphic codec of the switch run (default {DEFAULT_CODEC}); auto: chosen per "
+        "bucket and step from the measured delay (asynchronous hook)",
     )
     p.add_argument(
         "--overlap",
@@ -169,14 +169,14 @@ def _controller_toml(
     )
 
 
-def _start_controller(
+def _controller_process(
     net: Mininet, topo: Topology, out: Path, state: RunState, creds: RunCredentials
-) -> subprocess.Popen:
-    """Start `aggctl serve` on the controller's host (root namespace), on TLS with the run's
-    operator credential; wait until it has synced the switch."""
-    from controller.client import ControllerClient
+) -> ControllerProcess:
+    """`aggctl serve` for the controller's host (root namespace), on TLS with the run's
+    operator credential: its configuration written, not started yet."""
     from controller.credentials import operator_token
     from testnet.addresses import host_mac
+    from testnet.controller_process import ControllerProcess
 
     names = state.names
     sw = net.switches[0]
@@ -186,31 +186,37 @@ def _start_controller(
     cfg = out / "controller.toml"
     cfg.write_text(_controller_toml(sw.process.address, hosts, out, names, creds))
     (out / "controller.db").unlink(missing_ok=True)
-    with open(out / "controller.log", "wb") as log:  # the child keeps its own descriptor
-        proc = subprocess.Popen(
-            [PY, "-m", "controller", "serve", "--config", str(cfg)],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-            env={**os.environ, "PYTHONPATH": str(ROOT)},
-        )
-    state.add("pgids", proc.pid)
-    token = operator_token(creds.operator_token_file)
-    with ControllerClient(_controller_address(names), 2.0, creds.ca, token) as client:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                if all(s.connected for s in client.status().switches):
-                    return proc
-            except Exception:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(
-                    "the controller did not come up:\n"
-                    + (out / "controller.log").read_text()[-2000:]
-                )
-            time.sleep(0.3)
+    return ControllerProcess(
+        cfg,
+        _controller_address(names),
+        out / "controller.log",
+        ca=creds.ca,
+        token=operator_token(creds.operator_token_file),
+    )
+
+
+def _rank_command(
+    mode: str,
+    args: argparse.Namespace,
+    names: RunNames,
+    rank: int,
+    world: int,
+    port: int,
+    iface: str,
+) -> list[str]:
+    """torchrun of run.train for host `rank` of `world` (rank 0's host is the master),
+    counting the bytes sent on `iface`."""
+    cmd = [PY, "-m", "torch.distributed.run", "--nnodes", str(world), "--nproc-per-node", "1"]
+    cmd += ["--node-rank", str(rank), "--master-addr", names.host_ip(0)]
+    cmd += ["--master-port", str(port), "-m", "run.train", "--mode", mode]
+    cmd += ["--codec", args.codec, "--overlap", args.overlap, "--model", args.model]
+    cmd += ["--steps", str(args.steps), "--users", str(args.users), "--items", str(args.items)]
+    cmd += ["--batch", str(args.batch), "--lr", str(args.lr), "--iface", iface]
+    cmd += ["--out", str(args.out)]
+    if mode == "switch":
+        cmd += ["--controller", _controller_address(names)]
+        cmd += ["--pool-size", str(args.pool_size)]
+    return cmd
 
 
 def _run_job(
@@ -224,53 +230,11 @@ def _run_job(
     """One torchrun per host (rank = host index), rank 0's output streamed here. With `creds`
     every rank verifies the controller against the run's CA and rank 0, which creates the job,
     reads the operator credential from its file (the environment names the files)."""
-    names = state.names
     hosts = [h for h in net.hosts if h.inNamespace]
     procs, logs = [], []
     for i, h in enumerate(hosts):
         iface = h.defaultIntf().name
-        cmd = [
-            PY,
-            "-m",
-            "torch.distributed.run",
-            "--nnodes",
-            str(len(hosts)),
-            "--nproc-per-node",
-            "1",
-            "--node-rank",
-            str(i),
-            "--master-addr",
-            names.host_ip(0),
-            "--master-port",
-            str(port),
-            "-m",
-            "run.train",
-            "--mode",
-            mode,
-            "--codec",
-            args.codec,
-            "--overlap",
-            args.overlap,
-            "--model",
-            args.model,
-            "--steps",
-            str(args.steps),
-            "--users",
-            str(args.users),
-            "--items",
-            str(args.items),
-            "--batch",
-            str(args.batch),
-            "--lr",
-            str(args.lr),
-            "--iface",
-            iface,
-            "--out",
-            str(args.out),
-        ]
-        if mode == "switch":
-            cmd += ["--controller", _controller_address(names)]
-            cmd += ["--pool-size", str(args.pool_size)]
+        cmd = _rank_command(mode, args, state.names, i, len(hosts), port, iface)
         env = {
             **os.environ,
             "PYTHONPATH": str(ROOT),
@@ -285,34 +249,40 @@ def _run_job(
                 h.popen(cmd, env=env, stdout=rank_log, stderr=subprocess.STDOUT, cwd=str(ROOT))
             )
         state.add("pgids", procs[-1].pid)
-    deadline, shown = time.monotonic() + args.timeout, 0
     try:
-        while True:
-            text = logs[0].read_text(errors="replace")
-            for line in text[shown:].splitlines(keepends=True):
-                if not line.endswith("\n"):
-                    break
-                shown += len(line)
-                if line.startswith(("[switch]", "[gloo")):
-                    print(line, end="", flush=True)
-            codes = [p.poll() for p in procs]
-            if all(c is not None for c in codes) or any(c not in (None, 0) for c in codes):
-                break
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"the {mode} run did not finish within {args.timeout:.0f} s")
-            time.sleep(0.2)
-        bad = [i for i, p in enumerate(procs) if p.wait(30) != 0]
-        if bad:
-            tails = "\n".join(
-                f"--- rank {i} ({logs[i]}):\n" + logs[i].read_text(errors="replace")[-2500:]
-                for i in bad
-            )
-            raise RuntimeError(f"the {mode} run failed on rank(s) {bad}:\n{tails}")
+        _follow(mode, procs, logs, args.timeout)
     finally:
         for p in procs:
             if p.poll() is None:
                 os.killpg(p.pid, signal.SIGKILL)
                 p.wait(10)
+
+
+def _follow(mode: str, procs: list[subprocess.Popen], logs: list[Path], timeout: float) -> None:
+    """Stream rank 0's step lines until every rank ended (or one failed, or `timeout` s
+    passed: TimeoutError); RuntimeError with the log tails of the ranks that failed."""
+    deadline, shown = time.monotonic() + timeout, 0
+    while True:
+        text = logs[0].read_text(errors="replace")
+        for line in text[shown:].splitlines(keepends=True):
+            if not line.endswith("\n"):
+                break
+            shown += len(line)
+            if line.startswith(("[switch]", "[gloo")):
+                print(line, end="", flush=True)
+        codes = [p.poll() for p in procs]
+        if all(c is not None for c in codes) or any(c not in (None, 0) for c in codes):
+            break
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the {mode} run did not finish within {timeout:.0f} s")
+        time.sleep(0.2)
+    bad = [i for i, p in enumerate(procs) if p.wait(30) != 0]
+    if bad:
+        tails = "\n".join(
+            f"--- rank {i} ({logs[i]}):\n" + logs[i].read_text(errors="replace")[-2500:]
+            for i in bad
+        )
+        raise RuntimeError(f"the {mode} run failed on rank(s) {bad}:\n{tails}")
 
 
 def _interrupt(signum: int, frame: FrameType | None) -> None:
@@ -325,7 +295,7 @@ class _Session:
 
     state: RunState
     net: Mininet | None = None
-    ctl: subprocess.Popen | None = None
+    ctl: ControllerProcess | None = None
     creds: RunCredentials | None = None
 
 
@@ -372,7 +342,9 @@ def _build(session: _Session, topo: Topology, target: str, out: Path) -> None:
     session.state.add("pgids", net.switches[0].process.proc.pid)
     prepare_hosts(net, PY)
     session.creds = make_run_credentials(names.directory / "credentials", names.controller_ip)
-    session.ctl = _start_controller(net, topo, out, session.state, session.creds)
+    session.ctl = ctl = _controller_process(net, topo, out, session.state, session.creds)
+    session.state.add("pgids", ctl.launch())
+    ctl.wait_synced().close()
     print(
         f"controller on {_controller_address(names)} (host {names.controller_host}), switch "
         f"P4Runtime on {net.switches[0].process.address}; logs in {out}",
@@ -433,7 +405,7 @@ def _report(args: argparse.Namespace, topo: Topology, target: str, counters: str
         diff = report.compare(args.out / "switch.pt", args.out / "gloo.pt")
         bound = report.fixed_point_bound(runs[next(iter(runs))], topo.hosts, args.lr)
         head = f"\nfinal parameters, switch vs gloo: max |difference| {diff:.3g}"
-        if args.codec in EXACT_CODECS:
+        if is_exact(args.codec):  # exact up to the fixed-point bound
             ok = diff <= bound
             verdict = "AGREE within the bound" if ok else "DIFFER beyond the bound"
             print(f"{head}, fixed-point bound {bound:.3g}: {verdict}")
@@ -446,13 +418,8 @@ def _report(args: argparse.Namespace, topo: Topology, target: str, counters: str
 def _teardown(session: _Session) -> None:
     """Stop the controller, every process in the hosts' namespaces and Mininet."""
     ctl, net = session.ctl, session.net
-    if ctl is not None and ctl.poll() is None:
-        ctl.terminate()
-        try:
-            ctl.wait(10)
-        except subprocess.TimeoutExpired:
-            os.killpg(ctl.pid, signal.SIGKILL)
-            ctl.wait(5)
+    if ctl is not None:
+        ctl.stop()
     if net is not None:
         for h in net.hosts:  # stragglers would keep a host's namespace alive
             if h.inNamespace:

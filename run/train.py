@@ -32,6 +32,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from run import peers
 from run.model import DEFAULT_LR, MODELS, JobShape, make_task
 from worker.attach import connect
+from worker.codecs import DEFAULT_CODEC
 from worker.ddp_hook import AUTO, SwitchHookState, switch_allreduce_hook
 from worker.dear import DearDataParallel
 
@@ -78,29 +79,7 @@ def train(a: argparse.Namespace) -> None:
     lr = a.lr if a.lr is not None else DEFAULT_LR[a.model]
     opt = torch.optim.SGD(model.parameters(), lr=lr)
     if a.mode == "switch":
-        # What homagg.attach does, with the hook wrapped to record local gradient maxima.
-        agent, reason = connect(
-            a.codec, controller=a.controller, pool_size=a.pool_size, name="make-run"
-        )
-        # One support key per embedding row: the index phase shrinks dim-fold.
-        opts: dict[str, Any] = {"support_block": a.dim} if task.sparse else {}
-        if a.codec == AUTO:  # per codec name; the sparse rows' key for lossless only
-            opts = {"lossless": opts}
-        elif a.codec != "lossless":
-            opts = {}
-        hook_state = SwitchHookState(
-            agent,
-            codec=a.codec,
-            unavailable_reason=reason,
-            codec_options=opts,
-            asynchronous=a.overlap != "blocking",
-        )
-        tracked = Tracked(hook_state)
-        if dear:
-            model = DearDataParallel(task.model, opt, hook_state, tune_steps=2)
-        else:
-            assert isinstance(model, DDP)
-            model.register_comm_hook(tracked, tracked_hook)
+        model, tracked, agent = _attach_switch(a, task, model, opt, dear)
     out = Path(a.out)
     # closed in the finally below (rank 0 only writes the step records)
     log = open(out / f"{a.mode}.jsonl", "w") if rank == 0 else None  # noqa: SIM115
@@ -110,65 +89,9 @@ def train(a: argparse.Namespace) -> None:
         peers.attach(a.mode, model, a.steps)  # DDP keeps the hook's state
     try:
         for step in range(a.steps):
-            start, sent = time.perf_counter(), tx_bytes(a.iface)
-            before = _stats(tracked)
-            *inputs, labels = task.batch(rank, step)
-            opt.zero_grad()
-            loss = task.loss(model(*inputs), labels)
-            loss.backward()
-            if isinstance(model, DearDataParallel):  # DeAR steps in the next forward
-                assert tracked is not None
-                tracked.local_max = max(
-                    [_grad_max(p.grad) for p in model.parameters() if p.grad is not None] + [0.0]
-                )
-                if step == a.steps - 1:
-                    model.flush()
-            else:
-                opt.step()
-            seconds = time.perf_counter() - start
-            wire = tx_bytes(a.iface) - sent
-            after = _stats(tracked)
-            local_max = tracked.local_max if tracked else 0.0
-            # One tiny all_reduce for the report (not part of the timed step).
-            t = torch.tensor(
-                [
-                    loss.item(),
-                    seconds,
-                    float(wire),
-                    local_max,
-                    float(after[0] - before[0]),
-                    float(after[1] - before[1]),
-                    float(after[2] - before[2]),
-                    float(after[3] - before[3]),
-                    after[4] - before[4],
-                    after[5] - before[5],
-                ],
-                dtype=torch.float64,
-            )
-            dist.all_reduce(t)
-            if tracked:
-                tracked.local_max = 0.0
-                m = torch.tensor([local_max], dtype=torch.float64)
-                dist.all_reduce(m, op=dist.ReduceOp.MAX)
-                local_max = float(m)
+            t, local_max = _agreed(_timed_step(a, task, model, opt, tracked, step), tracked)
             if log is not None:
-                pmax = max(float(p.detach().abs().max()) for p in model.parameters())
-                rec = {
-                    "step": step,
-                    "loss": float(t[0]) / world,
-                    "seconds": float(t[1]) / world,
-                    "tx_bytes": float(t[2]) / world,
-                    "dense_bytes": dense,
-                    "agg_wire": float(t[4]) / world,
-                    "agg_dense": float(t[5]) / world,
-                    "retransmissions": int(t[6]),
-                    "fallback_buckets": int(t[7]),
-                    "switch_seconds": float(t[8]) / world,
-                    "agreement_seconds": float(t[9]) / world,
-                    "grad_max": local_max,
-                    "param_max": pmax,
-                    **_overlap_report(model, tracked),
-                }
+                rec = _record(step, t, world, dense, local_max, model, tracked)
                 log.write(json.dumps(rec) + "\n")
                 log.flush()
                 print(_progress(a.mode, a.steps, rec), flush=True)
@@ -180,12 +103,124 @@ def train(a: argparse.Namespace) -> None:
     finally:
         if log is not None:
             log.close()
-        if isinstance(model, DearDataParallel):
-            model.close()
-        elif tracked is not None:
-            tracked.inner.close()
-        if agent is not None:
-            agent.close()
+        _close(model, tracked, agent)
+
+
+def _attach_switch(
+    a: argparse.Namespace, task: Any, model: Any, opt: torch.optim.Optimizer, dear: bool
+) -> tuple[Any, Tracked, Any]:
+    """What homagg.attach does, with the hook wrapped to record local gradient maxima:
+    (the model to train, the tracked hook state, the agent or None)."""
+    agent, reason = connect(
+        a.codec, controller=a.controller, pool_size=a.pool_size, name="make-run"
+    )
+    # One support key per embedding row: the index phase shrinks dim-fold.
+    opts: dict[str, Any] = {"support_block": a.dim} if task.sparse else {}
+    if a.codec == AUTO:  # per codec name; the sparse rows' key for lossless only
+        opts = {"lossless": opts}
+    elif a.codec != "lossless":
+        opts = {}
+    hook_state = SwitchHookState(
+        agent,
+        codec=a.codec,
+        unavailable_reason=reason,
+        codec_options=opts,
+        asynchronous=a.overlap != "blocking",
+    )
+    tracked = Tracked(hook_state)
+    if dear:
+        model = DearDataParallel(task.model, opt, hook_state, tune_steps=2)
+    else:
+        assert isinstance(model, DDP)
+        model.register_comm_hook(tracked, tracked_hook)
+    return model, tracked, agent
+
+
+def _timed_step(
+    a: argparse.Namespace,
+    task: Any,
+    model: Any,
+    opt: torch.optim.Optimizer,
+    tracked: Tracked | None,
+    step: int,
+) -> list[float]:
+    """One training step, timed: this rank's loss, seconds, bytes sent, largest |local
+    gradient| and the hook's counters during the step (the numbers _agreed sums)."""
+    start, sent = time.perf_counter(), tx_bytes(a.iface)
+    before = _stats(tracked)
+    *inputs, labels = task.batch(dist.get_rank(), step)
+    opt.zero_grad()
+    loss = task.loss(model(*inputs), labels)
+    loss.backward()
+    if isinstance(model, DearDataParallel):  # DeAR steps in the next forward
+        assert tracked is not None
+        tracked.local_max = max(
+            [_grad_max(p.grad) for p in model.parameters() if p.grad is not None] + [0.0]
+        )
+        if step == a.steps - 1:
+            model.flush()
+    else:
+        opt.step()
+    seconds = time.perf_counter() - start
+    wire = tx_bytes(a.iface) - sent
+    after = _stats(tracked)
+    local_max = tracked.local_max if tracked else 0.0
+    return [loss.item(), seconds, float(wire), local_max] + [
+        float(x - y) for x, y in zip(after, before)
+    ]
+
+
+def _agreed(values: list[float], tracked: Tracked | None) -> tuple[torch.Tensor, float]:
+    """The step's numbers summed over the ranks, and the largest |local gradient| of any
+    rank (tiny all_reduces for the report, not part of the timed step)."""
+    t = torch.tensor(values, dtype=torch.float64)
+    dist.all_reduce(t)
+    local_max = values[3]
+    if tracked:
+        tracked.local_max = 0.0
+        m = torch.tensor([local_max], dtype=torch.float64)
+        dist.all_reduce(m, op=dist.ReduceOp.MAX)
+        local_max = float(m)
+    return t, local_max
+
+
+def _record(
+    step: int,
+    t: torch.Tensor,
+    world: int,
+    dense: int,
+    grad_max: float,
+    model: Any,
+    tracked: Tracked | None,
+) -> dict[str, Any]:
+    """Rank 0's JSON record of a step from the summed numbers `t` of _agreed."""
+    pmax = max(float(p.detach().abs().max()) for p in model.parameters())
+    return {
+        "step": step,
+        "loss": float(t[0]) / world,
+        "seconds": float(t[1]) / world,
+        "tx_bytes": float(t[2]) / world,
+        "dense_bytes": dense,
+        "agg_wire": float(t[4]) / world,
+        "agg_dense": float(t[5]) / world,
+        "retransmissions": int(t[6]),
+        "fallback_buckets": int(t[7]),
+        "switch_seconds": float(t[8]) / world,
+        "agreement_seconds": float(t[9]) / world,
+        "grad_max": grad_max,
+        "param_max": pmax,
+        **_overlap_report(model, tracked),
+    }
+
+
+def _close(model: Any, tracked: Tracked | None, agent: Any) -> None:
+    """Stop DeAR or the hook's communication, then leave the job."""
+    if isinstance(model, DearDataParallel):
+        model.close()
+    elif tracked is not None:
+        tracked.inner.close()
+    if agent is not None:
+        agent.close()
 
 
 def _overlap_report(model: Any, tracked: Tracked | None) -> dict[str, Any]:
@@ -237,7 +272,7 @@ def main(argv: list[str] | None = None) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--mode", choices=peers.MODES, required=True)
-    p.add_argument("--codec", default="lossless", help="a codec, or auto (delay-aware)")
+    p.add_argument("--codec", default=DEFAULT_CODEC, help="a codec, or auto (delay-aware)")
     p.add_argument(
         "--overlap",
         choices=["blocking", "async", "dear"],

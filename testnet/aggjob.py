@@ -3,21 +3,32 @@
 from __future__ import annotations
 
 import itertools
+import socket
 
 import numpy as np
 from scapy.layers.l2 import Ether
 
 from aggwire import p4names
-from aggwire.constants import CELL_MASK, CELLS_PER_PKT, NUM_SLOTS, DropReason, Event, Op
+from aggwire.constants import (
+    AGG_UDP_PORT,
+    CELL_MASK,
+    CELLS_PER_PKT,
+    NUM_SLOTS,
+    WORKER_UDP_BASE,
+    DropReason,
+    Event,
+    Op,
+)
 from aggwire.header import AggHeader
 from aggwire.packer import FrameTemplate, pack_payload
 from aggwire.scapy_layer import Agg
 from controller.aggregation import JobEntries, Worker
 from controller.install import install_job
 from testnet.fabric import SERVICE_IP, SWITCH_MAC, Fabric, FabricHost
+from testnet.namespace import in_namespace
+from worker.channel import UdpChannel
 
 _job_ids = itertools.count(1)
-WORKER_UDP_BASE = 41000
 
 
 class Job:
@@ -53,6 +64,18 @@ class Job:
     @property
     def world(self) -> int:
         return len(self.hosts)
+
+    def channel(self, rank: int, rcvbuf: int = 0) -> UdpChannel:
+        """Rank `rank`'s UDP channel to the switch: a socket made in its host's namespace
+        (which needs enable_ip_stack), bound to the rank's address and port; `rcvbuf`: its
+        receive buffer in bytes (0: the system's default)."""
+        h = self.hosts[rank]
+        with in_namespace(h.namespace):
+            sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        if rcvbuf:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+        sock.bind((h.ip, WORKER_UDP_BASE + rank))
+        return UdpChannel(sock, (SERVICE_IP, AGG_UDP_PORT))
 
     def frame(
         self,

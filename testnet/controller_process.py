@@ -1,5 +1,5 @@
-"""`aggctl serve` as a process of its own, so a test can kill it (SIGKILL, by PID) and
-start it again on the same database."""
+"""`aggctl serve` as a process of its own, started and awaited one way for tests (which
+kill it by PID and start it again on the same database) and for `make run` (on TLS)."""
 
 from __future__ import annotations
 
@@ -7,10 +7,12 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from controller.client import ControllerClient
-from testnet.poll import wait_for
+
+ROOT = Path(__file__).resolve().parents[1]  # the repository: the child imports `controller`
 
 
 def config_toml(doc: dict) -> str:
@@ -41,17 +43,35 @@ def write_toml(doc: dict, path: Path) -> Path:
 
 
 class ControllerProcess:
-    """`python -m controller serve --config CONFIG` listening on `address`; kill() is SIGKILL by
-    PID."""
+    """`python -m controller serve --config CONFIG` listening on `address`, in a session of
+    its own. Plaintext (--insecure, a test's controller on loopback) unless `ca` is given:
+    then the configuration names its certificate and key, and the client that waits for it
+    verifies it against `ca` and sends the operator `token`. kill() is SIGKILL by PID."""
 
-    def __init__(self, config: Path, address: str, log: Path, *extra_args: str) -> None:
+    def __init__(
+        self,
+        config: Path,
+        address: str,
+        log: Path,
+        *extra_args: str,
+        ca: Path | None = None,
+        token: str | None = None,
+    ) -> None:
         self.config, self.address, self.log = config, address, log
         self.extra_args = extra_args
+        self.ca, self.token = ca, token
         self.proc: subprocess.Popen | None = None
 
     def start(self, timeout: float = 30.0) -> ControllerClient:
         """Start it and wait until it serves and every switch is connected; returns a client."""
-        with open(self.log, "ab") as log:
+        self.launch()
+        return self.wait_synced(timeout)
+
+    def launch(self) -> int:
+        """Start the process (not waiting for it); returns its PID, also its process group."""
+        secure = [] if self.ca is not None else ["--insecure"]
+        path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+        with open(self.log, "ab") as log:  # the child keeps its own descriptor
             self.proc = subprocess.Popen(
                 [
                     sys.executable,
@@ -60,25 +80,46 @@ class ControllerProcess:
                     "serve",
                     "--config",
                     str(self.config),
-                    "--insecure",  # a test's plaintext controller on loopback
+                    *secure,
                     *self.extra_args,
                 ],
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
+                env={**os.environ, "PYTHONPATH": path},
             )
-        client = ControllerClient(self.address, timeout=2.0)
+        return self.proc.pid
 
-        def synced() -> bool:
-            assert self.proc is not None and self.proc.poll() is None, self.log.read_text()[-3000:]
+    def wait_synced(self, timeout: float = 30.0) -> ControllerClient:
+        """A client once the controller serves and every switch is connected; RuntimeError
+        with the log's tail if it exits or is not there within `timeout` s."""
+        assert self.proc is not None, "launch() first"
+        client = ControllerClient(self.address, 2.0, self.ca, self.token)
+        deadline = time.monotonic() + timeout
+        while True:
             try:
-                return all(s.connected for s in client.status().switches)
+                if all(s.connected for s in client.status().switches):
+                    return client
             except Exception:
-                return False
+                pass
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                client.close()
+                what = "exited" if self.proc.poll() is not None else f"not synced in {timeout} s"
+                raise RuntimeError(
+                    f"the controller did not come up ({what}):\n"
+                    + self.log.read_text(errors="replace")[-3000:]
+                )
+            time.sleep(0.1)
 
-        wait_for(synced, timeout, "the controller process to serve and sync")
-        return client
+    def stop(self, grace: float = 10.0) -> None:
+        """SIGTERM, then SIGKILL of its process group after `grace` s."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(grace)
+            except subprocess.TimeoutExpired:
+                self.kill()
 
     def kill(self) -> None:
         """SIGKILL its process group (it leads its own session) and reap it."""

@@ -18,10 +18,18 @@ from typing import Any
 
 import grpc
 
-from aggwire.constants import CELLS_PER_PKT, MAX_JOB_ID, MAX_WORKERS_PER_JOB, NUM_SLOTS
+from aggwire.constants import CELLS_PER_PKT
 from controller.client import ControllerClient
 from controller.model import Assignment
 from controller.tls import TlsError
+from controller.validation import (
+    JOB_IDS,
+    POOL_SIZES,
+    UDP_PORTS,
+    WORLD_SIZES,
+    is_unicast,
+    span,
+)
 from worker.channel import Channel, UdpChannel
 from worker.transport import SwitchTransport, TransportConfig
 
@@ -61,9 +69,14 @@ class AgentConfig:
     iface: str = ""
     ready_timeout: float = 30.0
     rpc_timeout: float = 5.0
-    initial_timeout: float = 0.02  # transport retransmission timing (TransportConfig)
+    # The transport's retransmission timing and straggler wait (TransportConfig's fields).
+    initial_timeout: float = 0.02
     max_timeout: float = 0.5
+    min_timeout: float = 0.005
+    adaptive_timeout: bool = True
     max_retries: int = 12
+    dead_path_s: float = 3.0
+    max_straggler_wait: float = 120.0
     ca_file: Path | None = None  # verify the controller's TLS certificate (None: plaintext)
 
 
@@ -79,26 +92,26 @@ def _assignment_problem(a: Assignment, cfg: AgentConfig) -> str:
     """What is wrong with an assignment ("" when nothing): a worker must not run on values
     that cannot work (no slots, no heartbeat, a rank outside the world, an address that does
     not parse, a packet layout this build does not have)."""
-    if not 1 <= a.job_id <= MAX_JOB_ID or a.job_id != cfg.job_id:
+    if a.job_id not in JOB_IDS or a.job_id != cfg.job_id:
         return f"job_id {a.job_id}, but this worker joined job {cfg.job_id}"
-    if not 1 <= a.world_size <= MAX_WORKERS_PER_JOB:
-        return f"world_size {a.world_size} outside 1..{MAX_WORKERS_PER_JOB}"
-    if not 0 <= a.rank < a.world_size or a.rank != cfg.rank:
+    if a.world_size not in WORLD_SIZES:
+        return f"world_size {a.world_size} outside {span(WORLD_SIZES)}"
+    if a.rank not in range(a.world_size) or a.rank != cfg.rank:
         return f"rank {a.rank} (world size {a.world_size}), but this worker is rank {cfg.rank}"
-    if not 1 <= a.pool_size <= NUM_SLOTS:
-        return f"pool_size {a.pool_size} outside 1..{NUM_SLOTS}"
+    if a.pool_size not in POOL_SIZES:
+        return f"pool_size {a.pool_size} outside {span(POOL_SIZES)}"
     if a.cells_per_packet != CELLS_PER_PKT:
         return (
             f"cells_per_packet {a.cells_per_packet}, but this worker was built for "
             f"{CELLS_PER_PKT} (aggwire.constants.CELLS_PER_PKT)"
         )
-    if not 1 <= a.udp_port <= 65535:
-        return f"udp_port {a.udp_port} outside 1..65535"
+    if a.udp_port not in UDP_PORTS:
+        return f"udp_port {a.udp_port} outside {span(UDP_PORTS)}"
     try:
         ip = ipaddress.IPv4Address(a.service_ip)
     except ValueError:
         return f"service_ip {a.service_ip!r} is not an IPv4 address"
-    if ip.is_multicast or ip.is_unspecified or ip == ipaddress.IPv4Address("255.255.255.255"):
+    if not is_unicast(ip):
         return f"service_ip {a.service_ip} is not a unicast address"
     if not (math.isfinite(a.lease_s) and 0 < a.lease_s <= MAX_LEASE_S):
         return f"lease_s {a.lease_s} outside (0, {MAX_LEASE_S:g}]"
@@ -225,7 +238,11 @@ class WorkerAgent:
                 pool_size=a.pool_size,
                 initial_timeout=cfg.initial_timeout,
                 max_timeout=cfg.max_timeout,
+                min_timeout=cfg.min_timeout,
+                adaptive_timeout=cfg.adaptive_timeout,
                 max_retries=cfg.max_retries,
+                dead_path_s=cfg.dead_path_s,
+                max_straggler_wait=cfg.max_straggler_wait,
             )
             self.transport = SwitchTransport(tcfg, channel, peers_problem=self.peers_problem)
         except ValueError as exc:  # a value the checks above missed: still a clear refusal

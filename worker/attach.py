@@ -24,7 +24,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from aggwire.constants import MAX_WORKERS_PER_JOB
+from aggwire.constants import MAX_WORKERS_PER_JOB, WORKER_UDP_BASE
 from controller.credentials import (
     JOB_TOKEN_ENV,
     JOB_TOKEN_FILE_ENV,
@@ -34,7 +34,7 @@ from controller.credentials import (
     operator_token,
 )
 from worker.agent import AgentConfig, AgentError, WorkerAgent, interface_mac, open_agent
-from worker.codecs import CODECS
+from worker.codecs import DEFAULT_CODEC, check_codec
 from worker.ddp_hook import SwitchHookState, switch_allreduce_hook
 
 log = logging.getLogger(__name__)
@@ -45,7 +45,6 @@ ENV_TOKEN = JOB_TOKEN_ENV
 ENV_TOKEN_FILE = JOB_TOKEN_FILE_ENV
 ENV_CODEC = "HOMAGG_CODEC"
 ENV_IFACE = "HOMAGG_IFACE"  # the data-plane interface, when not the route to the controller
-UDP_BASE_PORT = 41000  # rank r on a node uses UDP_BASE_PORT + LOCAL_RANK
 
 
 @dataclass(frozen=True)
@@ -217,7 +216,7 @@ def _release_at_exit(
 
 
 def connect(
-    codec: str = "lossless",
+    codec: str = DEFAULT_CODEC,
     *,
     controller: str | None = None,
     pool_size: int = 0,
@@ -247,7 +246,7 @@ def connect(
     try:
         iface = os.environ.get(ENV_IFACE, "")
         route = route_of(iface) if iface else route_to(address)
-        port = udp_port or UDP_BASE_PORT + int(os.environ.get("LOCAL_RANK", "0"))
+        port = udp_port or WORKER_UDP_BASE + int(os.environ.get("LOCAL_RANK", "0"))
         cfg = AgentConfig(
             controller=address,
             job_id=ticket.job_id,
@@ -281,9 +280,7 @@ def attach(
     """Aggregate `model`'s (a DistributedDataParallel) gradients through the switch from the
     next step on; returns the hook state (its `stats` say what happened). Call it on every
     rank after init_process_group and DDP(...); a failure falls back to the process group."""
-    codec = codec or os.environ.get(ENV_CODEC, "lossless")
-    if codec not in CODECS:
-        raise ValueError(f"unknown codec {codec!r}; expected one of {', '.join(CODECS)}")
+    codec = check_codec(codec or os.environ.get(ENV_CODEC, DEFAULT_CODEC))
     agent, reason = connect(codec, controller=controller, pool_size=pool_size, group=group)
     state = SwitchHookState(
         agent,

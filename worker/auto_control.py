@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from worker.codecs import exact_codecs, is_exact
+
 log = logging.getLogger(__name__)
 
 HOST = "host"  # the process group's all_reduce: chosen when the switch path cannot win
@@ -19,7 +21,6 @@ HOST = "host"  # the process group's all_reduce: chosen when the switch path can
 # cell); a codec not listed here takes its density as its `ratio` option (CLT-k). The
 # low-bit lanes pack two or four values per cell (their exponent cells add 1/1024).
 FIXED_DENSITY: dict[str, float] = {"lowbit16": 0.5, "lowbit8": 0.25}
-EXACT = ("lossless", "fixed_point")
 
 
 @dataclass(frozen=True)
@@ -67,8 +68,8 @@ class AutoConfig:
     probe_every: int = 20  # steps on the host path (or held exact) before probing again
 
     def __post_init__(self) -> None:
-        if not self.codecs or self.codecs[0] not in EXACT:
-            raise ValueError(f"auto: the first codec must be exact, one of {EXACT}")
+        if not self.codecs or not is_exact(self.codecs[0]):
+            raise ValueError(f"auto: the first codec must be exact, one of {exact_codecs()}")
         if not 0 < self.min_density < 1 or self.increase <= 1 or self.decrease <= 0:
             raise ValueError("auto: need 0 < min_density < 1, increase > 1, decrease > 0")
 

@@ -30,7 +30,7 @@ from torch._C._distributed_c10d import _create_work_from_future  # type: ignore[
 from aggwire.constants import Op
 from worker import sparse_bucket
 from worker.attach import ENV_CODEC, JobTicket, connect
-from worker.codecs import CODECS, CorruptResultError, GradInput, Phase
+from worker.codecs import DEFAULT_CODEC, CorruptResultError, GradInput, Phase, check_codec
 from worker.ddp_hook import SwitchHookState, agreed_sum
 
 BACKEND_NAME = "homagg"
@@ -138,15 +138,16 @@ def _done(tensors: list[torch.Tensor]) -> Any:
 
 
 def backend_codec() -> str:
-    """The codec of float sums: HOMAGG_CODEC or lossless; a clear error for any other name
+    """The codec of float sums: HOMAGG_CODEC or the default; a clear error for any other name
     ("auto" needs the hook's per-step budgets, which a bare all_reduce does not have)."""
-    codec = os.environ.get(ENV_CODEC, "lossless")
-    if codec not in CODECS:
+    codec = os.environ.get(ENV_CODEC, DEFAULT_CODEC)
+    try:
+        return check_codec(codec)
+    except ValueError as exc:
         raise ValueError(
-            f"{ENV_CODEC}={codec!r}: the homagg backend takes one of {', '.join(CODECS)} "
+            f"{ENV_CODEC}={codec!r} for the homagg backend: {exc} "
             "(codec 'auto' works with homagg.attach's hook only)"
-        )
-    return codec
+        ) from None
 
 
 class SwitchProcessGroup(dist.ProcessGroup):

@@ -22,7 +22,7 @@ from pathlib import Path
 import grpc
 import numpy as np
 
-from aggwire.constants import AGG_FRAME_BYTES
+from aggwire.constants import AGG_FRAME_BYTES, WORKER_UDP_BASE
 from controller.client import ControllerClient
 from controller.config import DEFAULT_LISTEN
 from controller.credentials import (
@@ -38,7 +38,7 @@ from controller.credentials import (
 )
 from controller.tls import TlsError
 from worker.agent import AgentConfig, AgentError, WorkerAgent
-from worker.codecs import CODECS, make_codec
+from worker.codecs import CODECS, DEFAULT_CODEC, make_codec
 
 EXAMPLES = {
     "create": (
@@ -48,13 +48,13 @@ EXAMPLES = {
     ),
     "join": (
         "python -m worker join --controller 127.0.0.1:50051 --ca-file ca.crt --job-id 1 "
-        "--token-file job.token --rank 0 --ip 10.0.0.1 --udp-port 41000 --switch-port 1 "
-        "--iface eth0 --json"
+        f"--token-file job.token --rank 0 --ip 10.0.0.1 --udp-port {WORKER_UDP_BASE} "
+        "--switch-port 1 --iface eth0 --json"
     ),
     "bench": (
         "python -m worker bench --controller 127.0.0.1:50051 --ca-file ca.crt --job-id 1 "
-        "--token-file job.token --rank 0 --ip 10.0.0.1 --udp-port 41000 --switch-port 1 "
-        "--mac 02:00:00:00:01:01 "
+        f"--token-file job.token --rank 0 --ip 10.0.0.1 --udp-port {WORKER_UDP_BASE} "
+        "--switch-port 1 --mac 02:00:00:00:01:01 "
         "--codec lossless --size 1000000 --density 0.01 --rounds 10   # run once per rank"
     ),
 }
@@ -92,7 +92,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     c.add_argument("--name", default="job")
     c.add_argument("--world-size", type=int, required=True)
-    c.add_argument("--codec", default="lossless")
+    c.add_argument("--codec", default=DEFAULT_CODEC)
     c.add_argument(
         "--pool-size",
         type=int,
@@ -123,7 +123,7 @@ def _parser() -> argparse.ArgumentParser:
         s.add_argument(
             "--ip", required=True, help="this worker's IPv4 address (the UDP socket binds to it)"
         )
-        s.add_argument("--udp-port", type=int, default=41000)
+        s.add_argument("--udp-port", type=int, default=WORKER_UDP_BASE)
         s.add_argument(
             "--switch-port",
             type=int,
@@ -145,7 +145,7 @@ def _parser() -> argparse.ArgumentParser:
                 help="stay joined (heartbeating) this many seconds",
             )
         else:
-            s.add_argument("--codec", choices=CODECS, default="lossless")
+            s.add_argument("--codec", choices=CODECS, default=DEFAULT_CODEC)
             s.add_argument("--size", type=int, default=100_000, help="float32 elements per round")
             s.add_argument(
                 "--density", type=float, default=0.01, help="nonzero fraction (1: dense)"

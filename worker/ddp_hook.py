@@ -26,7 +26,15 @@ from aggwire.constants import AGG_FRAME_BYTES
 from worker import sparse_bucket
 from worker.agent import WorkerAgent
 from worker.auto_control import HOST, AutoConfig, AutoController
-from worker.codecs import CODECS, Codec, CodecError, GradInput, Phase, make_codec
+from worker.codecs import (
+    DEFAULT_CODEC,
+    Codec,
+    CodecError,
+    GradInput,
+    Phase,
+    check_codec,
+    make_codec,
+)
 from worker.comm_thread import CommThread
 from worker.transport import TransportError
 
@@ -70,7 +78,7 @@ class SwitchHookState:
     def __init__(
         self,
         agent: WorkerAgent | None,
-        codec: str = "lossless",
+        codec: str = DEFAULT_CODEC,
         *,
         process_group: dist.ProcessGroup | None = None,
         world_size: int | None = None,
@@ -81,10 +89,7 @@ class SwitchHookState:
         auto: AutoConfig | None = None,
         rank: int | None = None,
     ) -> None:
-        if codec not in CODECS and codec != AUTO:
-            raise ValueError(
-                f"unknown codec {codec!r}; expected one of {', '.join(CODECS)} or {AUTO!r}"
-            )
+        check_codec(codec, also=(AUTO,))
         self.agent = agent
         self.unavailable_reason = unavailable_reason or ("" if agent else "no worker agent")
         self.codec_name = codec

@@ -4,15 +4,19 @@ A chunk's round trip runs from its first send to its result, so it includes the 
 queueing and the wait for the slowest worker's contribution: exactly what a timeout must
 not fire on. SRTT and RTTVAR follow RFC 6298 section 2 (alpha 1/8, beta 1/4, K = 4);
 Karn's rule (section 3): chunks that were retransmitted give no sample. A timeout doubles
-per try (section 5.5) up to the maximum, and every timeout also doubles the timeout of
-every chunk in flight until the next sample (section 5.5/5.7: the backed-off RTO is kept
-until a new measurement): when the switch or this host stalls, the first chunk that times
-out holds the rest of the pool back instead of the whole pool being resent. The bounds keep
-one spurious sample from making the transport either hammer the switch or sit idle.
+per try (section 5.5) up to the maximum, and an expiry also doubles the timeout of every
+chunk in flight until the next sample (section 5.5/5.7: the backed-off RTO is kept until a
+new measurement): when the switch or this host stalls, the first chunk that times out holds
+the rest of the pool back instead of the whole pool being resent. RFC 6298 has one timer,
+so it backs off once per expiry; here every chunk has its own deadline, and one expiry
+event is every timeout of chunks that were already in flight at the last back-off: a burst
+of k lost chunks doubles the timeout once, not 2^k times. The bounds keep one spurious
+sample from making the transport either hammer the switch or sit idle.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -34,7 +38,8 @@ class RetransmissionTimer:
     srtt: float | None = None
     rttvar: float = 0.0
     samples: int = 0
-    backoff: int = 0  # timeouts since the last sample (adaptive only)
+    backoff: int = 0  # expiry events since the last sample (adaptive only)
+    backed_off_at: float = -math.inf  # when the last back-off happened (monotonic seconds)
 
     def __post_init__(self) -> None:
         if not 0 < self.minimum <= self.initial <= self.maximum:
@@ -60,10 +65,13 @@ class RetransmissionTimer:
         exponent = np.minimum(tries + self.backoff, MAX_DOUBLINGS)
         return np.minimum(self.maximum, self.rto * 2.0**exponent)
 
-    def timed_out(self) -> None:
-        """A chunk timed out: back off every chunk's timeout until the next sample."""
-        if self.adaptive:
+    def timed_out(self, sent: float, now: float) -> None:
+        """A chunk last sent at `sent` timed out at `now`: back off every chunk's timeout
+        until the next sample, once per expiry event (a chunk sent before the last back-off
+        was in flight when it happened: its loss belongs to that event)."""
+        if self.adaptive and sent >= self.backed_off_at:
             self.backoff = min(self.backoff + 1, MAX_DOUBLINGS)
+            self.backed_off_at = now
 
     def sample(self, rtt: float) -> None:
         """One measured round trip of a chunk sent once (Karn: never of a retransmitted one)."""

@@ -21,8 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from aggwire.constants import Flag
-from aggwire.header import header_view
+from aggwire.header import marked_retx
 
 PeersProblem = Callable[[], str]  # "" while every peer is believed alive, else why not
 
@@ -99,10 +98,3 @@ class StragglerWait:
         self.last_probe = now
         self.probes += 1
         return True
-
-
-def marked_retx(payload: np.ndarray) -> bytes:
-    """The same contribution, marked as a retransmission."""
-    out = payload.copy()
-    header_view(out)["flags"] |= int(Flag.RETX)
-    return out.tobytes()

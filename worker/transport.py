@@ -1,4 +1,4 @@
-"""The worker's transport to the switch: a self-clocked window of slots in flight.
+"""The worker's transport to the switch: a self-clocked pool of slots in flight.
 
 Chunk k of the job's stream carries the tag k mod P(S) and goes to slot tag mod S, shadow
 copy (tag div S) mod 2, where S is the pool size and P(S) the numbering period
@@ -24,13 +24,13 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from aggwire.constants import AGG_VERSION, CELLS_PER_PKT, Flag, Op
-from aggwire.header import HEADER_DTYPE
+from aggwire.header import HEADER_DTYPE, marked_retx
 from aggwire.packer import PAYLOAD_BYTES, pack_payloads, parse_payloads
 from worker.channel import Channel
 from worker.chunk_numbering import chunk_period, chunk_tags, shadow_of, slot_of, tag_offset
 from worker.codecs.base import Phase
 from worker.retransmission_timer import RetransmissionTimer
-from worker.straggler_wait import PeersProblem, StragglerWait, marked_retx
+from worker.straggler_wait import PeersProblem, StragglerWait
 
 
 class TransportError(RuntimeError):
@@ -174,9 +174,9 @@ class SwitchTransport:
                     raise self._no_result(first + int(i), gone)  # no need to spend the budget
                 tries[i] += 1
                 self._send(marked_retx(payloads[i]))
+                timer.timed_out(last_sent[i], now)  # once per expiry event, not per chunk
                 last_sent[i] = now
                 stats.retransmissions += 1
-                timer.timed_out()
             deadline = last_sent[inflight] + timer.timeouts(tries[inflight])
             wait = max(0.0, float(deadline.min()) - time.monotonic()) if inflight.size else 0.0
             data = self.channel.recv(wait)

@@ -42,6 +42,7 @@ def test_widths_match_the_p4_typedefs():
     widths = typedef_widths()
     assert widths["job_id_t"] == c.JOB_ID_BITS
     assert widths["chunk_t"] == c.CHUNK_BITS
+    assert widths["port_t"] == c.PORT_BITS
     # The switch's registers and the pool base are indexed with 32 bits (v1model).
     assert (1 << widths["slot_index_t"]) > c.NUM_SLOT_COPIES
 
@@ -50,6 +51,8 @@ def test_named_limits_follow_from_the_widths():
     assert c.MAX_JOB_ID == 0xFFFF == (1 << c.JOB_ID_BITS) - 1
     assert c.CHUNK_MODULUS == 2**32 and c.CHUNK_MASK == 0xFFFFFFFF == c.CHUNK_MODULUS - 1
     assert c.CELL_MASK == 0xFFFFFFFF and c.CELL_BITS == 32
+    assert c.DROP_PORT == 511 and c.MAX_SWITCH_PORT == 510  # v1model's drop port is 511
+    assert c.MAX_L4_PORT == 65535 and 0 < c.WORKER_UDP_BASE <= c.MAX_L4_PORT - c.MAX_WORKERS_PER_JOB
     # A register entry holds LANES_PER_GROUP cells of CELL_BITS in a bit<256>.
     p4 = constant_values()
     assert p4["LANES_PER_GROUP"] * c.CELL_BITS == 256

@@ -20,6 +20,7 @@ from aggwire.header import (
     HEADER_STRUCT,
     AggHeader,
     header_view,
+    marked_retx,
 )
 from aggwire.packer import PAYLOAD_BYTES, ipv4_checksum, pack_payload, pack_payloads
 from aggwire.scapy_layer import Agg
@@ -94,6 +95,18 @@ def test_header_view_sets_the_retransmission_flag_in_place():
         header_view(np.zeros(AGG_HEADER_BYTES, np.int32))
     with pytest.raises(ValueError, match="at least"):
         header_view(np.zeros(AGG_HEADER_BYTES - 1, np.uint8))
+
+
+def test_marked_retx_is_a_marked_copy():
+    header = AggHeader(job_id=9, slot=1, shadow=1, rank=3, op=1, chunk=7, flags=0)
+    cells = np.arange(CELLS_PER_PKT, dtype=np.int32)
+    payload = np.frombuffer(pack_payload(header, cells), np.uint8).copy()
+    before = payload.copy()
+    resent = marked_retx(payload)
+    np.testing.assert_array_equal(payload, before)  # the original is not marked
+    assert resent[AGG_HEADER_BYTES:] == before[AGG_HEADER_BYTES:].tobytes()
+    again = AggHeader.from_record(header_view(np.frombuffer(resent, np.uint8))[0])
+    assert again == dataclasses.replace(header, flags=Flag.RETX)
 
 
 def test_ipv4_checksum_is_scapys():

@@ -78,7 +78,15 @@ BAD = {
     "bad host ip": (_set("switch.0.hosts.1.ip", "nope"), "hosts[1].ip"),
     "host port range": (
         _set("switch.0.hosts.0.switch_port", 512),
-        "hosts[0].switch_port: 512 outside 0..511",
+        "hosts[0].switch_port: 512 outside 0..510",
+    ),
+    "host on the drop port": (
+        _set("switch.0.hosts.0.switch_port", 511),
+        "hosts[0].switch_port: 511 outside 0..510",
+    ),
+    "more jobs than job ids": (
+        _set("operator", [{"name": "ops", "token_sha256": "a" * 64, "max_jobs": 65536}]),
+        "max_jobs: 65536 outside 0..65535",
     ),
     "host port missing": (
         _set("switch.0.hosts.0.switch_port", KeyError),

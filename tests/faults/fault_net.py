@@ -5,18 +5,19 @@ hosts, lock-step rounds over the agents' transports, and a switch restarted on i
 from __future__ import annotations
 
 import socket
-import threading
-import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
+from aggwire.constants import WORKER_UDP_BASE
 from controller.client import ControllerClient
 from controller.service import ControllerServer
 from controller.switch_connection import SwitchConnection
+from testnet import threads
 from testnet.controller_process import ControllerProcess, write_toml  # noqa: F401 (re-exported)
 from testnet.fabric import SERVICE_IP, SWITCH_MAC, Fabric
 from testnet.namespace import have_privileges, in_namespace
@@ -24,7 +25,7 @@ from testnet.poll import wait_for
 from testnet.switch_process import bmv2_available
 from worker.agent import AgentConfig, WorkerAgent
 
-UDP_BASE = 41000
+UDP_BASE = WORKER_UDP_BASE
 TIMING = {"heartbeat_interval": 0.2, "lease": 3.0, "join_timeout": 30.0}
 NEEDS_ROOT = pytest.mark.skipif(
     not have_privileges(), reason="needs root and iproute2 (network namespaces)"
@@ -134,23 +135,8 @@ def socket_factory(namespace: str) -> Callable[[], socket.socket]:
 
 def run_threads(work: Callable[[int], Any], n: int, timeout: float) -> list[Any]:
     """work(i) in n daemon threads; returns each result or the exception it raised.
-    AssertionError if any thread is still running after `timeout` (a hang)."""
-    out: list[Any] = [None] * n
-
-    def target(i: int) -> None:
-        try:
-            out[i] = work(i)
-        except BaseException as exc:
-            out[i] = exc
-
-    threads = [threading.Thread(target=target, args=(i,), daemon=True) for i in range(n)]
-    deadline = time.monotonic() + timeout
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(max(0.0, deadline - time.monotonic()))
-    assert not any(t.is_alive() for t in threads), f"a worker hung for more than {timeout} s"
-    return out
+    RuntimeError if any thread is still running after `timeout` (a hang)."""
+    return threads.run_threads([partial(work, i) for i in range(n)], timeout, return_errors=True)[1]
 
 
 def open_agents(address: str, fabric: Fabric, job: Any, world: int, **kw: Any) -> list[WorkerAgent]:

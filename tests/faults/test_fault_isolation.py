@@ -108,7 +108,7 @@ def test_a_worker_cannot_write_into_another_jobs_slots(target, tmp_path, fault_r
             out = []
             for k in range(ROUNDS):
                 if job is a and rank == 0:  # A's rank 0 forges before each of its honest rounds
-                    attack(k)  # (paced by its rounds: a burst would overrun BMv2's queue)
+                    attack(k)  # (paced by its rounds, interleaved with honest traffic)
                 out.append(
                     agents[i].transport.allreduce(
                         Op.ADD, round_parts(1000 * job.job_id + k, 2, CELLS_PER_PKT)[rank]

@@ -4,18 +4,16 @@ every worker, no hang, retransmissions counted and reported."""
 
 from __future__ import annotations
 
-import socket
 import time
 
 import numpy as np
 import pytest
 from fault_net import NEEDS_ROOT, TARGETS, expected_sum, round_parts, run_threads
 
-from aggwire.constants import AGG_UDP_PORT, CELLS_PER_PKT, Op
-from testnet.aggjob import WORKER_UDP_BASE, Job
-from testnet.fabric import SERVICE_IP, Fabric
-from testnet.namespace import in_namespace
-from worker.channel import FaultyChannel, UdpChannel
+from aggwire.constants import CELLS_PER_PKT, Op
+from testnet.aggjob import Job
+from testnet.fabric import Fabric
+from worker.channel import FaultyChannel
 from worker.transport import SwitchTransport, TransportConfig
 
 pytestmark = NEEDS_ROOT
@@ -39,13 +37,8 @@ def fabric(request, tmp_path_factory):
 def faulty_transports(fabric: Fabric, faults: dict, seed: int) -> list[SwitchTransport]:
     job = Job(fabric, fabric.hosts, pool_size=POOL_SIZE)
     out = []
-    for r, h in enumerate(fabric.hosts):
-        with in_namespace(h.namespace):
-            sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        sock.bind((h.ip, WORKER_UDP_BASE + r))
-        chan = FaultyChannel(
-            UdpChannel(sock, (SERVICE_IP, AGG_UDP_PORT)), seed=seed * 100 + r, **faults
-        )
+    for r in range(job.world):
+        chan = FaultyChannel(job.channel(r), seed=seed * 100 + r, **faults)
         cfg = TransportConfig(job_id=job.job_id, rank=r, world_size=WORLD, pool_size=POOL_SIZE)
         out.append(SwitchTransport(cfg, chan))
     return out

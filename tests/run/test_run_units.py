@@ -139,3 +139,21 @@ def test_grad_max_of_dense_and_sparse_gradients():
     assert _grad_max(dense) == 3.0
     assert _grad_max(sparse) == 3.5  # the duplicate row 1 sums: |-4 + 0.5|
     assert _grad_max(torch.sparse_coo_tensor(torch.zeros(1, 0, dtype=torch.long), [], (3,))) == 0.0
+
+
+def test_rank_commands_name_the_master_and_only_the_switch_run_has_the_controller(tmp_path):
+    from run.__main__ import _controller_address, _parser, _rank_command
+
+    args = _parser().parse_args(["--hosts", "2", "--pool-size", "16", "--out", str(tmp_path)])
+    args.lr = 0.5
+    names = RunNames(3)
+    cmd = _rank_command("switch", args, names, 1, 2, 29500, "hg3h2-eth0")
+    assert cmd[cmd.index("--node-rank") + 1] == "1" and cmd[cmd.index("--nnodes") + 1] == "2"
+    assert cmd[cmd.index("--master-addr") + 1] == names.host_ip(0)
+    at = cmd.index("run.train")
+    opts = dict(zip(cmd[at + 1 :: 2], cmd[at + 2 :: 2], strict=True))
+    assert opts["--mode"] == "switch" and opts["--iface"] == "hg3h2-eth0"
+    assert opts["--controller"] == _controller_address(names) and opts["--pool-size"] == "16"
+    assert (opts["--lr"], opts["--out"], opts["--codec"]) == ("0.5", str(tmp_path), "lossless")
+    gloo = _rank_command("gloo", args, names, 0, 2, 29501, "hg3h1-eth0")
+    assert "--controller" not in gloo and "--pool-size" not in gloo

@@ -14,6 +14,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+from aggwire.constants import WORKER_UDP_BASE
 from controller.client import ControllerClient
 from controller.config import ControllerConfig, parse_config
 from controller.credentials import Operator, hash_token
@@ -24,11 +27,20 @@ from testnet.addresses import host_entry
 from testnet.fabric import SERVICE_IP, SWITCH_MAC, Fabric
 from testnet.namespace import in_namespace
 from testnet.poll import wait_for
-from testnet.switch_process import free_port
+from testnet.switch_process import bmv2_available, free_port
 from worker.agent import AgentConfig
 
 TIMING = {"heartbeat_interval": 0.2, "lease": 3.0, "join_timeout": 60.0}
-UDP_BASE = 41000
+TARGETS = [  # the switch of a data-plane test: both, BMv2 when it is installed
+    "refswitch",
+    pytest.param(
+        "bmv2",
+        marks=pytest.mark.skipif(
+            not bmv2_available(), reason="simple_switch_grpc is not installed (docs/bmv2.md)"
+        ),
+    ),
+]
+UDP_BASE = WORKER_UDP_BASE
 OPERATOR_TOKEN = "-operator-token-of-the-tls-tests"  # a leading '-' on purpose
 
 

@@ -16,6 +16,7 @@ from aggwire.constants import CELLS_PER_PKT
 from controller.api import jobs_pb2, jobs_pb2_grpc
 from controller.model import Assignment
 from worker.agent import AgentConfig, open_agent
+from worker.transport import TransportConfig
 
 GOOD = Assignment(
     job_id=7,
@@ -90,6 +91,38 @@ def test_a_good_assignment_is_accepted(fake):
     assert agent is not None and reason == ""
     assert agent.assignment == GOOD and agent.healthy
     agent.close()
+
+
+TIMING = {
+    "initial_timeout": 0.03,
+    "max_timeout": 0.7,
+    "min_timeout": 0.002,
+    "adaptive_timeout": False,
+    "max_retries": 5,
+    "dead_path_s": 1.5,
+    "max_straggler_wait": 40.0,
+}
+
+
+def test_the_transport_takes_the_agents_timing(fake):
+    """Every retransmission and straggler setting of AgentConfig reaches the transport;
+    the defaults are the transport's own."""
+    _, address = fake
+    defaults = TransportConfig(job_id=7, rank=1, world_size=2, pool_size=16)
+    for timing in ({}, TIMING):
+        agent, reason = open_agent(dataclasses.replace(_config(address), **timing))
+        assert agent is not None, reason
+        try:
+            _, transport = agent.joined()
+            want = dataclasses.replace(defaults, **timing)
+            assert transport.config == want
+            assert (transport.wait.dead_path_s, transport.wait.max_wait) == (
+                want.dead_path_s,
+                want.max_straggler_wait,
+            )
+            assert transport.timer.adaptive == want.adaptive_timeout
+        finally:
+            agent.close()
 
 
 BAD = [

@@ -91,18 +91,49 @@ def test_a_timeout_backs_off_every_chunk_until_the_next_sample():
     t = RetransmissionTimer()
     t.sample(0.01)
     base = t.rto
-    t.timed_out()
-    t.timed_out()
+    t.timed_out(sent=0.0, now=1.0)
+    t.timed_out(sent=1.0, now=2.0)  # the retransmission expired too: a second event
     assert t.timeout(0) == pytest.approx(4 * base) and t.timeout(1) == pytest.approx(8 * base)
     np.testing.assert_allclose(t.timeouts(np.array([0, 1])), [4 * base, 8 * base])
     t.sample(0.01)  # a new measurement ends the backoff
     assert t.backoff == 0 and t.timeout(0) == pytest.approx(t.rto)
-    for _ in range(100):
-        t.timed_out()
+    for k in range(100):
+        t.timed_out(sent=float(k), now=float(k))
     assert t.timeout(0) == t.maximum
 
 
 def test_fixed_mode_does_not_back_off_the_pool():
     t = RetransmissionTimer(adaptive=False)
-    t.timed_out()
+    t.timed_out(sent=0.0, now=1.0)
     assert t.timeout(0) == 0.02 and t.timeout(1) == 0.04
+
+
+def test_one_expiry_event_backs_off_once():
+    """RFC 6298 backs off once per expiry of its one timer: chunks that were in flight when
+    the timer backed off belong to that event, whether they expire in the same wait or a
+    little later; only a chunk sent after it (a retransmission, a new chunk) starts another."""
+    t = RetransmissionTimer()
+    t.sample(0.01)
+    for sent in (0.000, 0.001, 0.002, 0.003):  # four chunks lost in one burst, one wait
+        t.timed_out(sent=sent, now=0.05)
+    assert t.backoff == 1
+    t.timed_out(sent=0.004, now=0.09)  # lost in the same burst, expired in a later wait
+    assert t.backoff == 1
+    t.timed_out(sent=0.05, now=0.2)  # the first retransmission was lost too
+    assert t.backoff == 2
+    t.sample(0.01)
+    t.timed_out(sent=0.03, now=0.3)  # in flight at the last back-off, after a sample
+    assert t.backoff == 0
+    t.timed_out(sent=0.25, now=0.3)  # sent after it: a new event
+    assert t.backoff == 1
+
+
+def test_a_burst_loss_in_the_transport_backs_off_once():
+    """Every chunk of the pool is lost once and times out in the same wait: the timeout
+    doubles once (the former per-chunk back-off doubled it once per lost chunk, 2^4 here)."""
+    transport = SwitchTransport(
+        TransportConfig(job_id=1, rank=0, world_size=1, pool_size=4), LoseFirstSend()
+    )
+    transport.allreduce(Op.ADD, np.ones(4 * CELLS_PER_PKT, np.int32))
+    assert transport.stats.retransmissions == 4
+    assert transport.timer.backoff == 1 and transport.timer.samples == 0  # Karn: no sample

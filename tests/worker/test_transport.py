@@ -4,16 +4,16 @@ survived by retransmission."""
 
 from __future__ import annotations
 
-import socket
-import threading
+from functools import partial
 
 import numpy as np
 import pytest
 
-from aggwire.constants import AGG_UDP_PORT, CELLS_PER_PKT, Op
-from testnet.aggjob import WORKER_UDP_BASE, Job
-from testnet.fabric import SERVICE_IP, Fabric
-from testnet.namespace import have_privileges, in_namespace
+from aggwire.constants import CELLS_PER_PKT, Op
+from testnet.aggjob import Job
+from testnet.fabric import Fabric
+from testnet.namespace import have_privileges
+from testnet.threads import run_threads
 from worker.channel import FaultyChannel, UdpChannel
 from worker.transport import SwitchTransport, TransportConfig, TransportError
 
@@ -32,34 +32,12 @@ def fabric(tmp_path_factory):
 
 
 def open_channels(job: Job) -> list[UdpChannel]:
-    chans = []
-    for r, h in enumerate(job.hosts):
-        with in_namespace(h.namespace):
-            sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        sock.bind((h.ip, WORKER_UDP_BASE + r))
-        chans.append(UdpChannel(sock, (SERVICE_IP, AGG_UDP_PORT)))
-    return chans
+    return [job.channel(r) for r in range(job.world)]
 
 
 def run_workers(transports, work) -> list:
     """Run work(rank, transport) in one thread per worker; re-raise the first error."""
-    results, errors = [None] * len(transports), []
-
-    def target(r):
-        try:
-            results[r] = work(r, transports[r])
-        except BaseException as exc:
-            errors.append(exc)
-
-    threads = [threading.Thread(target=target, args=(r,)) for r in range(len(transports))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    assert not any(t.is_alive() for t in threads), "a worker hung"
-    if errors:
-        raise errors[0]
-    return results
+    return run_threads([partial(work, r, t) for r, t in enumerate(transports)], 60)[1]
 
 
 def make_transports(fabric, pool_size=8, faults=None, max_retries=12):

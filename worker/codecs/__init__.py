@@ -1,11 +1,13 @@
 """Homomorphic gradient codecs: generators of switch phases (ADD, OR, MAX over int32
 cells) whose combined results decode into the sum of the workers' gradients.
 
-The registry (CODECS, make_codec, register_codec) lives here, beside the codecs and away
-from torch, so command lines can list codec names without importing torch (as PyTorch keeps
-its DDP hook registry in its package's __init__)."""
+The registry (CODECS with each codec's exactness, DEFAULT_CODEC, check_codec, make_codec,
+register_codec) lives here, beside the codecs and away from torch, so command lines can list
+codec names without importing torch (as PyTorch keeps its DDP hook registry in its
+package's __init__)."""
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from .base import (
@@ -30,42 +32,73 @@ CodecFactory = Callable[..., Codec]
 """Makes one codec object: factory(world, rank, **options)."""
 
 
+@dataclass(frozen=True)
+class CodecEntry:
+    """A registered codec: its factory, and whether it is exact (its decoded sum is the
+    true sum within the fixed-point bound of docs/codecs.md; a lossy codec's is not)."""
+
+    factory: CodecFactory
+    exact: bool = False
+
+
 def _lowbit(world: int, bits: int, gamma: float = 0.9, **options: Any) -> Codec:
     """Low-bit lanes with error feedback (CO3: gamma 0.9 by default; 0 turns it off)."""
     return ErrorFeedback(LowBit(world, bits=bits, **options), gamma=gamma)
 
 
-CODECS: dict[str, CodecFactory] = {
-    "lossless": lambda world, rank, **o: LosslessSparse(world, **o),
-    "fixed_point": lambda world, rank, **o: FixedPoint(world, **o),
-    "cltk": lambda world, rank, **o: CLTK(world, rank, **o),
-    "ef_fixed_point": lambda world, rank, **o: ErrorFeedback(FixedPoint(world, **o)),
-    "lowbit16": lambda world, rank, **o: _lowbit(world, 16, **o),
-    "lowbit8": lambda world, rank, **o: _lowbit(world, 8, **o),
+CODECS: dict[str, CodecEntry] = {
+    "lossless": CodecEntry(lambda world, rank, **o: LosslessSparse(world, **o), exact=True),
+    "fixed_point": CodecEntry(lambda world, rank, **o: FixedPoint(world, **o), exact=True),
+    "cltk": CodecEntry(lambda world, rank, **o: CLTK(world, rank, **o)),
+    "ef_fixed_point": CodecEntry(lambda world, rank, **o: ErrorFeedback(FixedPoint(world, **o))),
+    "lowbit16": CodecEntry(lambda world, rank, **o: _lowbit(world, 16, **o)),
+    "lowbit8": CodecEntry(lambda world, rank, **o: _lowbit(world, 8, **o)),
 }
-"""The codec registry: name -> factory, in registration order (the first is the default).
-Iterate it for the names; add to it with register_codec."""
+"""The codec registry: name -> entry, in registration order. Iterate it for the names; add
+to it with register_codec."""
+
+DEFAULT_CODEC = "lossless"
+"""The codec of a job, a hook or a command line that names none."""
 
 
-def register_codec(name: str, factory: CodecFactory) -> None:
-    """Add a codec under `name`; factory(world, rank, **options) returns a fresh codec."""
+def register_codec(name: str, factory: CodecFactory, *, exact: bool = False) -> None:
+    """Add a codec under `name`; factory(world, rank, **options) returns a fresh codec;
+    `exact`: its decoded sum is the true sum within the fixed-point bound."""
     if name in CODECS:
         raise ValueError(f"codec {name!r} is already registered")
-    CODECS[name] = factory
+    CODECS[name] = CodecEntry(factory, exact)
+
+
+def check_codec(name: str, *, also: Sequence[str] = ()) -> str:
+    """`name` if it is a registered codec (or one of `also`, e.g. the hook's "auto"); else
+    a ValueError that names the choices."""
+    if name not in CODECS and name not in also:
+        raise ValueError(f"unknown codec {name!r}; expected one of {', '.join([*CODECS, *also])}")
+    return name
+
+
+def is_exact(name: str) -> bool:
+    """Whether the registered codec `name` is exact (False for any other name)."""
+    entry = CODECS.get(name)
+    return entry is not None and entry.exact
+
+
+def exact_codecs() -> tuple[str, ...]:
+    """The names of the exact codecs, in registration order."""
+    return tuple(name for name, entry in CODECS.items() if entry.exact)
 
 
 def make_codec(name: str, world: int, rank: int, **options: Any) -> Codec:
     """A fresh codec object by name (one per bucket: codecs keep per-step state)."""
-    factory = CODECS.get(name)
-    if factory is None:
-        raise ValueError(f"unknown codec {name!r}; expected one of {', '.join(CODECS)}")
-    return factory(world, rank, **options)
+    return CODECS[check_codec(name)].factory(world, rank, **options)
 
 
 __all__ = [
     "CLTK",
     "CODECS",
+    "DEFAULT_CODEC",
     "Codec",
+    "CodecEntry",
     "CodecError",
     "CodecFactory",
     "CorruptResultError",
@@ -80,8 +113,11 @@ __all__ = [
     "Phase",
     "PhaseMismatch",
     "SparseGrad",
+    "check_codec",
     "combine",
     "drive",
+    "exact_codecs",
+    "is_exact",
     "make_codec",
     "register_codec",
     "simulate",

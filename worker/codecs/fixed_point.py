@@ -8,7 +8,7 @@ from collections.abc import Generator
 
 import numpy as np
 
-from aggwire.constants import Op
+from aggwire.constants import CELL_BITS, Op
 
 from .base import CorruptResultError, GradInput, Phase, output_shape, to_dense
 from .exponent import (
@@ -28,9 +28,9 @@ LANE_BITS = (2, 4, 8, 16, 32)
 def pack_lanes(q: np.ndarray, bits: int, p: int) -> np.ndarray:
     """Pack 32/bits offset-binary lanes per int32 cell; W lane sums stay below 2^bits, so
     the switch's per-cell wrapping ADD never carries between lanes."""
-    if bits == 32:
+    if bits == CELL_BITS:
         return q
-    lanes = 32 // bits
+    lanes = CELL_BITS // bits
     u = (q.astype(np.int64) + (1 << p)).astype(np.uint32)
     u = np.concatenate([u, np.full(-u.size % lanes, 1 << p, dtype=np.uint32)])
     shifts = bits * np.arange(lanes, dtype=np.uint32)
@@ -40,9 +40,9 @@ def pack_lanes(q: np.ndarray, bits: int, p: int) -> np.ndarray:
 
 def unpack_lanes(cells: np.ndarray, length: int, bits: int, p: int, world: int) -> np.ndarray:
     """Lane sums of combined cells back to per-element int64 sums of q."""
-    if bits == 32:
+    if bits == CELL_BITS:
         return cells
-    lanes = 32 // bits
+    lanes = CELL_BITS // bits
     shifts = bits * np.arange(lanes, dtype=np.uint32)
     u = (cells.view(np.uint32)[:, None] >> shifts) & np.uint32((1 << bits) - 1)
     return u.reshape(-1)[:length].astype(np.int64) - world * (1 << p)

@@ -9,18 +9,10 @@ from functools import reduce
 
 import numpy as np
 
+from aggwire.combine import COMBINE_OF_OP
 from aggwire.constants import Op
-from aggwire.lanes import lanes_add
 
 from .base import Codec, GradInput, Phase
-
-_COMBINE: dict[Op, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
-    Op.ADD: np.add,
-    Op.OR: np.bitwise_or,
-    Op.MAX: np.maximum,
-    Op.ADD16: lambda a, b: lanes_add(a, b, 16),
-    Op.ADD8: lambda a, b: lanes_add(a, b, 8),
-}
 
 
 class PhaseMismatch(AssertionError):
@@ -29,10 +21,8 @@ class PhaseMismatch(AssertionError):
 
 
 def combine(op: Op, cells: Sequence[np.ndarray]) -> np.ndarray:
-    """The switch's element-wise combination: ADD wraps modulo 2^32 as int32, ADD16 / ADD8
-    wrap each lane on its own (aggwire.lanes), OR is bitwise, MAX compares as signed int32."""
-    # numpy's int32 array addition wraps in two's complement, exactly like the data plane.
-    return reduce(_COMBINE[Op(op)], cells[1:], cells[0].copy())
+    """The switch's element-wise combination of every worker's cells (aggwire.combine)."""
+    return reduce(COMBINE_OF_OP[Op(op)], cells[1:], cells[0].copy())
 
 
 def _check_phases(phases: Sequence[Phase], step: int) -> None:
@@ -40,7 +30,7 @@ def _check_phases(phases: Sequence[Phase], step: int) -> None:
         cells = phase.cells
         if not isinstance(cells, np.ndarray) or cells.dtype != np.int32 or cells.ndim != 1:
             raise PhaseMismatch(f"step {step}: worker {rank} sent cells that are not 1-D int32")
-        if phase.op not in _COMBINE:
+        if phase.op not in COMBINE_OF_OP:
             raise PhaseMismatch(f"step {step}: worker {rank} sent unknown op {phase.op!r}")
     first = phases[0]
     for rank, phase in enumerate(phases[1:], 1):
