@@ -20,7 +20,6 @@ import json
 import math
 import time
 import warnings
-from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -31,33 +30,29 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from run import peers
 from run.model import DEFAULT_LR, MODELS, JobShape, make_task
-from worker.attach import connect
-from worker.ddp_hook import AUTO, SwitchHookState, switch_allreduce_hook
+from worker.attach import attach
+from worker.ddp_hook import AUTO, SwitchHookState
 from worker.dear import DearDataParallel
 
 
-@dataclass
-class Tracked:
-    """The hook state plus the largest |local gradient| a bucket held this step (its
-    exponent bounds every block exponent the codec agrees on: docs/codecs.md)."""
+class LocalGradMax:
+    """The largest |local gradient| this step (before any aggregation; its exponent bounds
+    every block exponent the codec agrees on: docs/codecs.md), from parameter hooks."""
 
-    inner: SwitchHookState
-    local_max: float = 0.0
+    def __init__(self, module: torch.nn.Module) -> None:
+        self.value = 0.0
+        for p in module.parameters():
+            if p.requires_grad:
+                p.register_hook(self._see)
+
+    def _see(self, grad: torch.Tensor) -> None:
+        self.value = max(self.value, _grad_max(grad))
 
 
 def _grad_max(grad: torch.Tensor) -> float:
     """Largest |element| of a gradient, dense or sparse (sparse embeddings: its values)."""
     values = grad.coalesce().values() if grad.is_sparse else grad
     return float(values.abs().max()) if values.numel() else 0.0
-
-
-def tracked_hook(state: Tracked, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-    """switch_allreduce_hook, recording the bucket's max |gradient| first."""
-    buf = bucket.buffer()
-    vals = buf.coalesce().values() if buf.is_sparse else buf
-    if vals.numel():
-        state.local_max = max(state.local_max, float(vals.abs().max()))
-    return switch_allreduce_hook(state.inner, bucket)
 
 
 def tx_bytes(iface: str) -> int:
@@ -73,34 +68,29 @@ def train(a: argparse.Namespace) -> None:
     peers.prepare(a.mode, task.model)  # before DDP: it reads which gradients are sparse
     dear = a.mode == "switch" and a.overlap == "dear"
     model = task.model if dear else DDP(task.model)
-    tracked: Tracked | None = None
-    agent = None
+    state: SwitchHookState | None = None
+    grad_max: LocalGradMax | None = None
     lr = a.lr if a.lr is not None else DEFAULT_LR[a.model]
     opt = torch.optim.SGD(model.parameters(), lr=lr)
     if a.mode == "switch":
-        # What homagg.attach does, with the hook wrapped to record local gradient maxima.
-        agent, reason = connect(
-            a.codec, controller=a.controller, pool_size=a.pool_size, name="make-run"
-        )
+        grad_max = LocalGradMax(task.model)
         # One support key per embedding row: the index phase shrinks dim-fold.
         opts: dict[str, Any] = {"support_block": a.dim} if task.sparse else {}
         if a.codec == AUTO:  # per codec name; the sparse rows' key for lossless only
             opts = {"lossless": opts}
         elif a.codec != "lossless":
             opts = {}
-        hook_state = SwitchHookState(
-            agent,
-            codec=a.codec,
-            unavailable_reason=reason,
-            codec_options=opts,
+        state = attach(
+            None if dear else model,  # DeAR takes the state itself
+            a.codec,
             asynchronous=a.overlap != "blocking",
+            codec_options=opts,
+            controller=a.controller or None,
+            pool_size=a.pool_size,
+            name="make-run",
         )
-        tracked = Tracked(hook_state)
         if dear:
-            model = DearDataParallel(task.model, opt, hook_state, tune_steps=2)
-        else:
-            assert isinstance(model, DDP)
-            model.register_comm_hook(tracked, tracked_hook)
+            model = DearDataParallel(task.model, opt, state, tune_steps=2)
     out = Path(a.out)
     # closed in the finally below (rank 0 only writes the step records)
     log = open(out / f"{a.mode}.jsonl", "w") if rank == 0 else None  # noqa: SIM115
@@ -111,24 +101,20 @@ def train(a: argparse.Namespace) -> None:
     try:
         for step in range(a.steps):
             start, sent = time.perf_counter(), tx_bytes(a.iface)
-            before = _stats(tracked)
+            before = _stats(state)
             *inputs, labels = task.batch(rank, step)
             opt.zero_grad()
             loss = task.loss(model(*inputs), labels)
             loss.backward()
             if isinstance(model, DearDataParallel):  # DeAR steps in the next forward
-                assert tracked is not None
-                tracked.local_max = max(
-                    [_grad_max(p.grad) for p in model.parameters() if p.grad is not None] + [0.0]
-                )
                 if step == a.steps - 1:
                     model.flush()
             else:
                 opt.step()
             seconds = time.perf_counter() - start
             wire = tx_bytes(a.iface) - sent
-            after = _stats(tracked)
-            local_max = tracked.local_max if tracked else 0.0
+            after = _stats(state)
+            local_max = grad_max.value if grad_max else 0.0
             # One tiny all_reduce for the report (not part of the timed step).
             t = torch.tensor(
                 [
@@ -146,8 +132,8 @@ def train(a: argparse.Namespace) -> None:
                 dtype=torch.float64,
             )
             dist.all_reduce(t)
-            if tracked:
-                tracked.local_max = 0.0
+            if grad_max:
+                grad_max.value = 0.0
                 m = torch.tensor([local_max], dtype=torch.float64)
                 dist.all_reduce(m, op=dist.ReduceOp.MAX)
                 local_max = float(m)
@@ -167,7 +153,7 @@ def train(a: argparse.Namespace) -> None:
                     "agreement_seconds": float(t[9]) / world,
                     "grad_max": local_max,
                     "param_max": pmax,
-                    **_overlap_report(model, tracked),
+                    **_overlap_report(model, state),
                 }
                 log.write(json.dumps(rec) + "\n")
                 log.flush()
@@ -182,29 +168,27 @@ def train(a: argparse.Namespace) -> None:
             log.close()
         if isinstance(model, DearDataParallel):
             model.close()
-        elif tracked is not None:
-            tracked.inner.close()
-        if agent is not None:
-            agent.close()
+        elif state is not None:
+            state.close()  # the job ends at destroy_process_group (main)
 
 
-def _overlap_report(model: Any, tracked: Tracked | None) -> dict[str, Any]:
+def _overlap_report(model: Any, state: SwitchHookState | None) -> dict[str, Any]:
     """Rank 0's view of the overlap modes: codec="auto"'s choices so far (every rank makes
     the same ones), DeAR's bucket size and its tuning measurements."""
     rec: dict[str, Any] = {}
-    if tracked is not None and tracked.inner.controller is not None:
-        rec["auto_choices"] = dict(tracked.inner.stats.auto_choices)
-        rec["host_buckets"] = tracked.inner.stats.host_buckets
+    if state is not None and state.controller is not None:
+        rec["auto_choices"] = dict(state.stats.auto_choices)
+        rec["host_buckets"] = state.stats.host_buckets
     if isinstance(model, DearDataParallel):
         rec["dear_bucket_bytes"] = model.bucket_bytes
         rec["dear_tuned"] = model.tuner.chosen is not None
     return rec
 
 
-def _stats(tracked: Tracked | None) -> tuple[int, int, int, int, float, float]:
-    if tracked is None:
+def _stats(state: SwitchHookState | None) -> tuple[int, int, int, int, float, float]:
+    if state is None:
         return 0, 0, 0, 0, 0.0, 0.0
-    s = tracked.inner.stats
+    s = state.stats
     return (
         s.wire_bytes,
         s.dense_bytes,

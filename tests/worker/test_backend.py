@@ -12,6 +12,7 @@ import json
 import subprocess
 import sys
 import time
+from datetime import timedelta
 from pathlib import Path
 
 import numpy as np
@@ -23,7 +24,7 @@ from agent_fabric import Controlled, rank_env, wait_for
 import homagg
 from testnet.namespace import have_privileges
 from testnet.switch_process import bmv2_available
-from worker.backend import backend_codec, float_from_key, float_order_key, switch_kind
+from worker.backend import SwitchProcessGroup, float_from_key, float_order_key, switch_kind
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKER = Path(__file__).with_name("backend_worker.py")
@@ -73,13 +74,17 @@ def test_switch_kind():
         assert switch_kind(f, opts.reduceOp) == kind
 
 
-def test_backend_codec(monkeypatch):
-    monkeypatch.delenv("HOMAGG_CODEC", raising=False)
-    assert backend_codec() == "lossless"
-    for bad in ("auto", "nope"):
+def test_backend_codec_is_checked_at_init(monkeypatch):
+    monkeypatch.delenv("HOMAGG_CONTROLLER", raising=False)
+    for bad, why in (("auto", "works with homagg.attach's hook only"), ("nope", "one of")):
         monkeypatch.setenv("HOMAGG_CODEC", bad)
-        with pytest.raises(ValueError, match="homagg backend takes one of"):
-            backend_codec()
+        with pytest.raises(ValueError, match=f"HOMAGG_CODEC '{bad}' on rank 0 .*{why}"):
+            SwitchProcessGroup(dist.HashStore(), 0, 1, timedelta(seconds=10))
+    monkeypatch.setenv("HOMAGG_CODEC", "fixed_point")
+    with pytest.warns(RuntimeWarning, match="no controller"):
+        pg = SwitchProcessGroup(dist.HashStore(), 0, 1, timedelta(seconds=10))
+    assert pg.state.agent is None and pg.getBackendName() == "homagg"
+    pg.shutdown()
 
 
 def test_registered_on_import():
