@@ -221,6 +221,17 @@ class WorkerAgent:
             )
         self.assignment = assignment
         self.healthy, self.unhealthy_reason = True, ""
+        log.info(
+            "rank %d in job %d from %s:%d (switch %s, pool %d, codec %s); %r",
+            cfg.rank,
+            cfg.job_id,
+            cfg.ip,
+            self.udp_port,
+            assignment.switch,
+            assignment.pool_size,
+            assignment.codec,
+            cfg,
+        )
 
     def _wait_ready(self) -> Any:
         """WaitReady within ready_timeout, again while the controller answers that too many
