@@ -143,9 +143,9 @@ def set_up(request: Request, members: Members) -> Setup:
         lambda outcomes: _decide_codec(outcomes, answer["asked"], request, members.world, job_id),
     )
     rnd.forget("job")  # the token leaves the store: every rank has read it
-    session = JobSession(agent, ticket.job_id, here.release if ticket.created_here else None, None)
+    release = here.release if ticket.created_here else None
+    session = JobSession(agent, ticket.job_id, release, members.group)
     if final is not None and "codec" in final:
-        session.group = members.group
         return Setup(agent, str(final["codec"]), "", True, session)
     session.close("the set-up failed")
     if final is None:

@@ -139,3 +139,26 @@ def test_grad_max_of_dense_and_sparse_gradients():
     assert _grad_max(dense) == 3.0
     assert _grad_max(sparse) == 3.5  # the duplicate row 1 sums: |-4 + 0.5|
     assert _grad_max(torch.sparse_coo_tensor(torch.zeros(1, 0, dtype=torch.long), [], (3,))) == 0.0
+
+
+def test_local_grad_max_sees_each_rank_own_gradients_before_any_aggregation():
+    from run.train import LocalGradMax
+
+    torch.manual_seed(0)
+    model = torch.nn.ModuleDict(
+        {"emb": torch.nn.Embedding(10, 3, sparse=True), "out": torch.nn.Linear(3, 1)}
+    )
+    seen = LocalGradMax(model)
+    x = model["out"](model["emb"](torch.tensor([1, 4, 1]))).sum() * 7
+    x.backward()
+    grads = [p.grad for p in model.parameters()]
+    assert seen.value == pytest.approx(max(_abs_max(g) for g in grads))
+    seen.value = 0.0
+    for p in model.parameters():
+        p.grad = None
+    (model["out"](model["emb"](torch.tensor([2]))).sum() * 0.5).backward()
+    assert 0 < seen.value < 7  # this step's gradients only
+
+
+def _abs_max(g: torch.Tensor) -> float:
+    return float((g.coalesce().values() if g.is_sparse else g).abs().max())
