@@ -33,6 +33,23 @@ RUN = (
     "import runpy, sys; sys.argv = sys.argv[1:]; {}; "
     "runpy.run_path(sys.argv[0], run_name='__main__')"
 )
+# Every rank of two jobs returns from attach only once all four have attached (files in
+# $TOGETHER_DIR; at most 60 s): the two jobs hold their switch ports at the same time.
+TOGETHER = """
+import os, pathlib, runpy, sys, time
+import homagg
+attach, there = homagg.attach, pathlib.Path(os.environ["TOGETHER_DIR"])
+def together(*args, **kw):
+    state = attach(*args, **kw)
+    (there / os.environ["TOGETHER_NAME"]).touch()
+    deadline = time.monotonic() + 60
+    while len(list(there.iterdir())) < 4 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return state
+homagg.attach = together
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
 NO_ATTACH = RUN.format("import homagg; homagg.attach = lambda *a, **k: None")
 DEBUG_LOGS = RUN.format("import logging; logging.basicConfig(level=logging.DEBUG)")
 
@@ -99,21 +116,29 @@ def test_example_through_the_switch_equals_gloo(fab, gloo_params, tmp_path):
 
 
 def test_two_jobs_on_the_same_hosts_at_once(fab, gloo_params, tmp_path):
-    """Both ask for UDP port 41000 + LOCAL_RANK; the second to bind takes a free one before
-    it joins, so both jobs run through the switch and end at gloo's parameters."""
+    """Both ask for UDP port 41000 + LOCAL_RANK and hold their ports at the same time (no
+    rank trains before all four attached); the second to bind takes a free one before it
+    joins, so both jobs run through the switch and end at gloo's parameters."""
     before = job_ids(fab)
+    together = tmp_path / "together"
+    together.mkdir()
     envs = [
-        rank_env(fab, r, WORLD, port, controller=fab.address)
+        {
+            **rank_env(fab, r, WORLD, port, controller=fab.address),
+            "TOGETHER_DIR": str(together),
+            "TOGETHER_NAME": f"{port}-{r}",
+        }
         for port in (29613, 29614)
         for r in range(WORLD)
     ]
     argvs = [
-        [str(EXAMPLE), "--steps", "8", "--save", str(tmp_path / f"{tag}.pt")]
+        ["-c", TOGETHER, str(EXAMPLE), "--steps", "8", "--save", str(tmp_path / f"{tag}.pt")]
         for tag in ("a", "b")
         for _ in range(WORLD)
     ]
     logs = [tmp_path / f"{tag}-r{r}.log" for tag in ("a", "b") for r in range(WORLD)]
     texts = run_in_hosts(fab, argvs, envs, logs, 180, hosts=[0, 1, 0, 1])
+    assert len(list(together.iterdir())) == 4
     for tag in ("a", "b"):
         stats = json.loads((tmp_path / f"{tag}.pt.json").read_text())
         assert stats["switch_buckets"] >= 8 and stats["fallbacks"] == 0, (stats, texts)
