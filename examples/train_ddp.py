@@ -56,7 +56,11 @@ def main() -> None:
             print(f"step {step} loss {loss.item():.4f}", flush=True)
     if rank == 0 and args.save:
         torch.save(model.module.state_dict(), args.save)
-        stats = {"switch_buckets": hook.stats.switch_buckets, "fallbacks": hook.stats.fallbacks}
+        stats = {
+            "switch_buckets": hook.stats.switch_buckets,
+            "fallbacks": hook.stats.fallbacks,
+            "codec": hook.codec_name,
+        }
         with open(args.save + ".json", "w") as f:
             json.dump(stats, f)
     dist.barrier()

@@ -3,7 +3,9 @@
 command ends, and exit with its status.
 
 The ranks find HOMAGG_CONTROLLER, HOMAGG_JOB_ID and HOMAGG_TOKEN_FILE (a file only this
-user can read; the token is never on a command line) and `homagg.attach` joins this job.
+user can read; the token is never on a command line) and `homagg.attach` (or the homagg
+backend) joins this job with the job's codec (--codec; HOMAGG_CODEC is set to it, and a
+script's own codec= that differs is refused).
 The controller is verified against $HOMAGG_CA_FILE (the ranks inherit it); the job is
 created with the operator credential of $HOMAGG_OPERATOR_TOKEN_FILE or
 $HOMAGG_OPERATOR_TOKEN, which the ranks do not get.
@@ -35,8 +37,16 @@ from controller.credentials import (
     operator_token,
 )
 from controller.tls import TlsError
-from worker.attach import ENV_CODEC, ENV_CONTROLLER, ENV_JOB_ID, ENV_TOKEN, ENV_TOKEN_FILE
-from worker.codecs import CODECS, DEFAULT_CODEC
+from worker.attach import CODEC_CHOICES
+from worker.codecs import DEFAULT_CODEC
+from worker.job_setup import (
+    ENV_CODEC,
+    ENV_CONTROLLER,
+    ENV_JOB_ID,
+    ENV_TOKEN,
+    ENV_TOKEN_FILE,
+    release_job,
+)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -52,7 +62,12 @@ def _parser() -> argparse.ArgumentParser:
         help=f"controller address host:port (default ${ENV_CONTROLLER})",
     )
     p.add_argument("--world-size", type=int, required=True, help="ranks of the job, in total")
-    p.add_argument("--codec", choices=list(CODECS), default=DEFAULT_CODEC)
+    p.add_argument(
+        "--codec",
+        choices=CODEC_CHOICES,
+        default=os.environ.get(ENV_CODEC) or DEFAULT_CODEC,
+        help=f"the job's codec, which its ranks use (default ${ENV_CODEC}, else {DEFAULT_CODEC})",
+    )
     p.add_argument("--pool-size", type=int, default=0, help="switch slots (0: controller default)")
     p.add_argument("--name", default="homagg-run", help="job name shown by aggctl")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- the command to run (torchrun)")
@@ -69,6 +84,16 @@ def _write_token(token: str) -> Path:
 def _client(address: str) -> ControllerClient:
     """A client with this process's CA and operator credential (from the environment)."""
     return ControllerClient(address, 10.0, ca_file(), operator_token())
+
+
+def _release(address: str, job_id: int) -> str:
+    """End the job ("" when it is ended, also when every rank left first and the
+    controller ended it then), else why not."""
+    try:
+        with _client(address) as client:
+            return release_job(client.release, job_id)
+    except (SecretError, TlsError) as exc:
+        return str(exc)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -120,13 +145,10 @@ def run(args: argparse.Namespace) -> int:
         for s, h in previous.items():
             signal.signal(s, h)
         token_file.unlink(missing_ok=True)
-        try:
-            with _client(args.controller) as client:
-                client.release(job.job_id)
-        except (grpc.RpcError, SecretError, TlsError) as exc:
-            why = exc.code().name if isinstance(exc, grpc.RpcError) else exc
+        problem = _release(args.controller, job.job_id)
+        if problem:
             print(
-                f"homagg-run: job {job.job_id} not released ({why}); its lease ends it",
+                f"homagg-run: job {job.job_id} not released ({problem}); its lease ends it",
                 file=sys.stderr,
             )
     return code if code >= 0 else 128 - code

@@ -20,7 +20,6 @@ import json
 import math
 import time
 import warnings
-from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -31,34 +30,30 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from run import peers
 from run.model import DEFAULT_LR, MODELS, JobShape, make_task
-from worker.attach import connect
+from worker.attach import attach
 from worker.codecs import DEFAULT_CODEC
-from worker.ddp_hook import AUTO, SwitchHookState, switch_allreduce_hook
+from worker.ddp_hook import AUTO, SwitchHookState
 from worker.dear import DearDataParallel
 
 
-@dataclass
-class Tracked:
-    """The hook state plus the largest |local gradient| a bucket held this step (its
-    exponent bounds every block exponent the codec agrees on: docs/codecs.md)."""
+class LocalGradMax:
+    """The largest |local gradient| this step (before any aggregation; its exponent bounds
+    every block exponent the codec agrees on: docs/codecs.md), from parameter hooks."""
 
-    inner: SwitchHookState
-    local_max: float = 0.0
+    def __init__(self, module: torch.nn.Module) -> None:
+        self.value = 0.0
+        for p in module.parameters():
+            if p.requires_grad:
+                p.register_hook(self._see)
+
+    def _see(self, grad: torch.Tensor) -> None:
+        self.value = max(self.value, _grad_max(grad))
 
 
 def _grad_max(grad: torch.Tensor) -> float:
     """Largest |element| of a gradient, dense or sparse (sparse embeddings: its values)."""
     values = grad.coalesce().values() if grad.is_sparse else grad
     return float(values.abs().max()) if values.numel() else 0.0
-
-
-def tracked_hook(state: Tracked, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-    """switch_allreduce_hook, recording the bucket's max |gradient| first."""
-    buf = bucket.buffer()
-    vals = buf.coalesce().values() if buf.is_sparse else buf
-    if vals.numel():
-        state.local_max = max(state.local_max, float(vals.abs().max()))
-    return switch_allreduce_hook(state.inner, bucket)
 
 
 def tx_bytes(iface: str) -> int:
@@ -74,12 +69,12 @@ def train(a: argparse.Namespace) -> None:
     peers.prepare(a.mode, task.model)  # before DDP: it reads which gradients are sparse
     dear = a.mode == "switch" and a.overlap == "dear"
     model = task.model if dear else DDP(task.model)
-    tracked: Tracked | None = None
-    agent = None
+    state: SwitchHookState | None = None
+    grad_max: LocalGradMax | None = None
     lr = a.lr if a.lr is not None else DEFAULT_LR[a.model]
     opt = torch.optim.SGD(model.parameters(), lr=lr)
     if a.mode == "switch":
-        model, tracked, agent = _attach_switch(a, task, model, opt, dear)
+        model, state, grad_max = _attach_switch(a, task, model, opt, dear)
     out = Path(a.out)
     # closed in the finally below (rank 0 only writes the step records)
     log = open(out / f"{a.mode}.jsonl", "w") if rank == 0 else None  # noqa: SIM115
@@ -89,9 +84,10 @@ def train(a: argparse.Namespace) -> None:
         peers.attach(a.mode, model, a.steps)  # DDP keeps the hook's state
     try:
         for step in range(a.steps):
-            t, local_max = _agreed(_timed_step(a, task, model, opt, tracked, step), tracked)
+            values = _timed_step(a, task, model, opt, state, grad_max, step)
+            t, local_max = _agreed(values, grad_max)
             if log is not None:
-                rec = _record(step, t, world, dense, local_max, model, tracked)
+                rec = _record(step, t, world, dense, local_max, model, state)
                 log.write(json.dumps(rec) + "\n")
                 log.flush()
                 print(_progress(a.mode, a.steps, rec), flush=True)
@@ -103,37 +99,33 @@ def train(a: argparse.Namespace) -> None:
     finally:
         if log is not None:
             log.close()
-        _close(model, tracked, agent)
+        _close(model, state)
 
 
 def _attach_switch(
     a: argparse.Namespace, task: Any, model: Any, opt: torch.optim.Optimizer, dear: bool
-) -> tuple[Any, Tracked, Any]:
-    """What homagg.attach does, with the hook wrapped to record local gradient maxima:
-    (the model to train, the tracked hook state, the agent or None)."""
-    agent, reason = connect(
-        a.codec, controller=a.controller, pool_size=a.pool_size, name="make-run"
-    )
+) -> tuple[Any, SwitchHookState, LocalGradMax]:
+    """homagg.attach on the DDP model (or DeAR around the bare one) and a local gradient
+    maximum from parameter hooks: (the model to train, the hook state, the maximum)."""
+    grad_max = LocalGradMax(task.model)
     # One support key per embedding row: the index phase shrinks dim-fold.
     opts: dict[str, Any] = {"support_block": a.dim} if task.sparse else {}
     if a.codec == AUTO:  # per codec name; the sparse rows' key for lossless only
         opts = {"lossless": opts}
     elif a.codec != "lossless":
         opts = {}
-    hook_state = SwitchHookState(
-        agent,
-        codec=a.codec,
-        unavailable_reason=reason,
-        codec_options=opts,
+    state = attach(
+        None if dear else model,  # DeAR takes the state itself
+        a.codec,
         asynchronous=a.overlap != "blocking",
+        codec_options=opts,
+        controller=a.controller or None,
+        pool_size=a.pool_size,
+        name="make-run",
     )
-    tracked = Tracked(hook_state)
     if dear:
-        model = DearDataParallel(task.model, opt, hook_state, tune_steps=2)
-    else:
-        assert isinstance(model, DDP)
-        model.register_comm_hook(tracked, tracked_hook)
-    return model, tracked, agent
+        model = DearDataParallel(task.model, opt, state, tune_steps=2)
+    return model, state, grad_max
 
 
 def _timed_step(
@@ -141,43 +133,41 @@ def _timed_step(
     task: Any,
     model: Any,
     opt: torch.optim.Optimizer,
-    tracked: Tracked | None,
+    state: SwitchHookState | None,
+    grad_max: LocalGradMax | None,
     step: int,
 ) -> list[float]:
     """One training step, timed: this rank's loss, seconds, bytes sent, largest |local
     gradient| and the hook's counters during the step (the numbers _agreed sums)."""
     start, sent = time.perf_counter(), tx_bytes(a.iface)
-    before = _stats(tracked)
+    before = _stats(state)
     *inputs, labels = task.batch(dist.get_rank(), step)
     opt.zero_grad()
     loss = task.loss(model(*inputs), labels)
     loss.backward()
     if isinstance(model, DearDataParallel):  # DeAR steps in the next forward
-        assert tracked is not None
-        tracked.local_max = max(
-            [_grad_max(p.grad) for p in model.parameters() if p.grad is not None] + [0.0]
-        )
         if step == a.steps - 1:
             model.flush()
     else:
         opt.step()
     seconds = time.perf_counter() - start
     wire = tx_bytes(a.iface) - sent
-    after = _stats(tracked)
-    local_max = tracked.local_max if tracked else 0.0
+    after = _stats(state)
+    local_max = grad_max.value if grad_max else 0.0
     return [loss.item(), seconds, float(wire), local_max] + [
         float(x - y) for x, y in zip(after, before)
     ]
 
 
-def _agreed(values: list[float], tracked: Tracked | None) -> tuple[torch.Tensor, float]:
+def _agreed(values: list[float], grad_max: LocalGradMax | None) -> tuple[torch.Tensor, float]:
     """The step's numbers summed over the ranks, and the largest |local gradient| of any
-    rank (tiny all_reduces for the report, not part of the timed step)."""
+    rank (tiny all_reduces for the report, not part of the timed step); starts the next
+    step's local maximum."""
     t = torch.tensor(values, dtype=torch.float64)
     dist.all_reduce(t)
     local_max = values[3]
-    if tracked:
-        tracked.local_max = 0.0
+    if grad_max:
+        grad_max.value = 0.0
         m = torch.tensor([local_max], dtype=torch.float64)
         dist.all_reduce(m, op=dist.ReduceOp.MAX)
         local_max = float(m)
@@ -191,7 +181,7 @@ def _record(
     dense: int,
     grad_max: float,
     model: Any,
-    tracked: Tracked | None,
+    state: SwitchHookState | None,
 ) -> dict[str, Any]:
     """Rank 0's JSON record of a step from the summed numbers `t` of _agreed."""
     pmax = max(float(p.detach().abs().max()) for p in model.parameters())
@@ -209,37 +199,36 @@ def _record(
         "agreement_seconds": float(t[9]) / world,
         "grad_max": grad_max,
         "param_max": pmax,
-        **_overlap_report(model, tracked),
+        **_overlap_report(model, state),
     }
 
 
-def _close(model: Any, tracked: Tracked | None, agent: Any) -> None:
-    """Stop DeAR or the hook's communication, then leave the job."""
+def _close(model: Any, state: SwitchHookState | None) -> None:
+    """Stop DeAR or the hook's communication thread; the job ends at destroy_process_group
+    (main)."""
     if isinstance(model, DearDataParallel):
         model.close()
-    elif tracked is not None:
-        tracked.inner.close()
-    if agent is not None:
-        agent.close()
+    elif state is not None:
+        state.close()
 
 
-def _overlap_report(model: Any, tracked: Tracked | None) -> dict[str, Any]:
+def _overlap_report(model: Any, state: SwitchHookState | None) -> dict[str, Any]:
     """Rank 0's view of the overlap modes: codec="auto"'s choices so far (every rank makes
     the same ones), DeAR's bucket size and its tuning measurements."""
     rec: dict[str, Any] = {}
-    if tracked is not None and tracked.inner.controller is not None:
-        rec["auto_choices"] = dict(tracked.inner.stats.auto_choices)
-        rec["host_buckets"] = tracked.inner.stats.host_buckets
+    if state is not None and state.controller is not None:
+        rec["auto_choices"] = dict(state.stats.auto_choices)
+        rec["host_buckets"] = state.stats.host_buckets
     if isinstance(model, DearDataParallel):
         rec["dear_bucket_bytes"] = model.bucket_bytes
         rec["dear_tuned"] = model.tuner.chosen is not None
     return rec
 
 
-def _stats(tracked: Tracked | None) -> tuple[int, int, int, int, float, float]:
-    if tracked is None:
+def _stats(state: SwitchHookState | None) -> tuple[int, int, int, int, float, float]:
+    if state is None:
         return 0, 0, 0, 0, 0.0, 0.0
-    s = tracked.inner.stats
+    s = state.stats
     return (
         s.wire_bytes,
         s.dense_bytes,

@@ -4,6 +4,7 @@ with a heartbeat thread until it leaves (docs/worker.md)."""
 
 from __future__ import annotations
 
+import errno
 import ipaddress
 import logging
 import math
@@ -11,7 +12,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -60,10 +61,10 @@ class AgentConfig:
 
     controller: str
     job_id: int
-    token: str
+    token: str = field(repr=False)  # secret: never in a log line or a traceback
     rank: int
     ip: str
-    udp_port: int
+    udp_port: int  # when another socket holds it (a second job, a new_group): any free port
     switch_port: int | None = None  # None: the controller finds it in its topology
     mac: str = ""  # empty: read from /sys/class/net/<iface>/address
     iface: str = ""
@@ -136,7 +137,8 @@ class WorkerAgent:
     """One rank of a job: joined, assigned, heartbeating; `transport` aggregates through the switch.
 
     `socket_factory` makes the UDP socket (e.g. inside a network namespace); the agent binds
-    it to (ip, udp_port). Use as a context manager: close() stops the heartbeat and leaves."""
+    it to (ip, udp_port), or to a free port when that one is taken, before it joins. Use as a
+    context manager: close() stops the heartbeat and leaves."""
 
     def __init__(
         self, config: AgentConfig, socket_factory: Callable[[], socket.socket] | None = None
@@ -151,7 +153,10 @@ class WorkerAgent:
         self._stop = threading.Event()
         self._fatal = False
         self._thread: threading.Thread | None = None
+        self._joined = False  # JoinJob answered: close() leaves (or un-joins) the job
         self._left = False
+        self._sock: socket.socket | None = None
+        self.udp_port = 0  # the port bound and registered (the configured one unless taken)
         try:
             self.client = ControllerClient(
                 config.controller, timeout=config.rpc_timeout, ca_file=config.ca_file
@@ -159,10 +164,9 @@ class WorkerAgent:
         except TlsError as exc:
             raise AgentError(f"no TLS to the controller {config.controller}: {exc}") from exc
         try:
+            self._bind(socket_factory or (lambda: socket.socket(socket.AF_INET, socket.SOCK_DGRAM)))
             self._register()
-            self._open_transport(
-                socket_factory or (lambda: socket.socket(socket.AF_INET, socket.SOCK_DGRAM))
-            )
+            self._open_transport()
         except BaseException:
             self.close()
             raise
@@ -187,14 +191,40 @@ class WorkerAgent:
             raise AgentError("neither a MAC nor an interface to read it from was given")
         return interface_mac(self.config.iface)
 
+    def _bind(self, socket_factory: Callable[[], socket.socket]) -> None:
+        """Bind the UDP socket before joining, so the port the controller installs is one
+        this rank holds: the configured port, or any free one when another socket (a second
+        job on this host, a `dist.new_group` under the homagg backend) already has it."""
+        cfg = self.config
+        sock = socket_factory()
+        try:
+            try:
+                sock.bind((cfg.ip, cfg.udp_port))
+            except OSError as exc:
+                if exc.errno != errno.EADDRINUSE:
+                    raise
+                sock.bind((cfg.ip, 0))
+                log.info(
+                    "rank %d: UDP %s:%d is taken; using port %d",
+                    cfg.rank,
+                    cfg.ip,
+                    cfg.udp_port,
+                    sock.getsockname()[1],
+                )
+        except OSError as exc:
+            sock.close()
+            raise AgentError(f"cannot bind UDP {cfg.ip}:{cfg.udp_port}: {exc}") from exc
+        self._sock, self.udp_port = sock, sock.getsockname()[1]
+
     def _register(self) -> None:
         cfg = self.config
         try:
             self.client.join(
-                cfg.job_id, cfg.token, cfg.rank, self.mac, cfg.ip, cfg.udp_port, cfg.switch_port
+                cfg.job_id, cfg.token, cfg.rank, self.mac, cfg.ip, self.udp_port, cfg.switch_port
             )
         except grpc.RpcError as exc:
             raise _rpc_error("JoinJob", exc, cfg.controller) from exc
+        self._joined = True
         msg = self._wait_ready()
         assignment = Assignment.from_message(msg)
         problem = _assignment_problem(assignment, cfg)
@@ -204,6 +234,17 @@ class WorkerAgent:
             )
         self.assignment = assignment
         self.healthy, self.unhealthy_reason = True, ""
+        log.info(
+            "rank %d in job %d from %s:%d (switch %s, pool %d, codec %s); %r",
+            cfg.rank,
+            cfg.job_id,
+            cfg.ip,
+            self.udp_port,
+            assignment.switch,
+            assignment.pool_size,
+            assignment.codec,
+            cfg,
+        )
 
     def _wait_ready(self) -> Any:
         """WaitReady within ready_timeout, again while the controller answers that too many
@@ -220,15 +261,10 @@ class WorkerAgent:
                     raise _rpc_error("WaitReady", exc, cfg.controller) from exc
             time.sleep(READY_RETRY_S)
 
-    def _open_transport(self, socket_factory: Callable[[], socket.socket]) -> None:
-        cfg, a = self.config, self.assignment
-        assert a is not None
-        sock = socket_factory()
-        try:
-            sock.bind((cfg.ip, cfg.udp_port))
-        except OSError as exc:
-            sock.close()
-            raise AgentError(f"cannot bind UDP {cfg.ip}:{cfg.udp_port}: {exc}") from exc
+    def _open_transport(self) -> None:
+        cfg, a, sock = self.config, self.assignment, self._sock
+        assert a is not None and sock is not None
+        self._sock = None  # the channel owns it now
         channel: Channel = UdpChannel(sock, (a.service_ip, a.udp_port))
         try:
             tcfg = TransportConfig(
@@ -279,7 +315,7 @@ class WorkerAgent:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(self.config.rpc_timeout + 1)
-        if self.assignment is not None and not self._left:
+        if self._joined and not self._left:
             self._left = True
             try:
                 self.client.leave(self.config.job_id, self.config.token, self.config.rank)
@@ -293,6 +329,9 @@ class WorkerAgent:
         self.unhealthy_reason = "closed"
         if self.transport is not None:
             self.transport.channel.close()
+        if self._sock is not None:  # bound, but the join failed before the channel took it
+            self._sock.close()
+            self._sock = None
         self.client.close()
 
     def __enter__(self) -> WorkerAgent:

@@ -15,8 +15,6 @@ destroyed or the process exits. Each all_reduce counts as one step of the hook's
 
 from __future__ import annotations
 
-import json
-import os
 from collections import Counter
 from collections.abc import Callable, Generator
 from datetime import timedelta
@@ -29,12 +27,11 @@ from torch._C._distributed_c10d import _create_work_from_future  # type: ignore[
 
 from aggwire.constants import Op
 from worker import sparse_bucket
-from worker.attach import ENV_CODEC, JobTicket, connect
-from worker.codecs import DEFAULT_CODEC, CorruptResultError, GradInput, Phase, check_codec
+from worker.codecs import DEFAULT_CODEC, CorruptResultError, Phase
 from worker.ddp_hook import SwitchHookState, agreed_sum
+from worker.job_setup import Members, Request, set_up
 
 BACKEND_NAME = "homagg"
-_JOB_KEY = "homagg/job"
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16)  # exact in float32
 _INTS = (torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64)
 _INT32_MAX = 2**31 - 1
@@ -61,27 +58,6 @@ DELEGATED = (
     "recv",
     "recv_anysource",
 )
-
-
-def store_exchange(store: dist.Store, rank: int, timeout: timedelta) -> Callable[[Any], Any]:
-    """Rank 0's value (a JobTicket, or its reason as a str) to every rank through the store,
-    as JSON: nothing a rank reads from the store is unpickled."""
-
-    def exchange(value: JobTicket | str) -> JobTicket | str:
-        if rank == 0:
-            if isinstance(value, JobTicket):
-                store.set(_JOB_KEY, json.dumps({"job": [value.job_id, value.token]}))
-            else:
-                store.set(_JOB_KEY, json.dumps({"reason": value}))
-            return value
-        store.wait([_JOB_KEY], timeout)
-        got = json.loads(store.get(_JOB_KEY))
-        if "job" in got:
-            job_id, token = got["job"]
-            return JobTicket(int(job_id), str(token), False)  # rank 0 created it, if any
-        return str(got["reason"])
-
-    return exchange
 
 
 def float_order_key(x: np.ndarray) -> np.ndarray:
@@ -137,17 +113,8 @@ def _done(tensors: list[torch.Tensor]) -> Any:
     return _create_work_from_future(fut)
 
 
-def backend_codec() -> str:
-    """The codec of float sums: HOMAGG_CODEC or the default; a clear error for any other name
-    ("auto" needs the hook's per-step budgets, which a bare all_reduce does not have)."""
-    codec = os.environ.get(ENV_CODEC, DEFAULT_CODEC)
-    try:
-        return check_codec(codec)
-    except ValueError as exc:
-        raise ValueError(
-            f"{ENV_CODEC}={codec!r} for the homagg backend: {exc} "
-            "(codec 'auto' works with homagg.attach's hook only)"
-        ) from None
+# The backend runs the registered codecs only: "auto" budgets from DDP's bucket timing.
+_NO_AUTO = " (codec 'auto' works with homagg.attach's hook only)"
 
 
 class SwitchProcessGroup(dist.ProcessGroup):
@@ -155,22 +122,23 @@ class SwitchProcessGroup(dist.ProcessGroup):
 
     def __init__(self, store: dist.Store, rank: int, world: int, timeout: timedelta) -> None:
         super().__init__(rank, world)  # type: ignore[call-arg]  # torch's Python-PG form
-        codec = backend_codec()
         self.gloo: Any = dist.ProcessGroupGloo(  # Any: its stub lacks the collectives
             dist.PrefixStore("homagg/gloo", store), rank, world, timeout
         )
         self.gloo_calls: Counter[str] = Counter()  # all_reduces sent to gloo, by reason
-        self._closers: list[Callable[[], None]] = []
-        exchange = store_exchange(dist.PrefixStore("homagg", store), rank, timeout)
-        agent, reason = connect(codec, ranks=(rank, world, exchange), closers=self._closers)
+        request = Request(refusal_note=_NO_AUTO)
+        self.setup = set_up(request, Members(store, rank, world))
         self.state = _State(
             self.gloo,
-            agent=agent,
-            codec=codec,
+            agent=self.setup.agent,
+            codec=self.setup.codec or DEFAULT_CODEC,
             world_size=world,
             rank=rank,
-            unavailable_reason=reason,
+            unavailable_reason=self.setup.reason,
         )
+        self.state.warned = bool(self.setup.reason)  # set_up warned once already
+        if self.setup.session is not None:
+            self.setup.session.states.append(self.state)
 
     def getBackendName(self) -> str:
         """The name it is registered under."""
@@ -178,8 +146,8 @@ class SwitchProcessGroup(dist.ProcessGroup):
 
     def shutdown(self) -> None:
         """Leave the job (rank 0 releases it) and shut gloo down: destroy_process_group."""
-        for close in self._closers:
-            close()
+        if self.setup.session is not None:
+            self.setup.session.close()
         self.state.agent = None
         self.state.unavailable_reason = "the process group was destroyed"
         self.gloo.shutdown()
@@ -199,35 +167,40 @@ class SwitchProcessGroup(dist.ProcessGroup):
         if out is None:
             return self._gloo_allreduce(tensors, opts, why)
         t = tensors[0]
-        _write_back(t, out, kind)
+        with torch.no_grad():  # as gloo writes: a leaf that requires grad is written too
+            t.copy_(out)  # in place, as gloo does (sparse too)
         if op == dist.ReduceOp.AVG:
             t.div_(self.size())
         return _done(tensors)
 
-    def _switch_sum(self, t: torch.Tensor, kind: str) -> tuple[np.ndarray | None, str]:
-        """(the switch's combined cells, "") or (None, why this call goes to gloo); the
-        same on every rank, as each decision is agreed."""
+    def _switch_sum(self, t: torch.Tensor, kind: str) -> tuple[torch.Tensor | None, str]:
+        """(the switch's result, shaped as `t`, "") or (None, why this call goes to gloo);
+        the same on every rank, as each decision is agreed."""
         if not kind:
             return None, "not a switch operation"
         if not self.state.use_switch():
             return None, "fallback"
+        if t.is_sparse:  # indices and values, never densified; the rows' union as gloo's
+            sparse = sparse_bucket.SparseBucket(t)
+            out = agreed_sum(self.state, t.numel(), sparse.grad, t.numel(), wrap=sparse.phases)
+            return (None, "fallback") if out is None else (sparse.result(out), "")
         cells = self._cells(t, kind)
         if cells is None:
             return None, "integers beyond the int32 cells"
         if kind == "codec":  # a codec per tensor size, the key of any error memory
             out = agreed_sum(self.state, t.numel(), cells, t.numel())
         else:
-            assert isinstance(cells, np.ndarray)
             phase = _raw_phase(Op.ADD if kind == "add" else Op.MAX, cells)
             out = agreed_sum(self.state, 0, cells, cells.size, phase)
-        return out, "" if out is not None else "fallback"
+        if out is None:
+            return None, "fallback"
+        if t.is_floating_point() and kind == "max":
+            out = float_from_key(out)
+        return torch.from_numpy(np.asarray(out)).reshape(t.shape), ""
 
-    def _cells(self, t: torch.Tensor, kind: str) -> GradInput | None:
-        """The codec's input (float32, or a sparse tensor's indices and values, never
-        densified) or int32 cells for ADD/MAX; None when some rank's integers do not fit
-        (agreed: every rank then takes gloo)."""
-        if t.is_sparse:
-            return sparse_bucket.to_codec_input(t)
+    def _cells(self, t: torch.Tensor, kind: str) -> np.ndarray | None:
+        """The codec's float32 input or int32 cells for ADD/MAX; None when some rank's
+        integers do not fit (agreed: every rank then takes gloo)."""
         x = t.detach().reshape(-1)
         if kind == "codec":
             return x.to(torch.float32).numpy()
@@ -254,17 +227,6 @@ class SwitchProcessGroup(dist.ProcessGroup):
         for t in tensors:
             t.div_(self.size())
         return _done(tensors)
-
-
-def _write_back(t: torch.Tensor, out: np.ndarray, kind: str) -> None:
-    """The switch's result into the caller's tensor, in place (as gloo does, sparse too)."""
-    with torch.no_grad():  # as gloo writes: a leaf that requires grad is written too
-        if t.is_sparse:
-            t.copy_(sparse_bucket.from_codec_output(out, t))
-            return
-        if t.is_floating_point() and kind == "max":
-            out = float_from_key(out)
-        t.copy_(torch.from_numpy(out).reshape(t.shape))
 
 
 def _raw_phase(op: Op, cells: np.ndarray) -> Generator[Phase, np.ndarray, np.ndarray]:

@@ -14,7 +14,7 @@ import logging
 import time
 import warnings
 from collections import Counter
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,6 +40,9 @@ from worker.transport import TransportError
 
 log = logging.getLogger(__name__)
 
+Wrap = Callable[
+    [Generator[Phase, np.ndarray, np.ndarray]], Generator[Phase, np.ndarray, np.ndarray]
+]  # phases around a codec's (a sparse bucket's row union: worker/sparse_bucket.py)
 AUTO = "auto"  # not a codec: the delay-aware choice among CODECS (worker/auto_control.py)
 
 # Failure kinds, exchanged as MAX over ranks: the highest one names the agreed reason.
@@ -301,9 +304,10 @@ def _through_switch(
     grad: GradInput,
     length: int,
     phases: Generator[Phase, np.ndarray, np.ndarray] | None = None,
+    wrap: Wrap | None = None,
 ) -> tuple[np.ndarray | None, int, str]:
     """(decoded sum, OK, "") or (None, failure kind, reason) for one bucket on this rank;
-    `phases` replaces the bucket codec's (a raw switch operation)."""
+    `phases` replaces the bucket codec's (a raw switch operation); `wrap` adds to them."""
     agent = state.agent
     if agent is None or agent.transport is None or not agent.healthy:
         return None, UNHEALTHY, state.local_reason()
@@ -311,7 +315,8 @@ def _through_switch(
     before = (transport.stats.packets_sent, transport.stats.retransmissions)
     start = time.perf_counter()
     try:
-        out = transport.run(phases or state.codec_for(index, length).aggregate(grad))
+        gen = phases or state.codec_for(index, length).aggregate(grad)
+        out = transport.run(wrap(gen) if wrap is not None else gen)
     except TransportError as exc:
         return None, SWITCH_TIMEOUT, str(exc)
     except CodecError as exc:
@@ -376,19 +381,13 @@ def aggregate_bucket(
 def _switch_or_none(state: SwitchHookState, index: int, buf: torch.Tensor) -> torch.Tensor | None:
     """The bucket summed by the switch into `buf`, or None when the ranks agreed to fall
     back (the agreement all_reduce is issued on every rank either way)."""
-    grad: GradInput
     if buf.is_sparse:  # a sparse parameter's bucket: indices and values, never densified
-        grad = sparse_bucket.to_codec_input(buf)
-        length = grad.length
-    else:
-        grad = buf.detach().reshape(-1).to("cpu", torch.float32).numpy()
-        length = grad.size
-    out = agreed_sum(state, index, grad, length)
-    if out is None:
-        return None
-    if buf.is_sparse:
-        return sparse_bucket.from_codec_output(out, buf)
-    return _into_bucket(buf, out)
+        sparse = sparse_bucket.SparseBucket(buf)
+        summed = agreed_sum(state, index, sparse.grad, sparse.grad.length, wrap=sparse.phases)
+        return None if summed is None else sparse.result(summed)
+    grad = buf.detach().reshape(-1).to("cpu", torch.float32).numpy()
+    out = agreed_sum(state, index, grad, grad.size)
+    return None if out is None else _into_bucket(buf, out)
 
 
 def agreed_sum(
@@ -397,10 +396,11 @@ def agreed_sum(
     grad: GradInput,
     length: int,
     phases: Generator[Phase, np.ndarray, np.ndarray] | None = None,
+    wrap: Wrap | None = None,
 ) -> np.ndarray | None:
     """The switch's sum of `grad` (by bucket `index`'s codec, or by `phases`) when every
     rank's succeeded, else None after the agreed fall-back; one agreement either way."""
-    out, failure, reason = _through_switch(state, index, grad, length, phases)
+    out, failure, reason = _through_switch(state, index, grad, length, phases, wrap)
     failed, health, chunk = state.agree(failure, state.local_health())
     if failed != OK:
         state.fall_back(failed, reason, chunk)

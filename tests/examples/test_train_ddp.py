@@ -1,17 +1,23 @@
 """examples/train_ddp.py, an ordinary DDP script plus `homagg.attach`, run as torchrun would
 (RANK, WORLD_SIZE, MASTER_ADDR in the environment) by two ranks inside their host
 namespaces, gloo and the aggregation both through the reference switch: the switch run ends
-at the parameters of the same script without a controller (gloo, one warning)."""
+at the parameters of the same script without a controller (gloo, one warning). Beside it:
+two jobs on the same hosts at once; the bad inputs of a job's set-up (a rank that never
+calls attach, the controller on one rank only, codecs that differ between the ranks or from
+the job's), each one message on every rank and gloo, or one error on every rank, in bounded
+time; a job made outside the script runs with its codec; no log carries the job's token."""
 
 from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 
 import pytest
 import torch
 
+from aggwire.constants import WORKER_UDP_BASE
 from testnet.namespace import have_privileges
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "worker"))
@@ -23,30 +29,188 @@ pytestmark = pytest.mark.skipif(
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "train_ddp.py"
 WORLD = 2
+# The example run through runpy with a change first (argv: the example and its arguments).
+RUN = (
+    "import runpy, sys; sys.argv = sys.argv[1:]; {}; "
+    "runpy.run_path(sys.argv[0], run_name='__main__')"
+)
+# Every rank of two jobs returns from attach only once all four have attached (files in
+# $TOGETHER_DIR; at most 60 s): the two jobs hold their switch ports at the same time.
+TOGETHER = """
+import os, pathlib, runpy, sys, time
+import homagg
+attach, there = homagg.attach, pathlib.Path(os.environ["TOGETHER_DIR"])
+def together(*args, **kw):
+    state = attach(*args, **kw)
+    (there / os.environ["TOGETHER_NAME"]).touch()
+    deadline = time.monotonic() + 60
+    while len(list(there.iterdir())) < 4 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return state
+homagg.attach = together
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+NO_ATTACH = RUN.format("import homagg; homagg.attach = lambda *a, **k: None")
+DEBUG_LOGS = RUN.format("import logging; logging.basicConfig(level=logging.DEBUG)")
 
 
-def run_example(c: Controlled, tmp: Path, tag: str, controller: str, port: int) -> list[str]:
-    """Both ranks of the example; returns their logs (asserting they exited 0 in time)."""
-    envs = [rank_env(c, r, WORLD, port, controller=controller) for r in range(WORLD)]
+@pytest.fixture(scope="module")
+def fab(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("fabric")
+    c = Controlled(tmp, WORLD, fabric=True, listen=f"unix:{tmp}/ctl.sock")
+    yield c
+    c.close()
+
+
+def run_example(
+    c: Controlled,
+    tmp: Path,
+    tag: str,
+    port: int,
+    envs: list[dict[str, str]] | None = None,
+    prefix: list[list[str]] | None = None,
+    check: bool = True,
+) -> list[str]:
+    """Both ranks of the example (rank 0 saves <tag>.pt); their logs. `envs` replace the
+    ranks' environments, `prefix` goes before the example's path (python -c ...)."""
+    envs = envs or [rank_env(c, r, WORLD, port, controller=c.address) for r in range(WORLD)]
     argv = [str(EXAMPLE), "--steps", "8", "--save", str(tmp / f"{tag}.pt")]
+    argvs = [[*(prefix[r] if prefix else []), *argv] for r in range(WORLD)]
     logs = [tmp / f"{tag}-r{r}.log" for r in range(WORLD)]
-    return run_in_hosts(c, [argv] * WORLD, envs, logs, 120)
+    return run_in_hosts(c, argvs, envs, logs, 120, check=check)
 
 
-def test_example_through_the_switch_equals_gloo(tmp_path):
-    c = Controlled(tmp_path, WORLD, fabric=True, listen=f"unix:{tmp_path}/ctl.sock")
-    try:
-        switch_logs = run_example(c, tmp_path, "switch", c.address, 29611)
-        gloo_logs = run_example(c, tmp_path, "gloo", "", 29612)
-        jobs = c.client.list_jobs(include_ended=True).jobs
-    finally:
-        c.close()
-    stats = json.loads((tmp_path / "switch.pt.json").read_text())
-    assert stats["switch_buckets"] >= 8 and stats["fallbacks"] == 0, (stats, switch_logs)
-    assert all("falls back" not in t for t in switch_logs)
-    for t in gloo_logs:  # no controller: one clear warning per rank, then gloo
+@pytest.fixture(scope="module")
+def gloo_params(fab, tmp_path_factory):
+    """The example without a controller: one clear warning per rank, then gloo."""
+    tmp = tmp_path_factory.mktemp("gloo")
+    envs = [rank_env(fab, r, WORLD, 29612, controller="") for r in range(WORLD)]
+    for t in run_example(fab, tmp, "gloo", 29612, envs):
         assert t.count("homagg: rank") == 1 and "no controller: set HOMAGG_CONTROLLER" in t
-    a, b = torch.load(tmp_path / "switch.pt"), torch.load(tmp_path / "gloo.pt")
-    for k in a:
-        torch.testing.assert_close(a[k], b[k], atol=1e-5, rtol=1e-4)
-    assert len(jobs) == 1 and jobs[0].state == "ended"  # released at exit
+    return torch.load(tmp / "gloo.pt")
+
+
+def assert_params(path: Path, want: dict[str, torch.Tensor]) -> None:
+    got = torch.load(path)
+    for k in want:
+        torch.testing.assert_close(got[k], want[k], atol=1e-5, rtol=1e-4)
+
+
+def jobs_after(c: Controlled, before: set[int]) -> list:
+    return [j for j in c.client.list_jobs(include_ended=True).jobs if j.job_id not in before]
+
+
+def job_ids(c: Controlled) -> set[int]:
+    return {j.job_id for j in c.client.list_jobs(include_ended=True).jobs}
+
+
+def test_example_through_the_switch_equals_gloo(fab, gloo_params, tmp_path):
+    before = job_ids(fab)
+    logs = run_example(fab, tmp_path, "switch", 29611)
+    stats = json.loads((tmp_path / "switch.pt.json").read_text())
+    assert stats["switch_buckets"] >= 8 and stats["fallbacks"] == 0, (stats, logs)
+    assert stats["codec"] == "lossless" and all("falls back" not in t for t in logs)
+    assert_params(tmp_path / "switch.pt", gloo_params)
+    [job] = jobs_after(fab, before)
+    assert job.state == "ended"  # released at destroy_process_group
+
+
+def test_two_jobs_on_the_same_hosts_at_once(fab, gloo_params, tmp_path):
+    """Both ask for UDP port WORKER_UDP_BASE + LOCAL_RANK and hold their ports at the same time (no
+    rank trains before all four attached); the second to bind takes a free one before it
+    joins, so both jobs run through the switch and end at gloo's parameters."""
+    before = job_ids(fab)
+    together = tmp_path / "together"
+    together.mkdir()
+    envs = [
+        {
+            **rank_env(fab, r, WORLD, port, controller=fab.address),
+            "TOGETHER_DIR": str(together),
+            "TOGETHER_NAME": f"{port}-{r}",
+        }
+        for port in (29613, 29614)
+        for r in range(WORLD)
+    ]
+    argvs = [
+        ["-c", TOGETHER, str(EXAMPLE), "--steps", "8", "--save", str(tmp_path / f"{tag}.pt")]
+        for tag in ("a", "b")
+        for _ in range(WORLD)
+    ]
+    logs = [tmp_path / f"{tag}-r{r}.log" for tag in ("a", "b") for r in range(WORLD)]
+    texts = run_in_hosts(fab, argvs, envs, logs, 180, hosts=[0, 1, 0, 1])
+    assert len(list(together.iterdir())) == 4
+    for tag in ("a", "b"):
+        stats = json.loads((tmp_path / f"{tag}.pt.json").read_text())
+        assert stats["switch_buckets"] >= 8 and stats["fallbacks"] == 0, (stats, texts)
+        assert_params(tmp_path / f"{tag}.pt", gloo_params)
+    a, b = jobs_after(fab, before)
+    ends = [{(w.ip, w.udp_port) for w in j.workers} for j in (a, b)]
+    assert len(ends[0]) == len(ends[1]) == WORLD and not ends[0] & ends[1], ends
+    assert WORKER_UDP_BASE in {port for _, port in ends[0] | ends[1]}
+
+
+def test_a_rank_that_never_calls_attach(fab, gloo_params, tmp_path):
+    """Rank 0 waits HOMAGG_READY_TIMEOUT for rank 1's part of the set-up, warns once and
+    trains with DDP's own all_reduce, as rank 1 does: the same parameters as gloo's."""
+    envs = [
+        rank_env(fab, r, WORLD, 29615, controller=fab.address, ready_timeout="3")
+        for r in range(WORLD)
+    ]
+    start = time.monotonic()
+    logs = run_example(fab, tmp_path, "late", 29615, envs, [[], ["-c", NO_ATTACH]])
+    assert time.monotonic() - start < 90
+    assert logs[0].count("homagg: rank") == 1, logs[0]
+    assert "rank(s) [1] did not start the homagg set-up within 3 s" in logs[0]
+    assert "homagg: rank" not in logs[1]
+    assert json.loads((tmp_path / "late.pt.json").read_text())["switch_buckets"] == 0
+    assert_params(tmp_path / "late.pt", gloo_params)
+
+
+def test_the_controller_on_one_rank_only(fab, gloo_params, tmp_path):
+    envs = [
+        rank_env(fab, r, WORLD, 29616, controller=fab.address if r == 0 else "")
+        for r in range(WORLD)
+    ]
+    logs = run_example(fab, tmp_path, "one", 29616, envs)
+    for t in logs:  # every rank falls back together: no collective out of step
+        assert t.count("homagg: rank") == 1, t
+        assert "is set on rank(s) [0] but not on rank(s) [1]: give every rank" in t
+    assert_params(tmp_path / "one.pt", gloo_params)
+
+
+def test_codecs_that_differ_between_the_ranks_stop_both(fab, tmp_path):
+    envs = [
+        rank_env(fab, r, WORLD, 29617, controller=fab.address, codec=codec)
+        for r, codec in enumerate(("lossless", "fixed_point"))
+    ]
+    for t in run_example(fab, tmp_path, "codecs", 29617, envs, check=False):
+        assert "ValueError: homagg: the ranks ask for different codecs: rank 0 'lossless' " in t
+        assert "rank 1 'fixed_point' (HOMAGG_CODEC)" in t
+
+
+def test_a_job_made_outside_runs_its_codec_and_no_log_has_the_token(fab, gloo_params, tmp_path):
+    """The launcher's way (HOMAGG_JOB_ID and a token file): the job's codec, fixed point,
+    decides; a HOMAGG_CODEC that contradicts it stops both ranks with one clear error.
+    The ranks log everything at DEBUG, and the token appears nowhere."""
+    job = fab.create(WORLD, codec="fixed_point")
+    token = tmp_path / "token"
+    token.write_text(job.token)
+    made = {"controller": fab.address, "job_id": str(job.job_id), "token_file": str(token)}
+    envs = [rank_env(fab, r, WORLD, 29618, **made) for r in range(WORLD)]
+    logs = run_example(fab, tmp_path, "made", 29618, envs, [["-c", DEBUG_LOGS]] * WORLD)
+    stats = json.loads((tmp_path / "made.pt.json").read_text())
+    assert stats["codec"] == "fixed_point" and stats["switch_buckets"] >= 8, (stats, logs)
+    assert_params(tmp_path / "made.pt", gloo_params)
+    for r, t in enumerate(logs):  # the agent logs its configuration: without the token
+        assert f"INFO:worker.agent:rank {r} in job {job.job_id}" in t and "AgentConfig(" in t
+        assert job.token not in t
+
+    job = fab.create(WORLD, codec="fixed_point")
+    token.write_text(job.token)
+    made = {**made, "job_id": str(job.job_id), "codec": "lossless"}
+    envs = [rank_env(fab, r, WORLD, 29619, **made) for r in range(WORLD)]
+    logs = run_example(fab, tmp_path, "against", 29619, envs, [["-c", DEBUG_LOGS]] * WORLD, False)
+    for t in logs:
+        assert f"ValueError: homagg: job {job.job_id} runs codec 'fixed_point'" in t, t[-3000:]
+        assert "HOMAGG_CODEC asks for 'lossless'" in t and job.token not in t

@@ -3,6 +3,7 @@ a command line), passes the command's exit status through and releases the job."
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -12,6 +13,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "worker"))
 from agent_fabric import Controlled
+
+from testnet.namespace import have_privileges
 
 ROOT = Path(__file__).resolve().parents[2]
 CHILD = """
@@ -88,3 +91,69 @@ def test_a_secured_controller_needs_the_credential_and_the_ranks_do_not_get_it(t
         assert job.state == "ended"  # released with the credential
     finally:
         c.close()
+
+
+# Starts each host's torchrun in its namespace with what homagg-run exported; exits with the
+# first failing status (argv[1]: JSON [[namespace, {environment}, [argv]], ...]).
+IN_HOSTS = """
+import json, os, subprocess, sys
+procs = [
+    subprocess.Popen(["ip", "netns", "exec", ns, *argv], env={**os.environ, **env})
+    for ns, env, argv in json.loads(sys.argv[1])
+]
+codes = [p.wait() for p in procs]
+sys.exit(next((c for c in codes if c), 0))
+"""
+
+
+def torchrun_in_hosts(c: Controlled, port: int, script_args: list[str]) -> list[str]:
+    """The launcher's command: one torchrun per host of the fabric (2 nodes, 1 rank each)."""
+    assert c.fabric is not None
+    spec = []
+    for r, host in enumerate(c.fabric.hosts):
+        env = {"GLOO_SOCKET_IFNAME": host.iface, "HOMAGG_IFACE": host.iface}
+        argv = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2"]
+        argv += ["--nproc-per-node", "1", "--node-rank", str(r)]
+        argv += ["--master-addr", c.fabric.hosts[0].ip, "--master-port", str(port)]
+        spec.append([host.namespace, env, [*argv, str(EXAMPLE), *script_args]])
+    return [sys.executable, "-c", IN_HOSTS, json.dumps(spec)]
+
+
+EXAMPLE = ROOT / "examples" / "train_ddp.py"
+
+
+@pytest.mark.skipif(not have_privileges(), reason="needs root and iproute2 (network namespaces)")
+def test_torchrun_under_the_launcher_trains_on_the_switch(tmp_path):
+    """homagg-run -> torchrun on two hosts -> examples/train_ddp.py: the ranks join the
+    launcher's job from the environment it exports, train through the reference switch
+    with its codec (no fallback), the job ends, and nothing warns; a failing torchrun's
+    status comes back as the launcher's."""
+    c = Controlled(tmp_path, 2, fabric=True, listen=f"unix:{tmp_path}/ctl.sock")
+    try:
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+        for name in ("HOMAGG_CONTROLLER", "HOMAGG_CODEC", "HOMAGG_JOB_ID", "HOMAGG_TOKEN"):
+            env.pop(name, None)
+        cmd = [sys.executable, "-m", "homagg.launch", "--controller", c.address]
+        cmd += ["--world-size", "2", "--codec", "fixed_point", "--"]
+        save = tmp_path / "switch.pt"
+        args = ["--steps", "8", "--save", str(save)]
+        done = subprocess.run(
+            [*cmd, *torchrun_in_hosts(c, 29651, args)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=240,
+        )
+        out = done.stdout + done.stderr
+        assert done.returncode == 0, out[-5000:]
+        assert "not released" not in out and "homagg: rank" not in out, out[-5000:]
+        stats = json.loads(save.with_suffix(".pt.json").read_text())
+        assert stats == {**stats, "codec": "fixed_point", "fallbacks": 0}, stats
+        assert stats["switch_buckets"] >= 8
+        failing = [*cmd, *torchrun_in_hosts(c, 29652, ["--steps", "many"])]
+        bad = subprocess.run(failing, env=env, capture_output=True, text=True, timeout=120)
+        assert bad.returncode == 1 and "not released" not in bad.stderr, bad.stderr[-3000:]
+        jobs = c.client.list_jobs(include_ended=True).jobs
+    finally:
+        c.close()
+    assert [j.state for j in jobs] == ["ended", "ended"]

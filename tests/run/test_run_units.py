@@ -157,3 +157,26 @@ def test_rank_commands_name_the_master_and_only_the_switch_run_has_the_controlle
     assert (opts["--lr"], opts["--out"], opts["--codec"]) == ("0.5", str(tmp_path), "lossless")
     gloo = _rank_command("gloo", args, names, 0, 2, 29501, "hg3h1-eth0")
     assert "--controller" not in gloo and "--pool-size" not in gloo
+
+
+def test_local_grad_max_sees_each_rank_own_gradients_before_any_aggregation():
+    from run.train import LocalGradMax
+
+    torch.manual_seed(0)
+    model = torch.nn.ModuleDict(
+        {"emb": torch.nn.Embedding(10, 3, sparse=True), "out": torch.nn.Linear(3, 1)}
+    )
+    seen = LocalGradMax(model)
+    x = model["out"](model["emb"](torch.tensor([1, 4, 1]))).sum() * 7
+    x.backward()
+    grads = [p.grad for p in model.parameters()]
+    assert seen.value == pytest.approx(max(_abs_max(g) for g in grads))
+    seen.value = 0.0
+    for p in model.parameters():
+        p.grad = None
+    (model["out"](model["emb"](torch.tensor([2]))).sum() * 0.5).backward()
+    assert 0 < seen.value < 7  # this step's gradients only
+
+
+def _abs_max(g: torch.Tensor) -> float:
+    return float((g.coalesce().values() if g.is_sparse else g).abs().max())

@@ -212,13 +212,17 @@ def run_in_hosts(
     envs: list[dict[str, str]],
     logs: list[Path],
     timeout: float,
+    hosts: list[int] | None = None,
+    check: bool = True,
 ) -> list[str]:
-    """Rank i's argv run in host i's namespace with envs[i], its output in logs[i]; all
-    waited for within `timeout` s (the late ones killed); asserts every rank exited 0 and
-    returns their logs."""
+    """Rank i's argv run in host i's namespace (hosts[i]'s when given: several jobs on the
+    same hosts) with envs[i], its output in logs[i]; all waited for within `timeout` s (the
+    late ones killed); asserts every rank exited 0 (unless not `check`) and returns their
+    logs."""
     assert c.fabric is not None
     procs = []
-    for host, argv, env, log in zip(c.fabric.hosts, argvs, envs, logs):
+    for i, (argv, env, log) in enumerate(zip(argvs, envs, logs)):
+        host = c.fabric.hosts[hosts[i] if hosts is not None else i]
         cmd = ["ip", "netns", "exec", host.namespace, sys.executable, *argv]
         with open(log, "w") as out:  # the rank keeps its own descriptor
             procs.append(subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT))
@@ -230,5 +234,6 @@ def run_in_hosts(
             p.kill()
             p.wait(5)
     texts = [log.read_text() for log in logs]
-    assert all(p.returncode == 0 for p in procs), "\n".join(t[-3000:] for t in texts)
+    ok = all(p.returncode == 0 for p in procs)
+    assert ok or not check, "\n".join(t[-3000:] for t in texts)
     return texts

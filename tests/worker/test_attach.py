@@ -1,17 +1,21 @@
 """worker/attach.py's set-up in one process (gloo, world size 1) against an in-process
-controller: every bad input is one clear reason (the hook then falls back), never a hang;
-and the route to the controller gives this host's IP, interface and MAC."""
+controller: every bad input is one clear reason (the hook then falls back) or one clear
+error, never a hang; the route to the controller gives this host's IP, interface and MAC;
+nothing prints the token; releasing a job that already ended counts as released."""
 
 from __future__ import annotations
 
 import time
 
+import grpc
 import pytest
 import torch.distributed as dist
 from agent_fabric import Controlled
 
 from testnet.switch_process import free_port
-from worker import attach
+from worker import attach, job_session, job_setup
+from worker.agent import AgentConfig, AgentError
+from worker.route import route_of, route_to
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -31,51 +35,106 @@ def controlled(tmp_path_factory):
 
 @pytest.fixture(autouse=True)
 def clean_env(monkeypatch):
-    for name in (attach.ENV_CONTROLLER, attach.ENV_JOB_ID, attach.ENV_TOKEN, attach.ENV_IFACE):
+    for name in (
+        job_setup.ENV_CONTROLLER,
+        job_setup.ENV_JOB_ID,
+        job_setup.ENV_TOKEN,
+        job_setup.ENV_TOKEN_FILE,
+        job_setup.ENV_IFACE,
+        job_setup.ENV_CODEC,
+        job_setup.ENV_READY_TIMEOUT,
+    ):
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.delenv(attach.ENV_TOKEN_FILE, raising=False)
+
+
+def fallback(**kw) -> str:
+    """The reason attach falls back for (asserting its one warning and no agent)."""
+    with pytest.warns(RuntimeWarning, match="falls back to the process group") as caught:
+        state = attach.attach(None, **kw)
+    assert len(caught) == 1 and state.agent is None and state.warned
+    assert not job_session._sessions  # a failed set-up holds nothing
+    return state.unavailable_reason
 
 
 def test_missing_controller_says_what_to_set():
-    agent, reason = attach.connect()
-    assert agent is None and "set HOMAGG_CONTROLLER" in reason
+    assert "set HOMAGG_CONTROLLER" in fallback()
 
 
 def test_unreachable_controller_fails_within_the_rpc_timeout():
     start = time.monotonic()
-    agent, reason = attach.connect(controller=f"127.0.0.1:{free_port()}")
-    assert agent is None and "CreateJob failed" in reason and "UNAVAILABLE" in reason
+    reason = fallback(controller=f"127.0.0.1:{free_port()}")
+    assert "CreateJob failed" in reason and "UNAVAILABLE" in reason
     assert time.monotonic() - start < 15
 
 
 def test_world_above_the_data_plane_limit(monkeypatch, controlled):
-    monkeypatch.setattr(attach, "MAX_WORKERS_PER_JOB", 0)
-    agent, reason = attach.connect(controller=controlled.address)
-    assert agent is None and "world size 1 is above the 0 workers" in reason
+    monkeypatch.setattr(job_setup, "MAX_WORKERS_PER_JOB", 0)
+    assert "world size 1 is above the 0 workers" in fallback(controller=controlled.address)
 
 
 def test_refused_token_from_the_launcher(monkeypatch, controlled, tmp_path):
     job = controlled.create(1)
     token_file = tmp_path / "token"
     token_file.write_text("not-the-token\n")
-    monkeypatch.setenv(attach.ENV_JOB_ID, str(job.job_id))
-    monkeypatch.setenv(attach.ENV_TOKEN_FILE, str(token_file))
-    monkeypatch.setenv(attach.ENV_IFACE, "lo")
-    agent, reason = attach.connect(controller=controlled.address)
-    assert agent is None and "JoinJob failed" in reason and "UNAUTHENTICATED" in reason
+    monkeypatch.setenv(job_setup.ENV_JOB_ID, str(job.job_id))
+    monkeypatch.setenv(job_setup.ENV_TOKEN_FILE, str(token_file))
+    monkeypatch.setenv(job_setup.ENV_IFACE, "lo")
+    reason = fallback(controller=controlled.address)
+    assert "JoinJob failed" in reason and "UNAUTHENTICATED" in reason
     assert "not-the-token" not in reason
 
 
 def test_host_outside_the_topology_is_told_to_name_its_port(controlled):
-    agent, reason = attach.connect(controller=controlled.address)  # 127.0.0.1 on lo
-    assert agent is None and "127.0.0.1 is not a host of any configured switch" in reason
+    reason = fallback(controller=controlled.address)  # 127.0.0.1 on lo
+    assert "127.0.0.1 is not a host of any configured switch" in reason
     jobs = controlled.client.list_jobs(include_ended=True).jobs
-    assert jobs  # rank 0 created it; released at exit, or ended by the join timeout
+    [job] = [j for j in jobs if j.name == "torchrun"]
+    assert job.state == "ended"  # rank 0 created it and released it when the set-up failed
 
 
-def test_route_and_ticket():
-    route = attach.route_to("127.0.0.1:50051")
+def test_a_bad_ready_timeout_is_a_reason(monkeypatch, controlled):
+    monkeypatch.setenv(job_setup.ENV_READY_TIMEOUT, "soon")
+    assert "HOMAGG_READY_TIMEOUT='soon' is not a positive number" in fallback(
+        controller=controlled.address
+    )
+
+
+def test_an_unknown_codec_is_an_error(monkeypatch):
+    monkeypatch.setenv(job_setup.ENV_CODEC, "nope")
+    with pytest.raises(
+        ValueError,
+        match=r"HOMAGG_CODEC on rank 0: unknown codec 'nope'; expected one of lossless, .*auto",
+    ):
+        attach.attach(None)
+    with pytest.raises(ValueError, match="codec= on rank 0: unknown codec 'zip'"):
+        attach.attach(None, "zip")
+
+
+def test_route_ticket_and_config_keep_the_token_out():
+    route = route_to("127.0.0.1:50051")
     assert (route.ip, route.iface) == ("127.0.0.1", "lo") and route.mac.count(":") == 5
-    with pytest.raises(attach.AgentError, match="has no IPv4 address"):
-        attach.route_of("no-such-if0")
-    assert "secret" not in repr(attach.JobTicket(3, "secret", True))
+    with pytest.raises(AgentError, match="has no IPv4 address"):
+        route_of("no-such-if0")
+    assert "secret" not in repr(job_setup.JobTicket(3, "secret", True))
+    cfg = AgentConfig(controller="x:1", job_id=1, token="secret", rank=0, ip="1.2.3.4", udp_port=1)
+    assert "secret" not in repr(cfg) and "secret" not in str(cfg)
+
+
+def test_release_counts_an_ended_job_as_released(controlled):
+    job = controlled.create(1)
+    assert job_session.release_job(controlled.client.release, job.job_id) == ""
+    assert job_session.release_job(controlled.client.release, job.job_id) == ""  # ended
+    assert job_session.release_job(controlled.client.release, 4000).startswith("NOT_FOUND")
+
+    def refuses(job_id: int) -> None:
+        raise grpc.RpcError("boom")
+
+    assert "boom" in job_session.release_job(refuses, 1)
+
+
+def test_destroy_process_group_is_wrapped_once():
+    job_session._install_destroy_hook()
+    wrapped = dist.destroy_process_group
+    job_session._install_destroy_hook()
+    assert dist.destroy_process_group is wrapped and wrapped._homagg
+    assert dist.distributed_c10d.destroy_process_group is wrapped

@@ -12,18 +12,20 @@ import json
 import subprocess
 import sys
 import time
+from datetime import timedelta
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-from agent_fabric import Controlled, rank_env, wait_for
+from agent_fabric import Controlled, rank_env, run_in_hosts, wait_for
 
 import homagg
+from aggwire.constants import WORKER_UDP_BASE
 from testnet.namespace import have_privileges
 from testnet.switch_process import bmv2_available
-from worker.backend import backend_codec, float_from_key, float_order_key, switch_kind
+from worker.backend import SwitchProcessGroup, float_from_key, float_order_key, switch_kind
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKER = Path(__file__).with_name("backend_worker.py")
@@ -73,13 +75,21 @@ def test_switch_kind():
         assert switch_kind(f, opts.reduceOp) == kind
 
 
-def test_backend_codec(monkeypatch):
-    monkeypatch.delenv("HOMAGG_CODEC", raising=False)
-    assert backend_codec() == "lossless"
-    for bad in ("auto", "nope"):
+def test_backend_codec_is_checked_at_init(monkeypatch):
+    monkeypatch.delenv("HOMAGG_CONTROLLER", raising=False)
+    for bad, why in (
+        ("auto", " [(]codec 'auto' works with homagg.attach's hook only"),
+        ("nope", ""),
+    ):
         monkeypatch.setenv("HOMAGG_CODEC", bad)
-        with pytest.raises(ValueError, match=r"homagg backend: unknown codec .* one of lossless"):
-            backend_codec()
+        said = f"HOMAGG_CODEC on rank 0: unknown codec '{bad}'; expected one of lossless, .*{why}"
+        with pytest.raises(ValueError, match=said):
+            SwitchProcessGroup(dist.HashStore(), 0, 1, timedelta(seconds=10))
+    monkeypatch.setenv("HOMAGG_CODEC", "fixed_point")
+    with pytest.warns(RuntimeWarning, match="no controller"):
+        pg = SwitchProcessGroup(dist.HashStore(), 0, 1, timedelta(seconds=10))
+    assert pg.state.agent is None and pg.getBackendName() == "homagg"
+    pg.shutdown()
 
 
 def test_registered_on_import():
@@ -193,3 +203,67 @@ def test_switch_group_names_a_foreign_group():
     gloo = dist.ProcessGroupGloo(dist.HashStore(), 0, 1)
     with pytest.raises(ValueError, match="not 'homagg'"):
         homagg.switch_group(gloo)
+
+
+@needs_netns
+def test_new_group_is_a_job_of_its_own(tmp_path):
+    """dist.new_group() under the backend: a second switch job on the same hosts, its UDP
+    port one the rank holds (the world's job has WORKER_UDP_BASE), both exact; destroy ends both."""
+    worker = Path(__file__).with_name("backend_group_worker.py")
+    c = Controlled(tmp_path, WORLD, fabric=True, listen=f"unix:{tmp_path}/ctl.sock")
+    try:
+        envs = [rank_env(c, r, WORLD, 29635, controller=c.address) for r in range(WORLD)]
+        argvs = [[str(worker), str(tmp_path / f"r{r}.json")] for r in range(WORLD)]
+        logs = [tmp_path / f"r{r}.log" for r in range(WORLD)]
+        texts = run_in_hosts(c, argvs, envs, logs, 120)
+        jobs = c.client.list_jobs(include_ended=True).jobs
+    finally:
+        c.close()
+    for r in range(WORLD):
+        rep = json.loads((tmp_path / f"r{r}.json").read_text())
+        assert all(rep["checks"].values()), rep
+        assert rep["switch"] == [2, 2] and rep["fallbacks"] == [0, 0], rep
+        assert rep["ports"][0] == WORKER_UDP_BASE != rep["ports"][1], rep
+        assert rep["gloo_is_plain"] and len(set(rep["jobs"])) == 2
+    assert [j.state for j in jobs] == ["ended", "ended"]
+    assert all("falls back" not in t for t in texts)
+
+
+@needs_netns
+def test_a_rank_that_never_joins(tmp_path):
+    """Rank 1's controller address leads nowhere: its JoinJob fails, rank 0 waits for it in
+    WaitReady for HOMAGG_READY_TIMEOUT (3 s) only; every rank warns once with both reasons
+    and the hand-written loop trains over gloo to gloo's parameters."""
+    example = ROOT / "examples" / "train_allreduce.py"
+    c = Controlled(tmp_path, WORLD, fabric=True, listen=f"unix:{tmp_path}/ctl.sock")
+    try:
+        runs = {}
+        for tag, port, backend in (("homagg", 29636, "homagg"), ("gloo", 29637, "gloo")):
+            envs = [
+                rank_env(
+                    c,
+                    r,
+                    WORLD,
+                    port,
+                    controller=c.address if r == 0 else f"unix:{tmp_path}/nobody.sock",
+                    ready_timeout="3",
+                )
+                for r in range(WORLD)
+            ]
+            argv = [str(example), "--steps", "4", "--backend", backend]
+            argv += ["--save", str(tmp_path / f"{tag}.pt")]
+            logs = [tmp_path / f"{tag}-r{r}.log" for r in range(WORLD)]
+            start = time.monotonic()
+            runs[tag] = (run_in_hosts(c, [argv] * WORLD, envs, logs, 120), time.monotonic() - start)
+    finally:
+        c.close()
+    texts, seconds = runs["homagg"]
+    assert seconds < 60, seconds
+    for t in texts:
+        assert t.count("homagg: rank") == 1, t
+        assert "rank 0: WaitReady failed" in t and "missing ranks [1]" in t, t
+        assert "rank 1: JoinJob failed" in t and "UNAVAILABLE" in t, t
+    a, b = torch.load(tmp_path / "homagg.pt"), torch.load(tmp_path / "gloo.pt")
+    for k in a:
+        torch.testing.assert_close(a[k], b[k])
+    assert json.loads((tmp_path / "homagg.pt.json").read_text())["switch_calls"] == 0

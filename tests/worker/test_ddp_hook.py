@@ -8,12 +8,14 @@ import pickle
 import threading
 import warnings
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
 
+from worker.codecs import CODECS, CodecEntry, SparseGrad, make_codec
 from worker.codecs.simulate import drive
 from worker.ddp_hook import SwitchHookState, switch_allreduce_hook
 from worker.transport import TransportError, TransportStats
@@ -202,6 +204,31 @@ def test_sparse_bucket_goes_through_the_switch_and_stays_sparse(codec):
     torch.testing.assert_close(out.to_dense(), g.to_dense(), rtol=1e-6, atol=1e-7)
     assert agent.transport.runs == 1 and state.stats.switch_buckets == 1
     assert state.stats.dense_bytes == 1000 * 8 * 4
+
+
+class Spy:
+    """A codec that records what the hook hands it, then sums like the lossless codec."""
+
+    seen: ClassVar[list] = []
+
+    def __init__(self, world: int, rank: int) -> None:
+        self.inner = make_codec("lossless", world, rank)
+
+    def aggregate(self, x):
+        Spy.seen.append(x)
+        return self.inner.aggregate(x)
+
+
+def test_the_codec_gets_indices_and_values_not_a_dense_array(monkeypatch):
+    monkeypatch.setitem(CODECS, "spy", CodecEntry(Spy))
+    Spy.seen = []
+    state = SwitchHookState(FakeAgent(), codec="spy", world_size=1)
+    g = torch.sparse_coo_tensor([[5, 900, 5]], torch.ones(3, 8), (100_000, 8))
+    out = switch_allreduce_hook(state, Bucket(g)).wait()
+    [x] = Spy.seen
+    assert isinstance(x, SparseGrad) and x.length == 800_000
+    assert x.indices.size == x.values.size == 2 * 8  # two rows of 8, coalesced
+    assert out.coalesce().indices()[0].tolist() == [5, 900]
 
 
 def test_sparse_bucket_falls_back_to_gloo_sparse():

@@ -1,0 +1,273 @@
+"""Sparse embedding gradients, measured: the NCF of `make run` (run/model.py: 20,000 x 16
+user and 4,000 x 16 item embeddings, batch 64) with `nn.Embedding(sparse=True)` against
+`sparse=False`, its gradients summed by the switch (homagg.attach, lossless) and by DDP
+over gloo: the iteration time and the bytes each rank sends per step.
+
+Two ranks in network namespaces of the test fabric, their gloo traffic and their
+aggregation both through the reference switch, a controller in this process. Every rank
+runs the four configurations in turn in one process, one process group and one switch job
+each, the order reversed every round, so all four see the same machine; the table gives
+the median over every round's steps after a warm-up. Writes
+bench/results/sparse_embeddings.md.
+
+    python -m bench.sparse_embeddings [--rounds 3] [--steps 20] [--warmup 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import platform
+import shutil
+import signal
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.publish import publish
+
+CONFIGS = (  # (aggregation, embedding gradients)
+    ("switch", "sparse"),
+    ("switch", "dense"),
+    ("gloo", "sparse"),
+    ("gloo", "dense"),
+)
+MASTER_PORT = 29671
+REPO = Path(__file__).resolve().parent.parent
+# Each configuration's destroyed process group, kept until exit: freeing a gloo group runs
+# its destructor with the GIL held while it joins its worker threads, and a thread still
+# dropping a finished collective's Python tensor waits for the GIL (a deadlock, seen here).
+_GROUPS: list[Any] = []
+
+
+def run_config(path: str, grads: str, steps: int, warmup: int, iface: str) -> list[dict]:
+    """One configuration on this rank: its own process group (and job); per-step records
+    (agreed: the slowest rank's time, the mean of the ranks' bytes)."""
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from run.model import DEFAULT_LR, JobShape, make_task
+    from worker.attach import attach
+
+    shape = JobShape()
+    group = dist.new_group(backend="gloo")
+    task = make_task("ncf", shape)
+    for name in ("user", "item"):  # before DDP: it reads which gradients are sparse
+        getattr(task.model, name).sparse = grads == "sparse"
+    model = DDP(task.model, process_group=group)
+    state = None
+    if path == "switch":  # as make run: one support key per embedding row when sparse
+        opts = {"support_block": shape.dim} if grads == "sparse" else {}
+        state = attach(model, "lossless", codec_options=opts, group=group, name="bench")
+    opt = torch.optim.SGD(model.parameters(), lr=DEFAULT_LR["ncf"])
+    rank = dist.get_rank()
+    sent = Path(f"/sys/class/net/{iface}/statistics/tx_bytes")
+    records = []
+    for step in range(warmup + steps):
+        agg = state.stats.wire_bytes if state is not None else 0
+        passes = state.stats.switch_buckets if state is not None else 0
+        tx, start = int(sent.read_text()), time.perf_counter()
+        *inputs, labels = task.batch(rank, step)
+        opt.zero_grad()
+        task.loss(model(*inputs), labels).backward()
+        opt.step()
+        seconds = time.perf_counter() - start
+        t = torch.tensor(
+            [
+                seconds,
+                float(int(sent.read_text()) - tx),
+                float((state.stats.wire_bytes if state is not None else 0) - agg),
+                float(state.stats.fallback_buckets if state is not None else 0),
+                float((state.stats.switch_buckets if state is not None else 0) - passes),
+            ],
+            dtype=torch.float64,
+        )
+        top = t.clone()
+        dist.all_reduce(t, group=group)
+        dist.all_reduce(top, op=dist.ReduceOp.MAX, group=group)
+        if step >= warmup:
+            world = dist.get_world_size(group)
+            records.append(
+                {
+                    "seconds": float(top[0]),
+                    "tx_bytes": float(t[1]) / world,
+                    "agg_bytes": float(t[2]) / world,
+                    "fallback_buckets": int(top[3]),
+                    "switch_buckets": int(top[4]),
+                }
+            )
+    dist.barrier(group=group)
+    dist.destroy_process_group(group)  # the switch job ends here
+    _GROUPS.append(group)
+    return records
+
+
+def rank_main(a: argparse.Namespace) -> None:
+    """One rank: every configuration, alternating, for --rounds rounds."""
+    import faulthandler
+
+    import torch.distributed as dist
+
+    faulthandler.dump_traceback_later(a.timeout - 30, exit=True)  # a stuck rank says where
+    os.environ.update(
+        {
+            "RANK": str(a.rank),
+            "WORLD_SIZE": "2",
+            "LOCAL_RANK": "0",
+            "MASTER_ADDR": a.master,
+            "MASTER_PORT": str(MASTER_PORT),
+            "GLOO_SOCKET_IFNAME": a.iface,
+            "HOMAGG_IFACE": a.iface,
+        }
+    )
+    from datetime import timedelta
+
+    dist.init_process_group("gloo", timeout=timedelta(seconds=120))
+    results: dict[str, list[dict]] = {f"{p}, {g}": [] for p, g in CONFIGS}
+    for rnd in range(a.rounds):
+        for p, g in CONFIGS if rnd % 2 == 0 else CONFIGS[::-1]:
+            results[f"{p}, {g}"] += run_config(p, g, a.steps, a.warmup, a.iface)
+    if a.rank == 0:
+        Path(a.out).write_text(json.dumps(results))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def _controller(fabric: Any, tmp: Path) -> tuple[Any, str]:
+    """A controller in this process over the fabric's switch, on a Unix socket."""
+    from controller.config import parse_config
+    from controller.service import ControllerServer
+    from testnet.addresses import host_entry
+    from testnet.fabric import SERVICE_IP, SWITCH_MAC
+
+    listen = f"unix:{tmp}/ctl.sock"
+    doc = {
+        "controller": {"listen": "127.0.0.1:0", "database": str(tmp / "controller.db")},
+        "switch": [
+            {
+                "name": "s1",
+                "address": fabric.switch.address,
+                "mac": SWITCH_MAC,
+                "service_ip": SERVICE_IP,
+                "hosts": [host_entry(i) for i in range(len(fabric.hosts))],
+            }
+        ],
+    }
+    server = ControllerServer(dataclasses.replace(parse_config(doc, tmp), listen=listen))
+    server.start()
+    return server, listen
+
+
+def measure(a: argparse.Namespace) -> dict[str, list[dict]]:
+    """Both ranks in the fabric's namespaces; rank 0's records per configuration."""
+    from controller.client import ControllerClient
+    from testnet.fabric import Fabric
+    from testnet.poll import wait_for
+    from testnet.processes import run_together
+
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # tear the fabric down
+    tmp = Path(tempfile.mkdtemp(prefix="bench-sparse-"))
+    fabric = Fabric("refswitch", 2, tmp)
+    server = None
+    try:
+        for h in fabric.hosts:
+            h.enable_ip_stack()
+        fabric.release_connection()  # the controller becomes the primary
+        server, address = _controller(fabric, tmp)
+        with ControllerClient(address, 5.0) as client:
+            wait_for(lambda: all(s.connected for s in client.status().switches), 30, "sync")
+        out = tmp / "results.json"
+        cmds = []
+        for r, h in enumerate(fabric.hosts):
+            cmd = ["ip", "netns", "exec", h.namespace, sys.executable, "-m", __spec__.name]
+            cmd += ["--rank", str(r), "--master", fabric.hosts[0].ip, "--iface", h.iface]
+            cmd += ["--rounds", str(a.rounds), "--steps", str(a.steps), "--timeout", str(a.timeout)]
+            cmds.append([*cmd, "--warmup", str(a.warmup), "--out", str(out)])
+        env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+        env["HOMAGG_CONTROLLER"] = address
+        done = run_together(cmds, a.timeout, env=env, cwd=REPO)
+        if any(code for code, _ in done):
+            raise SystemExit("\n".join(text[-3000:] for _, text in done))
+        return json.loads(out.read_text())
+    finally:
+        if server is not None:
+            server.stop(0)
+        fabric.close()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def table(results: dict[str, list[dict]]) -> list[str]:
+    """The markdown table: median ms/step, kB sent per rank per step, ratios."""
+    med = {
+        name: {k: statistics.median(r[k] for r in recs) for k in ("seconds", "tx_bytes")}
+        | {k: statistics.median(r[k] for r in recs) for k in ("agg_bytes", "switch_buckets")}
+        | {"fallbacks": sum(r["fallback_buckets"] for r in recs), "steps": len(recs)}
+        for name, recs in results.items()
+    }
+    lines = [
+        "| aggregation | embedding gradients | ms / step | wire kB / rank / step | "
+        "of which aggregation frames | switch passes / step | vs gloo, sparse (time, bytes) "
+        "| fallback buckets |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    base = med["gloo, sparse"]
+    for p, g in CONFIGS:
+        m = med[f"{p}, {g}"]
+        agg = f"{m['agg_bytes'] / 1e3:.1f}" if p == "switch" else "-"
+        passes = f"{m['switch_buckets']:g}" if p == "switch" else "-"
+        lines.append(
+            f"| {'switch, lossless' if p == 'switch' else 'DDP over gloo'} | {g} "
+            f"| {m['seconds'] * 1e3:.1f} | {m['tx_bytes'] / 1e3:.1f} | {agg} | {passes} "
+            f"| {m['seconds'] / base['seconds']:.2f}x, {m['tx_bytes'] / base['tx_bytes']:.2f}x "
+            f"| {m['fallbacks']} |"
+        )
+    return lines
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Command line: the benchmark (as root), or one of its ranks (--rank)."""
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--steps", type=int, default=20, help="measured steps per round and config")
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--timeout", type=float, default=900.0)
+    p.add_argument("--rank", type=int, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--master", default="", help=argparse.SUPPRESS)
+    p.add_argument("--iface", default="", help=argparse.SUPPRESS)
+    p.add_argument("--out", default="", help=argparse.SUPPRESS)
+    a = p.parse_args(argv)
+    if a.rank is not None:
+        rank_main(a)
+        return
+    start = time.monotonic()
+    results = measure(a)
+    minutes = (time.monotonic() - start) / 60
+    head = [
+        "# Sparse embedding gradients: the switch and gloo",
+        "",
+        f"NCF of `make run` (20,000 x 16 and 4,000 x 16 embeddings, batch 64), W = 2, "
+        f"reference switch, namespaces; {platform.machine()}, {os.cpu_count()} cores, "
+        f"{minutes:.1f} min; median of {a.rounds} rounds x {a.steps} steps per configuration, "
+        "the configurations alternating. Wire: bytes each rank's interface sent per step "
+        "(aggregation frames, gloo, the hook's agreements).",
+        "",
+    ]
+    sw = statistics.median(r["seconds"] for r in results["switch, sparse"])
+    sd = statistics.median(r["seconds"] for r in results["switch, dense"])
+    publish(
+        "sparse_embeddings",
+        head + table(results),
+        f"sparse embeddings: switch {sd / sw:.2f}x faster than dense embeddings through it",
+    )
+
+
+if __name__ == "__main__":
+    main()

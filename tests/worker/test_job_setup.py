@@ -1,0 +1,132 @@
+"""The collective set-up (worker/job_setup.py, worker/setup_round.py) with ranks as threads
+over one in-memory store: every rank ends with the same outcome whatever its environment
+(the controller on some ranks only, codecs that differ, a rank that never comes), within
+the bounded wait; and rank 0's decision on the joins and the job's codec."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import pytest
+import torch.distributed as dist
+
+from worker.ddp_hook import AUTO
+from worker.job_setup import (
+    ENV_READY_TIMEOUT,
+    Members,
+    Request,
+    _decide_codec,
+    set_up,
+)
+from worker.setup_round import SetupRound
+
+pytestmark = pytest.mark.filterwarnings("ignore:homagg. rank:RuntimeWarning")
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch):
+    for name in ("HOMAGG_CONTROLLER", "HOMAGG_CODEC", "HOMAGG_JOB_ID", "HOMAGG_IFACE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv(ENV_READY_TIMEOUT, "1")
+
+
+def ranks(requests: list[Request | None], store: dist.Store | None = None) -> list[Any]:
+    """set_up on one thread per request (None: that rank never comes); each rank's Setup
+    or the exception it raised."""
+    store = store or dist.HashStore()
+    out: list[Any] = [None] * len(requests)
+
+    def one(r: int, req: Request) -> None:
+        try:
+            out[r] = set_up(req, Members(store, r, len(requests)))
+        except Exception as exc:
+            out[r] = exc
+
+    threads = [threading.Thread(target=one, args=(r, req)) for r, req in enumerate(requests) if req]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not any(t.is_alive() for t in threads)
+    return out
+
+
+def req(**kw: Any) -> Request:
+    return Request(also=(AUTO,), **kw)
+
+
+def test_no_controller_anywhere_is_one_reason_on_every_rank():
+    a, b = ranks([req(), req()])
+    assert a.reason == b.reason and "no controller" in a.reason and a.complete
+
+
+def test_a_controller_on_some_ranks_only_sends_every_rank_to_gloo():
+    a, b, c = ranks([req(controller="127.0.0.1:1"), req(), req(controller="127.0.0.1:1")])
+    assert a.agent is None and b.agent is None and c.agent is None
+    assert a.reason == b.reason == c.reason
+    assert "is set on rank(s) [0, 2] but not on rank(s) [1]" in a.reason
+
+
+def test_codecs_that_differ_stop_every_rank():
+    a, b = ranks([req(codec="lossless"), req(codec="fixed_point")])
+    for err in (a, b):
+        assert isinstance(err, ValueError)
+        assert "rank 0 'lossless' (codec=), rank 1 'fixed_point' (codec=)" in str(err)
+    a, b = ranks([req(), req(codec="lowbit3")])
+    said = "codec= on rank 1: unknown codec 'lowbit3'"
+    assert all(isinstance(e, ValueError) and said in str(e) for e in (a, b))
+
+
+def test_a_rank_that_never_comes_costs_one_bounded_wait():
+    store = dist.HashStore()
+    start = time.monotonic()
+    a, _ = ranks([req(), None], store)
+    assert time.monotonic() - start < 5
+    assert "rank(s) [1] did not start the homagg set-up within 1 s" in a.reason
+    assert not a.complete  # nothing may change the collectives: rank 1 is not in them
+    _, late = ranks([None, req()], store)  # it comes after all: it reads the same answer
+    assert late.reason == a.reason and not late.complete
+
+
+def test_rounds_are_numbered_per_rank():
+    store = dist.HashStore()
+    first = [SetupRound(store, r, 2, "t") for r in range(2)]
+    second = [SetupRound(store, r, 2, "t") for r in range(2)]
+    assert [x.number for x in first] == [1, 1] and [x.number for x in second] == [2, 2]
+    got: dict[int, Any] = {}
+    t = threading.Thread(target=lambda: got.update({1: second[1].exchange("s", 1, 5, 5, sum)}))
+    t.start()
+    got[0] = second[0].exchange("s", 10, 5, 5, lambda v: sum(v.values()))
+    t.join(10)
+    assert got == {0: 11, 1: 11}
+    second[0].forget("s")
+    assert not store.check(["t/2/s/answer"])
+
+
+def outcome(reason: str = "", codec: str = "fixed_point") -> dict[str, str]:
+    return {"reason": reason, "codec": codec}
+
+
+def test_the_jobs_codec_decides_and_a_contradiction_is_an_error():
+    two = {0: outcome(), 1: outcome()}
+    assert _decide_codec(two, ["", ""], req(), 2, 7) == {"codec": "fixed_point"}
+    err = _decide_codec(two, ["lossless", "HOMAGG_CODEC"], req(), 2, 7)["error"]
+    assert "job 7 runs codec 'fixed_point'" in err and "HOMAGG_CODEC asks for 'lossless'" in err
+    dense = {0: outcome(codec="dense"), 1: outcome(codec="dense")}
+    assert (
+        "made with codec 'dense', not one this worker runs"
+        in (_decide_codec(dense, ["", ""], req(), 2, 7)["error"])
+    )
+    backend = Request(refusal_note=" (auto: the hook only)")
+    auto = {0: outcome(codec="auto"), 1: outcome(codec="auto")}
+    assert "(auto: the hook only)" in _decide_codec(auto, ["", ""], backend, 2, 7)["error"]
+
+
+def test_a_failed_join_is_every_ranks_reason_and_a_silent_rank_is_incomplete():
+    failed = {0: outcome("WaitReady failed"), 1: outcome("JoinJob failed")}
+    got = _decide_codec(failed, ["", ""], req(), 2, 7)
+    assert got == {"reason": "rank 0: WaitReady failed; rank 1: JoinJob failed", "complete": True}
+    got = _decide_codec({0: outcome()}, ["", ""], req(), 2, 7)
+    assert got["complete"] is False and "rank(s) [1] did not report" in got["reason"]
