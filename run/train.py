@@ -88,6 +88,8 @@ def train(a: argparse.Namespace) -> None:
             opts = {"lossless": opts}
         elif a.codec != "lossless":
             opts = {}
+        if a.codec != AUTO:
+            opts.update(codec_options(a.codec_option))
         hook_state = SwitchHookState(
             agent,
             codec=a.codec,
@@ -140,8 +142,7 @@ def train(a: argparse.Namespace) -> None:
                     float(after[1] - before[1]),
                     float(after[2] - before[2]),
                     float(after[3] - before[3]),
-                    after[4] - before[4],
-                    after[5] - before[5],
+                    *(x - y for x, y in zip(after[4:], before[4:])),
                 ],
                 dtype=torch.float64,
             )
@@ -165,6 +166,10 @@ def train(a: argparse.Namespace) -> None:
                     "fallback_buckets": int(t[7]),
                     "switch_seconds": float(t[8]) / world,
                     "agreement_seconds": float(t[9]) / world,
+                    # the switch_seconds split (worker/transport.py): codec, exchanges
+                    "encode_seconds": float(t[10]) / world,
+                    "wait_seconds": float(t[11]) / world,
+                    "decode_seconds": float(t[12]) / world,
                     "grad_max": local_max,
                     "param_max": pmax,
                     **_overlap_report(model, tracked),
@@ -201,10 +206,13 @@ def _overlap_report(model: Any, tracked: Tracked | None) -> dict[str, Any]:
     return rec
 
 
-def _stats(tracked: Tracked | None) -> tuple[int, int, int, int, float, float]:
+def _stats(tracked: Tracked | None) -> tuple[float, ...]:
+    """The hook's counters so far, and the transport's time split of its switch time."""
     if tracked is None:
-        return 0, 0, 0, 0, 0.0, 0.0
+        return (0,) * 4 + (0.0,) * 5
     s = tracked.inner.stats
+    agent = tracked.inner.agent
+    t = agent.transport.stats if agent is not None and agent.transport is not None else None
     return (
         s.wire_bytes,
         s.dense_bytes,
@@ -212,7 +220,32 @@ def _stats(tracked: Tracked | None) -> tuple[int, int, int, int, float, float]:
         s.fallback_buckets,
         s.switch_seconds,
         s.agreement_seconds,
+        t.encode_seconds if t else 0.0,
+        t.exchange_seconds if t else 0.0,
+        t.decode_seconds if t else 0.0,
     )
+
+
+def codec_options(pairs: list[str]) -> dict[str, Any]:
+    """KEY=VALUE strings as codec options: numbers as int or float, true/false as bool,
+    anything else as a string (gamma=0 -> {"gamma": 0})."""
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, text = pair.partition("=")
+        if not sep or not key:
+            raise ValueError(f"codec option {pair!r}: expected KEY=VALUE")
+        value: Any = text
+        if text.lower() in ("true", "false"):
+            value = text.lower() == "true"
+        else:
+            for kind in (int, float):
+                try:
+                    value = kind(text)
+                    break
+                except ValueError:
+                    pass
+        out[key] = value
+    return out
 
 
 def _progress(mode: str, steps: int, r: dict[str, Any]) -> str:
@@ -238,6 +271,9 @@ def main(argv: list[str] | None = None) -> None:
     )
     p.add_argument("--mode", choices=peers.MODES, required=True)
     p.add_argument("--codec", default="lossless", help="a codec, or auto (delay-aware)")
+    p.add_argument(
+        "--codec-option", action="append", default=[], help="KEY=VALUE, for the codec"
+    )
     p.add_argument(
         "--overlap",
         choices=["blocking", "async", "dear"],

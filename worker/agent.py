@@ -226,6 +226,7 @@ class WorkerAgent:
                 initial_timeout=cfg.initial_timeout,
                 max_timeout=cfg.max_timeout,
                 max_retries=cfg.max_retries,
+                lane_ops=a.lane_ops,
             )
             self.transport = SwitchTransport(tcfg, channel, peers_problem=self.peers_problem)
         except ValueError as exc:  # a value the checks above missed: still a clear refusal

@@ -34,7 +34,7 @@ from controller.credentials import (
     operator_token,
 )
 from worker.agent import AgentConfig, AgentError, WorkerAgent, interface_mac, open_agent
-from worker.codecs import CODECS
+from worker.codecs import CODECS, LANE_CODECS
 from worker.ddp_hook import SwitchHookState, switch_allreduce_hook
 
 log = logging.getLogger(__name__)
@@ -263,6 +263,13 @@ def connect(
         agent, reason = open_agent(cfg)
     except AgentError as exc:
         reason = str(exc)
+    if agent is not None and codec in LANE_CODECS and not agent.joined()[0].lane_ops:
+        reason = (
+            f"codec {codec} adds 16/8-bit lanes, which switch {agent.joined()[0].switch}'s "
+            "program does not have (the TNA program drops them: docs/tofino.md)"
+        )
+        agent.close()
+        agent = None
     done = _release_at_exit(agent, ticket, address)
     if closers is not None:
         closers.append(done)

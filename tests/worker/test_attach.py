@@ -4,11 +4,13 @@ and the route to the controller gives this host's IP, interface and MAC."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import pytest
 import torch.distributed as dist
 from agent_fabric import Controlled
+from test_agent_assignment import GOOD
 
 from testnet.switch_process import free_port
 from worker import attach
@@ -71,6 +73,41 @@ def test_host_outside_the_topology_is_told_to_name_its_port(controlled):
     assert agent is None and "127.0.0.1 is not a host of any configured switch" in reason
     jobs = controlled.client.list_jobs(include_ended=True).jobs
     assert jobs  # rank 0 created it; released at exit, or ended by the join timeout
+
+
+def test_lane_codecs_are_refused_when_the_switchs_program_has_no_lanes(monkeypatch, controlled):
+    """The assignment says whether the switch adds 16/8-bit lanes (the TNA program does
+    not): a lane codec is refused up front, with its agent closed, instead of losing its
+    packets as BAD_OP; the other codecs, and lane codecs on a v1model switch, keep it."""
+    closed: list[str] = []
+
+    class Agent:
+        def __init__(self, lane_ops: bool) -> None:
+            self.assignment = dataclasses.replace(GOOD, lane_ops=lane_ops)
+
+        def joined(self):
+            return self.assignment, None
+
+        def close(self) -> None:
+            closed.append(self.assignment.switch)
+
+    monkeypatch.setenv(attach.ENV_IFACE, "lo")
+    for codec, lanes, refused in [
+        ("lowbit8", False, True),
+        ("lowbit16", False, True),
+        ("fixed_point", False, False),
+        ("lowbit8", True, False),
+    ]:
+        closed.clear()
+        monkeypatch.setattr(attach, "open_agent", lambda cfg, lanes=lanes: (Agent(lanes), ""))
+        closers: list = []
+        agent, reason = attach.connect(codec, controller=controlled.address, closers=closers)
+        closers[0]()  # release the job now (else at exit)
+        if refused:
+            assert agent is None and closed == ["s1"]  # closed once, by connect
+            assert f"codec {codec} adds 16/8-bit lanes" in reason and "TNA" in reason
+        else:
+            assert agent is not None and reason == "" and closed == ["s1"]  # by the closer
 
 
 def test_route_and_ticket():

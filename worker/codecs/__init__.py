@@ -46,6 +46,10 @@ CODECS: dict[str, CodecFactory] = {
 """The codec registry: name -> factory, in registration order (the first is the default).
 Iterate it for the names; add to it with register_codec."""
 
+LANE_CODECS = ("lowbit16", "lowbit8")
+"""The registry's codecs that add 16- or 8-bit lanes (ADD16, ADD8): they need a switch
+whose program has them (the assignment's lane_ops)."""
+
 
 def register_codec(name: str, factory: CodecFactory) -> None:
     """Add a codec under `name`; factory(world, rank, **options) returns a fresh codec."""
@@ -65,6 +69,7 @@ def make_codec(name: str, world: int, rank: int, **options: Any) -> Codec:
 __all__ = [
     "CLTK",
     "CODECS",
+    "LANE_CODECS",
     "Codec",
     "CodecError",
     "CodecFactory",
