@@ -271,9 +271,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     p.add_argument("--mode", choices=peers.MODES, required=True)
     p.add_argument("--codec", default="lossless", help="a codec, or auto (delay-aware)")
-    p.add_argument(
-        "--codec-option", action="append", default=[], help="KEY=VALUE, for the codec"
-    )
+    p.add_argument("--codec-option", action="append", default=[], help="KEY=VALUE, for the codec")
     p.add_argument(
         "--overlap",
         choices=["blocking", "async", "dear"],
