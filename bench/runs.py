@@ -59,12 +59,8 @@ def job_timeout(steps: int) -> float:
     return JOB_START_S + STEP_BUDGET_S * steps
 
 
-def run_once(
-    spec: RunSpec, out: Path, output: list[str] | None = None
-) -> tuple[dict[str, list[dict[str, Any]]], str]:
-    """Run it; ({run name: rank 0's step records}, the switch target used). Run names:
-    spec.switch_run ("switch, <codec>"), "DDP over gloo" and the peer mode names. `output`,
-    if given, gets the run's output lines (its summary, auto's and DeAR's choices)."""
+def run_command(spec: RunSpec, out: Path) -> list[str]:
+    """The `python -m run` command line of `spec`, writing its records to `out`."""
     cmd = [sys.executable, "-m", "run", "--model", spec.model, "--steps", str(spec.steps)]
     cmd += ["--hosts", str(spec.hosts), "--target", spec.target, "--codec", spec.codec]
     cmd += ["--out", str(out), "--timeout", f"{spec.job_timeout():g}"]
@@ -83,6 +79,16 @@ def run_once(
         cmd.append("--no-gloo")
     if spec.peers:
         cmd += ["--peers", ",".join(spec.peers)]
+    return cmd
+
+
+def run_once(
+    spec: RunSpec, out: Path, output: list[str] | None = None
+) -> tuple[dict[str, list[dict[str, Any]]], str]:
+    """Run it; ({run name: rank 0's step records}, the switch target used). Run names:
+    spec.switch_run ("switch, <codec>"), "DDP over gloo" and the peer mode names. `output`,
+    if given, gets the run's output lines (its summary, auto's and DeAR's choices)."""
+    cmd = run_command(spec, out)
     jobs = 2 + int(spec.gloo) + len(spec.peers)
     proc = subprocess.Popen(
         cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True

@@ -174,8 +174,7 @@ def plot(rows: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run the benchmark and write bench/results/switch_rate.md."""
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--cells", type=int, nargs="+", default=[64, 128, 256], choices=[64, 128, 256])
     p.add_argument(
@@ -202,27 +201,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--name", default="", help="results file stem (default switch_rate[_ops])")
     p.add_argument("--child", type=str, help=argparse.SUPPRESS)
-    args = p.parse_args(argv)
-    if args.bmv2_opt is not None:
-        os.environ[BMV2_OPT_ENV] = str(args.bmv2_opt)  # the child and its switches read it
-    targets = args.targets or available_targets()
-    problems = [f"{t}: {target_problem(t)}" for t in targets if target_problem(t)]
-    if problems:
-        p.error("; ".join(problems))
-    if args.child:
-        artifacts = None
-        if args.child != "-":
-            p4info, bmv2_json = args.child.split(",")  # written by the parent: two paths
-            artifacts = (Path(p4info), Path(bmv2_json))
-        print(
-            "RESULT "
-            + json.dumps(
-                run_child(
-                    int(os.environ["HOMAGG_CELLS_PER_PKT"]), args.reps, artifacts, args.ops, targets
-                )
-            )
-        )
-        return 0
+    return p
+
+
+def measure(args: argparse.Namespace, targets: list[str]) -> list[dict]:
+    """One child process per cells-per-packet setting (its program compiled when it is not
+    the committed one); the rows they measured."""
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for cells in args.cells:
@@ -231,40 +215,28 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             env = dict(os.environ, HOMAGG_CELLS_PER_PKT=str(cells))
             child = ",".join(map(str, artifacts)) if artifacts else "-"
+            cmd = [sys.executable, "-m", "bench.switch_rate", "--reps", str(args.reps)]
+            cmd += ["--ops", *args.ops, "--targets", *targets, "--child", child]
             proc = subprocess.run(
-                [
-                    sys.executable,
-                    "-m",
-                    "bench.switch_rate",
-                    "--reps",
-                    str(args.reps),
-                    "--ops",
-                    *args.ops,
-                    "--targets",
-                    *targets,
-                    "--child",
-                    child,
-                ],
-                cwd=REPO,
-                env=env,
-                stdout=subprocess.PIPE,
-                text=True,
-                check=True,
+                cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, text=True, check=True
             )
             for line in proc.stdout.splitlines():
                 if line.startswith("RESULT "):
                     rows.extend(json.loads(line[7:]))
                 else:
                     print(line)
+    return rows
+
+
+def report(rows: list[dict], targets: list[str], name: str) -> list[str]:
+    """The markdown table: per row and target the rates, then the ratio rows."""
+    opt = " (bmv2-opt: the optimized BMv2 build, docs/bmv2.md)" if "bmv2-opt" in targets else ""
     lines = [
         f"# Switch packet rate ({platform.machine()}, {os.cpu_count()} cores, "
         f"{time.strftime('%Y-%m-%d')})",
         "",
         "Contributions absorbed per second (median of reps, [min, max]); 4 workers, "
-        f"pool size 32; targets {', '.join(targets)} alternate batch by batch"
-        + (
-            " (bmv2-opt: the optimized BMv2 build, docs/bmv2.md)." if "bmv2-opt" in targets else "."
-        ),
+        f"pool size 32; targets {', '.join(targets)} alternate batch by batch{opt}.",
         "",
         "| cells/packet | op | target | packets/s | cells/s | values/s | missing results |",
         "|---:|---|---|---:|---:|---:|---:|",
@@ -279,11 +251,32 @@ def main(argv: list[str] | None = None) -> int:
                 f"{med * row['cells'] * lanes:,.0f} | {row['missing'][t]} |"
             )
         lines += ratio_rows(row)
+    return [*lines, "", f"![switch packet rate]({name}.png)"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark and write bench/results/switch_rate.md."""
+    p = _parser()
+    args = p.parse_args(argv)
+    if args.bmv2_opt is not None:
+        os.environ[BMV2_OPT_ENV] = str(args.bmv2_opt)  # the child and its switches read it
+    targets = args.targets or available_targets()
+    problems = [f"{t}: {target_problem(t)}" for t in targets if target_problem(t)]
+    if problems:
+        p.error("; ".join(problems))
+    if args.child:
+        artifacts = None
+        if args.child != "-":
+            p4info, bmv2_json = args.child.split(",")  # written by the parent: two paths
+            artifacts = (Path(p4info), Path(bmv2_json))
+        cells = int(os.environ["HOMAGG_CELLS_PER_PKT"])
+        print("RESULT " + json.dumps(run_child(cells, args.reps, artifacts, args.ops, targets)))
+        return 0
+    rows = measure(args, targets)
     # Lane ops go to their own report, so the cells-per-packet one stays as it was.
     name = args.name or ("switch_rate" if args.ops == ["ADD"] else "switch_rate_ops")
-    lines += ["", f"![switch packet rate]({name}.png)"]
     plot(rows, plot_path(f"{name}.png"))
-    publish(name, lines)
+    publish(name, report(rows, targets, name))
     return 0
 
 

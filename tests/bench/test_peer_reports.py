@@ -118,3 +118,20 @@ def test_regime_rows_compare_with_gloo_and_the_ring() -> None:
         "| 8 | unshaped | switch, lossless | 100 [100, 100] | 3.00x | 1 | 1.00x | 1.75x |" in table
     )
     assert "fixed_point" not in table  # not measured: no row
+
+
+def test_run_command_and_its_time_budget_scale_with_the_steps(tmp_path) -> None:
+    """A job's timeout grows with its steps (BENCH=full's 40-step runs of 8 s steps would
+    not fit a fixed 300 s); the options reach python -m run."""
+    from bench.runs import RunSpec, job_timeout, run_command
+
+    assert job_timeout(40) > 40 * 8.2 + 60 and job_timeout(40) > job_timeout(10)
+    spec = RunSpec("mlp", "lowbit8", steps=40, gloo=False, codec_options=["gamma=0"])
+    spec.peers_first, spec.lr, spec.batch = True, 0.5, 128
+    cmd = run_command(spec, tmp_path)
+    assert cmd[cmd.index("--timeout") + 1] == f"{job_timeout(40):g}"
+    assert cmd[cmd.index("--codec-option") + 1] == "gamma=0" and "--peers-first" in cmd
+    assert cmd[cmd.index("--lr") + 1] == "0.5" and cmd[cmd.index("--batch") + 1] == "128"
+    assert "--no-gloo" in cmd and spec.switch_run == "switch, lowbit8 gamma=0"
+    fixed = RunSpec("mlp", timeout=60.0, steps=40)
+    assert run_command(fixed, tmp_path)[run_command(fixed, tmp_path).index("--timeout") + 1] == "60"
