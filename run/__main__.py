@@ -513,6 +513,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(
             "--codec auto needs --overlap async (or the default): DeAR takes a fixed codec"
         )
+    if args.codec == "auto" and args.codec_option:
+        parser.error("--codec-option needs a fixed --codec (auto chooses codecs per bucket)")
     if args.codec == "auto" and args.overlap == "blocking":
         args.overlap = "async"  # auto measures the delay beside backward
     if os.geteuid() != 0:
