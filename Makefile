@@ -64,27 +64,41 @@ demo: venv  ## the data-plane demo: int32 contributions through the switch, ever
 
 BENCH_REPS ?= 5
 BENCH ?= quick
-# BENCH=full: the long matrix (rounds, steps, every W and link rate, a shaped peer table)
+comma := ,
+# HOMAGG_BMV2_OPT=<prefix of the optimized BMv2 build> (docs/bmv2.md): training on both builds
+# (the quick mode then trains 8-bit lanes only, to keep its time)
+BENCH_TARGETS := $(if $(HOMAGG_BMV2_OPT),--targets bmv2$(comma)bmv2-opt)
+BENCH_QUICK_CODECS := $(if $(HOMAGG_BMV2_OPT),lowbit8,lowbit16$(comma)lowbit8)
+# BENCH=full: the long matrix, written beside quick's results as <name>_full.md / .png, so
+# neither mode overwrites the other's tables (bench.summary --suffix _full reads them first)
 ifeq ($(BENCH),full)
+BENCH_SUFFIX = _full
+BENCH_RATE = --cells 64 128 256
+BENCH_TRAINING = --rounds 2 --steps 15 --models ncf,mlp,lm --codecs lossless,fixed_point,lowbit16,lowbit8
 BENCH_PEERS = --rounds 3 --steps 40
 BENCH_REGIMES = --rounds 2 --steps 16 --hosts 2,4,8 --bws 100,1000
 BENCH_EXTRA = echo "== peer methods on 100 Mbit/s links (bench.peers)"; \
-	$(PY) -m bench.peers --rounds 2 --steps 30 --bw 100 --name peers_100mbit;
+	$(PY) -m bench.peers --rounds 2 --steps 30 --bw 100 --name peers_100mbit_full; \
+	echo "== convergence with low-bit lanes (bench.lowbit)"; \
+	$(PY) -m bench.lowbit --name lowbit_full;
 else
-BENCH_PEERS = --rounds 1 --steps 16
-BENCH_REGIMES = --rounds 1 --steps 8 --hosts 4,8 --bws 100 --codecs lossless
+BENCH_SUFFIX =
+BENCH_RATE = --cells 256
+BENCH_TRAINING = --rounds 2 --steps 6 --models mlp --codecs $(BENCH_QUICK_CODECS)
+BENCH_PEERS = --rounds 1 --steps 10 --models ncf,mlp
+BENCH_REGIMES = --rounds 1 --steps 6 --hosts 4,8 --bws '' --codecs lossless
 BENCH_EXTRA =
 endif
-bench: venv  ## benchmarks (needs root, ~20 min on 2 cores; BENCH=full: hours): switch rate, codecs, aggregation, training, peer methods, link rates and W; tables and plots in bench/results/
+bench: venv  ## benchmarks (needs root, ~20 min on 2 cores; BENCH=full: hours, *_full results): switch rate, codecs, aggregation, training, peer methods, link rates and W; tables and plots in bench/results/
 	@start=$$(date +%s); set -e; \
-	echo "== switch packet rate (bench.switch_rate)"; $(PY) -m bench.switch_rate --cells 64 128 256 --reps $(BENCH_REPS); \
+	echo "== switch packet rate (bench.switch_rate)"; $(PY) -m bench.switch_rate $(BENCH_RATE) --reps $(BENCH_REPS) --name switch_rate$(BENCH_SUFFIX); \
 	echo "== codecs (bench.codecs)"; $(PY) -m bench.codecs --reps $(BENCH_REPS); \
 	echo "== aggregation throughput (bench.aggregation)"; $(PY) -m bench.aggregation; \
-	echo "== training iteration time (bench.training)"; $(PY) -m bench.training; \
-	echo "== the switch beside the peer methods (bench.peers)"; $(PY) -m bench.peers $(BENCH_PEERS); \
-	echo "== link rates and W (bench.regimes)"; $(PY) -m bench.regimes $(BENCH_REGIMES); \
+	echo "== training iteration time (bench.training)"; $(PY) -m bench.training $(BENCH_TRAINING) $(BENCH_TARGETS) --name training$(BENCH_SUFFIX); \
+	echo "== the switch beside the peer methods (bench.peers)"; $(PY) -m bench.peers $(BENCH_PEERS) --name peers$(BENCH_SUFFIX); \
+	echo "== link rates and W (bench.regimes)"; $(PY) -m bench.regimes $(BENCH_REGIMES) --name regimes$(BENCH_SUFFIX); \
 	$(BENCH_EXTRA) \
-	echo; $(PY) -m bench.summary $$(( $$(date +%s) - start ))
+	echo; $(PY) -m bench.summary $$(( $$(date +%s) - start )) --suffix "$(BENCH_SUFFIX)"
 
 RUN ?=
 stop:  ## stop run RUN= (number `make run` printed; default: all of this user's runs) and remove what it made

@@ -1,18 +1,26 @@
-"""Convergence with low-bit lanes: training loss of the dense MLP of `make run` and of a
-small transformer, W workers, exact sum (what DDP over gloo computes) vs 32-bit fixed
-point vs 16- and 8-bit lanes (with and without error feedback, 8-bit also rotated).
+"""Convergence with low-bit lanes through the real path: `python -m run` (Mininet, the
+switch, the controller, torchrun; W = 4) trains the dense MLP and the transformer LM with
+DDP over gloo and with the homagg hook through the switch: 16-bit lanes, and 8-bit lanes
+with error feedback (gamma 0.9, the registry's default) and without (gamma=0), each with
+the codec's stochastic rounding and with rounding to nearest; same data, seed, learning
+rate and steps for every run. Reported: the training loss per step (rank 0's records, mean
+over the ranks), the final loss (mean of the last tenth of the steps) against gloo's, and
+the target "16-bit lanes within 1% of gloo's loss after the same steps", judged per model.
 
-The W workers run in this process: each computes its gradient on its own batch, the
-codecs' phases are combined with the switch's exact semantics (`simulate`, bit for bit
-what the reference switch and BMv2 return: tests/worker/test_lowbit_switch.py) and every
-worker applies the same averaged gradient with SGD, as DDP does.
+    python -m bench.lowbit [--models mlp,lm] [--steps N] [--rounds 1] [--target auto]
+        [--name lowbit]
 
-With `--switch bmv2` (or refswitch; needs root) it also times one step's aggregation of
-each model's gradient through that switch (W worker threads in namespaces, as
-bench.aggregation) against a gloo all_reduce of the same tensor, methods alternating.
-
-    python -m bench.lowbit [--steps 300] [--world 4] [--models mlp,transformer]
-                           [--switch bmv2] [--reps 7]
+Why this task (REGIMES): with `make run`'s defaults every lane codec lands on gloo's curve
+(within 0.2% after 300 steps, bit for bit the switch's sums in one process), because
+stochastic rounding is unbiased: it only adds variance, at most a quantum 2^(E-P) per
+element and worker (P = 5 magnitude bits for 8-bit lanes at W = 4, docs/codecs.md), and
+measured on these models that noise is ~0.1x the minibatch noise of the same element, so
+feedback has nothing to correct. Two changes make the quantizer matter: one exponent per
+128 Ki elements (codec option block=131072: the whole gradient shares the exponent of its
+largest element, as with one scale per tensor; the median element is then ~50x below it,
+within a few quanta of zero), and the rows rounding to nearest (rounding=nearest), a
+biased quantizer that drops every element below half a quantum, step after step: the
+error feedback exists for that one (CO3). Learning rate, batch and steps stay `make run`'s.
 """
 
 from __future__ import annotations
@@ -22,253 +30,225 @@ import os
 import platform
 import statistics
 import sys
+import tempfile
 import time
-from collections.abc import Callable
-
-import numpy as np
-import torch
-from torch import nn
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 from bench.publish import plot_path, publish, pyplot
-from run.model import JobShape, make_task
-from worker.codecs import ErrorFeedback, FixedPoint, LowBit, simulate
+from bench.runs import RunSpec, run_once, smoothed
+from testnet.switch_process import TARGETS
 
-LAST = 20  # steps averaged for the final loss
-
-
-def _codecs(world: int) -> dict[str, Callable[[], list] | None]:
-    """Run name -> a maker of the W codecs (None: the exact sum, as gloo)."""
-
-    def lowbit(bits: int, gamma: float | None, rotate: bool = False):
-        def make():
-            out = []
-            for r in range(world):
-                c = LowBit(world, bits=bits, seed=r, rotate=rotate)
-                out.append(c if gamma is None else ErrorFeedback(c, gamma=gamma))
-            return out
-
-        return make
-
-    return {
-        "exact sum (gloo)": None,
-        "fixed point 32-bit": lambda: [FixedPoint(world) for _ in range(world)],
-        "16-bit lanes + EF": lowbit(16, 0.9),
-        "16-bit lanes, no EF": lowbit(16, None),
-        "8-bit lanes + EF": lowbit(8, 0.9),
-        "8-bit lanes, no EF": lowbit(8, None),
-        "8-bit lanes + EF, rotated": lowbit(8, 0.9, rotate=True),
-    }
+GLOO = "DDP over gloo"
 
 
-class TinyTransformer(nn.Module):
-    """A small transformer classifier: 16 tokens of a 64-symbol vocabulary, 2 encoder
-    layers of width 64, 4 heads; the class is which of 10 hidden patterns the sequence
-    is noisily drawn from."""
+@dataclass(frozen=True)
+class Regime:
+    """How one model trains in this benchmark (python -m run --steps --lr --batch) and the
+    lane codecs' options beside gamma."""
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.embed = nn.Embedding(64, 64)
-        self.pos = nn.Parameter(torch.randn(16, 64) * 0.1)
-        layer = nn.TransformerEncoderLayer(64, 4, 128, dropout=0.0, batch_first=True)
-        self.encoder = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
-        self.head = nn.Linear(64, 10)
-
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        """Class logits."""
-        return self.head(self.encoder(self.embed(tokens) + self.pos).mean(dim=1))
+    steps: int
+    lr: float
+    batch: int
+    options: list[str] = field(default_factory=list)
 
 
-def _transformer_task() -> tuple[nn.Module, Callable, Callable]:
-    torch.manual_seed(0)
-    patterns = torch.randint(0, 64, (10, 16), generator=torch.Generator().manual_seed(7))
-
-    def batch(rank: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
-        g = torch.Generator().manual_seed(rank * 10_007 + step)
-        labels = torch.randint(0, 10, (32,), generator=g)
-        tokens = patterns[labels].clone()
-        noise = torch.rand(tokens.shape, generator=g) < 0.5
-        tokens[noise] = torch.randint(0, 64, (int(noise.sum()),), generator=g)
-        return tokens, labels
-
-    return TinyTransformer(), batch, nn.functional.cross_entropy
-
-
-def _task(model: str) -> tuple[nn.Module, Callable, Callable, float]:
-    if model == "transformer":
-        return (*_transformer_task(), 0.05)
-    task = make_task("mlp", JobShape())
-    return task.model, task.batch, task.loss, 0.1
+REGIMES = {
+    "mlp": Regime(steps=300, lr=0.1, batch=64, options=["block=131072"]),
+    "lm": Regime(steps=300, lr=0.5, batch=64, options=["block=131072"]),
+}
+# (row name, codec, extra codec options)
+RUNS: tuple[tuple[str, str, list[str]], ...] = (
+    ("16-bit lanes + EF", "lowbit16", []),
+    ("8-bit lanes + EF", "lowbit8", []),
+    ("8-bit lanes, no EF", "lowbit8", ["gamma=0"]),
+    ("8-bit nearest + EF", "lowbit8", ["rounding=nearest"]),
+    ("8-bit nearest, no EF", "lowbit8", ["rounding=nearest", "gamma=0"]),
+)
+DESCRIPTION = {"mlp": "MLP (dense)", "lm": "transformer LM (dense)"}
+GOAL = 0.01  # 16-bit lanes: final loss within 1% of gloo's
 
 
-def train(model_name: str, make, world: int, steps: int) -> list[float]:
-    """Mean training loss over the workers, per step, with the codec's aggregate."""
-    model, batch, loss_fn, lr = _task(model_name)
-    params = [p for p in model.parameters() if p.requires_grad]
-    codecs = make() if make else None
-    losses = []
-    for step in range(steps):
-        grads, step_loss = [], 0.0
-        for r in range(world):
-            *inputs, labels = batch(r, step)
-            model.zero_grad()
-            loss = loss_fn(model(*inputs), labels)
-            loss.backward()
-            step_loss += loss.item() / world
-            grads.append(_flat_grad(params))
-        if codecs is None:
-            total = np.sum(grads, axis=0, dtype=np.float32)
-        else:
-            total = simulate(codecs, grads)[0]
-        flat = torch.from_numpy(np.ascontiguousarray(total)) / world
-        with torch.no_grad():
-            offset = 0
-            for p in params:
-                p.sub_(lr * flat[offset : offset + p.numel()].view_as(p))
-                offset += p.numel()
-        losses.append(step_loss)
-    return losses
+def final_loss(losses: list[float]) -> float:
+    """Mean training loss of the last tenth of the steps (at least 5)."""
+    return statistics.mean(losses[-max(5, len(losses) // 10) :])
 
 
-def _flat_grad(params: list[torch.nn.Parameter]) -> np.ndarray:
-    """All parameters' gradients as one float32 vector (a copy)."""
-    missing = [i for i, p in enumerate(params) if p.grad is None]
-    if missing:
-        raise RuntimeError(f"parameters {missing} got no gradient: is every one in the loss?")
-    return torch.cat([p.grad.reshape(-1) for p in params if p.grad is not None]).numpy().copy()
+def specs(model: str, args: argparse.Namespace) -> list[tuple[str, RunSpec]]:
+    """The runs of one model: every lane codec; the first also runs DDP over gloo."""
+    r = args.regime[model]
+    return [
+        (
+            name,
+            RunSpec(
+                model,
+                codec,
+                hosts=args.hosts,
+                steps=r.steps,
+                gloo=i == 0,
+                target=args.target,
+                codec_options=[*r.options, *extra],
+                lr=r.lr,
+                batch=r.batch,
+            ),
+        )
+        for i, (name, codec, extra) in enumerate(RUNS)
+    ]
 
 
-def _codec_maker(world: int, name: str) -> Callable[[], list]:
-    """The maker of run `name`'s codecs, for a run that has codecs (not the exact sum)."""
-    make = _codecs(world)[name]
-    if make is None:
-        raise ValueError(f"run {name!r} is the exact sum: it has no codecs to time")
-    return make
+def train(model: str, args: argparse.Namespace, tmp: Path, curves: dict, times: dict) -> str:
+    """Every run of one model, one round: its loss curves and iteration seconds."""
+    target = args.target
+    for name, spec in specs(model, args):
+        t0 = time.perf_counter()
+        out = tmp / f"{model}-{len(curves.get((model, name), []))}-{name.replace(' ', '')}"
+        runs, target = run_once(spec, out)
+        for run, steps in runs.items():
+            row = name if run == spec.switch_run else run
+            curves.setdefault((model, row), []).append([s["loss"] for s in steps])
+            times.setdefault((model, row), []).extend(s["seconds"] for s in steps[1:])
+        got = final_loss(curves[(model, name)][-1])
+        print(f"  {model} {name}: final loss {got:.4f} ({time.perf_counter() - t0:.0f} s)")
+    return target
 
 
-def switch_times(target: str, sizes: dict[str, int], world: int, reps: int) -> dict:
-    """(model, method) -> seconds of one aggregation of the model's gradient, per rep:
-    gloo all_reduce vs fixed point vs 16- and 8-bit lanes through `target`."""
-    from bench.aggregation import GlooPool, SwitchGroup
-    from testnet.fabric import Fabric
-
-    rng = np.random.default_rng(0)
-    makers = {
-        "fixed point 32-bit": lambda: [FixedPoint(world) for _ in range(world)],
-        "16-bit lanes + EF": _codec_maker(world, "16-bit lanes + EF"),
-        "8-bit lanes + EF": _codec_maker(world, "8-bit lanes + EF"),
-    }
-    times: dict[tuple[str, str], list[float]] = {}
-    gloo = GlooPool(sorted(set(sizes.values())))
-    fabric = Fabric(target, world)
-    try:
-        for h in fabric.hosts:
-            h.enable_ip_stack()
-        group = SwitchGroup(fabric, world, 0.02 if target == "refswitch" else 0.2)
-        for model, n in sizes.items():
-            xs = [(rng.standard_normal(n) * 0.01).astype(np.float32) for _ in range(world)]
-            codecs = {name: make() for name, make in makers.items()}
-            for rep in range(reps + 1):  # the first is a warm-up
-                secs = {"DDP over gloo": gloo.run(world, n)}
-                for name, cs in codecs.items():
-                    secs[name] = group.step(cs, xs)[0]
-                if rep:
-                    for name, t in secs.items():
-                        times.setdefault((model, name), []).append(t)
-        group.close()
-    finally:
-        fabric.close()
-        gloo.close()
-    return times
+def mean_curve(runs: list[list[float]]) -> list[float]:
+    """The rounds' loss curves averaged step by step."""
+    return [statistics.mean(step) for step in zip(*runs)]
 
 
-def plot(curves: dict[str, dict[str, list[float]]], path) -> None:
-    """Training loss per step, one panel per model, smoothed over 10 steps."""
+def verdicts(model: str, curves: dict) -> tuple[list[str], str]:
+    """The table rows of one model and its part of the summary line."""
+    gloo = final_loss(mean_curve(curves[(model, GLOO)]))
+    rows, diff = [], {}
+    for name in (GLOO, *(n for n, _, _ in RUNS)):
+        got = final_loss(mean_curve(curves[(model, name)]))
+        diff[name] = got / gloo - 1
+        rows.append(f"| {DESCRIPTION[model]} | {name} | {got:.4f} | {100 * diff[name]:+.2f}% |")
+    d16 = diff["16-bit lanes + EF"]
+    verdict = "MET" if abs(d16) <= GOAL else "MISSED"
+    part = (
+        f"{model}: 16-bit {100 * d16:+.2f}% (target within {GOAL:.0%} of gloo: {verdict}), "
+        f"8-bit {100 * diff['8-bit lanes + EF']:+.2f}% / without feedback "
+        f"{100 * diff['8-bit lanes, no EF']:+.2f}%, 8-bit rounding to nearest "
+        f"{100 * diff['8-bit nearest + EF']:+.2f}% / without feedback "
+        f"{100 * diff['8-bit nearest, no EF']:+.2f}%"
+    )
+    return rows, part
+
+
+def plot(models: list[str], curves: dict, path: Path, title: str) -> None:
+    """Per model: the smoothed loss per step (top) and its difference to gloo's (bottom)."""
     plt = pyplot()
-    fig, axes = plt.subplots(1, len(curves), figsize=(6 * len(curves), 3.8), squeeze=False)
-    for ax, (model, runs) in zip(axes[0], curves.items()):
-        for name, losses in runs.items():
-            smooth = np.convolve(losses, np.ones(10) / 10, mode="valid")
-            ax.plot(np.arange(smooth.size) + 10, smooth, label=name, lw=1.2)
-        ax.set(xlabel="step", ylabel="training loss (10-step mean)", yscale="log", title=model)
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=7)
+    fig, axes = plt.subplots(2, len(models), figsize=(6 * len(models), 6.4), squeeze=False)
+    names = [GLOO, *(n for n, _, _ in RUNS)]
+    palette = ("0.3", "tab:green", "tab:blue", "tab:cyan", "tab:orange", "tab:red")
+    colors = dict(zip(names, palette))
+    for j, model in enumerate(models):
+        gloo = smoothed(mean_curve(curves[(model, GLOO)]), 10)
+        for name in names:
+            curve = smoothed(mean_curve(curves[(model, name)]), 10)
+            x = range(1, len(curve) + 1)
+            axes[0][j].plot(x, curve, label=name, color=colors[name], lw=1.2)
+            rel = [100 * (c / g - 1) for c, g in zip(curve, gloo)]
+            axes[1][j].plot(x, rel, label=name, color=colors[name], lw=1.2)
+        axes[0][j].set(
+            ylabel="training loss (10-step mean)", yscale="log", title=DESCRIPTION[model]
+        )
+        axes[1][j].set(xlabel="step", ylabel="vs DDP over gloo (%)")
+        for ax in axes[:, j]:
+            ax.grid(True, which="both", alpha=0.3)
+            ax.legend(fontsize=7)
+    fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Train every model with every codec; write bench/results/lowbit.md and lowbit.png."""
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--steps", type=int, default=300, help="training steps per run")
-    p.add_argument("--world", type=int, default=4, help="workers")
-    p.add_argument("--models", default="mlp,transformer", help="comma-separated: mlp, transformer")
-    p.add_argument("--switch", choices=["bmv2", "refswitch"], help="also time the aggregation")
-    p.add_argument("--reps", type=int, default=7, help="timed aggregations per method")
-    args = p.parse_args(argv)
-    models = [m for m in args.models.split(",") if m]
-    if any(m not in ("mlp", "transformer") for m in models) or args.steps <= LAST:
-        p.error(f"--models takes mlp and/or transformer; --steps must exceed {LAST}")
-    torch.set_num_threads(1)
-    start = time.perf_counter()
-    curves: dict[str, dict[str, list[float]]] = {}
-    for model in models:
-        curves[model] = {}
-        for name, make in _codecs(args.world).items():
-            t0 = time.perf_counter()
-            curves[model][name] = train(model, make, args.world, args.steps)
-            final = statistics.mean(curves[model][name][-LAST:])
-            print(f"  {model} {name}: final loss {final:.4f} ({time.perf_counter() - t0:.0f} s)")
+def write(
+    models: list[str], args: argparse.Namespace, curves: dict, times: dict, **run: Any
+) -> None:
+    """bench/results/<name>.md and .png."""
     lines = [
         f"# Convergence with low-bit lanes ({platform.machine()}, {os.cpu_count()} cores, "
         f"{time.strftime('%Y-%m-%d')})",
         "",
-        f"`python -m bench.lowbit --steps {args.steps} --world {args.world} --models "
-        f"{','.join(models)}`; ran in {time.perf_counter() - start:.0f} s. Final loss = mean "
-        f"training loss of the last {LAST} steps; same data, initialisation and steps for "
-        "every run; EF = error feedback, gamma 0.9.",
+        f"`python -m bench.lowbit --models {','.join(models)} --rounds {args.rounds}`; ran in "
+        f"{run['seconds']:.0f} s; `python -m run` (Mininet, {args.hosts} hosts, switch "
+        f"{run['target']}). Final loss: mean training loss of the last tenth of the steps "
+        "(mean over the ranks, and over the rounds); every run has the same data, "
+        "initialisation, learning rate and steps; EF = error feedback, gamma 0.9 (no EF: "
+        "--codec-option gamma=0); the lanes round stochastically (unbiased) but in the "
+        "nearest rows (rounding=nearest, biased). Regimes (why these: `python -m "
+        "bench.lowbit --help`):",
         "",
-        "| model | run | final loss | vs exact sum |",
+        *(
+            f"- {DESCRIPTION[m]}: {r.steps} steps, lr {r.lr:g}, batch {r.batch} per rank, "
+            f"lane codec options {' '.join(r.options) or 'none'}."
+            for m, r in ((m, args.regime[m]) for m in models)
+        ),
+        "",
+        "| model | run | final loss | vs gloo |",
         "|---|---|---:|---:|",
     ]
     parts = []
-    for model, runs in curves.items():
-        exact = statistics.mean(runs["exact sum (gloo)"][-LAST:])
-        for name, losses in runs.items():
-            final = statistics.mean(losses[-LAST:])
-            lines.append(f"| {model} | {name} | {final:.4f} | {100 * (final / exact - 1):+.1f}% |")
-        d16 = statistics.mean(runs["16-bit lanes + EF"][-LAST:]) / exact - 1
-        d8 = statistics.mean(runs["8-bit lanes + EF"][-LAST:]) / exact - 1
-        verdict = "MET" if abs(d16) <= 0.01 else "MISSED"
-        parts.append(
-            f"{model}: 16-bit {100 * d16:+.1f}% (target 1%: {verdict}), 8-bit {100 * d8:+.1f}%"
+    for model in models:
+        rows, part = verdicts(model, curves)
+        lines += rows
+        parts.append(part)
+    lines += [
+        "",
+        "Median iteration time (ms): "
+        + "; ".join(
+            f"{DESCRIPTION[m]} "
+            + ", ".join(
+                f"{n} {statistics.median(times[(m, n)]) * 1e3:.0f}"
+                for n in (GLOO, *(x for x, _, _ in RUNS))
+            )
+            for m in models
         )
-    summary = f"low-bit lanes, loss vs exact sum after {args.steps} steps: " + "; ".join(parts)
-    if args.switch:
-        sizes = {m: sum(p.numel() for p in _task(m)[0].parameters()) for m in models}
-        times = switch_times(args.switch, sizes, args.world, args.reps)
-        lines += [
-            "",
-            f"One step's aggregation of the model's gradient through {args.switch}, "
-            f"W = {args.world} (median [min, max] of {args.reps}, methods alternating):",
-            "",
-            "| model | gradient elements | method | ms per step | gloo / method |",
-            "|---|---:|---|---:|---:|",
-        ]
-        for model in models:
-            gloo = statistics.median(times[(model, "DDP over gloo")])
-            for (m, name), t in times.items():
-                if m == model:
-                    med = statistics.median(t)
-                    lines.append(
-                        f"| {model} | {sizes[model]:,} | {name} | {med * 1e3:.1f} "
-                        f"[{min(t) * 1e3:.1f}, {max(t) * 1e3:.1f}] | {gloo / med:.2f}x |"
-                    )
-            speed = gloo / statistics.median(times[(model, "8-bit lanes + EF")])
-            summary += f"; {model} 8-bit aggregation {speed:.2f}x gloo on {args.switch}"
-    lines += ["", f"Summary: {summary}.", "", "![training loss](lowbit.png)", ""]
-    plot(curves, plot_path("lowbit.png"))
-    publish("lowbit", lines, summary)
+        + ".",
+    ]
+    summary = "low-bit lanes, loss vs gloo after the same steps: " + "; ".join(parts)
+    lines += ["", f"Summary: {summary}.", "", f"![training loss]({args.name}.png)", ""]
+    title = f"W={args.hosts}, {run['target']}: loss per step, and its difference to gloo's"
+    plot(models, curves, plot_path(f"{args.name}.png"), title)
+    publish(args.name, lines, summary)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Train every model with every run; write bench/results/<name>.md and .png."""
+    p = argparse.ArgumentParser(
+        prog="python -m bench.lowbit",
+        description=__doc__.split("\n\n")[0],
+        epilog=__doc__.split("\n\n", 1)[1],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--models", default="mlp,lm", help="comma-separated: mlp, lm")
+    p.add_argument("--steps", type=int, default=0, help="steps per run (default: REGIMES)")
+    p.add_argument("--rounds", type=int, default=1, help="repetitions (default 1)")
+    p.add_argument("--hosts", type=int, default=4, help="worker hosts W (default 4)")
+    p.add_argument("--target", default="auto", choices=["auto", *TARGETS])
+    p.add_argument("--name", default="lowbit", help="results file stem (default lowbit)")
+    args = p.parse_args(argv)
+    models = [m for m in args.models.split(",") if m]
+    if not models or any(m not in REGIMES for m in models):
+        p.error(f"--models takes a comma-separated list of {', '.join(REGIMES)}")
+    args.regime = {
+        m: Regime(args.steps, r.lr, r.batch, r.options) if args.steps else r
+        for m, r in REGIMES.items()
+    }
+    if any(r.steps < 10 for r in args.regime.values()):
+        p.error("--steps must be at least 10")
+    start, target = time.perf_counter(), args.target
+    curves: dict[tuple[str, str], list[list[float]]] = {}
+    times: dict[tuple[str, str], list[float]] = {}
+    with tempfile.TemporaryDirectory(prefix="homagg-bench-lowbit-") as tmp:
+        for _ in range(args.rounds):
+            for model in models:
+                target = train(model, args, Path(tmp), curves, times)
+    write(models, args, curves, times, seconds=time.perf_counter() - start, target=target)
     return 0
 
 

@@ -4,11 +4,14 @@ dense tables (gloo-dense); the dense MLP and the small transformer LM with fp16_
 and PowerSGD rank 1 and 4; each beside the switch, lossless and fixed point.
 
 Per model and round: one `python -m run` with the lossless switch job, gloo and the peers,
-and one with the fixed-point job alone; rounds alternate the two runs and reverse the peers'
-order. Reported: iteration time (median [p10, p90] over every step but each run's first, all
-rounds), bytes sent per step against the dense gradient, and time to a target quality: the
-smoothed loss DDP over gloo reaches at 80% of its steps in the same round, and the wall time
-(sum of iteration times) each method needs to reach it (median over rounds, "-" if never).
+and one with the fixed-point job alone; odd rounds reverse the two runs, reverse the peers'
+order and run gloo and the peers before the switch job (`--peers-first`). Reported:
+iteration time (median [p10, p90] over every step but each run's first, all rounds), bytes
+sent per step against the dense gradient, and time to a target quality: the smoothed loss
+DDP over gloo reaches at 80% of its steps in the same round, and the wall time (sum of
+iteration times) each method needs to reach it (median over rounds, "-" if never); for the
+switch runs, where the iteration's time goes (compute, and in the DDP hook: encode, wait on
+the switch, decode, agreement) and the retransmissions per step.
 
     python -m bench.peers [--steps 30] [--rounds 2] [--models ncf,mlp,lm] [--bw MBIT]
 """
@@ -26,7 +29,18 @@ from pathlib import Path
 from typing import Any
 
 from bench.publish import plot_path, publish, pyplot
-from bench.runs import RunSpec, ms, pct, run_once, smoothed, time_to
+from bench.runs import (
+    RunSpec,
+    ms,
+    pct,
+    retransmissions,
+    run_once,
+    smoothed,
+    split_cell,
+    time_split,
+    time_to,
+)
+from testnet.switch_process import TARGETS
 
 PEERS_OF = {
     "ncf": ["gloo-dense"],
@@ -57,7 +71,7 @@ class Tally:
         self.reach: dict[tuple[str, str], list[tuple[float, int] | None]] = {}
         self.final: dict[tuple[str, str], list[float]] = {}
         self.fallback: dict[tuple[str, str], int] = {}
-        self.in_switch: dict[tuple[str, str], list[float]] = {}
+        self.timed: dict[tuple[str, str], list[dict[str, Any]]] = {}  # every step but firsts
 
     def add(self, model: str, runs: dict[str, list[dict[str, Any]]], target: float) -> None:
         """One run's methods, judged against the round's target."""
@@ -69,18 +83,24 @@ class Tally:
             self.final.setdefault(key, []).append(smoothed([s["loss"] for s in steps])[-1])
             fell = sum(s.get("fallback_buckets", 0) for s in steps)
             self.fallback[key] = self.fallback.get(key, 0) + fell
-            self.in_switch.setdefault(key, []).extend(
-                s.get("switch_seconds", 0.0) / s["seconds"] for s in steps[1:] if s["seconds"]
-            )
+            self.timed.setdefault(key, []).extend(steps[1:])
+
+    def waiting(self, model: str, name: str) -> float:
+        """The share of the mean iteration the DDP hook spent waiting on the switch."""
+        split = time_split(self.timed[(model, name)])
+        return split["wait"] / sum(split.values()) if sum(split.values()) else 0.0
 
 
 def _one_round(model: str, rnd: int, args: argparse.Namespace, tmp: Path, tally: Tally) -> str:
     """The lossless run (with gloo and the peers) and the fixed-point run, alternated."""
     peers = PEERS_OF[model][:: -1 if rnd % 2 else 1]
+    first = bool(rnd % 2)  # odd rounds: gloo and the peers before the switch
     specs = [
         RunSpec(model, "lossless", args.hosts, args.bw, args.steps, True, peers, args.target),
         RunSpec(model, "fixed_point", args.hosts, args.bw, args.steps, False, [], args.target),
     ]
+    for spec in specs:
+        spec.peers_first = first
     if rnd % 2:
         specs.reverse()
     got: dict[str, list[dict[str, Any]]] = {}
@@ -116,17 +136,26 @@ def _reach_cell(samples: list[tuple[float, int] | None]) -> str:
     return f"{secs:.1f} s, {steps:.0f} steps ({len(hit)}/{len(samples)})"
 
 
-def _share(values: list[float]) -> str:
-    """Median share of the iteration spent in the switch's aggregation (the hook's time)."""
-    return f"{statistics.median(values):.0%}" if values else "-"
+def _switch_cells(m: str, name: str, hosts: int, tally: Tally) -> str:
+    """The switch columns: buckets via gloo, where the time goes, waiting share, retx."""
+    if name not in SWITCH:
+        return "- | - | - | -"
+    timed = tally.timed[(m, name)]
+    retx, share = retransmissions(timed, hosts)
+    return (
+        f"{tally.fallback[(m, name)]} | {split_cell(time_split(timed))} "
+        f"| {tally.waiting(m, name):.0%} | {retx:.1f} ({share:.0%})"
+    )
 
 
-def table(models: list[str], tally: Tally) -> list[str]:
+def table(models: list[str], tally: Tally, hosts: int = 4) -> list[str]:
     """The markdown rows: per model, gloo, the peers and the switch."""
     lines = [
         "| model | method | ms/iteration | gloo / method | wire vs dense | final loss "
-        "| to target (wall, steps, rounds reached) | buckets via gloo | time in the switch |",
-        "|---|---|---:|---:|---:|---:|---|---:|---:|",
+        "| to target (wall, steps, rounds reached) | buckets via gloo "
+        "| compute + hook ms (encode, wait, decode, agreement) | waiting on the switch "
+        "| retransmissions per step (share of packets) |",
+        "|---|---|---:|---:|---:|---:|---|---:|---|---:|---:|",
     ]
     for m in models:
         gloo = statistics.median(tally.seconds[(m, "DDP over gloo")])
@@ -137,8 +166,7 @@ def table(models: list[str], tally: Tally) -> list[str]:
                 f"| {statistics.mean(tally.wire[(m, name)]):.2f}x "
                 f"| {statistics.median(tally.final[(m, name)]):.4f} "
                 f"| {_reach_cell(tally.reach[(m, name)])} "
-                f"| {tally.fallback[(m, name)] if name in SWITCH else '-'} "
-                f"| {_share(tally.in_switch[(m, name)]) if name in SWITCH else '-'} |"
+                f"| {_switch_cells(m, name, hosts, tally)} |"
             )
     return lines
 
@@ -173,8 +201,9 @@ def plot(models: list[str], tally: Tally, title: str, path: Path) -> None:
     plt.close(fig)
 
 
-def summary_of(models: list[str], tally: Tally) -> str:
-    """One line: per model, the fastest method to the target and the switch's time."""
+def summary_of(models: list[str], tally: Tally, hosts: int = 4) -> str:
+    """One line: per model, the fastest method to the target, the switch's time, and the
+    share of the switch's iteration spent waiting on it with its retransmissions."""
     parts = []
     for m in models:
         times = {}
@@ -184,9 +213,12 @@ def summary_of(models: list[str], tally: Tally) -> str:
                 times[name] = statistics.median(hit)
         best = min(times, key=lambda n: times[n])
         sw = times.get("switch, lossless")
+        retx, _ = retransmissions(tally.timed[(m, "switch, lossless")], hosts)
         parts.append(
             f"{m}: fastest to target {best} {times[best]:.1f} s, switch lossless "
             + (f"{sw:.1f} s" if sw is not None else "not reached")
+            + f" (waiting on the switch {tally.waiting(m, 'switch, lossless'):.0%} of its "
+            f"iteration, {retx:.1f} retransmissions per step)"
         )
     return "; ".join(parts)
 
@@ -203,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--hosts", type=int, default=4, help="worker hosts W (default 4)")
     p.add_argument("--models", default="ncf,mlp,lm", help="comma-separated: ncf, mlp, lm")
     p.add_argument("--bw", type=float, default=0.0, help="link Mbit/s, htb (default unshaped)")
-    p.add_argument("--target", default="auto", choices=["auto", "bmv2", "refswitch"])
+    p.add_argument("--target", default="auto", choices=["auto", *TARGETS])
     p.add_argument("--name", default="peers", help="results file stem (default peers)")
     args = p.parse_args(argv)
     models = [m for m in args.models.split(",") if m]
@@ -237,21 +269,26 @@ def write(
         f"`python -m bench.peers --steps {args.steps} --rounds {args.rounds} --models "
         f"{','.join(models)}{f' --bw {args.bw:g}' if args.bw else ''}`; {rounds} round(s) in "
         f"{seconds:.0f} s; {title}. Iteration time: median [p10, p90] over every step but each "
-        "run's first, all rounds. Wire: bytes rank 0's host sent per step "
-        "(everything) / dense float32 gradient bytes. Target: the smoothed (5-step mean) loss "
+        "run's first, all rounds. Wire: bytes each host sent per step (mean over the ranks; "
+        "everything) / dense float32 gradient bytes. Target: the smoothed (5-step mean) loss "
         f"DDP over gloo reaches at {TARGET_AT:.0%} of its steps in the same round; time to "
         "target: the wall time of the steps until a method's smoothed loss reaches it "
         "(median over the rounds that reached it). Buckets via gloo: the switch runs' "
         "buckets that went to the process group's all_reduce instead (a fallback), all "
-        "ranks and steps. Time in the switch: the share of the iteration the DDP hook spent "
-        "aggregating through the switch (encode, send, wait, decode), median over steps.",
+        "ranks and steps. Compute + hook: mean ms per iteration outside the hook's switch "
+        "work (forward, backward, optimizer) and in it: the codec's encoding and decoding, "
+        "the wait on the switch (sending, results, retransmissions) and the ranks' agreement "
+        "all_reduces; waiting on the switch: that wait's share of the mean iteration. "
+        "Retransmissions: all ranks, per step, and their share of the aggregation packets.",
         "",
-        *table(models, tally),
+        *table(models, tally, args.hosts),
         "",
         f"![peer methods]({args.name}.png)",
         "",
     ]
-    summary = f"peers W={args.hosts} ({target_used}, {links}): " + summary_of(models, tally)
+    summary = f"peers W={args.hosts} ({target_used}, {links}): " + summary_of(
+        models, tally, args.hosts
+    )
     plot(models, tally, title, plot_path(f"{args.name}.png"))
     publish(args.name, [*lines, f"Summary: {summary}.", ""], summary)
 

@@ -3,13 +3,14 @@
 gloo beside the switch, lossless and 32-bit fixed point, on one model.
 
 Per regime and round: one `python -m run` with the lossless switch job and its gloo twin,
-and one with the fixed-point job alone; rounds alternate the two. Iteration time: median
-[p10, p90] over every step but each run's first; bytes per worker: what each host sent per
-step, everything included. Ring all-reduce sends 2(W-1)/W of the gradient per worker, the
-switch one copy up (and one comes down): the plot draws both lines beside the measurement.
+and one with the fixed-point job alone; rounds alternate the two (and whether gloo runs
+before or after the switch). Iteration time: median [p10, p90] over every step but each
+run's first; bytes per worker: what each host sent per step, everything included. Ring
+all-reduce sends 2(W-1)/W of the gradient per worker, the switch one copy up (and one comes
+down): the plot draws both lines beside the measurement.
 
     python -m bench.regimes [--model mlp] [--steps 12] [--rounds 1] [--bws 100,1000]
-                            [--hosts 2,4,8] [--codecs lossless,fixed_point]
+                            [--hosts 2,4,8] [--codecs lossless,fixed_point] [--name regimes]
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from typing import Any
 
 from bench.publish import plot_path, publish, pyplot
 from bench.runs import RunSpec, ms, pct, run_once
+from testnet.switch_process import TARGETS
 
 METHODS = ("DDP over gloo", "switch, lossless", "switch, fixed_point")
 Key = tuple[int, float, str]  # (W, link Mbit/s or 0 for unshaped, method)
@@ -51,13 +53,15 @@ class Samples:
 def regime(
     hosts: int, bw: float, rnd: int, args: argparse.Namespace, tmp: Path, got: Samples
 ) -> str:
-    """The first codec's run with its gloo twin, then the other codecs' runs; the order
-    reversed every other round."""
+    """The first codec's run with its gloo twin, then the other codecs' runs; every other
+    round the order reversed and gloo run before the switch."""
     codecs = [c for c in args.codecs.split(",") if c]
     specs = [  # the first codec's run also runs its gloo twin
         RunSpec(args.model, c, hosts, bw, args.steps, i == 0, [], args.target)
         for i, c in enumerate(codecs)
     ]
+    for spec in specs:
+        spec.peers_first = bool(rnd % 2)
     if rnd % 2:
         specs.reverse()
     target = args.target
@@ -152,7 +156,8 @@ def _parser() -> argparse.ArgumentParser:
         default="lossless,fixed_point",
         help="switch codecs; the first one's run also runs DDP over gloo",
     )
-    p.add_argument("--target", default="auto", choices=["auto", "bmv2", "refswitch"])
+    p.add_argument("--target", default="auto", choices=["auto", *TARGETS])
+    p.add_argument("--name", default="regimes", help="results file stem (default regimes)")
     return p
 
 
@@ -196,12 +201,12 @@ def write(
         "",
         *rows(got, cells),
         "",
-        "![iteration time and bytes per worker against W](regimes.png)",
+        f"![iteration time and bytes per worker against W]({args.name}.png)",
         "",
     ]
     if hosts:
-        plot(got, hosts, plot_path("regimes.png"), title)
-    publish("regimes", lines)
+        plot(got, hosts, plot_path(f"{args.name}.png"), title)
+    publish(args.name, lines)
 
 
 if __name__ == "__main__":

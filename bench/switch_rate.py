@@ -1,4 +1,5 @@
-"""Switch packet rate, reference switch vs BMv2, measured side by side in one run.
+"""Switch packet rate, reference switch vs BMv2 (and the optimized BMv2 build, target
+bmv2-opt, when HOMAGG_BMV2_OPT or --bmv2-opt names its prefix), side by side in one run.
 
 Each target runs in its own fabric (4 hosts in namespaces); batches of a full pool
 (32 slots x 4 workers) are sent as fast as the hosts can, then every result is awaited.
@@ -7,9 +8,10 @@ gives the median and spread of contributions absorbed per second, per cells-per-
 setting (settings other than the committed program's are compiled on the fly:
 they need p4c) and per op (`--ops ADD ADD16 ADD8`: values/s counts the lanes, 2 or 4 per
 cell for the lane ops). Writes bench/results/switch_rate.md and switch_rate.png
-(switch_rate_ops.* when lane ops are measured).
+(switch_rate_ops.* when lane ops are measured; --name sets the stem).
 
     python -m bench.switch_rate [--cells 64 128 256] [--ops ADD ADD16 ADD8] [--reps 7]
+        [--targets refswitch bmv2 bmv2-opt] [--bmv2-opt PREFIX] [--name switch_rate]
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from pathlib import Path
 
 from aggwire.constants import CELL_BITS, LANE_BITS_OF_OP, Op
 from bench.publish import plot_path, publish, pyplot
+from testnet.switch_process import BMV2_OPT_ENV, TARGETS, available_targets, target_problem
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -64,15 +67,17 @@ def _measure(job, pool_size: int, batches: int, first_chunk: int, op: int) -> tu
 
 
 def run_child(
-    cells: int, reps: int, artifacts: tuple[Path, Path] | None, ops: list[str]
+    cells: int,
+    reps: int,
+    artifacts: tuple[Path, Path] | None,
+    ops: list[str],
+    targets: list[str],
 ) -> list[dict]:
-    """Measure every available target and op with the current HOMAGG_CELLS_PER_PKT; ops
-    alternate like the targets, one row per op."""
+    """Measure the targets and ops with the current HOMAGG_CELLS_PER_PKT; ops alternate
+    like the targets, one row per op."""
     from testnet.aggjob import Job
     from testnet.fabric import Fabric
-    from testnet.switch_process import bmv2_available
 
-    targets = ["refswitch"] + (["bmv2"] if bmv2_available() else [])
     fabrics = {t: Fabric(t, 4, artifacts=artifacts) if artifacts else Fabric(t, 4) for t in targets}
     try:
         jobs = {t: Job(f, f.hosts, pool_size=32) for t, f in fabrics.items()}
@@ -99,6 +104,21 @@ def run_child(
             f.close()
 
 
+RATIOS = (("refswitch", "bmv2"), ("bmv2-opt", "bmv2"))  # (numerator, denominator) of a row
+
+
+def ratio_rows(row: dict) -> list[str]:
+    """ "refswitch / bmv2" and "bmv2-opt / bmv2" rows: the medians' ratio, for each pair of
+    targets the row measured (what the optimized build buys, what the reference switch
+    does beside BMv2)."""
+    out = []
+    for a, b in RATIOS:
+        if a in row["rates"] and b in row["rates"]:
+            ratio = statistics.median(row["rates"][a]) / statistics.median(row["rates"][b])
+            out.append(f"| {row['cells']} | {row['op']} | {a} / {b} | {ratio:.2f}x | | | |")
+    return out
+
+
 def _compile(cells: int, out: Path) -> tuple[Path, Path] | None:
     from aggwire.constants import CELLS_PER_PKT
 
@@ -121,8 +141,8 @@ def plot(rows: list[dict], path: Path) -> None:
     plt = pyplot()
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
-    names = {"refswitch": "reference switch", "bmv2": "BMv2"}
-    for t, style in (("refswitch", "o-"), ("bmv2", "s-")):
+    names = {"refswitch": "reference switch", "bmv2": "BMv2", "bmv2-opt": "BMv2 -O3"}
+    for t, style in (("refswitch", "o-"), ("bmv2", "s-"), ("bmv2-opt", "^-")):
         for op in dict.fromkeys(r.get("op", "ADD") for r in rows):
             lanes = CELL_BITS // LANE_BITS_OF_OP[Op[op]]
             pts = [
@@ -154,8 +174,7 @@ def plot(rows: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run the benchmark and write bench/results/switch_rate.md."""
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--cells", type=int, nargs="+", default=[64, 128, 256], choices=[64, 128, 256])
     p.add_argument(
@@ -166,20 +185,28 @@ def main(argv: list[str] | None = None) -> int:
         help="adding ops to measure (lane ops carry 2 or 4 values per cell)",
     )
     p.add_argument("--reps", type=int, default=7)
+    p.add_argument(
+        "--targets",
+        nargs="+",
+        choices=TARGETS,
+        default=None,
+        help="switches to compare, alternating (default: every one available here)",
+    )
+    p.add_argument(
+        "--bmv2-opt",
+        type=Path,
+        default=None,
+        metavar="PREFIX",
+        help=f"the optimized BMv2 build's prefix: target bmv2-opt (default ${BMV2_OPT_ENV})",
+    )
+    p.add_argument("--name", default="", help="results file stem (default switch_rate[_ops])")
     p.add_argument("--child", type=str, help=argparse.SUPPRESS)
-    args = p.parse_args(argv)
-    if args.child:
-        artifacts = None
-        if args.child != "-":
-            p4info, bmv2_json = args.child.split(",")  # written by the parent: two paths
-            artifacts = (Path(p4info), Path(bmv2_json))
-        print(
-            "RESULT "
-            + json.dumps(
-                run_child(int(os.environ["HOMAGG_CELLS_PER_PKT"]), args.reps, artifacts, args.ops)
-            )
-        )
-        return 0
+    return p
+
+
+def measure(args: argparse.Namespace, targets: list[str]) -> list[dict]:
+    """One child process per cells-per-packet setting (its program compiled when it is not
+    the committed one); the rows they measured."""
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for cells in args.cells:
@@ -188,35 +215,28 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             env = dict(os.environ, HOMAGG_CELLS_PER_PKT=str(cells))
             child = ",".join(map(str, artifacts)) if artifacts else "-"
+            cmd = [sys.executable, "-m", "bench.switch_rate", "--reps", str(args.reps)]
+            cmd += ["--ops", *args.ops, "--targets", *targets, "--child", child]
             proc = subprocess.run(
-                [
-                    sys.executable,
-                    "-m",
-                    "bench.switch_rate",
-                    "--reps",
-                    str(args.reps),
-                    "--ops",
-                    *args.ops,
-                    "--child",
-                    child,
-                ],
-                cwd=REPO,
-                env=env,
-                stdout=subprocess.PIPE,
-                text=True,
-                check=True,
+                cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, text=True, check=True
             )
             for line in proc.stdout.splitlines():
                 if line.startswith("RESULT "):
                     rows.extend(json.loads(line[7:]))
                 else:
                     print(line)
+    return rows
+
+
+def report(rows: list[dict], targets: list[str], name: str) -> list[str]:
+    """The markdown table: per row and target the rates, then the ratio rows."""
+    opt = " (bmv2-opt: the optimized BMv2 build, docs/bmv2.md)" if "bmv2-opt" in targets else ""
     lines = [
         f"# Switch packet rate ({platform.machine()}, {os.cpu_count()} cores, "
         f"{time.strftime('%Y-%m-%d')})",
         "",
         "Contributions absorbed per second (median of reps, [min, max]); 4 workers, "
-        "pool size 32; targets alternate batch by batch.",
+        f"pool size 32; targets {', '.join(targets)} alternate batch by batch{opt}.",
         "",
         "| cells/packet | op | target | packets/s | cells/s | values/s | missing results |",
         "|---:|---|---|---:|---:|---:|---:|",
@@ -230,18 +250,33 @@ def main(argv: list[str] | None = None) -> int:
                 f"{max(rates):,.0f}] | {med * row['cells']:,.0f} | "
                 f"{med * row['cells'] * lanes:,.0f} | {row['missing'][t]} |"
             )
-        if "bmv2" in row["rates"]:
-            ratio = statistics.median(row["rates"]["refswitch"]) / statistics.median(
-                row["rates"]["bmv2"]
-            )
-            lines.append(
-                f"| {row['cells']} | {row['op']} | refswitch / bmv2 | {ratio:.2f}x | | | |"
-            )
+        lines += ratio_rows(row)
+    return [*lines, "", f"![switch packet rate]({name}.png)"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark and write bench/results/switch_rate.md."""
+    p = _parser()
+    args = p.parse_args(argv)
+    if args.bmv2_opt is not None:
+        os.environ[BMV2_OPT_ENV] = str(args.bmv2_opt)  # the child and its switches read it
+    targets = args.targets or available_targets()
+    problems = [f"{t}: {target_problem(t)}" for t in targets if target_problem(t)]
+    if problems:
+        p.error("; ".join(problems))
+    if args.child:
+        artifacts = None
+        if args.child != "-":
+            p4info, bmv2_json = args.child.split(",")  # written by the parent: two paths
+            artifacts = (Path(p4info), Path(bmv2_json))
+        cells = int(os.environ["HOMAGG_CELLS_PER_PKT"])
+        print("RESULT " + json.dumps(run_child(cells, args.reps, artifacts, args.ops, targets)))
+        return 0
+    rows = measure(args, targets)
     # Lane ops go to their own report, so the cells-per-packet one stays as it was.
-    name = "switch_rate" if args.ops == ["ADD"] else "switch_rate_ops"
-    lines += ["", f"![switch packet rate]({name}.png)"]
+    name = args.name or ("switch_rate" if args.ops == ["ADD"] else "switch_rate_ops")
     plot(rows, plot_path(f"{name}.png"))
-    publish(name, lines)
+    publish(name, report(rows, targets, name))
     return 0
 
 

@@ -47,6 +47,12 @@ class SwitchConfig:
     p4info: Path | None = None
     device_config: Path | None = None
 
+    @property
+    def lane_ops(self) -> bool:
+        """Whether the switch's program adds 16- and 8-bit lanes (ADD16, ADD8): the
+        committed v1model program does; the TNA program drops them (docs/tofino.md)."""
+        return self.p4info is None
+
     def host_by_ip(self, ip: str) -> Host | None:
         """The configured host with this IPv4 address, if any."""
         return next((h for h in self.hosts if h.ip == ip), None)

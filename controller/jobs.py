@@ -429,6 +429,7 @@ class JobManager:
             job.codec,
             self.config.heartbeat_interval,
             self.config.lease,
+            sw.lane_ops,
         )
 
     def _reap_loop(self) -> None:

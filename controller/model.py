@@ -113,6 +113,7 @@ class Assignment:
     codec: str
     heartbeat_interval_s: float
     lease_s: float
+    lane_ops: bool = True  # the program adds ADD16 / ADD8 lanes (SwitchConfig.lane_ops)
 
     @classmethod
     def from_message(cls, msg: Any) -> Assignment:

@@ -26,7 +26,7 @@ from run.names import RunNames
 from run.peers import PEERS
 from run.state import RunState, netns_id, pids_in_netns
 from testnet.addresses import host_switch_port
-from testnet.switch_process import bmv2_available
+from testnet.switch_process import BMV2_OPT_ENV, TARGETS, bmv2_available, target_problem
 from worker.codecs import CODECS, DEFAULT_CODEC, is_exact
 
 if TYPE_CHECKING:
@@ -52,9 +52,18 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--target",
-        choices=["auto", "bmv2", "refswitch"],
+        choices=["auto", *TARGETS],
         default="auto",
-        help="switch (auto: BMv2 when simple_switch_grpc is installed)",
+        help="switch (auto: BMv2 when simple_switch_grpc is installed; bmv2-opt: the "
+        "optimized BMv2 build under --bmv2-opt, docs/bmv2.md)",
+    )
+    p.add_argument(
+        "--bmv2-opt",
+        type=Path,
+        default=None,
+        metavar="PREFIX",
+        help=f"install prefix of the optimized BMv2 build (--target bmv2-opt; default: "
+        f"${BMV2_OPT_ENV})",
     )
     p.add_argument(
         "--codec",
@@ -62,6 +71,14 @@ def _parser() -> argparse.ArgumentParser:
         choices=[*CODECS, "auto"],
         help=f"homomorphic codec of the switch run (default {DEFAULT_CODEC}); auto: chosen per "
         "bucket and step from the measured delay (asynchronous hook)",
+    )
+    p.add_argument(
+        "--codec-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an option of the switch run's codec, repeatable (e.g. gamma=0: lowbit8 "
+        "without error feedback; docs/codecs.md)",
     )
     p.add_argument(
         "--overlap",
@@ -109,6 +126,11 @@ def _parser() -> argparse.ArgumentParser:
         help="switch slots of the job's pool: packets in flight per rank (default 8)",
     )
     p.add_argument("--no-gloo", action="store_true", help="skip the gloo comparison run")
+    p.add_argument(
+        "--peers-first",
+        action="store_true",
+        help="run gloo and the peers before the switch run (default: after it)",
+    )
     p.add_argument(
         "--peers",
         default="",
@@ -210,6 +232,7 @@ def _rank_command(
     cmd += ["--node-rank", str(rank), "--master-addr", names.host_ip(0)]
     cmd += ["--master-port", str(port), "-m", "run.train", "--mode", mode]
     cmd += ["--codec", args.codec, "--overlap", args.overlap, "--model", args.model]
+    cmd += [arg for kv in args.codec_option for arg in ("--codec-option", kv)]
     cmd += ["--steps", str(args.steps), "--users", str(args.users), "--items", str(args.items)]
     cmd += ["--batch", str(args.batch), "--lr", str(args.lr), "--iface", iface]
     cmd += ["--out", str(args.out)]
@@ -309,7 +332,15 @@ def _settle(args: argparse.Namespace) -> tuple[str, Topology]:
     bad = [x for x in args.peer_list if x not in PEERS]
     if bad:
         raise ValueError(f"--peers {','.join(bad)}: expected some of {', '.join(PEERS)}")
+    for kv in args.codec_option:
+        if "=" not in kv or not kv.split("=", 1)[0]:
+            raise ValueError(f"--codec-option {kv!r}: expected KEY=VALUE")
+    if args.bmv2_opt is not None:
+        os.environ[BMV2_OPT_ENV] = str(args.bmv2_opt)  # the switch process reads it
     target = args.target if args.target != "auto" else ("bmv2" if bmv2_available() else "refswitch")
+    problem = target_problem(target)
+    if problem:
+        raise ValueError(f"--target {target}: {problem}")
     topo = (
         Topology.load(args.topo, hosts=args.hosts, bw_mbit=args.bw)
         if args.topo
@@ -366,16 +397,19 @@ def _counters(names: RunNames, creds: RunCredentials) -> str:
 
 
 def _train(session: _Session, args: argparse.Namespace) -> str:
-    """The switch run (then the switch's counters), then the gloo run and the peer runs;
-    returns the counters."""
+    """The switch run (then the switch's counters) and the gloo run and the peer runs, in
+    that order or (--peers-first) the other way round; returns the counters."""
     assert session.net is not None and session.creds is not None
+    others = ([] if args.no_gloo else ["gloo"]) + args.peer_list
+    if args.peers_first:
+        for i, mode in enumerate(others):
+            _run_job(mode, session.net, args, session.state, 29501 + i)
     # rank 0 creates the job
     _run_job("switch", session.net, args, session.state, 29500, session.creds)
     counters = _counters(session.state.names, session.creds)
-    if not args.no_gloo:
-        _run_job("gloo", session.net, args, session.state, 29501)
-    for i, peer in enumerate(args.peer_list):
-        _run_job(peer, session.net, args, session.state, 29502 + i)
+    if not args.peers_first:
+        for i, mode in enumerate(others):
+            _run_job(mode, session.net, args, session.state, 29501 + i)
     return counters
 
 
@@ -441,7 +475,8 @@ def run(args: argparse.Namespace) -> int:
         _prepare_out(args, names)
         print(
             f"make run: run {names.number} (stop it with `make stop RUN={names.number}`), "
-            f"{topo.hosts} hosts, switch {target}, model {args.model}, codec {args.codec}, "
+            f"{topo.hosts} hosts, switch {target}, model {args.model}, codec {args.codec}"
+            f"{''.join(f' {kv}' for kv in args.codec_option)}, "
             f"overlap {args.overlap}, links {topo.describe_bw()}, {args.steps} steps",
             flush=True,
         )
@@ -463,6 +498,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(
             "--codec auto needs --overlap async (or the default): DeAR takes a fixed codec"
         )
+    if args.codec == "auto" and args.codec_option:
+        parser.error("--codec-option needs a fixed --codec (auto chooses codecs per bucket)")
     if args.codec == "auto" and args.overlap == "blocking":
         args.overlap = "async"  # auto measures the delay beside backward
     if os.geteuid() != 0:

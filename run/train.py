@@ -114,6 +114,8 @@ def _attach_switch(
         opts = {"lossless": opts}
     elif a.codec != "lossless":
         opts = {}
+    if a.codec != AUTO:
+        opts.update(codec_options(a.codec_option))
     state = attach(
         None if dear else model,  # DeAR takes the state itself
         a.codec,
@@ -197,6 +199,10 @@ def _record(
         "fallback_buckets": int(t[7]),
         "switch_seconds": float(t[8]) / world,
         "agreement_seconds": float(t[9]) / world,
+        # the switch_seconds split (worker/transport.py): codec, exchanges
+        "encode_seconds": float(t[10]) / world,
+        "wait_seconds": float(t[11]) / world,
+        "decode_seconds": float(t[12]) / world,
         "grad_max": grad_max,
         "param_max": pmax,
         **_overlap_report(model, state),
@@ -225,10 +231,13 @@ def _overlap_report(model: Any, state: SwitchHookState | None) -> dict[str, Any]
     return rec
 
 
-def _stats(state: SwitchHookState | None) -> tuple[int, int, int, int, float, float]:
+def _stats(state: SwitchHookState | None) -> tuple[float, ...]:
+    """The hook's counters so far, and the transport's time split of its switch time."""
     if state is None:
-        return 0, 0, 0, 0, 0.0, 0.0
+        return (0,) * 4 + (0.0,) * 5
     s = state.stats
+    agent = state.agent
+    t = agent.transport.stats if agent is not None and agent.transport is not None else None
     return (
         s.wire_bytes,
         s.dense_bytes,
@@ -236,7 +245,32 @@ def _stats(state: SwitchHookState | None) -> tuple[int, int, int, int, float, fl
         s.fallback_buckets,
         s.switch_seconds,
         s.agreement_seconds,
+        t.encode_seconds if t else 0.0,
+        t.exchange_seconds if t else 0.0,
+        t.decode_seconds if t else 0.0,
     )
+
+
+def codec_options(pairs: list[str]) -> dict[str, Any]:
+    """KEY=VALUE strings as codec options: numbers as int or float, true/false as bool,
+    anything else as a string (gamma=0 -> {"gamma": 0})."""
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, text = pair.partition("=")
+        if not sep or not key:
+            raise ValueError(f"codec option {pair!r}: expected KEY=VALUE")
+        value: Any = text
+        if text.lower() in ("true", "false"):
+            value = text.lower() == "true"
+        else:
+            for kind in (int, float):
+                try:
+                    value = kind(text)
+                    break
+                except ValueError:
+                    pass
+        out[key] = value
+    return out
 
 
 def _progress(mode: str, steps: int, r: dict[str, Any]) -> str:
@@ -262,6 +296,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     p.add_argument("--mode", choices=peers.MODES, required=True)
     p.add_argument("--codec", default=DEFAULT_CODEC, help="a codec, or auto (delay-aware)")
+    p.add_argument("--codec-option", action="append", default=[], help="KEY=VALUE, for the codec")
     p.add_argument(
         "--overlap",
         choices=["blocking", "async", "dear"],

@@ -1,5 +1,11 @@
 """Start a switch process (BMv2's simple_switch_grpc or the reference switch) on given
-ports, wait until its P4Runtime server answers, and stop it by PID."""
+ports, wait until its P4Runtime server answers, and stop it by PID.
+
+Targets: "refswitch", "bmv2" (simple_switch_grpc on PATH) and "bmv2-opt": a second BMv2
+build installed under its own prefix (`-O3`, logging macros and the event logger off:
+docs/bmv2.md), named by the environment variable HOMAGG_BMV2_OPT=<prefix> and run as
+<prefix>/bin/simple_switch_grpc with <prefix>/lib first on LD_LIBRARY_PATH, so the same
+program runs on both builds side by side."""
 
 from __future__ import annotations
 
@@ -14,12 +20,50 @@ from pathlib import Path
 
 from testnet.rawsock import disable_offloads, offloads_on
 
-TARGETS = ("refswitch", "bmv2")
+TARGETS = ("refswitch", "bmv2", "bmv2-opt")
+BMV2_TARGETS = ("bmv2", "bmv2-opt")
+BMV2_OPT_ENV = "HOMAGG_BMV2_OPT"  # the optimized BMv2 build's install prefix (no default)
 
 
 def bmv2_available() -> bool:
     """True when simple_switch_grpc is on PATH."""
     return shutil.which("simple_switch_grpc") is not None
+
+
+def bmv2_opt_prefix() -> Path | None:
+    """The optimized BMv2 build's prefix from HOMAGG_BMV2_OPT, or None when unset."""
+    value = os.environ.get(BMV2_OPT_ENV, "")
+    return Path(value) if value else None
+
+
+def target_problem(target: str) -> str:
+    """Why `target` cannot be started here ("" when it can)."""
+    if target not in TARGETS:
+        return f"unknown switch target {target!r}; expected one of {', '.join(TARGETS)}"
+    if target == "bmv2" and not bmv2_available():
+        return "simple_switch_grpc is not on PATH (docs/bmv2.md)"
+    if target == "bmv2-opt":
+        prefix = bmv2_opt_prefix()
+        if prefix is None:
+            return f"bmv2-opt needs {BMV2_OPT_ENV}=<prefix of the optimized build> (docs/bmv2.md)"
+        if not os.access(prefix / "bin" / "simple_switch_grpc", os.X_OK):
+            return f"{BMV2_OPT_ENV}={prefix}: no executable {prefix}/bin/simple_switch_grpc"
+    return ""
+
+
+def available_targets() -> list[str]:
+    """The targets that can be started here, the reference switch first."""
+    return [t for t in TARGETS if not target_problem(t)]
+
+
+def switch_env(target: str) -> dict[str, str] | None:
+    """The environment of the switch process: bmv2-opt finds its own libraries (the
+    default build's, on the system's path, would be loaded otherwise); None: inherited."""
+    prefix = bmv2_opt_prefix()
+    if target != "bmv2-opt" or prefix is None:
+        return None
+    libs = [str(prefix / "lib"), *filter(None, os.environ.get("LD_LIBRARY_PATH", "").split(":"))]
+    return {**os.environ, "LD_LIBRARY_PATH": ":".join(libs)}
 
 
 def free_port() -> int:
@@ -53,11 +97,17 @@ def switch_command(
             "--log-level",
             log_level or "info",
         ]
-    if target == "bmv2":
+    if target in BMV2_TARGETS:
+        binary = "simple_switch_grpc"
+        if target == "bmv2-opt":
+            prefix = bmv2_opt_prefix()
+            if prefix is None:
+                raise ValueError(target_problem(target))
+            binary = str(prefix / "bin" / "simple_switch_grpc")
         # BMv2 evaluates its per-packet log calls at its default level (trace) even with no
         # log sink: that halves its packet rate (docs/performance.md). Warn keeps them out.
         return [
-            "simple_switch_grpc",
+            binary,
             *ifaces,
             "--device-id",
             str(device_id),
@@ -112,6 +162,9 @@ class SwitchProcess:
         self.grpc_port = grpc_port or free_port()
         self.address = f"127.0.0.1:{self.grpc_port}"
         self.log_path = log_path
+        problem = target_problem(target)
+        if problem:
+            raise RuntimeError(f"cannot start switch {target}: {problem}")
         prepare_ports(ports)
         # Kept open while the switch runs (it is the child's stdout); stop() closes it.
         self._log = open(log_path, "wb")  # noqa: SIM115
@@ -121,6 +174,7 @@ class SwitchProcess:
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             start_new_session=True,
+            env=switch_env(target),
         )
         try:
             self._wait_listening(startup_timeout)

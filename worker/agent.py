@@ -279,6 +279,7 @@ class WorkerAgent:
                 max_retries=cfg.max_retries,
                 dead_path_s=cfg.dead_path_s,
                 max_straggler_wait=cfg.max_straggler_wait,
+                lane_ops=a.lane_ops,
             )
             self.transport = SwitchTransport(tcfg, channel, peers_problem=self.peers_problem)
         except ValueError as exc:  # a value the checks above missed: still a clear refusal

@@ -4,12 +4,13 @@
 Two exchanges through the group's store (worker/setup_round.py), the same on every rank
 whatever its environment: each rank posts what it has (controller, codec asked for, local
 problems such as no route); rank 0 checks that they agree, creates the job (or reads the
-launcher's) and shares its id and token; each rank joins; each posts how that went (and the
-job's codec); rank 0 decides for all. The outcome is the same on every rank: a joined
-agent everywhere and the job's codec, or the same reason everywhere (the caller falls back
-to the process group, one warning per rank), or the same ValueError everywhere (codecs that
-contradict each other). A rank that never takes part costs the others one bounded wait
-($HOMAGG_READY_TIMEOUT, default 60 s), and then none of them uses the switch."""
+launcher's) and shares its id and token; each rank joins; each posts how that went (the
+job's codec, whether its switch adds the low-bit codecs' lanes); rank 0 decides for all.
+The outcome is the same on every rank: a joined agent everywhere and the job's codec, or
+the same reason everywhere (the caller falls back to the process group, one warning per
+rank; e.g. a lane codec on a switch without lanes), or the same ValueError everywhere
+(codecs that contradict each other). A rank that never takes part costs the others one
+bounded wait ($HOMAGG_READY_TIMEOUT, default 60 s), and then none of them uses the switch."""
 
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ from controller.credentials import (
     operator_token,
 )
 from worker.agent import AgentConfig, AgentError, WorkerAgent, open_agent
-from worker.codecs import DEFAULT_CODEC, check_codec
+from worker.codecs import DEFAULT_CODEC, check_codec, uses_lanes
 from worker.job_session import JobSession, release_job
 from worker.route import Route, route_of, route_to
 from worker.setup_round import SetupRound
@@ -133,11 +134,10 @@ def set_up(request: Request, members: Members) -> Setup:
     job_id, token = answer["job"]
     ticket = JobTicket(int(job_id), str(token), bool(answer["created"]) and members.rank == 0)
     agent, reason = here.join(ticket, members.rank)
-    codec = agent.assignment.codec if agent is not None and agent.assignment else ""
     wait = timeout + 2 * RPC_TIMEOUT + CREATE_TIMEOUT
     final = rnd.exchange(
         "joined",
-        {"reason": reason, "codec": codec},
+        _joined(agent, reason),
         wait,
         wait + CREATE_TIMEOUT,
         lambda outcomes: _decide_codec(outcomes, answer["asked"], request, members.world, job_id),
@@ -153,6 +153,18 @@ def set_up(request: Request, members: Members) -> Setup:
     if "error" in final:
         raise ValueError(f"homagg: {final['error']}")
     return _fail(members, final["reason"], final["complete"])
+
+
+def _joined(agent: WorkerAgent | None, reason: str) -> dict[str, Any]:
+    """What rank 0 needs to know of this rank's join: why it failed, else the job's codec
+    and whether the switch adds lanes (from the assignment)."""
+    given = agent.assignment if agent is not None else None
+    return {
+        "reason": reason,
+        "codec": given.codec if given else "",
+        "switch": given.switch if given else "",
+        "lane_ops": given.lane_ops if given else True,
+    }
 
 
 def _fail(members: Members, reason: str, complete: bool) -> Setup:
@@ -287,8 +299,9 @@ def _decide_codec(
     world: int,
     job_id: int,
 ) -> dict[str, Any]:
-    """Rank 0: every rank joined and the job's codec is one the ranks can run and the one
-    they asked for (a job made outside the script decides the codec), or why not."""
+    """Rank 0: every rank joined and the job's codec is one the ranks can run, the one
+    they asked for (a job made outside the script decides the codec) and, when it adds
+    lanes, one their switch adds (the assignment's lane_ops), or why not."""
     missing = [r for r in range(world) if r not in outcomes]
     if missing:
         return {"reason": f"rank(s) {missing} did not report their join", "complete": False}
@@ -310,6 +323,14 @@ def _decide_codec(
             "error": f"job {job_id} runs codec {job_codec!r} (chosen where it was made: "
             f"homagg-run --codec, aggctl job create --codec), but {source} asks for {codec!r}: "
             f"drop {source} or make the job with --codec {codec}"
+        }
+    lacking = sorted({o["switch"] for o in outcomes.values() if not o["lane_ops"]})
+    if uses_lanes(job_codec) and lacking:
+        return {
+            "reason": f"codec {job_codec} adds 16/8-bit lanes (ADD16, ADD8), which the "
+            f"program of switch {', '.join(lacking)} does not have (the TNA program drops "
+            "them: docs/tofino.md): use a codec without lanes",
+            "complete": True,
         }
     return {"codec": job_codec}
 

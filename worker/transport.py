@@ -28,7 +28,7 @@ from aggwire.header import HEADER_DTYPE, marked_retx
 from aggwire.packer import PAYLOAD_BYTES, pack_payloads, parse_payloads
 from worker.channel import Channel
 from worker.chunk_numbering import chunk_period, chunk_tags, shadow_of, slot_of, tag_offset
-from worker.codecs.base import Phase
+from worker.codecs.base import CodecError, Phase
 from worker.retransmission_timer import RetransmissionTimer
 from worker.straggler_wait import PeersProblem, StragglerWait
 
@@ -36,6 +36,11 @@ from worker.straggler_wait import PeersProblem, StragglerWait
 class TransportError(RuntimeError):
     """The switch path failed: no result within the budget, a dead peer or path, or a local
     send error (the caller falls back)."""
+
+
+class OpUnsupportedError(CodecError):
+    """The switch's program lacks the op the codec asked for (the assignment says so):
+    nothing was sent; the codec cannot run on this switch."""
 
 
 @dataclass(frozen=True)
@@ -53,6 +58,7 @@ class TransportConfig:
     max_retries: int = 12
     dead_path_s: float = 3.0  # once the budget is spent: silence of the switch that ends a wait
     max_straggler_wait: float = 120.0  # once the budget is spent: the longest wait for a peer
+    lane_ops: bool = True  # the switch adds ADD16 / ADD8 lanes (Assignment.lane_ops)
 
 
 @dataclass
@@ -65,6 +71,11 @@ class TransportStats:
     results: int = 0
     ignored: int = 0
     latencies: list[float] = field(default_factory=list)
+    # Time of run(): in the codec up to its last phase (encode), in the switch exchanges
+    # (packing, sending, waiting, parsing), and in the codec after the last result (decode).
+    encode_seconds: float = 0.0
+    exchange_seconds: float = 0.0
+    decode_seconds: float = 0.0
 
     def latency_percentiles(self) -> dict[str, float]:
         """p50/p99 of chunk round-trip times in milliseconds (first send to result)."""
@@ -107,6 +118,11 @@ class SwitchTransport:
 
     def allreduce(self, op: Op, cells: np.ndarray) -> np.ndarray:
         """The element-wise combination under op of every worker's `cells` (int32, 1-D)."""
+        if op in (Op.ADD16, Op.ADD8) and not self.config.lane_ops:
+            raise OpUnsupportedError(
+                f"the switch of job {self.config.job_id} has no {Op(op).name} (its program drops "
+                "16- and 8-bit lanes as BAD_OP): use a codec without lanes"
+            )
         cells = np.ascontiguousarray(cells, np.int32).reshape(-1)
         n = cells.size
         count = max(1, -(-n // CELLS_PER_PKT))
@@ -122,11 +138,18 @@ class SwitchTransport:
 
     def run(self, gen: Generator[Phase, np.ndarray, np.ndarray]) -> np.ndarray:
         """Drive a codec's phase generator through the switch; returns what it returns."""
+        stats, mark = self.stats, time.perf_counter()
         try:
             phase = next(gen)
             while True:
-                phase = gen.send(self.allreduce(phase.op, phase.cells))
+                sent = time.perf_counter()
+                stats.encode_seconds += sent - mark
+                summed = self.allreduce(phase.op, phase.cells)
+                mark = time.perf_counter()
+                stats.exchange_seconds += mark - sent
+                phase = gen.send(summed)
         except StopIteration as done:
+            stats.decode_seconds += time.perf_counter() - mark
             return done.value
 
     def pack_chunks(self, op: Op, first: int, cells: np.ndarray, n: int) -> np.ndarray:

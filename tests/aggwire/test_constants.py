@@ -5,6 +5,7 @@ from __future__ import annotations
 from p4source import constant_values, typedef_widths
 
 from aggwire import constants as c
+from aggwire.lanes import top_bits
 
 
 def test_wire_constants_match_the_p4_program():
@@ -57,3 +58,14 @@ def test_named_limits_follow_from_the_widths():
     p4 = constant_values()
     assert p4["LANES_PER_GROUP"] * c.CELL_BITS == 256
     assert p4["CELL_GROUPS"] * p4["LANES_PER_GROUP"] == c.CELLS_PER_PKT
+
+
+def test_lane_top_bits_match_the_lane_layout():
+    """The P4 program's SWAR masks (one bit<256> register group = 8 cells) are the top bit
+    of every lane of aggwire.lanes, in every cell of the group."""
+    p4 = constant_values()
+    for name, bits in (("LANE16_TOP_BITS", 16), ("LANE8_TOP_BITS", 8)):
+        cell = int(top_bits(bits))
+        group = sum(cell << (c.CELL_BITS * i) for i in range(p4["LANES_PER_GROUP"]))
+        assert p4[name] == group, name
+    assert int(top_bits(16)) == 0x80008000 and int(top_bits(8)) == 0x80808080

@@ -73,3 +73,24 @@ def test_overlap_table_reports_a_run_that_stopped_early():
     assert "stopped after 1 steps" in dear
     assert "| 200 | 0.50x |" in blocking
     assert overlap.median_ms([]) != overlap.median_ms([])  # NaN for no steps at all
+
+
+def test_summary_reads_the_packet_rate_ratios_and_the_full_results_first(tmp_path, monkeypatch):
+    from bench import switch_rate
+
+    monkeypatch.setattr(summary, "RESULTS", tmp_path)
+    row = {"cells": 256, "op": "ADD", "rates": {"refswitch": [400.0], "bmv2": [100.0]}}
+    (tmp_path / "switch_rate.md").write_text("\n".join(switch_rate.ratio_rows(row)) + "\n")
+    assert "refswitch / BMv2 packet rate (256 cells): 4.00x" in summary.line(60)
+    assert "optimized" not in summary.line(60)
+    row["rates"]["bmv2-opt"] = [150.0]
+    (tmp_path / "switch_rate.md").write_text("\n".join(switch_rate.ratio_rows(row)) + "\n")
+    assert switch_rate.ratio_rows(row)[1] == "| 256 | ADD | bmv2-opt / bmv2 | 1.50x | | | |"
+    assert "optimized / default BMv2 packet rate (256 cells): 1.50x" in summary.line(60)
+    (tmp_path / "training.md").write_text("Summary: quick training.\n")
+    (tmp_path / "training_full.md").write_text("Summary: full training.\n")
+    (tmp_path / "lowbit_full.md").write_text("Summary: convergence.\n")
+    assert "quick training" in summary.line(60) and "convergence" not in summary.line(60)
+    full = summary.line(60, "_full")
+    assert "full training" in full and "convergence" in full  # full first, quick otherwise
+    assert "4.00x" in full

@@ -145,10 +145,12 @@ def test_a_switch_may_name_its_own_program(tmp_path):
     (tmp_path / "tna" / "device_config.pb").write_bytes(b"")
     [sw] = parse_config(doc, tmp_path).switches
     assert sw.p4info is None and sw.device_config is None  # the committed v1model build
+    assert sw.lane_ops  # which adds 16- and 8-bit lanes
     doc["switch"][0].update(p4info="tna/p4info.txtpb", device_config="tna/device_config.pb")
     [sw] = parse_config(doc, tmp_path).switches
     assert sw.p4info == tmp_path / "tna" / "p4info.txtpb"
     assert sw.device_config == tmp_path / "tna" / "device_config.pb"
+    assert not sw.lane_ops  # the TNA program drops ADD16 / ADD8 (docs/tofino.md)
     del doc["switch"][0]["device_config"]
     with pytest.raises(ConfigError, match="both p4info and device_config"):
         parse_config(doc, tmp_path)

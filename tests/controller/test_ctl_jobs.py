@@ -72,6 +72,7 @@ def test_create_join_ready_leave(controller, reader):
     assert (a.service_ip, a.udp_port, a.switch_mac) == (SERVICE_IP, AGG_UDP_PORT, SWITCH_MAC)
     assert (a.pool_size, a.cells_per_packet, a.codec) == (16, CELLS_PER_PKT, "dense-fixed")
     assert a.heartbeat_interval_s == pytest.approx(0.5) and a.lease_s == pytest.approx(3.0)
+    assert a.lane_ops  # the v1model program adds ADD16 / ADD8 lanes
 
     held = job_state(reader())
     pool_base = c.list_jobs().jobs[0].pool_base

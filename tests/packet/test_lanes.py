@@ -144,3 +144,50 @@ def test_duplicate_and_retransmission_as_for_add(fabric, rng, op):
     assert got[1][0][Agg].flags == Flag.RESULT | Flag.RETX
     np.testing.assert_array_equal(result_cells(got[1][0]), expected)
     assert counters.events()[Event.RESENT] == 1
+
+
+@pytest.mark.parametrize("op", [Op.ADD16, Op.ADD8])
+def test_late_lane_packet_of_an_older_round_is_stale(fabric, rng, op):
+    """A delayed lane packet of chunk 0 arriving after chunk 2 reused its slot copy is
+    dropped as STALE and leaves the newer round's sum alone (a resend returns it intact)."""
+    job = Job(fabric, fabric.hosts[:2], pool_size=1)
+    parts = {}
+    for chunk, shadow in ((0, 0), (1, 1), (2, 0)):
+        parts[chunk] = [any_cells(rng) for _ in range(2)]
+        for r in range(2):
+            job.send(r, parts[chunk][r], op=op, chunk=chunk, shadow=shadow)
+        for pkts in job.collect().values():
+            assert len(pkts) == 1 and pkts[0][Agg].chunk == chunk
+    counters = CounterDelta(fabric)
+    job.send(1, parts[0][1], op=op, chunk=0, shadow=0)  # the delayed copy of chunk 0
+    assert job.collect(timeout=QUIET)[1] == []
+    assert counters.drops() == {DropReason.STALE: 1}
+    job.send(0, parts[2][0], op=op, chunk=2, shadow=0, flags=Flag.RETX)
+    got = job.collect(ranks=[0])[0]
+    assert len(got) == 1 and got[0][Agg].chunk == 2
+    np.testing.assert_array_equal(result_cells(got[0]), lane_sum(parts[2], BITS[op]))
+
+
+@pytest.mark.parametrize("op", [Op.ADD16, Op.ADD8])
+@pytest.mark.parametrize("ncells", [1, 37, CELLS_PER_PKT - 1])
+def test_partial_packet_of_lanes(fabric, rng, op, ncells):
+    """A last chunk with fewer meaningful cells (ncells < CELLS_PER_PKT, the rest zero as
+    the transport pads it): its lanes sum like a full packet's, the padding stays zero and
+    the result carries the same ncells."""
+    job = Job(fabric, fabric.hosts[:3])
+    parts = []
+    for _ in range(3):
+        cells = any_cells(rng)
+        cells[ncells:] = 0
+        parts.append(cells)
+    counters = CounterDelta(fabric)
+    for r in range(3):
+        job.send(r, parts[r], op=op, slot=3, chunk=5, ncells=ncells)
+    expected = lane_sum(parts, BITS[op])
+    assert not expected[ncells:].any()
+    for r, pkts in job.collect().items():
+        assert len(pkts) == 1, f"rank {r} got {len(pkts)} results"
+        assert pkts[0][Agg].ncells == ncells
+        np.testing.assert_array_equal(result_cells(pkts[0]), expected)
+    assert counters.events() == {Event.CONTRIBUTION: 3, Event.RESULT: 1}
+    assert counters.drops() == {}

@@ -130,3 +130,7 @@ def test_dense_model_trains_exactly_through_the_switch(tmp_path):
     assert all(s["fallback_buckets"] == 0 for s in steps)
     # dense gradients: the lossless codec sends about the dense size (bitmap + every value)
     assert all(1.0 <= s["agg_wire"] / s["agg_dense"] < 1.3 for s in steps[1:])
+    # the transport's time split of the hook's switch time (run/train.py's records)
+    for s in steps:
+        split = s["encode_seconds"] + s["wait_seconds"] + s["decode_seconds"]
+        assert s["wait_seconds"] > 0 and split <= s["switch_seconds"] + 1e-6, s

@@ -180,3 +180,82 @@ def test_local_grad_max_sees_each_rank_own_gradients_before_any_aggregation():
 
 def _abs_max(g: torch.Tensor) -> float:
     return float((g.coalesce().values() if g.is_sparse else g).abs().max())
+
+
+def test_lowbit8_and_its_codec_options_reach_every_rank():
+    """`python -m run --codec lowbit8 --codec-option gamma=0`: the ranks' command lines
+    carry both, the switch rank also the controller, and run.train reads the option as a
+    number (lowbit8 without error feedback)."""
+    pytest.importorskip("mininet.net", reason="Debian's mininet is not installed")
+    from run.__main__ import _parser, _rank_command, _settle
+    from run.train import codec_options
+
+    args = _parser().parse_args(
+        ["--codec", "lowbit8", "--codec-option", "gamma=0", "--model", "mlp", "--out", "o"]
+    )
+    _settle(args)
+    names = RunNames(3)
+    switch = _rank_command("switch", args, names, 1, 4, 29500, "eth0")
+    gloo = _rank_command("gloo", args, names, 1, 4, 29501, "eth0")
+    for cmd in (switch, gloo):
+        assert cmd[cmd.index("--codec") + 1] == "lowbit8"
+        assert cmd[cmd.index("--codec-option") + 1] == "gamma=0"
+        assert cmd[cmd.index("--node-rank") + 1] == "1" and cmd[cmd.index("--lr") + 1] == "0.1"
+    assert "--controller" in switch and "--controller" not in gloo
+    assert codec_options(["gamma=0", "rotate=true", "block=512", "name=x"]) == {
+        "gamma": 0,
+        "rotate": True,
+        "block": 512,
+        "name": "x",
+    }
+    with pytest.raises(ValueError, match="KEY=VALUE"):
+        codec_options(["gamma"])
+    bad = _parser().parse_args(["--codec", "lowbit8", "--codec-option", "=0"])
+    with pytest.raises(ValueError, match="KEY=VALUE"):
+        _settle(bad)
+    with pytest.raises(SystemExit):  # not a codec
+        _parser().parse_args(["--codec", "lowbit4"])
+
+
+def test_peers_first_runs_gloo_and_the_peers_before_the_switch(monkeypatch):
+    pytest.importorskip("mininet.net", reason="Debian's mininet is not installed")
+    import run.__main__ as run_main
+
+    order: list[tuple[str, int]] = []
+    monkeypatch.setattr(
+        run_main, "_run_job", lambda mode, net, a, st, port, c=None: order.append((mode, port))
+    )
+    monkeypatch.setattr(run_main, "_counters", lambda names, creds: "counters")
+    session = run_main._Session(state=type("S", (), {"names": RunNames(1)})(), net=1, creds=1)
+    for first, expected in (
+        (False, ["switch", "gloo", "gloo-fp16"]),
+        (True, ["gloo", "gloo-fp16", "switch"]),
+    ):
+        order.clear()
+        args = run_main._parser().parse_args(
+            ["--model", "mlp", "--peers", "gloo-fp16"] + (["--peers-first"] if first else [])
+        )
+        run_main._settle(args)
+        assert run_main._train(session, args) == "counters"
+        assert [m for m, _ in order] == expected
+        assert len({p for _, p in order}) == 3  # every job its own rendezvous port
+
+
+def test_a_target_that_cannot_start_is_refused_with_its_reason(monkeypatch):
+    pytest.importorskip("mininet.net", reason="Debian's mininet is not installed")
+    from run.__main__ import _parser, _settle
+
+    monkeypatch.delenv("HOMAGG_BMV2_OPT", raising=False)
+    with pytest.raises(ValueError, match="--target bmv2-opt: bmv2-opt needs HOMAGG_BMV2_OPT"):
+        _settle(_parser().parse_args(["--target", "bmv2-opt"]))
+
+
+def test_codec_options_are_refused_with_codec_auto(capsys):
+    """auto chooses codecs per bucket: an option of one codec has nothing to apply to."""
+    pytest.importorskip("mininet.net", reason="Debian's mininet is not installed")
+    from run.__main__ import main
+
+    with pytest.raises(SystemExit) as stop:
+        main(["--codec", "auto", "--codec-option", "gamma=0"])
+    assert stop.value.code == 2
+    assert "--codec-option needs a fixed --codec" in capsys.readouterr().err

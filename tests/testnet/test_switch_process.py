@@ -37,6 +37,30 @@ def test_refswitch_command_and_unknown_target():
         switch_command("tofino", {}, 1)
 
 
+def test_bmv2_opt_runs_the_build_under_its_prefix_with_its_libraries(monkeypatch, tmp_path):
+    monkeypatch.delenv(switch_process.BMV2_OPT_ENV, raising=False)
+    assert "HOMAGG_BMV2_OPT" in switch_process.target_problem("bmv2-opt")
+    assert "bmv2-opt" not in switch_process.available_targets()
+    with pytest.raises(ValueError, match="HOMAGG_BMV2_OPT"):
+        switch_command("bmv2-opt", {1: "a"}, 9559)
+    monkeypatch.setenv(switch_process.BMV2_OPT_ENV, str(tmp_path))
+    monkeypatch.setenv("LD_LIBRARY_PATH", "/opt/other")
+    assert "no executable" in switch_process.target_problem("bmv2-opt")
+    binary = tmp_path / "bin" / "simple_switch_grpc"
+    binary.parent.mkdir()
+    binary.write_text("#!/bin/sh\n")
+    binary.chmod(0o755)
+    assert switch_process.target_problem("bmv2-opt") == ""
+    assert "bmv2-opt" in switch_process.available_targets()
+    cmd = switch_command("bmv2-opt", {1: "a"}, 9559)
+    default = switch_command("bmv2", {1: "a"}, 9559)
+    assert cmd[0] == str(binary) and cmd[1:3] == default[1:3]  # the same flags otherwise
+    assert cmd[cmd.index("--log-level") + 1] == "warn"
+    env = switch_process.switch_env("bmv2-opt")
+    assert env is not None and env["LD_LIBRARY_PATH"] == f"{tmp_path}/lib:/opt/other"
+    assert switch_process.switch_env("bmv2") is None
+
+
 @pytest.mark.skipif(not have_privileges(), reason="needs root (makes a veth pair)")
 def test_prepare_ports_turns_off_the_offloads_that_shrink_bmv2s_capture_ring():
     # A fresh veth has TSO/GSO on: libpcap then cuts BMv2's 2 MiB ring into 64 KiB frames

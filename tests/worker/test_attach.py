@@ -5,12 +5,14 @@ nothing prints the token; releasing a job that already ended counts as released.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import grpc
 import pytest
 import torch.distributed as dist
 from agent_fabric import Controlled
+from test_agent_assignment import GOOD
 
 from testnet.switch_process import free_port
 from worker import attach, job_session, job_setup
@@ -108,6 +110,47 @@ def test_an_unknown_codec_is_an_error(monkeypatch):
         attach.attach(None)
     with pytest.raises(ValueError, match="codec= on rank 0: unknown codec 'zip'"):
         attach.attach(None, "zip")
+
+
+def test_lane_codecs_are_refused_when_the_switchs_program_has_no_lanes(monkeypatch, controlled):
+    """The assignment says whether the switch adds 16/8-bit lanes (the TNA program does
+    not): the set-up refuses a lane codec up front (one reason, the agent closed, the job
+    released) instead of losing its packets as BAD_OP; the other codecs, and lane codecs
+    on a v1model switch, keep the agent."""
+    closed: list[str] = []
+
+    class Agent:
+        def __init__(self, codec: str, lane_ops: bool) -> None:
+            self.assignment = dataclasses.replace(GOOD, codec=codec, lane_ops=lane_ops)
+
+        def close(self) -> None:
+            closed.append(self.assignment.switch)
+
+    monkeypatch.setenv(job_setup.ENV_IFACE, "lo")
+    for codec, lanes, refused in [
+        ("lowbit8", False, True),
+        ("lowbit16", False, True),
+        ("fixed_point", False, False),
+        ("lowbit8", True, False),
+    ]:
+        closed.clear()
+        monkeypatch.setattr(
+            job_setup, "open_agent", lambda cfg, c=codec, lanes=lanes: (Agent(c, lanes), "")
+        )
+        if refused:
+            reason = fallback(codec=codec, controller=controlled.address)
+            assert closed == ["s1"]  # closed once, by the failed set-up
+            assert f"codec {codec} adds 16/8-bit lanes" in reason and "TNA" in reason
+            assert "switch s1" in reason
+        else:
+            request = job_setup.Request(codec=codec, controller=controlled.address)
+            setup = job_setup.set_up(request, job_setup.group_members(None))
+            assert setup.agent is not None and setup.reason == "" and setup.codec == codec
+            assert setup.session is not None and closed == []
+            setup.session.close("the test is done")  # leaves and releases the job
+            assert closed == ["s1"]
+    jobs = controlled.client.list_jobs(include_ended=True).jobs
+    assert all(j.state == "ended" for j in jobs if j.codec.startswith("lowbit"))
 
 
 def test_route_ticket_and_config_keep_the_token_out():

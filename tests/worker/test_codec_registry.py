@@ -9,7 +9,17 @@ import numpy as np
 import pytest
 
 import worker.codecs as codecs
-from worker.codecs import CODECS, FixedPoint, make_codec, register_codec, simulate
+from aggwire.constants import Op
+from worker.codecs import (
+    CODECS,
+    FixedPoint,
+    Phase,
+    lane_codecs,
+    make_codec,
+    register_codec,
+    simulate,
+    uses_lanes,
+)
 
 
 def test_every_registered_codec_sums() -> None:
@@ -21,6 +31,18 @@ def test_every_registered_codec_sums() -> None:
             assert np.allclose(out[0], xs[0] + xs[1], atol=1e-3), name
 
 
+def test_the_lane_codecs_are_those_that_send_lane_ops() -> None:
+    """An entry's `lanes` (what a switch without ADD16 / ADD8 refuses up front) says
+    whether the codec's phases use those ops."""
+    xs = [np.linspace(-1, 1, 4096, dtype=np.float32) * (r + 1) for r in range(2)]
+    for name in CODECS:
+        log: list[Phase] = []
+        simulate([make_codec(name, 2, r) for r in range(2)], xs, phases_log=log)
+        sends = any(p.op in (Op.ADD16, Op.ADD8) for p in log)
+        assert uses_lanes(name) == sends, name
+    assert lane_codecs() == ("lowbit16", "lowbit8") and not uses_lanes("auto")
+
+
 def test_unknown_codec_names_the_choices() -> None:
     with pytest.raises(ValueError, match="unknown codec 'nope'; expected one of lossless"):
         make_codec("nope", 2, 0)
@@ -30,6 +52,7 @@ def test_register_adds_once(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(codecs, "CODECS", dict(CODECS))
     codecs.register_codec("fp8", lambda world, rank, **o: FixedPoint(world, bits=8, **o))
     assert "fp8" in codecs.CODECS and isinstance(codecs.make_codec("fp8", 2, 0), FixedPoint)
+    assert not codecs.CODECS["fp8"].exact and not codecs.uses_lanes("fp8")
     with pytest.raises(ValueError, match="already registered"):
         codecs.register_codec("fp8", lambda world, rank, **o: FixedPoint(world))
     assert "fp8" not in CODECS and register_codec is codecs.register_codec

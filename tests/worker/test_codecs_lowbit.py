@@ -71,6 +71,25 @@ def test_rounding_is_unbiased(bits):
 
 
 @pytest.mark.parametrize("bits", [16, 8])
+def test_rounding_to_nearest_is_deterministic_biased_and_within_half_a_quantum(bits):
+    """rounding="nearest" (the biased quantizer error feedback is for): the same result
+    every time, within half a quantum per worker, and a value below half a quantum is
+    dropped on every call, where stochastic rounding keeps it on average."""
+    world = 4
+    x = np.linspace(-0.9, 0.9, BLOCK, dtype=np.float32)
+    x[0] = 1.0
+    cs = [LowBit(world, bits=bits, rounding="nearest") for _ in range(world)]
+    quantum = 2.0 ** (1 - cs[0].p)
+    x[1] = np.float32(quantum / 4)  # below half a quantum
+    first = simulate(cs, [x] * world)[0]
+    assert np.array_equal(first, simulate(cs, [x] * world)[0])
+    assert np.abs(first - world * x).max() <= world * quantum / 2
+    assert first[1] == 0.0
+    with pytest.raises(ValueError, match="rounding is one of stochastic, nearest"):
+        LowBit(world, rounding="up")
+
+
+@pytest.mark.parametrize("bits", [16, 8])
 @pytest.mark.parametrize("world", [3, 4, 32])
 def test_extreme_values_never_wrap_a_lane(bits, world):
     """Every worker at +-(just below 2^E): the largest lane sums the headroom allows."""

@@ -15,7 +15,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from worker.codecs import CODECS, CodecEntry, SparseGrad, make_codec
+from worker.codecs import CODECS, CodecEntry, SparseGrad, lane_codecs, make_codec
+from worker.codecs.exponent import dense_exponents
+from worker.codecs.lowbit import DEFAULT_LOWBIT_BLOCK, error_bound
 from worker.codecs.simulate import drive
 from worker.ddp_hook import SwitchHookState, switch_allreduce_hook
 from worker.transport import TransportError, TransportStats
@@ -86,23 +88,66 @@ def sparse_grad(n: int, seed: int) -> torch.Tensor:
     return torch.from_numpy(x)
 
 
-@pytest.mark.parametrize("codec", ["lossless", "fixed_point"])
+HOOK_CODECS = ["lossless", "fixed_point", *lane_codecs()]
+LANE_BITS = {"lowbit16": 16, "lowbit8": 8}
+
+
+def assert_codec_result(codec: str, out: torch.Tensor, summed: torch.Tensor, world: int) -> None:
+    """`out` is the bucket's sum `summed` divided by `world`: to float32 rounding for the
+    exact codecs, within the documented per-step bound for the lane codecs (per element
+    W * 2^(E-P), E the block's exponent: docs/codecs.md), divided by W like the sum."""
+    if codec not in LANE_BITS:
+        torch.testing.assert_close(out, summed / world, rtol=1e-6, atol=1e-7)
+        return
+    x = summed.reshape(-1).to(torch.float32).numpy()
+    exps = dense_exponents(x, DEFAULT_LOWBIT_BLOCK)
+    bound = np.repeat(error_bound(world, exps, LANE_BITS[codec]), DEFAULT_LOWBIT_BLOCK)
+    err = (out.reshape(-1).double() - summed.reshape(-1).double() / world).abs().numpy()
+    assert np.all(err <= bound[: x.size] / world), f"max error {err.max():.3g} over the bound"
+    assert err.max() > 0  # lossy: the check above is not of an exact result
+
+
+@pytest.mark.parametrize("codec", HOOK_CODECS)
 def test_switch_path_returns_the_sum_divided_by_world(codec, mode):
     state = SwitchHookState(FakeAgent(), codec=codec, world_size=1, asynchronous=mode)
     g = sparse_grad(5000, 1)
     out = switch_allreduce_hook(state, Bucket(g.clone())).wait()
     assert out.shape == g.shape and out.dtype == g.dtype
-    torch.testing.assert_close(out, g, rtol=1e-6, atol=1e-7)
+    assert_codec_result(codec, out, g, 1)
     assert state.stats.switch_buckets == 1 and state.stats.fallback_buckets == 0
     assert state.stats.agreements == 2  # the first agreement, then the bucket's outcome
 
 
-def test_world_size_divides_and_shapes_dtypes_are_kept(mode):
-    state = SwitchHookState(FakeAgent(), codec="fixed_point", world_size=4, asynchronous=mode)
-    g = torch.linspace(-1, 1, 300, dtype=torch.float64).reshape(3, 100)
+@pytest.mark.parametrize("codec", HOOK_CODECS)
+def test_world_size_divides_and_shapes_dtypes_are_kept(codec, mode):
+    state = SwitchHookState(FakeAgent(), codec=codec, world_size=4, asynchronous=mode)
+    g = torch.linspace(-1, 1, 3000, dtype=torch.float64).reshape(3, 1000)
     out = switch_allreduce_hook(state, Bucket(g.clone())).wait()
-    assert out.shape == (3, 100) and out.dtype == torch.float64
-    torch.testing.assert_close(out, g / 4, rtol=1e-6, atol=1e-7)
+    assert out.shape == (3, 1000) and out.dtype == torch.float64
+    assert_codec_result(codec, out, g, 4)
+
+
+@pytest.mark.parametrize("codec", lane_codecs())
+def test_lane_codecs_stay_within_the_bound_every_step(codec, mode):
+    """Through the hook, over several steps, with error feedback at gamma = 1 (option
+    `gamma`): the sums telescope, so what was applied differs from the sum of the gradients
+    by the last step's residual only, at most one quantum 2^(E-P) per element (E: the block
+    exponent of g + e, at most one above the gradients')."""
+    state = SwitchHookState(
+        FakeAgent(), codec=codec, world_size=1, asynchronous=mode, codec_options={"gamma": 1.0}
+    )
+    rng = np.random.default_rng(5)
+    applied, given = np.zeros(4096), np.zeros(4096)
+    top = np.full(4096 // DEFAULT_LOWBIT_BLOCK, -126)
+    for step in range(6):
+        g = torch.from_numpy((rng.standard_normal(4096) * 10.0**-step).astype(np.float32))
+        top = np.maximum(top, dense_exponents(g.numpy(), DEFAULT_LOWBIT_BLOCK))
+        out = switch_allreduce_hook(state, Bucket(g.clone())).wait()
+        applied += out.double().numpy()
+        given += g.double().numpy()
+    bound = np.repeat(error_bound(1, top + 1, LANE_BITS[codec]), DEFAULT_LOWBIT_BLOCK)
+    assert np.all(np.abs(applied - given) <= bound)
+    assert state.stats.switch_buckets == 6
 
 
 def test_rebuilt_buckets_get_new_codecs(mode):

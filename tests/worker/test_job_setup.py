@@ -105,8 +105,8 @@ def test_rounds_are_numbered_per_rank():
     assert not store.check(["t/2/s/answer"])
 
 
-def outcome(reason: str = "", codec: str = "fixed_point") -> dict[str, str]:
-    return {"reason": reason, "codec": codec}
+def outcome(reason: str = "", codec: str = "fixed_point", lane_ops: bool = True) -> dict[str, Any]:
+    return {"reason": reason, "codec": codec, "switch": "s1", "lane_ops": lane_ops}
 
 
 def test_the_jobs_codec_decides_and_a_contradiction_is_an_error():
@@ -130,3 +130,19 @@ def test_a_failed_join_is_every_ranks_reason_and_a_silent_rank_is_incomplete():
     assert got == {"reason": "rank 0: WaitReady failed; rank 1: JoinJob failed", "complete": True}
     got = _decide_codec({0: outcome()}, ["", ""], req(), 2, 7)
     assert got["complete"] is False and "rank(s) [1] did not report" in got["reason"]
+
+
+def test_a_lane_codec_on_a_switch_without_lanes_is_every_ranks_reason():
+    """The assignment's lane_ops false (the TNA program): a job whose codec adds 16/8-bit
+    lanes falls back on every rank with one reason; codecs without lanes, and lane codecs
+    on a switch with lanes, keep the switch."""
+    for codec in ("lowbit16", "lowbit8"):
+        none = {0: outcome(codec=codec, lane_ops=False), 1: outcome(codec=codec, lane_ops=False)}
+        got = _decide_codec(none, ["", ""], req(), 2, 7)
+        assert got["complete"] is True and "codec" not in got
+        assert f"codec {codec} adds 16/8-bit lanes" in got["reason"]
+        assert "switch s1" in got["reason"] and "TNA" in got["reason"]
+        lanes = {0: outcome(codec=codec), 1: outcome(codec=codec)}
+        assert _decide_codec(lanes, [codec, "codec="], req(), 2, 7) == {"codec": codec}
+    plain = {0: outcome(lane_ops=False), 1: outcome(lane_ops=False)}
+    assert _decide_codec(plain, ["", ""], req(), 2, 7) == {"codec": "fixed_point"}

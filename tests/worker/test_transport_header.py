@@ -1,14 +1,19 @@
 """The headers the transport writes (no switch needed): the protocol's version, the job's
-fields, and a retransmission that differs from the original only by the RETX flag."""
+fields, and a retransmission that differs from the original only by the RETX flag; lane
+ops refused on a switch without them; the time split of run()."""
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
+import pytest
 
 from aggwire.constants import AGG_VERSION, CELLS_PER_PKT, Flag, Op
 from aggwire.header import FIELD_NAMES, header_view
 from aggwire.packer import parse_payloads
-from worker.transport import SwitchTransport, TransportConfig
+from worker.codecs import CodecError, Phase
+from worker.transport import OpUnsupportedError, SwitchTransport, TransportConfig
 
 
 def chunk_of(payload: bytes) -> int:
@@ -58,3 +63,38 @@ def test_headers_and_retransmissions():
         for field in FIELD_NAMES:
             want = int(original[field]) | (int(Flag.RETX) if field == "flags" else 0)
             assert {int(v) for v in resent[field]} == {want}, field
+
+
+def test_lane_ops_are_refused_before_sending_when_the_switch_has_none():
+    """A switch without ADD16 / ADD8 (the assignment's lane_ops false: the TNA program)
+    would drop them as BAD_OP: the transport refuses them, sends nothing, keeps its chunk
+    numbering, and still runs the other ops."""
+    channel = LoseFirstSend()
+    cfg = TransportConfig(job_id=7, rank=0, world_size=1, pool_size=4, lane_ops=False)
+    transport = SwitchTransport(cfg, channel)
+    cells = np.arange(10, dtype=np.int32)
+    for op in (Op.ADD16, Op.ADD8):
+        with pytest.raises(OpUnsupportedError, match=f"no {op.name}"):
+            transport.allreduce(op, cells)
+    assert channel.sent == [] and transport.next_chunk == 0
+    assert isinstance(OpUnsupportedError("x"), CodecError)  # the hook falls back on it
+    np.testing.assert_array_equal(transport.allreduce(Op.ADD, cells), cells)
+
+
+def test_run_splits_its_time_into_encode_exchange_and_decode():
+    def codec():
+        time.sleep(0.02)  # encoding before the first phase
+        got = yield Phase(Op.MAX, np.ones(4, np.int32))
+        time.sleep(0.02)  # between phases: still the codec (encode)
+        got = yield Phase(Op.ADD, got)
+        time.sleep(0.03)  # after the last result: decode
+        return got
+
+    transport = SwitchTransport(
+        TransportConfig(job_id=7, rank=0, world_size=1, pool_size=4), LoseFirstSend()
+    )
+    out = transport.run(codec())
+    np.testing.assert_array_equal(out, np.ones(4, np.int32))
+    s = transport.stats
+    assert 0.04 <= s.encode_seconds < 0.2 and 0.03 <= s.decode_seconds < 0.2
+    assert s.exchange_seconds > 0

@@ -1,10 +1,10 @@
 """Homomorphic gradient codecs: generators of switch phases (ADD, OR, MAX over int32
 cells) whose combined results decode into the sum of the workers' gradients.
 
-The registry (CODECS with each codec's exactness, DEFAULT_CODEC, check_codec, make_codec,
-register_codec) lives here, beside the codecs and away from torch, so command lines can list
-codec names without importing torch (as PyTorch keeps its DDP hook registry in its
-package's __init__)."""
+The registry (CODECS with each codec's exactness and lanes, DEFAULT_CODEC, check_codec,
+make_codec, register_codec) lives here, beside the codecs and away from torch, so command
+lines can list codec names without importing torch (as PyTorch keeps its DDP hook registry
+in its package's __init__)."""
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -34,11 +34,14 @@ CodecFactory = Callable[..., Codec]
 
 @dataclass(frozen=True)
 class CodecEntry:
-    """A registered codec: its factory, and whether it is exact (its decoded sum is the
-    true sum within the fixed-point bound of docs/codecs.md; a lossy codec's is not)."""
+    """A registered codec: its factory, whether it is exact (its decoded sum is the true
+    sum within the fixed-point bound of docs/codecs.md; a lossy codec's is not), and
+    whether it adds 16- or 8-bit lanes (ADD16, ADD8: it needs a switch whose program has
+    them, the assignment's lane_ops)."""
 
     factory: CodecFactory
     exact: bool = False
+    lanes: bool = False
 
 
 def _lowbit(world: int, bits: int, gamma: float = 0.9, **options: Any) -> Codec:
@@ -51,8 +54,8 @@ CODECS: dict[str, CodecEntry] = {
     "fixed_point": CodecEntry(lambda world, rank, **o: FixedPoint(world, **o), exact=True),
     "cltk": CodecEntry(lambda world, rank, **o: CLTK(world, rank, **o)),
     "ef_fixed_point": CodecEntry(lambda world, rank, **o: ErrorFeedback(FixedPoint(world, **o))),
-    "lowbit16": CodecEntry(lambda world, rank, **o: _lowbit(world, 16, **o)),
-    "lowbit8": CodecEntry(lambda world, rank, **o: _lowbit(world, 8, **o)),
+    "lowbit16": CodecEntry(lambda world, rank, **o: _lowbit(world, 16, **o), lanes=True),
+    "lowbit8": CodecEntry(lambda world, rank, **o: _lowbit(world, 8, **o), lanes=True),
 }
 """The codec registry: name -> entry, in registration order. Iterate it for the names; add
 to it with register_codec."""
@@ -61,12 +64,15 @@ DEFAULT_CODEC = "lossless"
 """The codec of a job, a hook or a command line that names none."""
 
 
-def register_codec(name: str, factory: CodecFactory, *, exact: bool = False) -> None:
+def register_codec(
+    name: str, factory: CodecFactory, *, exact: bool = False, lanes: bool = False
+) -> None:
     """Add a codec under `name`; factory(world, rank, **options) returns a fresh codec;
-    `exact`: its decoded sum is the true sum within the fixed-point bound."""
+    `exact`: its decoded sum is the true sum within the fixed-point bound; `lanes`: it
+    sends ADD16 / ADD8 phases."""
     if name in CODECS:
         raise ValueError(f"codec {name!r} is already registered")
-    CODECS[name] = CodecEntry(factory, exact)
+    CODECS[name] = CodecEntry(factory, exact, lanes)
 
 
 def check_codec(name: str, *, also: Sequence[str] = ()) -> str:
@@ -86,6 +92,18 @@ def is_exact(name: str) -> bool:
 def exact_codecs() -> tuple[str, ...]:
     """The names of the exact codecs, in registration order."""
     return tuple(name for name, entry in CODECS.items() if entry.exact)
+
+
+def uses_lanes(name: str) -> bool:
+    """Whether the registered codec `name` adds 16- or 8-bit lanes (False for any other
+    name, e.g. "auto")."""
+    entry = CODECS.get(name)
+    return entry is not None and entry.lanes
+
+
+def lane_codecs() -> tuple[str, ...]:
+    """The names of the codecs that add 16- or 8-bit lanes, in registration order."""
+    return tuple(name for name, entry in CODECS.items() if entry.lanes)
 
 
 def make_codec(name: str, world: int, rank: int, **options: Any) -> Codec:
@@ -118,7 +136,9 @@ __all__ = [
     "drive",
     "exact_codecs",
     "is_exact",
+    "lane_codecs",
     "make_codec",
     "register_codec",
     "simulate",
+    "uses_lanes",
 ]

@@ -7,7 +7,9 @@ magnitude bits, a worker sends q = clip(floor(v * 2^(P-E) + u), +-(2^P - 1)) wit
 in [0, 1): E[q] = v * 2^(P-E) (unbiased up to float32's rounding of the addition, below
 2^-9 of a quantum; the clip only touches values within one quantum of 2^E),
 |q - v * 2^(P-E)| <= 1, and W * |q| < 2^(bits-1), so a lane's sum never wraps.
-Per-step bound, per element: |decoded sum - sum of v| <= W * 2^(E-P) (docs/codecs.md)."""
+Per-step bound, per element: |decoded sum - sum of v| <= W * 2^(E-P) (docs/codecs.md).
+Option rounding="nearest" rounds to the nearest quantum instead (u = 1/2: biased, within
+half a quantum), the quantizer error feedback exists for (CO3), for comparison."""
 
 from __future__ import annotations
 
@@ -31,21 +33,23 @@ from .exponent import (
 )
 
 LOWBIT_OPS = {16: Op.ADD16, 8: Op.ADD8}
+ROUNDINGS = ("stochastic", "nearest")
 DEFAULT_LOWBIT_BLOCK = 1024  # elements per exponent: one MAX cell per 1024 lanes
 
 
 def stochastic_quantize(
-    flat: np.ndarray, exps: np.ndarray, block: int, p: int, rng: np.random.Generator
+    flat: np.ndarray, exps: np.ndarray, block: int, p: int, rng: np.random.Generator | None
 ) -> np.ndarray:
     """q = clip(floor(v * 2^(P-E) + u), +-(2^P - 1)) per element (int32), E its block's
-    agreed exponent: an unbiased rounding to P magnitude bits."""
+    agreed exponent: an unbiased rounding to P magnitude bits (u uniform in [0, 1) from
+    rng; rng None: u = 1/2, rounding to nearest, biased)."""
     shifts = np.repeat(np.minimum(p - exps, 253), block)[: flat.size].astype(np.int32)
     first = np.minimum(shifts, 126)  # a float32 power of two; tiny blocks take two factors
     scaled = flat * np.ldexp(np.float32(1), first).astype(np.float32)
     rest = shifts - first
     if np.any(rest):
         scaled *= np.ldexp(np.float32(1), rest).astype(np.float32)
-    scaled += rng.random(flat.size, dtype=np.float32)
+    scaled += rng.random(flat.size, dtype=np.float32) if rng is not None else np.float32(0.5)
     np.floor(scaled, out=scaled)
     np.clip(scaled, -(2**p - 1), 2**p - 1, out=scaled)
     return scaled.astype(np.int32)
@@ -64,7 +68,8 @@ class LowBit:
     unbiased; wrap it in ErrorFeedback (the registry's `lowbit16` / `lowbit8` do).
     `rotate=True` quantizes THC's randomized Hadamard rotation of x (codecs.rotation) and
     rotates the sum back: the bound then holds per rotated element, so per rotation block
-    of 1024 the L2 error stays within sqrt(1024) * W * 2^(E-P)."""
+    of 1024 the L2 error stays within sqrt(1024) * W * 2^(E-P). `rounding="nearest"`: a
+    biased quantizer, half a quantum per worker at most (the bound holds a fortiori)."""
 
     def __init__(
         self,
@@ -74,7 +79,10 @@ class LowBit:
         block: int = DEFAULT_LOWBIT_BLOCK,
         seed: int | None = None,
         rotate: bool = False,
+        rounding: str = "stochastic",
     ):
+        if rounding not in ROUNDINGS:
+            raise ValueError(f"rounding is one of {', '.join(ROUNDINGS)}, not {rounding!r}")
         if bits not in LOWBIT_OPS:
             raise ValueError(f"lowbit lanes are 16 or 8 bits, not {bits}")
         if block < 1:
@@ -84,7 +92,7 @@ class LowBit:
         self.op = LOWBIT_OPS[bits]
         self.block = block
         self.p = headroom_bits(world, bits)
-        self.rng = np.random.default_rng(seed)
+        self.rng = np.random.default_rng(seed) if rounding == "stochastic" else None
         self.rotate = rotate
         self.calls = 0  # rotation signs change per call, alike on every worker (lockstep)
 
