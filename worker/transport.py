@@ -7,8 +7,13 @@ copy (tag div S) mod 2, where S is the pool size and P(S) the numbering period
 all of them call `allreduce` with the same lengths in the same order (what the codecs
 guarantee).
 Lost packets are retransmitted after a timeout from measured round trips (RFC 6298,
-worker/retransmission_timer.py) that doubles per try; duplicate, stray,
-late and reordered results are recognised by job and chunk and ignored. A chunk that spent
+worker/retransmission_timer.py) that doubles per try. As with RFC 6298's one timer, an
+answer restarts the timers of the chunks behind it and an expiry resends only the earliest
+chunk and restarts the others (`_Flight`): a pool that is late (queued in the switch, or
+waiting for a slower rank) costs one resend per doubling, not the whole pool per expiry; the
+resend's answer, which the switch sends after every chunk sent before it, proves those
+still unanswered lost, and they go at once. Duplicate, stray, late and reordered results
+are recognised by job and chunk and ignored. A chunk that spent
 its retry budget keeps waiting while the switch path and the peers are proven alive (a
 slow rank is not a dead path, worker/straggler_wait.py). A local send error (a link down:
 ENETUNREACH) is the switch path failing: a TransportError that names the cause.
@@ -148,51 +153,77 @@ class SwitchTransport:
 
     def _exchange(self, first: int, payloads: np.ndarray, out: np.ndarray) -> None:
         """Keep up to `pool_size` chunks in flight until every result is in `out`."""
-        cfg, stats = self.config, self.stats
-        count = payloads.shape[0]
-        sent_at = np.zeros(count)  # first send: round trips
-        last_sent = np.zeros(count)  # last send: timeouts
-        tries = np.zeros(count, np.int64)
-        done = np.zeros(count, bool)
-        next_to_send, remaining, timer = 0, count, self.timer
-        while remaining:
+        cfg, timer = self.config, self.timer
+        flight = _Flight(payloads.shape[0], restarts=timer.adaptive)
+        while flight.remaining:
             now = time.monotonic()
             # Self-clocking: chunk i goes once chunk i - pool_size is done (or of an earlier call).
-            while next_to_send < count and (
-                next_to_send < cfg.pool_size or done[next_to_send - cfg.pool_size]
+            while flight.next_to_send < flight.count and (
+                flight.next_to_send < cfg.pool_size
+                or flight.done[flight.next_to_send - cfg.pool_size]
             ):
-                self._send(payloads[next_to_send].tobytes())
-                sent_at[next_to_send] = last_sent[next_to_send] = now
-                next_to_send += 1
-            inflight = np.flatnonzero(~done[:next_to_send])
-            # Deadlines follow the timer as it learns (and backs off), not the one at send time.
-            deadline = last_sent[inflight] + timer.timeouts(tries[inflight])
-            for i in inflight[deadline <= now]:
-                if tries[i] >= cfg.max_retries:
-                    self._wait_for_peers(first, int(inflight[0]), int(i), now - sent_at[i])
-                elif tries[i] and (gone := self.wait.peers_gone()):
+                self._send(payloads[flight.next_to_send].tobytes())
+                flight.sent(flight.next_to_send, now)
+                flight.next_to_send += 1
+            # Results that came meanwhile first: a late look at the socket is not a loss.
+            if self._drain(0.0, first, payloads, flight, out):
+                continue
+            now = time.monotonic()
+            inflight, start, deadline = flight.deadlines(timer)
+            expired = np.flatnonzero(deadline <= now)
+            if flight.restarts:
+                expired = expired[:1]  # RFC 6298 5.4: the earliest; the back-off restarts the rest
+            for k in expired:
+                i = inflight[k]
+                if flight.tries[i] >= cfg.max_retries:
+                    self._wait_for_peers(first, int(inflight[0]), int(i), now - flight.sent_at[i])
+                elif flight.tries[i] and (gone := self.wait.peers_gone()):
                     raise self._no_result(first + int(i), gone)  # no need to spend the budget
-                tries[i] += 1
-                self._send(marked_retx(payloads[i]))
-                timer.timed_out(last_sent[i], now)  # once per expiry event, not per chunk
-                last_sent[i] = now
-                stats.retransmissions += 1
-            deadline = last_sent[inflight] + timer.timeouts(tries[inflight])
+                timer.timed_out(start[k], now)  # once per expiry event
+                self._resend(payloads, flight, int(i), now)
+            inflight, _, deadline = flight.deadlines(timer)
             wait = max(0.0, float(deadline.min()) - time.monotonic()) if inflight.size else 0.0
-            data = self.channel.recv(wait)
-            while data is not None:
-                i = self._accept(data, first, count, done, out)
-                if i is not None:
-                    done[i] = True
-                    remaining -= 1
-                    stats.results += 1
-                    rtt = time.monotonic() - sent_at[i]
-                    stats.latencies.append(rtt)
-                    if not tries[i]:  # Karn: a retransmitted chunk's round trip is ambiguous
-                        timer.sample(rtt)
-                    self.wait.progressed(first + i, payloads[i])
-                data = self.channel.recv(0.0)
+            self._drain(wait, first, payloads, flight, out)
         self.wait.keep_probe()
+
+    def _drain(
+        self, wait: float, first: int, payloads: np.ndarray, flight: _Flight, out: np.ndarray
+    ) -> int:
+        """Take every datagram that arrives within `wait` s and then without waiting; returns
+        how many."""
+        taken, data = 0, self.channel.recv(wait)
+        while data is not None:
+            self._receive(data, first, payloads, flight, out)
+            taken += 1
+            data = self.channel.recv(0.0)
+        return taken
+
+    def _receive(
+        self, data: bytes, first: int, payloads: np.ndarray, flight: _Flight, out: np.ndarray
+    ) -> None:
+        """Place a result; a resent result that answers a chunk's first resend proves the
+        chunks sent before that resend lost (the switch answers in order): resend them now."""
+        accepted = self._accept(data, first, flight.count, flight.done, out)
+        if accepted is None:
+            return
+        i, resent = accepted
+        now = time.monotonic()
+        self.stats.results += 1
+        rtt = now - flight.sent_at[i]
+        self.stats.latencies.append(rtt)
+        if not flight.tries[i]:  # Karn: a retransmitted chunk's round trip is ambiguous
+            self.timer.sample(rtt)
+        flight.answered(i, now)
+        self.wait.progressed(first + i, payloads[i])
+        if resent and flight.restarts:
+            for j in flight.lost_before(i):
+                self._resend(payloads, flight, int(j), now)
+
+    def _resend(self, payloads: np.ndarray, flight: _Flight, i: int, now: float) -> None:
+        """Retransmit chunk i (marked RETX)."""
+        self._send(marked_retx(payloads[i]))
+        flight.resent(i, now)
+        self.stats.retransmissions += 1
 
     def _wait_for_peers(self, first: int, oldest: int, i: int, waited: float) -> None:
         """Chunk first + i spent its retry budget: probe the path and keep waiting for a slow
@@ -227,8 +258,9 @@ class SwitchTransport:
 
     def _accept(
         self, data: bytes, first: int, count: int, done: np.ndarray, out: np.ndarray
-    ) -> int | None:
-        """Place a result; returns its index in this call, or None for anything to ignore."""
+    ) -> tuple[int, bool] | None:
+        """Place a result: (its index in this call, whether the switch marked it resent), or
+        None for anything to ignore."""
         self.wait.heard(time.monotonic())
         if len(data) != PAYLOAD_BYTES:
             self.stats.ignored += 1
@@ -248,4 +280,78 @@ class SwitchTransport:
             self.stats.ignored += 1  # stray, late (an earlier call) or duplicate
             return None
         out[i * CELLS_PER_PKT : (i + 1) * CELLS_PER_PKT] = cells[0]
-        return i
+        return i, bool(int(h["flags"]) & Flag.RETX)
+
+
+class _Flight:
+    """The chunks of one call: when each was sent, resent and answered, and when each one's
+    retransmission timer started.
+
+    With `restarts` (the measured timer) a chunk's timer follows RFC 6298 section 5 as one
+    TCP timer would: it (re)starts at the chunk's last send, at the answer of any chunk sent
+    before it (5.3: while the switch answers the chunks ahead of it, it is queued, not
+    lost) and at the timer's last back-off (5.6: the expiry of the earliest chunk restarts
+    every other one, so a pool that is merely late costs one resend, not the whole pool).
+    Without it, a chunk's timer runs from its last send only (the former behaviour).
+    """
+
+    def __init__(self, count: int, restarts: bool) -> None:
+        self.count, self.restarts = count, restarts
+        self.sent_at = np.zeros(count)  # first send: round trips
+        self.last_sent = np.zeros(count)
+        self.first_resent = np.full(count, np.inf)
+        self.answered_at = np.full(count, -np.inf)
+        self.tries = np.zeros(count, np.int64)
+        self.done = np.zeros(count, bool)
+        self.next_to_send = 0
+        self.remaining = count
+        self.oldest = 0  # every chunk before it is done
+        self.answered_before_oldest = -np.inf
+
+    def sent(self, i: int, now: float) -> None:
+        """Chunk i went out for the first time."""
+        self.sent_at[i] = self.last_sent[i] = now
+
+    def resent(self, i: int, now: float) -> None:
+        """Chunk i went out again."""
+        self.tries[i] += 1
+        self.last_sent[i] = now
+        self.first_resent[i] = min(self.first_resent[i], now)
+
+    def answered(self, i: int, now: float) -> None:
+        """Chunk i's result came."""
+        self.done[i] = True
+        self.remaining -= 1
+        self.answered_at[i] = now
+        while self.oldest < self.next_to_send and self.done[self.oldest]:
+            self.answered_before_oldest = max(
+                self.answered_before_oldest, self.answered_at[self.oldest]
+            )
+            self.oldest += 1
+
+    def starts(self, timer: RetransmissionTimer) -> np.ndarray:
+        """When the timer of each chunk from `oldest` to `next_to_send` started."""
+        window = slice(self.oldest, self.next_to_send)
+        if not self.restarts:
+            return self.last_sent[window]
+        ahead = np.maximum.accumulate(self.answered_at[window])
+        ahead = np.concatenate(([self.answered_before_oldest], ahead[:-1]))
+        return np.maximum(np.maximum(self.last_sent[window], ahead), timer.backed_off_at)
+
+    def deadlines(self, timer: RetransmissionTimer) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The chunks in flight (indices, oldest first), when each one's timer started and
+        when it times out."""
+        window = np.arange(self.oldest, self.next_to_send)
+        open_ = ~self.done[window]
+        start = self.starts(timer)[open_]
+        inflight = window[open_]
+        return inflight, start, start + timer.timeouts(self.tries[inflight])
+
+    def lost_before(self, i: int) -> np.ndarray:
+        """Chunk i's result answered a resend of it: the chunks still open that were last
+        sent before its first resend. The switch handled them before that resend and answers
+        in order, so they got no answer: lost (or their rounds wait for a peer; the switch
+        then drops their resends as duplicates)."""
+        window = np.arange(self.oldest, self.next_to_send)
+        lost = ~self.done[window] & (self.last_sent[window] < self.first_resent[i])
+        return window[lost]

@@ -1,0 +1,123 @@
+"""The transport's retransmission timers against a simulated queueing switch (no switch
+needed): a pool that is late, not lost, costs at most the oldest chunk's resends; a switch
+that answers in order but slower than the timeout is waited for; a pool lost whole is
+resent at once when the first resend's answer proves it lost. The first two fail with the
+former policy (every chunk's timer from its own send, every expired chunk resent), the third
+without the last rule (one resend per doubling timeout)."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from aggwire.constants import CELLS_PER_PKT, Flag, Op
+from aggwire.header import header_view
+from aggwire.packer import parse_payloads
+from tests.worker.test_transport_header import LoseFirstSend
+from worker.transport import SwitchTransport, TransportConfig
+
+PRIMING = 20  # one-chunk calls: the estimate forgets a slow first one
+
+
+class QueuedSwitch:
+    """One rank's view of a switch that processes datagrams one at a time in arrival order,
+    `service` s each, none before `opens_at` (monotonic; when the peers' contributions get
+    there): a chunk's first contribution completes its round (RESULT), a later one is
+    answered RESULT|RETX. Keeps (chunk, resent?) of every datagram sent."""
+
+    def __init__(self, service: float) -> None:
+        self.service = service
+        self.free_at = 0.0
+        self.complete: set[int] = set()
+        self.pending: list[tuple[float, bytes]] = []
+        self.sent: list[tuple[int, bool]] = []
+
+    def open_at(self, when: float) -> None:
+        self.free_at = max(self.free_at, when)
+
+    def send(self, payload: bytes) -> None:
+        header = parse_payloads(payload)[0][0]
+        chunk, resent = int(header["chunk"]), bool(int(header["flags"]) & Flag.RETX)
+        self.sent.append((chunk, resent))
+        self.free_at = max(self.free_at, time.monotonic()) + self.service
+        reply = np.frombuffer(payload, np.uint8).copy()
+        flags = Flag.RESULT | (Flag.RETX if chunk in self.complete else 0)
+        header_view(reply)["flags"] = int(flags)
+        self.complete.add(chunk)
+        self.pending.append((self.free_at, reply.tobytes()))
+
+    def recv(self, timeout: float) -> bytes | None:
+        end = time.monotonic() + timeout
+        while True:
+            now = time.monotonic()
+            if self.pending and self.pending[0][0] <= now:
+                return self.pending.pop(0)[1]
+            if now >= end:
+                return None
+            ready = self.pending[0][0] if self.pending else end
+            time.sleep(max(0.0, min(end, ready) - now))
+
+    def close(self) -> None:
+        pass
+
+    def resent_chunks(self) -> list[int]:
+        return [chunk for chunk, resent in self.sent if resent]
+
+
+def primed(switch, pool_size: int, timeout: float) -> SwitchTransport:
+    """A transport whose measured timeout sits at its floor `timeout` (fast round trips)."""
+    cfg = TransportConfig(
+        job_id=1,
+        rank=0,
+        world_size=2,
+        pool_size=pool_size,
+        initial_timeout=timeout,
+        min_timeout=timeout,
+    )
+    t = SwitchTransport(cfg, switch)
+    for _ in range(PRIMING):
+        t.allreduce(Op.ADD, np.ones(CELLS_PER_PKT, np.int32))
+    assert t.timer.rto == timeout and not t.stats.retransmissions
+    return t
+
+
+def test_a_late_pool_costs_the_oldest_chunks_resends_only():
+    """The peers' contributions come 0.3 s after this rank's 16 (a rank that computes longer):
+    only the oldest chunk is resent, once per doubling of its 20 ms timeout (4 times by
+    0.3 s: 20 + 40 + 80 + 160 ms), not the whole pool at each expiry (formerly 32)."""
+    switch = QueuedSwitch(service=0.0005)
+    t = primed(switch, 16, 0.02)
+    switch.open_at(time.monotonic() + 0.3)
+    cells = np.arange(16 * CELLS_PER_PKT, dtype=np.int32)
+    np.testing.assert_array_equal(t.allreduce(Op.ADD, cells), cells)
+    assert set(switch.resent_chunks()) == {PRIMING}  # the call's first chunk
+    assert t.stats.retransmissions <= 5
+
+
+def test_a_switch_slower_than_the_timeout_is_waited_for_while_it_answers():
+    """The switch answers a chunk every 30 ms in order, the timeout is 40 ms: the last of 8
+    chunks comes back after 240 ms, yet each one within 40 ms of the one ahead of it (RFC
+    6298 5.3: an answer restarts the timer), so none is resent (formerly the 7 not
+    answered at 40 ms were)."""
+    switch = QueuedSwitch(service=0.0005)
+    t = primed(switch, 8, 0.04)
+    switch.service = 0.03
+    cells = np.arange(8 * CELLS_PER_PKT, dtype=np.int32)
+    np.testing.assert_array_equal(t.allreduce(Op.ADD, cells), cells)
+    assert t.stats.retransmissions <= 1  # 1: a stall of this process between two answers
+
+
+def test_a_pool_lost_whole_is_resent_at_once_after_the_first_answer():
+    """Every first send of 16 chunks is lost: the oldest chunk is resent at its timeout, and
+    its resent result (the switch answers in order) proves the other 15 lost: they go at
+    once, not one per doubling timeout (which would take seconds)."""
+    transport = SwitchTransport(
+        TransportConfig(job_id=1, rank=0, world_size=1, pool_size=16, initial_timeout=0.05),
+        LoseFirstSend(),
+    )
+    start = time.monotonic()
+    cells = np.arange(16 * CELLS_PER_PKT, dtype=np.int32)
+    np.testing.assert_array_equal(transport.allreduce(Op.ADD, cells), cells)
+    assert time.monotonic() - start < 0.5
+    assert transport.stats.retransmissions == 16 and transport.timer.backoff == 1
