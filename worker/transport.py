@@ -172,7 +172,7 @@ class SwitchTransport:
             inflight, start, deadline = flight.deadlines(timer)
             expired = np.flatnonzero(deadline <= now)
             if flight.restarts:
-                expired = expired[:1]  # RFC 6298 5.4: the earliest; the back-off restarts the rest
+                expired = flight.probe_if_silent(expired, inflight, start, now)
             for k in expired:
                 i = inflight[k]
                 if flight.tries[i] >= cfg.max_retries:
@@ -288,11 +288,16 @@ class _Flight:
     retransmission timer started.
 
     With `restarts` (the measured timer) a chunk's timer follows RFC 6298 section 5 as one
-    TCP timer would: it (re)starts at the chunk's last send, at the answer of any chunk sent
-    before it (5.3: while the switch answers the chunks ahead of it, it is queued, not
-    lost) and at the timer's last back-off (5.6: the expiry of the earliest chunk restarts
-    every other one, so a pool that is merely late costs one resend, not the whole pool).
-    Without it, a chunk's timer runs from its last send only (the former behaviour).
+    TCP timer would: it (re)starts at the chunk's last send and at the answer of any chunk
+    sent before it (5.3: while the switch answers the chunks ahead of it, it is queued, not
+    lost). A chunk skipped over (a later chunk answered since its last send) was lost, or
+    its round waits for a peer: its timer runs from its last send, and it is resent when it
+    expires, whatever else does. Chunks that expire in silence (nothing answered since
+    their timers started: the switch is slow or a peer late, or everything was lost) are one
+    event: the earliest is resent and the timers of every silent chunk restart (5.4-5.6),
+    so a late pool costs one resend per doubling, not every chunk's. Without `restarts`, a
+    chunk's timer runs from its last send and every expired chunk is resent (the former
+    behaviour).
     """
 
     def __init__(self, count: int, restarts: bool) -> None:
@@ -300,7 +305,9 @@ class _Flight:
         self.sent_at = np.zeros(count)  # first send: round trips
         self.last_sent = np.zeros(count)
         self.first_resent = np.full(count, np.inf)
+        self.restarted_at = np.full(count, -np.inf)
         self.answered_at = np.full(count, -np.inf)
+        self.last_answer = -np.inf
         self.tries = np.zeros(count, np.int64)
         self.done = np.zeros(count, bool)
         self.next_to_send = 0
@@ -322,30 +329,45 @@ class _Flight:
         """Chunk i's result came."""
         self.done[i] = True
         self.remaining -= 1
-        self.answered_at[i] = now
+        self.answered_at[i] = self.last_answer = now
         while self.oldest < self.next_to_send and self.done[self.oldest]:
             self.answered_before_oldest = max(
                 self.answered_before_oldest, self.answered_at[self.oldest]
             )
             self.oldest += 1
 
-    def starts(self, timer: RetransmissionTimer) -> np.ndarray:
+    def starts(self) -> np.ndarray:
         """When the timer of each chunk from `oldest` to `next_to_send` started."""
         window = slice(self.oldest, self.next_to_send)
-        if not self.restarts:
-            return self.last_sent[window]
-        ahead = np.maximum.accumulate(self.answered_at[window])
-        ahead = np.concatenate(([self.answered_before_oldest], ahead[:-1]))
-        return np.maximum(np.maximum(self.last_sent[window], ahead), timer.backed_off_at)
+        sent = self.last_sent[window]
+        if not self.restarts or not sent.size:
+            return sent
+        answered = self.answered_at[window]
+        ahead = np.maximum.accumulate(np.append(self.answered_before_oldest, answered[:-1]))
+        behind = np.maximum.accumulate(np.append(answered[1:], -np.inf)[::-1])[::-1]
+        queued = np.maximum(np.maximum(sent, ahead), self.restarted_at[window])
+        return np.where(behind > sent, sent, queued)  # skipped: from its last send
 
     def deadlines(self, timer: RetransmissionTimer) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The chunks in flight (indices, oldest first), when each one's timer started and
         when it times out."""
         window = np.arange(self.oldest, self.next_to_send)
         open_ = ~self.done[window]
-        start = self.starts(timer)[open_]
+        start = self.starts()[open_]
         inflight = window[open_]
         return inflight, start, start + timer.timeouts(self.tries[inflight])
+
+    def probe_if_silent(
+        self, expired: np.ndarray, inflight: np.ndarray, start: np.ndarray, now: float
+    ) -> np.ndarray:
+        """Which of the `expired` positions (in `inflight`) to resend: every one that was
+        skipped (a later chunk answered since its timer started), and of those that expired
+        in silence only the earliest, restarting the timers of every silent chunk in flight."""
+        silent = start >= self.last_answer
+        if not silent[expired].any():
+            return expired
+        self.restarted_at[inflight[silent]] = now
+        return np.sort(np.append(expired[~silent[expired]], expired[silent[expired]][0]))
 
     def lost_before(self, i: int) -> np.ndarray:
         """Chunk i's result answered a resend of it: the chunks still open that were last

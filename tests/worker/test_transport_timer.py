@@ -3,10 +3,12 @@ needed): a pool that is late, not lost, costs at most the oldest chunk's resends
 that answers in order but slower than the timeout is waited for; a pool lost whole is
 resent at once when the first resend's answer proves it lost. The first two fail with the
 former policy (every chunk's timer from its own send, every expired chunk resent), the third
-without the last rule (one resend per doubling timeout)."""
+without the last rule (one resend per doubling timeout). A chunk that a later answer proves
+skipped is resent at its own timeout, whatever else expires."""
 
 from __future__ import annotations
 
+import heapq
 import time
 
 import numpy as np
@@ -15,7 +17,7 @@ from aggwire.constants import CELLS_PER_PKT, Flag, Op
 from aggwire.header import header_view
 from aggwire.packer import parse_payloads
 from tests.worker.test_transport_header import LoseFirstSend
-from worker.transport import SwitchTransport, TransportConfig
+from worker.transport import SwitchTransport, TransportConfig, _Flight
 
 PRIMING = 20  # one-chunk calls: the estimate forgets a slow first one
 
@@ -23,36 +25,50 @@ PRIMING = 20  # one-chunk calls: the estimate forgets a slow first one
 class QueuedSwitch:
     """One rank's view of a switch that processes datagrams one at a time in arrival order,
     `service` s each, none before `opens_at` (monotonic; when the peers' contributions get
-    there): a chunk's first contribution completes its round (RESULT), a later one is
-    answered RESULT|RETX. Keeps (chunk, resent?) of every datagram sent."""
+    there). A chunk's first contribution completes its round (RESULT) once processed and
+    the peer's contribution is in (`peer_at`: chunk -> monotonic time, default at once); a
+    later one is answered RESULT|RETX if the round is complete by then, else dropped as a
+    duplicate. The first send of each chunk in `lose_first` is lost on the way. Keeps
+    (monotonic time, chunk, resent?) of every datagram sent."""
 
     def __init__(self, service: float) -> None:
         self.service = service
         self.free_at = 0.0
-        self.complete: set[int] = set()
-        self.pending: list[tuple[float, bytes]] = []
-        self.sent: list[tuple[int, bool]] = []
+        self.complete_at: dict[int, float] = {}
+        self.peer_at: dict[int, float] = {}
+        self.lose_first: set[int] = set()
+        self.pending: list[tuple[float, int, bytes]] = []  # a heap by answer time
+        self.sent: list[tuple[float, int, bool]] = []
 
     def open_at(self, when: float) -> None:
         self.free_at = max(self.free_at, when)
 
     def send(self, payload: bytes) -> None:
+        now = time.monotonic()
         header = parse_payloads(payload)[0][0]
         chunk, resent = int(header["chunk"]), bool(int(header["flags"]) & Flag.RETX)
-        self.sent.append((chunk, resent))
-        self.free_at = max(self.free_at, time.monotonic()) + self.service
+        self.sent.append((now, chunk, resent))
+        if chunk in self.lose_first:
+            self.lose_first.discard(chunk)
+            return
+        self.free_at = max(self.free_at, now) + self.service
+        if chunk not in self.complete_at:
+            self.complete_at[chunk] = max(self.free_at, self.peer_at.get(chunk, 0.0))
+            self._answer(self.complete_at[chunk], payload, Flag.RESULT)
+        elif self.free_at >= self.complete_at[chunk]:
+            self._answer(self.free_at, payload, Flag.RESULT | Flag.RETX)
+
+    def _answer(self, at: float, payload: bytes, flags: int) -> None:
         reply = np.frombuffer(payload, np.uint8).copy()
-        flags = Flag.RESULT | (Flag.RETX if chunk in self.complete else 0)
         header_view(reply)["flags"] = int(flags)
-        self.complete.add(chunk)
-        self.pending.append((self.free_at, reply.tobytes()))
+        heapq.heappush(self.pending, (at, len(self.sent), reply.tobytes()))
 
     def recv(self, timeout: float) -> bytes | None:
         end = time.monotonic() + timeout
         while True:
             now = time.monotonic()
             if self.pending and self.pending[0][0] <= now:
-                return self.pending.pop(0)[1]
+                return heapq.heappop(self.pending)[2]
             if now >= end:
                 return None
             ready = self.pending[0][0] if self.pending else end
@@ -62,7 +78,7 @@ class QueuedSwitch:
         pass
 
     def resent_chunks(self) -> list[int]:
-        return [chunk for chunk, resent in self.sent if resent]
+        return [chunk for _, chunk, resent in self.sent if resent]
 
 
 def primed(switch, pool_size: int, timeout: float) -> SwitchTransport:
@@ -108,6 +124,22 @@ def test_a_switch_slower_than_the_timeout_is_waited_for_while_it_answers():
     assert t.stats.retransmissions <= 1  # 1: a stall of this process between two answers
 
 
+def test_a_skipped_chunk_is_resent_at_its_own_timeout():
+    """Chunk 2 waits 0.3 s for the peer (whose contribution was lost), chunk 5's own
+    contribution is lost, the others are answered at once: chunk 5 is resent at its own
+    timeout (a later chunk was answered since its timer started: it was skipped), not held
+    back by chunk 2's expiry (that restarting every timer would cost 2 x 50 ms more)."""
+    switch = QueuedSwitch(service=0.0005)
+    t = primed(switch, 8, 0.05)
+    start = time.monotonic()
+    switch.peer_at[PRIMING + 2] = start + 0.3
+    switch.lose_first.add(PRIMING + 5)
+    cells = np.arange(8 * CELLS_PER_PKT, dtype=np.int32)
+    np.testing.assert_array_equal(t.allreduce(Op.ADD, cells), cells)
+    resent_5 = [at for at, chunk, resent in switch.sent if resent and chunk == PRIMING + 5]
+    assert resent_5 and resent_5[0] - start < 0.09
+
+
 def test_a_pool_lost_whole_is_resent_at_once_after_the_first_answer():
     """Every first send of 16 chunks is lost: the oldest chunk is resent at its timeout, and
     its resent result (the switch answers in order) proves the other 15 lost: they go at
@@ -121,3 +153,22 @@ def test_a_pool_lost_whole_is_resent_at_once_after_the_first_answer():
     np.testing.assert_array_equal(transport.allreduce(Op.ADD, cells), cells)
     assert time.monotonic() - start < 0.5
     assert transport.stats.retransmissions == 16 and transport.timer.backoff == 1
+
+
+def test_when_each_timer_started():
+    """_Flight.starts: a queued chunk's timer starts at the latest answer ahead of it, a
+    skipped one's (a later chunk answered since its last send) at its last send."""
+    flight = _Flight(5, restarts=True)
+    for i in range(5):
+        flight.sent(i, float(i))
+    flight.next_to_send = 5
+    flight.answered(1, 10.0)
+    flight.answered(3, 12.0)
+    # 0 and 2 skipped (3 answered since), 4 queued behind 3's answer
+    np.testing.assert_array_equal(flight.starts()[[0, 2, 4]], [0, 2, 12])
+    flight.answered(0, 13.0)  # the answers before the oldest open chunk are folded
+    assert flight.oldest == 2
+    np.testing.assert_array_equal(flight.starts()[[0, 2]], [2, 13])
+    flight.resent(2, 14.0)  # no answer since its resend: queued again
+    np.testing.assert_array_equal(flight.starts()[[0, 2]], [14, 13])
+    assert _Flight(5, restarts=False).starts().size == 0
