@@ -215,7 +215,7 @@ class SwitchTransport:
             self.timer.sample(rtt)
         flight.answered(i, now)
         self.wait.progressed(first + i, payloads[i])
-        if resent and flight.restarts:
+        if resent and flight.restarts and flight.tries[i]:
             for j in flight.lost_before(i):
                 self._resend(payloads, flight, int(j), now)
 
