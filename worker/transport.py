@@ -37,6 +37,8 @@ from worker.codecs.base import Phase
 from worker.retransmission_timer import RetransmissionTimer
 from worker.straggler_wait import PeersProblem, StragglerWait
 
+MAX_DRAIN = 512  # datagrams taken per look at the socket before the timers are checked
+
 
 class TransportError(RuntimeError):
     """The switch path failed: no result within the budget, a dead peer or path, or a local
@@ -189,23 +191,26 @@ class SwitchTransport:
     def _drain(
         self, wait: float, first: int, payloads: np.ndarray, flight: _Flight, out: np.ndarray
     ) -> int:
-        """Take every datagram that arrives within `wait` s and then without waiting; returns
-        how many."""
+        """Take the datagrams that arrive within `wait` s and then without waiting, at most
+        MAX_DRAIN; returns how many were results of this call (neither a flood of datagrams
+        nor stray ones may hold the timers back)."""
         taken, data = 0, self.channel.recv(wait)
-        while data is not None:
-            self._receive(data, first, payloads, flight, out)
-            taken += 1
+        for _ in range(MAX_DRAIN):
+            if data is None:
+                break
+            taken += self._receive(data, first, payloads, flight, out)
             data = self.channel.recv(0.0)
         return taken
 
     def _receive(
         self, data: bytes, first: int, payloads: np.ndarray, flight: _Flight, out: np.ndarray
-    ) -> None:
-        """Place a result; a resent result that answers a chunk's first resend proves the
-        chunks sent before that resend lost (the switch answers in order): resend them now."""
+    ) -> bool:
+        """Place a result (False: nothing to place); a resent result that answers a chunk's
+        resend proves the chunks sent before its first resend lost (the switch answers in
+        order): resend them now."""
         accepted = self._accept(data, first, flight.count, flight.done, out)
         if accepted is None:
-            return
+            return False
         i, resent = accepted
         now = time.monotonic()
         self.stats.results += 1
@@ -218,6 +223,7 @@ class SwitchTransport:
         if resent and flight.restarts and flight.tries[i]:
             for j in flight.lost_before(i):
                 self._resend(payloads, flight, int(j), now)
+        return True
 
     def _resend(self, payloads: np.ndarray, flight: _Flight, i: int, now: float) -> None:
         """Retransmit chunk i (marked RETX)."""

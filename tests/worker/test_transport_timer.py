@@ -16,6 +16,7 @@ import numpy as np
 from aggwire.constants import CELLS_PER_PKT, Flag, Op
 from aggwire.header import header_view
 from aggwire.packer import parse_payloads
+from testnet.threads import run_threads
 from tests.worker.test_transport_header import LoseFirstSend
 from worker.transport import SwitchTransport, TransportConfig, _Flight
 
@@ -172,3 +173,28 @@ def test_when_each_timer_started():
     flight.resent(2, 14.0)  # no answer since its resend: queued again
     np.testing.assert_array_equal(flight.starts()[[0, 2]], [14, 13])
     assert _Flight(5, restarts=False).starts().size == 0
+
+
+class StrayFlood(LoseFirstSend):
+    """LoseFirstSend behind a link that always has a stray datagram (another job's) ready."""
+
+    def recv(self, timeout: float) -> bytes | None:
+        reply = super().recv(timeout)
+        if reply is not None:
+            return reply
+        stray = np.frombuffer(self.sent[0], np.uint8).copy()
+        header_view(stray)["job_id"] = 99
+        header_view(stray)["flags"] = int(Flag.RESULT)
+        return stray.tobytes()
+
+
+def test_stray_datagrams_do_not_hold_the_timers_back():
+    """Datagrams of another job arrive without pause (a flood): the lost chunks still time
+    out (formerly the transport read the flood and never looked at its timers again)."""
+    transport = SwitchTransport(
+        TransportConfig(job_id=1, rank=0, world_size=1, pool_size=4), StrayFlood()
+    )
+    cells = np.arange(4 * CELLS_PER_PKT, dtype=np.int32)
+    _, (got,) = run_threads([lambda: transport.allreduce(Op.ADD, cells)], 5.0)
+    np.testing.assert_array_equal(got, cells)
+    assert transport.stats.ignored > 0 and transport.stats.retransmissions == 4
