@@ -5,8 +5,9 @@ queueing and the wait for the slowest worker's contribution: exactly what a time
 not fire on. SRTT and RTTVAR follow RFC 6298 section 2 (alpha 1/8, beta 1/4, K = 4);
 Karn's rule (section 3): chunks that were retransmitted give no sample. An expiry backs the
 timeout off (section 5.5) until the next sample (5.7), and a chunk's own retries double it
-too: a chunk's timeout is RTO x 2^max(retries, back-offs), bounded by the maximum (the
-transport resends the earliest chunk at each expiry, so both count the same expiries).
+too: a chunk's timeout is RTO x 2^max(retries, back-offs), bounded by the maximum (when a
+pool waits in silence the transport resends its oldest chunk at each expiry, so that
+chunk's retries and the back-offs count the same expiries).
 RFC 6298 has one timer, so it backs off once per expiry; here every chunk has its own
 deadline, and one expiry event is every timeout of chunks whose timers were already running
 at the last back-off: a burst of k lost chunks doubles the timeout once, not 2^k times.
