@@ -1,16 +1,18 @@
 """Retransmission timeout, fixed versus measured: retransmissions per chunk and time per
 round of the transport, at 1 and 4 workers, without and with 1% loss, on each switch target.
 
-"fixed" is the former timer (20 ms, doubling per try); "measured" derives the first try's
-timeout from round trips (RFC 6298 SRTT + 4 RTTVAR, 5 ms .. 0.5 s, doubling per try;
-worker/retransmission_timer.py). Each round is one all-reduce of --cells int32 cells
-(--bmv2-cells on BMv2, which forwards several times fewer packets per second) by W workers,
-threads of this process with one namespace and socket each; loss is injected per datagram
-in both directions (worker/channel.py FaultyChannel). Rounds of the two timers alternate,
-so both see the same machine load; the table gives the median over rounds. Writes
-bench/results/retransmission.md.
+"fixed" is the former timer (20 ms, doubling per try, every chunk's timer from its own
+send); "measured" derives the first try's timeout from round trips (RFC 6298 SRTT + 4
+RTTVAR, 5 ms .. 0.5 s, backed off per expiry; worker/retransmission_timer.py) and restarts
+the timers as RFC 6298's one timer (worker/transport.py). Each round is one all-reduce of
+--cells int32 cells (--bmv2-cells on BMv2) by W workers, threads of this process with one
+namespace and socket each; loss is injected per datagram in both directions
+(worker/channel.py FaultyChannel). Rounds of the two timers alternate, so both see the same
+machine load; the table gives the median [min, max] over rounds, and the measured timer's
+first-try timeout (RTO): median and largest over its samples, and how many samples found
+it at the maximum. Writes bench/results/retransmission.md.
 
-    python -m bench.retransmission [--rounds 5] [--cells 262144] [--bmv2-cells 65536]
+    python -m bench.retransmission [--rounds 5] [--cells 1048576] [--bmv2-cells 1048576]
 """
 
 from __future__ import annotations
@@ -58,6 +60,19 @@ class Group:
                 adaptive_timeout=timer == "measured",
             )
             self.transports.append(SwitchTransport(cfg, channel))
+        self.rtos: list[float] = []  # the first-try timeout after each sample, every worker
+        for t in self.transports:
+            t.timer.sample = self._recording(t.timer)  # type: ignore[method-assign]
+
+    def _recording(self, timer):
+        """timer.sample that also records the timeout it leaves."""
+        sample = timer.sample
+
+        def record(rtt: float) -> None:
+            sample(rtt)
+            self.rtos.append(timer.rto)
+
+        return record
 
     def round(self, cells: np.ndarray) -> tuple[float, int, int]:
         """One all-reduce on every worker: (wall seconds, retransmissions, chunks)."""
@@ -72,9 +87,16 @@ class Group:
         chunks = sum(t.stats.chunks - b[1] for t, b in zip(self.transports, before))
         return elapsed, retx, chunks
 
-    def rto_ms(self) -> float:
-        """The mean first-try timeout the workers ended with, in ms."""
-        return 1e3 * statistics.mean(t.timer.rto for t in self.transports)
+    def rto_stats(self) -> dict[str, float]:
+        """The first-try timeout over every sample of the measured rounds: median and largest
+        (ms), and the share of samples that left it at the maximum."""
+        rtos = np.asarray(self.rtos)
+        cap = self.transports[0].timer.maximum
+        return {
+            "rto_median_ms": 1e3 * float(np.median(rtos)) if rtos.size else float("nan"),
+            "rto_max_ms": 1e3 * float(rtos.max()) if rtos.size else float("nan"),
+            "at_cap": float(np.mean(rtos >= cap)) if rtos.size else float("nan"),
+        }
 
     def close(self) -> None:
         for t in self.transports:
@@ -103,6 +125,7 @@ def measure(target: str, n: int, rounds: int) -> dict[tuple, dict[str, float]]:
                 try:
                     for tm in TIMERS:
                         groups[tm].round(cells)  # warm-up: the first round trips
+                        groups[tm].rtos.clear()
                     for _ in range(rounds):
                         for tm in TIMERS:
                             samples[tm].append(groups[tm].round(cells))
@@ -112,8 +135,10 @@ def measure(target: str, n: int, rounds: int) -> dict[tuple, dict[str, float]]:
                         chunks = sum(s[2] for s in samples[tm])
                         rows[(w, loss, tm)] = {
                             "ms": 1e3 * statistics.median(times),
+                            "ms_min": 1e3 * min(times),
+                            "ms_max": 1e3 * max(times),
                             "retx_per_chunk": retx / chunks,
-                            "rto_ms": groups[tm].rto_ms(),
+                            **groups[tm].rto_stats(),
                         }
                         print(target, w, loss, tm, rows[(w, loss, tm)], flush=True)
                 finally:
@@ -129,14 +154,16 @@ def report(results: dict[str, dict], sizes: dict[str, int], rounds: int) -> list
         "",
         f"`python -m bench.retransmission --rounds {rounds}` on {platform.machine()}"
         f" ({os.cpu_count()} cores, shared), {time.strftime('%Y-%m-%d')}. Pool size "
-        f"{POOL_SIZE}; one round is an all-reduce of n int32 cells per worker "
+        f"{POOL_SIZE}; one round is an all-reduce of n int32 cells per worker ("
         + ", ".join(f"{t}: n = {n:,}" for t, n in sizes.items())
-        + "; median over rounds, retransmissions per chunk over all rounds and workers; "
-        "RTO: the measured timer's first-try timeout at the end.",
+        + f"); {rounds} rounds per timer, the timers alternating; ms per round: median "
+        "[min, max]; retransmissions per chunk over all rounds and workers; RTO: the "
+        "measured timer's first-try timeout after each of its samples, median and largest, "
+        "and the share of samples that left it at the maximum (500 ms).",
         "",
         "| target | W | loss | retx/chunk fixed | retx/chunk measured "
-        "| ms/round fixed | ms/round measured | RTO at the end, measured (ms) |",
-        "|---|--:|--:|--:|--:|--:|--:|--:|",
+        "| ms/round fixed | ms/round measured | RTO measured, median / max (ms) | at max |",
+        "|---|--:|--:|--:|--:|--:|--:|--:|--:|",
     ]
     for target, rows in results.items():
         for w in WORLDS:
@@ -144,10 +171,15 @@ def report(results: dict[str, dict], sizes: dict[str, int], rounds: int) -> list
                 f, m = rows[(w, loss, "fixed")], rows[(w, loss, "measured")]
                 lines.append(
                     f"| {target} | {w} | {loss:.0%} | {f['retx_per_chunk']:.3f} "
-                    f"| {m['retx_per_chunk']:.3f} | {f['ms']:.0f} | {m['ms']:.0f} "
-                    f"| {m['rto_ms']:.1f} |"
+                    f"| {m['retx_per_chunk']:.3f} | {_ms(f)} | {_ms(m)} "
+                    f"| {m['rto_median_ms']:.1f} / {m['rto_max_ms']:.0f} | {m['at_cap']:.2%} |"
                 )
     return lines
+
+
+def _ms(row: dict[str, float]) -> str:
+    """Median [min, max] ms per round."""
+    return f"{row['ms']:.0f} [{row['ms_min']:.0f}, {row['ms_max']:.0f}]"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -159,8 +191,8 @@ def main(argv: list[str] | None = None) -> int:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--rounds", type=int, default=5, help="rounds per timer (default 5)")
-    p.add_argument("--cells", type=int, default=262_144, help="cells per round, refswitch")
-    p.add_argument("--bmv2-cells", type=int, default=65_536, help="cells per round, BMv2")
+    p.add_argument("--cells", type=int, default=1 << 20, help="cells per round, refswitch")
+    p.add_argument("--bmv2-cells", type=int, default=1 << 20, help="cells per round, BMv2")
     p.add_argument("--targets", nargs="+", default=None, help="default: every available one")
     args = p.parse_args(argv)
     if args.rounds < 1 or args.cells < 1 or args.bmv2_cells < 1:

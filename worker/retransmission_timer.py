@@ -3,15 +3,16 @@
 A chunk's round trip runs from its first send to its result, so it includes the switch's
 queueing and the wait for the slowest worker's contribution: exactly what a timeout must
 not fire on. SRTT and RTTVAR follow RFC 6298 section 2 (alpha 1/8, beta 1/4, K = 4);
-Karn's rule (section 3): chunks that were retransmitted give no sample. A timeout doubles
-per try (section 5.5) up to the maximum, and an expiry also doubles the timeout of every
-chunk in flight until the next sample (section 5.5/5.7: the backed-off RTO is kept until a
-new measurement): when the switch or this host stalls, the first chunk that times out holds
-the rest of the pool back instead of the whole pool being resent. RFC 6298 has one timer,
-so it backs off once per expiry; here every chunk has its own deadline, and one expiry
-event is every timeout of chunks that were already in flight at the last back-off: a burst
-of k lost chunks doubles the timeout once, not 2^k times. The bounds keep one spurious
-sample from making the transport either hammer the switch or sit idle.
+Karn's rule (section 3): chunks that were retransmitted give no sample. An expiry backs the
+timeout off (section 5.5) until the next sample (5.7), and a chunk's own retries double it
+too: a chunk's timeout is RTO x 2^max(retries, back-offs), bounded by the maximum (when a
+pool waits in silence the transport resends its oldest chunk at each expiry, so that
+chunk's retries and the back-offs count the same expiries).
+RFC 6298 has one timer, so it backs off once per expiry; here every chunk has its own
+deadline, and one expiry event is every timeout of chunks whose timers were already running
+at the last back-off: a burst of k lost chunks doubles the timeout once, not 2^k times.
+The bounds keep one spurious sample from making the transport either hammer the switch or
+sit idle.
 """
 
 from __future__ import annotations
@@ -56,19 +57,19 @@ class RetransmissionTimer:
         return min(self.maximum, max(self.minimum, self.srtt + K * self.rttvar))
 
     def timeout(self, tries: int) -> float:
-        """The timeout after `tries` retransmissions of a chunk: rto * 2^(tries + backoff),
+        """The timeout after `tries` retransmissions of a chunk: rto * 2^max(tries, backoff),
         bounded."""
         return float(self.timeouts(np.array([tries]))[0])
 
     def timeouts(self, tries: np.ndarray) -> np.ndarray:
         """`timeout` of many chunks at once."""
-        exponent = np.minimum(tries + self.backoff, MAX_DOUBLINGS)
+        exponent = np.minimum(np.maximum(tries, self.backoff), MAX_DOUBLINGS)
         return np.minimum(self.maximum, self.rto * 2.0**exponent)
 
     def timed_out(self, sent: float, now: float) -> None:
-        """A chunk last sent at `sent` timed out at `now`: back off every chunk's timeout
-        until the next sample, once per expiry event (a chunk sent before the last back-off
-        was in flight when it happened: its loss belongs to that event)."""
+        """A chunk whose timer started at `sent` timed out at `now`: back off every chunk's
+        timeout until the next sample, once per expiry event (a timer that ran at the last
+        back-off belongs to that event)."""
         if self.adaptive and sent >= self.backed_off_at:
             self.backoff = min(self.backoff + 1, MAX_DOUBLINGS)
             self.backed_off_at = now

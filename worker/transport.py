@@ -7,8 +7,13 @@ copy (tag div S) mod 2, where S is the pool size and P(S) the numbering period
 all of them call `allreduce` with the same lengths in the same order (what the codecs
 guarantee).
 Lost packets are retransmitted after a timeout from measured round trips (RFC 6298,
-worker/retransmission_timer.py) that doubles per try; duplicate, stray,
-late and reordered results are recognised by job and chunk and ignored. A chunk that spent
+worker/retransmission_timer.py) that doubles per try. As with RFC 6298's one timer, an
+answer restarts the timers of the chunks behind it and an expiry resends only the earliest
+chunk and restarts the others (`_Flight`): a pool that is late (queued in the switch, or
+waiting for a slower rank) costs one resend per doubling, not the whole pool per expiry; the
+resend's answer, which the switch sends after every chunk sent before it, proves those
+still unanswered lost, and they go at once. Duplicate, stray, late and reordered results
+are recognised by job and chunk and ignored. A chunk that spent
 its retry budget keeps waiting while the switch path and the peers are proven alive (a
 slow rank is not a dead path, worker/straggler_wait.py). A local send error (a link down:
 ENETUNREACH) is the switch path failing: a TransportError that names the cause.
@@ -31,6 +36,8 @@ from worker.chunk_numbering import chunk_period, chunk_tags, shadow_of, slot_of,
 from worker.codecs.base import CodecError, Phase
 from worker.retransmission_timer import RetransmissionTimer
 from worker.straggler_wait import PeersProblem, StragglerWait
+
+MAX_DRAIN = 512  # datagrams taken per look at the socket before the timers are checked
 
 
 class TransportError(RuntimeError):
@@ -171,51 +178,81 @@ class SwitchTransport:
 
     def _exchange(self, first: int, payloads: np.ndarray, out: np.ndarray) -> None:
         """Keep up to `pool_size` chunks in flight until every result is in `out`."""
-        cfg, stats = self.config, self.stats
-        count = payloads.shape[0]
-        sent_at = np.zeros(count)  # first send: round trips
-        last_sent = np.zeros(count)  # last send: timeouts
-        tries = np.zeros(count, np.int64)
-        done = np.zeros(count, bool)
-        next_to_send, remaining, timer = 0, count, self.timer
-        while remaining:
+        cfg, timer = self.config, self.timer
+        flight = _Flight(payloads.shape[0], restarts=timer.adaptive)
+        while flight.remaining:
             now = time.monotonic()
             # Self-clocking: chunk i goes once chunk i - pool_size is done (or of an earlier call).
-            while next_to_send < count and (
-                next_to_send < cfg.pool_size or done[next_to_send - cfg.pool_size]
+            while flight.next_to_send < flight.count and (
+                flight.next_to_send < cfg.pool_size
+                or flight.done[flight.next_to_send - cfg.pool_size]
             ):
-                self._send(payloads[next_to_send].tobytes())
-                sent_at[next_to_send] = last_sent[next_to_send] = now
-                next_to_send += 1
-            inflight = np.flatnonzero(~done[:next_to_send])
-            # Deadlines follow the timer as it learns (and backs off), not the one at send time.
-            deadline = last_sent[inflight] + timer.timeouts(tries[inflight])
-            for i in inflight[deadline <= now]:
-                if tries[i] >= cfg.max_retries:
-                    self._wait_for_peers(first, int(inflight[0]), int(i), now - sent_at[i])
-                elif tries[i] and (gone := self.wait.peers_gone()):
+                self._send(payloads[flight.next_to_send].tobytes())
+                flight.sent(flight.next_to_send, now)
+                flight.next_to_send += 1
+            # Results that came meanwhile first: a late look at the socket is not a loss.
+            if self._drain(0.0, first, payloads, flight, out):
+                continue
+            now = time.monotonic()
+            inflight, start, deadline = flight.deadlines(timer)
+            expired = np.flatnonzero(deadline <= now)
+            if flight.restarts:
+                expired = flight.probe_if_silent(expired, inflight, start, now)
+            for k in expired:
+                i = inflight[k]
+                if flight.tries[i] >= cfg.max_retries:
+                    self._wait_for_peers(first, int(inflight[0]), int(i), now - flight.sent_at[i])
+                elif flight.tries[i] and (gone := self.wait.peers_gone()):
                     raise self._no_result(first + int(i), gone)  # no need to spend the budget
-                tries[i] += 1
-                self._send(marked_retx(payloads[i]))
-                timer.timed_out(last_sent[i], now)  # once per expiry event, not per chunk
-                last_sent[i] = now
-                stats.retransmissions += 1
-            deadline = last_sent[inflight] + timer.timeouts(tries[inflight])
+                timer.timed_out(start[k], now)  # once per expiry event
+                self._resend(payloads, flight, int(i), now)
+            inflight, _, deadline = flight.deadlines(timer)
             wait = max(0.0, float(deadline.min()) - time.monotonic()) if inflight.size else 0.0
-            data = self.channel.recv(wait)
-            while data is not None:
-                i = self._accept(data, first, count, done, out)
-                if i is not None:
-                    done[i] = True
-                    remaining -= 1
-                    stats.results += 1
-                    rtt = time.monotonic() - sent_at[i]
-                    stats.latencies.append(rtt)
-                    if not tries[i]:  # Karn: a retransmitted chunk's round trip is ambiguous
-                        timer.sample(rtt)
-                    self.wait.progressed(first + i, payloads[i])
-                data = self.channel.recv(0.0)
+            self._drain(wait, first, payloads, flight, out)
         self.wait.keep_probe()
+
+    def _drain(
+        self, wait: float, first: int, payloads: np.ndarray, flight: _Flight, out: np.ndarray
+    ) -> int:
+        """Take the datagrams that arrive within `wait` s and then without waiting, at most
+        MAX_DRAIN; returns how many were results of this call (neither a flood of datagrams
+        nor stray ones may hold the timers back)."""
+        taken, data = 0, self.channel.recv(wait)
+        for _ in range(MAX_DRAIN):
+            if data is None:
+                break
+            taken += self._receive(data, first, payloads, flight, out)
+            data = self.channel.recv(0.0)
+        return taken
+
+    def _receive(
+        self, data: bytes, first: int, payloads: np.ndarray, flight: _Flight, out: np.ndarray
+    ) -> bool:
+        """Place a result (False: nothing to place); a resent result that answers a chunk's
+        resend proves the chunks sent before its first resend lost (the switch answers in
+        order): resend them now."""
+        accepted = self._accept(data, first, flight.count, flight.done, out)
+        if accepted is None:
+            return False
+        i, resent = accepted
+        now = time.monotonic()
+        self.stats.results += 1
+        rtt = now - flight.sent_at[i]
+        self.stats.latencies.append(rtt)
+        if not flight.tries[i]:  # Karn: a retransmitted chunk's round trip is ambiguous
+            self.timer.sample(rtt)
+        flight.answered(i, now)
+        self.wait.progressed(first + i, payloads[i])
+        if resent and flight.restarts and flight.tries[i]:
+            for j in flight.lost_before(i):
+                self._resend(payloads, flight, int(j), now)
+        return True
+
+    def _resend(self, payloads: np.ndarray, flight: _Flight, i: int, now: float) -> None:
+        """Retransmit chunk i (marked RETX)."""
+        self._send(marked_retx(payloads[i]))
+        flight.resent(i, now)
+        self.stats.retransmissions += 1
 
     def _wait_for_peers(self, first: int, oldest: int, i: int, waited: float) -> None:
         """Chunk first + i spent its retry budget: probe the path and keep waiting for a slow
@@ -250,8 +287,9 @@ class SwitchTransport:
 
     def _accept(
         self, data: bytes, first: int, count: int, done: np.ndarray, out: np.ndarray
-    ) -> int | None:
-        """Place a result; returns its index in this call, or None for anything to ignore."""
+    ) -> tuple[int, bool] | None:
+        """Place a result: (its index in this call, whether the switch marked it resent), or
+        None for anything to ignore."""
         self.wait.heard(time.monotonic())
         if len(data) != PAYLOAD_BYTES:
             self.stats.ignored += 1
@@ -271,4 +309,100 @@ class SwitchTransport:
             self.stats.ignored += 1  # stray, late (an earlier call) or duplicate
             return None
         out[i * CELLS_PER_PKT : (i + 1) * CELLS_PER_PKT] = cells[0]
-        return i
+        return i, bool(int(h["flags"]) & Flag.RETX)
+
+
+class _Flight:
+    """The chunks of one call: when each was sent, resent and answered, and when each one's
+    retransmission timer started.
+
+    With `restarts` (the measured timer) a chunk's timer follows RFC 6298 section 5 as one
+    TCP timer would: it (re)starts at the chunk's last send and at the answer of any chunk
+    sent before it (5.3: while the switch answers the chunks ahead of it, it is queued, not
+    lost). A chunk skipped over (a later chunk answered since its last send) was lost, or
+    its round waits for a peer: its timer runs from its last send, and it is resent when it
+    expires, whatever else does. Chunks that expire in silence (nothing answered since
+    their timers started: the switch is slow or a peer late, or everything was lost) are one
+    event: the earliest is resent and the timers of every silent chunk restart (5.4-5.6),
+    so a late pool costs one resend per doubling, not every chunk's. Without `restarts`, a
+    chunk's timer runs from its last send and every expired chunk is resent (the former
+    behaviour).
+    """
+
+    def __init__(self, count: int, restarts: bool) -> None:
+        self.count, self.restarts = count, restarts
+        self.sent_at = np.zeros(count)  # first send: round trips
+        self.last_sent = np.zeros(count)
+        self.first_resent = np.full(count, np.inf)
+        self.restarted_at = np.full(count, -np.inf)
+        self.answered_at = np.full(count, -np.inf)
+        self.last_answer = -np.inf
+        self.tries = np.zeros(count, np.int64)
+        self.done = np.zeros(count, bool)
+        self.next_to_send = 0
+        self.remaining = count
+        self.oldest = 0  # every chunk before it is done
+        self.answered_before_oldest = -np.inf
+
+    def sent(self, i: int, now: float) -> None:
+        """Chunk i went out for the first time."""
+        self.sent_at[i] = self.last_sent[i] = now
+
+    def resent(self, i: int, now: float) -> None:
+        """Chunk i went out again."""
+        self.tries[i] += 1
+        self.last_sent[i] = now
+        self.first_resent[i] = min(self.first_resent[i], now)
+
+    def answered(self, i: int, now: float) -> None:
+        """Chunk i's result came."""
+        self.done[i] = True
+        self.remaining -= 1
+        self.answered_at[i] = self.last_answer = now
+        while self.oldest < self.next_to_send and self.done[self.oldest]:
+            self.answered_before_oldest = max(
+                self.answered_before_oldest, self.answered_at[self.oldest]
+            )
+            self.oldest += 1
+
+    def starts(self) -> np.ndarray:
+        """When the timer of each chunk from `oldest` to `next_to_send` started."""
+        window = slice(self.oldest, self.next_to_send)
+        sent = self.last_sent[window]
+        if not self.restarts or not sent.size:
+            return sent
+        answered = self.answered_at[window]
+        ahead = np.maximum.accumulate(np.append(self.answered_before_oldest, answered[:-1]))
+        behind = np.maximum.accumulate(np.append(answered[1:], -np.inf)[::-1])[::-1]
+        queued = np.maximum(np.maximum(sent, ahead), self.restarted_at[window])
+        return np.where(behind > sent, sent, queued)  # skipped: from its last send
+
+    def deadlines(self, timer: RetransmissionTimer) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The chunks in flight (indices, oldest first), when each one's timer started and
+        when it times out."""
+        window = np.arange(self.oldest, self.next_to_send)
+        open_ = ~self.done[window]
+        start = self.starts()[open_]
+        inflight = window[open_]
+        return inflight, start, start + timer.timeouts(self.tries[inflight])
+
+    def probe_if_silent(
+        self, expired: np.ndarray, inflight: np.ndarray, start: np.ndarray, now: float
+    ) -> np.ndarray:
+        """Which of the `expired` positions (in `inflight`) to resend: every one that was
+        skipped (a later chunk answered since its timer started), and of those that expired
+        in silence only the earliest, restarting the timers of every silent chunk in flight."""
+        silent = start >= self.last_answer
+        if not silent[expired].any():
+            return expired
+        self.restarted_at[inflight[silent]] = now
+        return np.sort(np.append(expired[~silent[expired]], expired[silent[expired]][0]))
+
+    def lost_before(self, i: int) -> np.ndarray:
+        """Chunk i's result answered a resend of it: the chunks still open that were last
+        sent before its first resend. The switch handled them before that resend and answers
+        in order, so they got no answer: lost (or their rounds wait for a peer; the switch
+        then drops their resends as duplicates)."""
+        window = np.arange(self.oldest, self.next_to_send)
+        lost = ~self.done[window] & (self.last_sent[window] < self.first_resent[i])
+        return window[lost]

@@ -94,3 +94,33 @@ def test_summary_reads_the_packet_rate_ratios_and_the_full_results_first(tmp_pat
     full = summary.line(60, "_full")
     assert "full training" in full and "convergence" in full  # full first, quick otherwise
     assert "4.00x" in full
+
+
+def _straggler_row(seconds: float, retx: int, error: str = "") -> dict:
+    return {
+        "seconds": seconds,
+        "retx": retx,
+        "probes": 3,
+        "fell_back": int(bool(error)),
+        "exact": not error,
+        "error": error,
+    }
+
+
+def test_straggler_report_spreads_the_repetitions_and_names_why_steps_ended():
+    from bench import straggler
+
+    lease = "job 3 has ended: lease of rank 1 expired (no heartbeat for 3 s)"
+    rows = {
+        "pause": [_straggler_row(10.0, 25), _straggler_row(10.2, 23)],
+        "pause, no wait": [_straggler_row(3.6, 12, "then no evidence that the peers")] * 2,
+        "killed": [_straggler_row(3.2, 10, lease), _straggler_row(3.9, 12, "other")],
+    }
+    table = "\n".join(straggler.report({"bmv2": rows}, 2, 10.0))
+    assert (
+        "| bmv2 | rank 1 pauses 10 s | 10.1 [10.0, 10.2] | 24 [23, 25] | 3 [3, 3] | 0 | yes |"
+        in (table)
+    )
+    assert "| bmv2 | rank 1 killed | 3.5 [3.2, 3.9] | 11 [10, 12] | 3 [3, 3] | 2 | no |" in table
+    assert "1.30 x the lease at most (1 of 2 because the controller ended" in table
+    assert "fell back on a spent retry budget 2 of 2 times" in table

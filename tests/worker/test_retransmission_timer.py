@@ -88,13 +88,16 @@ def test_the_transport_samples_only_chunks_sent_once():
 
 
 def test_a_timeout_backs_off_every_chunk_until_the_next_sample():
+    """Two expiry events: every chunk's timeout is 4 x RTO; a chunk's own retries double it
+    beyond that only past the events (both count the same expiries of the oldest chunk,
+    which each event resends)."""
     t = RetransmissionTimer()
     t.sample(0.01)
     base = t.rto
     t.timed_out(sent=0.0, now=1.0)
     t.timed_out(sent=1.0, now=2.0)  # the retransmission expired too: a second event
-    assert t.timeout(0) == pytest.approx(4 * base) and t.timeout(1) == pytest.approx(8 * base)
-    np.testing.assert_allclose(t.timeouts(np.array([0, 1])), [4 * base, 8 * base])
+    assert t.timeout(0) == pytest.approx(4 * base) and t.timeout(2) == pytest.approx(4 * base)
+    np.testing.assert_allclose(t.timeouts(np.array([0, 1, 2, 3])), [4 * base] * 3 + [8 * base])
     t.sample(0.01)  # a new measurement ends the backoff
     assert t.backoff == 0 and t.timeout(0) == pytest.approx(t.rto)
     for k in range(100):

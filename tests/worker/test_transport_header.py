@@ -22,7 +22,8 @@ def chunk_of(payload: bytes) -> int:
 
 class LoseFirstSend:
     """A one-worker switch that loses every chunk's first packet and answers the next one
-    with its cells as the result; keeps what was sent."""
+    with its cells as a resent result (RESULT|RETX, as the switch answers a resend of a
+    complete round); keeps what was sent."""
 
     def __init__(self) -> None:
         self.sent: list[bytes] = []
@@ -33,7 +34,7 @@ class LoseFirstSend:
         self.sent.append(payload)
         if not first_of_chunk:
             reply = np.frombuffer(payload, np.uint8).copy()
-            header_view(reply)["flags"] = int(Flag.RESULT)
+            header_view(reply)["flags"] = int(Flag.RESULT | Flag.RETX)
             self.replies.append(reply.tobytes())
 
     def recv(self, timeout: float) -> bytes | None:
