@@ -152,6 +152,7 @@ class WorkerAgent:
         self.transport: SwitchTransport | None = None
         self._stop = threading.Event()
         self._fatal = False
+        self._closed = False
         self._thread: threading.Thread | None = None
         self._joined = False  # JoinJob answered: close() leaves (or un-joins) the job
         self._left = False
@@ -287,9 +288,14 @@ class WorkerAgent:
             raise AgentError(f"cannot build the transport from the assignment: {exc}") from exc
 
     def peers_problem(self) -> str:
-        """Why the peers may be gone ("" while this rank's heartbeats are answered: the
-        controller ends the job when any rank's lease expires, so an answer proves them)."""
-        return "" if self.healthy else self.unhealthy_reason or "the agent is unhealthy"
+        """Why the peers are gone: "" while this rank's heartbeats are answered (the controller
+        ends the job when any rank's lease expires, so an answer proves them), and also while
+        the controller cannot be reached: that is no evidence either way, the data plane sums
+        without it, and the straggler wait's own bound ends a wait that never completes. The
+        reason once the controller said the job is over (a fatal answer) or the agent closed."""
+        if self.healthy or not (self._fatal or self._closed):
+            return ""
+        return self.unhealthy_reason or "the agent is unhealthy"
 
     def _heartbeat_loop(self) -> None:
         assert self.assignment is not None
@@ -326,6 +332,7 @@ class WorkerAgent:
                     self.config.rank,
                     _rpc_error("LeaveJob", exc, "").args[0],
                 )
+        self._closed = True
         self.healthy = False
         self.unhealthy_reason = "closed"
         if self.transport is not None:

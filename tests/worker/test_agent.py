@@ -95,6 +95,38 @@ def test_released_job_marks_the_agent_unhealthy_without_crashing(ctl):
             lambda: agent.heartbeat_failures > failures, 5, "the heartbeat thread to keep running"
         )
         assert not agent.healthy  # a job that ended does not come back
+        assert "FAILED_PRECONDITION" in agent.peers_problem()  # proof: the peers are gone
+
+
+class _Unavailable(grpc.RpcError):
+    def code(self) -> grpc.StatusCode:
+        return grpc.StatusCode.UNAVAILABLE
+
+    def details(self) -> str:
+        return "connection refused"
+
+
+def test_an_unreachable_controller_is_no_evidence_that_the_peers_are_gone(ctl):
+    """While heartbeats cannot reach the controller the agent is unhealthy (the hook keeps
+    buckets off the switch) but a transport's wait goes on: only the controller's word that
+    the job ended, or closing, says the peers are gone."""
+    job = ctl.create(1, pool_size=4)
+    with WorkerAgent(ctl.agent_config(job, 0)) as agent:
+        real = agent.client
+
+        class Down:
+            def heartbeat(self, *args: object, **kw: object) -> None:
+                raise _Unavailable()
+
+            def __getattr__(self, name: str) -> object:
+                return getattr(real, name)
+
+        agent.client = Down()
+        wait_for(lambda: not agent.healthy, 5, "the agent to notice the controller is gone")
+        assert "UNAVAILABLE" in agent.unhealthy_reason and agent.peers_problem() == ""
+        agent.client = real
+        wait_for(lambda: agent.healthy, 5, "heartbeats to be answered again")
+    assert agent.peers_problem() == "closed"
 
 
 def test_bad_token_is_a_clear_error(ctl):
