@@ -101,9 +101,12 @@ class SwitchTransport:
         channel: Channel,
         first_chunk: int = 0,
         peers_problem: PeersProblem | None = None,
+        peers_unproven: PeersProblem | None = None,
     ) -> None:
         """`peers_problem` ("" while every peer is alive, else why not; the agent's) lets a
-        chunk that spent its retry budget wait for a slow peer; None: it fails at once."""
+        chunk that spent its retry budget wait for a slow peer; None: it fails at once.
+        `peers_unproven` (the agent's: "" while the controller vouched for the peers
+        recently enough) bounds that wait during a controller outage."""
         self.period = chunk_period(config.pool_size)  # raises on a pool size out of range
         if first_chunk < 0:
             raise ValueError(f"first_chunk must be >= 0, not {first_chunk}")
@@ -120,7 +123,10 @@ class SwitchTransport:
             adaptive=config.adaptive_timeout,
         )
         self.wait = StragglerWait(
-            config.dead_path_s, config.max_straggler_wait, peers_problem=peers_problem
+            config.dead_path_s,
+            config.max_straggler_wait,
+            peers_problem=peers_problem,
+            peers_unproven=peers_unproven,
         )
 
     def allreduce(self, op: Op, cells: np.ndarray) -> np.ndarray:

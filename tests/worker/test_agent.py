@@ -4,6 +4,7 @@ built from the assignment."""
 
 from __future__ import annotations
 
+import re
 import threading
 
 import grpc
@@ -124,8 +125,14 @@ def test_an_unreachable_controller_is_no_evidence_that_the_peers_are_gone(ctl):
         agent.client = Down()
         wait_for(lambda: not agent.healthy, 5, "the agent to notice the controller is gone")
         assert "UNAVAILABLE" in agent.unhealthy_reason and agent.peers_problem() == ""
+        assert agent.peers_unproven() == ""  # within a lease of the last answer
+        # a lease and a heartbeat interval without an answer: nobody vouches for the peers
+        asg = agent.assignment
+        agent.proven_at -= asg.lease_s + asg.heartbeat_interval_s
+        assert re.search(r"no heartbeat answered for \d.*UNAVAILABLE", agent.peers_unproven())
         agent.client = real
         wait_for(lambda: agent.healthy, 5, "heartbeats to be answered again")
+        assert agent.peers_unproven() == ""
     assert agent.peers_problem() == "closed"
 
 
