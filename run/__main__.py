@@ -440,9 +440,8 @@ def _report(args: argparse.Namespace, topo: Topology, target: str, counters: str
         bound = report.fixed_point_bound(runs[next(iter(runs))], topo.hosts, args.lr)
         head = f"\nfinal parameters, switch vs gloo: max |difference| {diff:.3g}"
         if is_exact(args.codec):  # exact up to the fixed-point bound
-            ok = diff <= bound
-            verdict = "AGREE within the bound" if ok else "DIFFER beyond the bound"
-            print(f"{head}, fixed-point bound {bound:.3g}: {verdict}")
+            ok, verdict = report.verdict(diff, bound, len(runs[switch_run]))
+            print(f"{head}, {verdict}")
         else:
             print(f"{head} ({args.codec} is lossy: no bound)")
     print(f"plot: {plot}")
