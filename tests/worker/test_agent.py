@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 from agent_fabric import Controlled, wait_for
 
-from aggwire.constants import AGG_UDP_PORT, Op
+from aggwire.constants import AGG_UDP_PORT, CELLS_PER_PKT, Flag, Op
+from aggwire.header import header_view
 from testnet.namespace import have_privileges
 from worker.agent import AgentConfig, AgentError, WorkerAgent, open_agent
 
@@ -82,6 +83,50 @@ def test_join_assignment_heartbeat_and_leave(ctl):
             a.close()
     assert not any(j.job_id == job.job_id for j in ctl.client.list_jobs().jobs)  # every rank left
     assert all(not a.healthy for a in agents)
+
+
+class CountingSwitch:
+    """A one-rank switch that answers each contribution at the next look at the socket and
+    records the most chunks the rank had in flight at once."""
+
+    def __init__(self) -> None:
+        self.waiting: list[bytes] = []
+        self.most_in_flight = 0
+
+    def send(self, payload: bytes) -> None:
+        self.waiting.append(payload)
+        self.most_in_flight = max(self.most_in_flight, len(self.waiting))
+
+    def recv(self, timeout: float) -> bytes | None:
+        if not self.waiting:
+            return None
+        reply = np.frombuffer(self.waiting.pop(0), np.uint8).copy()
+        header_view(reply)["flags"] = int(Flag.RESULT)
+        return reply.tobytes()
+
+    def close(self) -> None:
+        pass
+
+
+def test_the_worker_keeps_to_the_pool_its_switch_grants(tmp_path):
+    """A switch whose ports buffer few frames (max_pool_size, docs/bmv2.md) grants a smaller
+    pool than the job asked for; the agent's transport keeps that many chunks in flight."""
+    c = Controlled(tmp_path, 1, fabric=False, max_pool_size=8)
+    try:
+        job = c.create(1, pool_size=64)
+        assert job.pool_size == 8
+        with WorkerAgent(c.agent_config(job, 0)) as agent:
+            assert agent.assignment.pool_size == agent.transport.config.pool_size == 8
+            switch, udp = CountingSwitch(), agent.transport.channel
+            agent.transport.channel = switch
+            try:
+                cells = np.arange(40 * CELLS_PER_PKT, dtype=np.int32)
+                np.testing.assert_array_equal(agent.transport.allreduce(Op.ADD, cells), cells)
+            finally:
+                agent.transport.channel = udp
+            assert switch.most_in_flight == 8
+    finally:
+        c.close()
 
 
 def test_released_job_marks_the_agent_unhealthy_without_crashing(ctl):
