@@ -46,6 +46,9 @@ class SwitchConfig:
     # (docs/tofino.md). Both or neither.
     p4info: Path | None = None
     device_config: Path | None = None
+    # The largest pool a job gets here: chunks in flight per rank, which reach its port back
+    # to back. BMv2 buffers about 1,300 frames per port (docs/bmv2.md): 1024 there.
+    max_pool_size: int = NUM_SLOTS
 
     @property
     def lane_ops(self) -> bool:
@@ -207,6 +210,7 @@ def _switch(data: Any, where: str, base_dir: Path) -> SwitchConfig:
         timeout=r.seconds("timeout", 5.0),
         p4info=_program_file(r, "p4info", base_dir, where),
         device_config=_program_file(r, "device_config", base_dir, where),
+        max_pool_size=r.integer("max_pool_size", NUM_SLOTS, 1, NUM_SLOTS),
     )
     r.finish()
     if (sw.p4info is None) != (sw.device_config is None):

@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 
     from run.net import Topology
     from testnet.controller_process import ControllerProcess
+    from testnet.switch_process import SwitchProcess
 
 ROOT = Path(__file__).resolve().parents[1]
 PY = sys.executable
@@ -156,7 +157,7 @@ def _controller_address(names: RunNames) -> str:
 
 
 def _controller_toml(
-    switch_address: str,
+    switch: SwitchProcess,
     hosts: list[tuple[str, str, int]],
     out: Path,
     names: RunNames,
@@ -164,6 +165,7 @@ def _controller_toml(
 ) -> str:
     from testnet.addresses import SWITCH_MAC
     from testnet.controller_process import config_toml
+    from testnet.switch_process import max_pool_size
 
     return config_toml(
         {
@@ -179,7 +181,8 @@ def _controller_toml(
             "switch": [
                 {
                     "name": "s1",
-                    "address": switch_address,
+                    "address": switch.address,
+                    "max_pool_size": max_pool_size(switch.target),  # docs/bmv2.md
                     "mac": SWITCH_MAC,
                     "service_ip": names.service_ip,
                     "hosts": [
@@ -206,7 +209,7 @@ def _controller_process(
     hosts = [(names.host_ip(i), host_mac(i), host_switch_port(i)) for i in range(topo.hosts)]
     hosts.append((names.controller_ip, c.defaultIntf().MAC(), topo.hosts + 1))
     cfg = out / "controller.toml"
-    cfg.write_text(_controller_toml(sw.process.address, hosts, out, names, creds))
+    cfg.write_text(_controller_toml(sw.process, hosts, out, names, creds))
     (out / "controller.db").unlink(missing_ok=True)
     return ControllerProcess(
         cfg,
@@ -440,9 +443,8 @@ def _report(args: argparse.Namespace, topo: Topology, target: str, counters: str
         bound = report.fixed_point_bound(runs[next(iter(runs))], topo.hosts, args.lr)
         head = f"\nfinal parameters, switch vs gloo: max |difference| {diff:.3g}"
         if is_exact(args.codec):  # exact up to the fixed-point bound
-            ok = diff <= bound
-            verdict = "AGREE within the bound" if ok else "DIFFER beyond the bound"
-            print(f"{head}, fixed-point bound {bound:.3g}: {verdict}")
+            ok, verdict = report.verdict(diff, bound, len(runs[switch_run]))
+            print(f"{head}, {verdict}")
         else:
             print(f"{head} ({args.codec} is lossy: no bound)")
     print(f"plot: {plot}")

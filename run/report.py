@@ -33,6 +33,19 @@ def fixed_point_bound(steps: list[dict[str, Any]], world: int, lr: float) -> flo
     return total
 
 
+def verdict(diff: float, bound: float, steps: int) -> tuple[bool, str]:
+    """Whether the switch run's parameters agree with gloo's (max |difference| `diff`) within
+    the fixed-point bound, and the verdict to print: it names the bound first-order, a check
+    for short runs (the rounding differences' feedback through later gradients is left out,
+    so a long run may pass it without a fault: docs/run.md, "The parameter check")."""
+    ok = diff <= bound
+    what = "AGREE within the bound" if ok else "DIFFER beyond the bound"
+    return ok, (
+        f"first-order fixed-point bound {bound:.3g} (for short runs: {steps} steps here; "
+        f"docs/run.md): {what}"
+    )
+
+
 def compare(switch_pt: Path, gloo_pt: Path) -> float:
     """Max |difference| over every parameter of the two runs' final models."""
     a, b = torch.load(switch_pt), torch.load(gloo_pt)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import re
+import shlex
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,7 @@ from controller.client import ControllerClient
 from controller.config import load_config
 from controller.credentials import operator_token
 from controller.service import ControllerServer
+from testnet.switch_process import max_pool_size
 
 yaml = pytest.importorskip("yaml")
 ROOT = Path(__file__).resolve().parents[2]
@@ -85,6 +87,23 @@ def test_referenced_files_modules_and_controller_port_exist(compose):
             or module.startswith("torch.")
         ), module
     assert "--mode switch" in script and "--iface eth1" in script
+
+
+def test_the_switch_turns_its_ports_offloads_off_and_the_controller_paces_bmv2(compose):
+    """BMv2's data ports lose their offloads before it opens them (testnet/rawsock.py run as a
+    script: with them on, a burst of more than ~31 frames per port is lost), and the
+    controller grants BMv2's pool limit (docs/bmv2.md)."""
+    switch = compose["services"]["switch"]
+    argv = shlex.split(switch["command"])
+    assert argv[:2] == ["sh", "-c"]
+    prepare, start = argv[2].split(" && ")
+    ports = re.findall(r"-i \d+@(\w+)", start)
+    assert start.startswith("exec simple_switch_grpc ") and ports
+    mount = next(v for v in switch["volumes"] if v.startswith("./testnet/rawsock.py:"))
+    script = mount.split(":")[1]
+    assert prepare.split() == ["python3", script, *ports]
+    assert (ROOT / "testnet" / "rawsock.py").is_file()
+    assert load_config(TEMPLATE).switches[0].max_pool_size == max_pool_size("bmv2")
 
 
 def test_the_job_token_never_rides_a_command_line():

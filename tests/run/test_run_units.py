@@ -59,6 +59,14 @@ def test_summary_bound_and_plot(tmp_path):
     assert report.compare(tmp_path / "a.pt", tmp_path / "b.pt") == pytest.approx(1e-6, rel=0.2)
 
 
+def test_the_verdict_names_the_bound_first_order_for_short_runs():
+    ok, text = report.verdict(3e-7, 7.6e-6, 120)
+    assert ok and text.endswith("AGREE within the bound")
+    assert "first-order fixed-point bound 7.6e-06 (for short runs: 120 steps here" in text
+    ok, text = report.verdict(1e-5, 7.6e-6, 120)
+    assert not ok and "first-order" in text and text.endswith("DIFFER beyond the bound")
+
+
 @pytest.fixture
 def state_dir(tmp_path, monkeypatch):
     """Run directories under tmp_path, and no interface of ours on this machine."""

@@ -5,10 +5,13 @@ capture ring to 31 frames)."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
-from testnet import switch_process
+from testnet import rawsock, switch_process
 from testnet.namespace import (
     add_namespace,
     add_veth,
@@ -77,8 +80,37 @@ def test_prepare_ports_turns_off_the_offloads_that_shrink_bmv2s_capture_ring():
         delete_namespace(ns)
 
 
+@pytest.mark.skipif(not have_privileges(), reason="needs root (makes a veth pair)")
+def test_rawsock_turns_offloads_off_as_a_standalone_script():
+    """What the Docker example's switch runs before BMv2 (docker/switch.sh): the file alone,
+    in isolated mode (no repository on the path), under the image's Python 3."""
+    outside, inside, ns = f"hgo{os.getpid()}", f"hgi{os.getpid()}", f"hgt{os.getpid()}"
+    add_namespace(ns)
+    try:
+        add_veth(outside, inside, ns)
+        assert offloads_on(outside)
+        script = Path(rawsock.__file__)
+        done = subprocess.run(
+            [sys.executable, "-I", str(script), outside], capture_output=True, text=True
+        )
+        assert done.returncode == 0, done.stderr
+        assert offloads_on(outside) == []
+        missing = subprocess.run(
+            [sys.executable, "-I", str(script), "no-such-iface"], capture_output=True, text=True
+        )
+        assert missing.returncode == 1 and "no-such-iface" in missing.stderr
+    finally:
+        delete_link(outside)
+        delete_namespace(ns)
+
+
+def test_max_pool_size_per_target():
+    assert switch_process.max_pool_size("bmv2") == switch_process.max_pool_size("bmv2-opt")
+    assert switch_process.max_pool_size("bmv2") == 1024 < switch_process.max_pool_size("refswitch")
+
+
 def test_prepare_ports_fails_when_an_offload_stays_on(monkeypatch):
-    monkeypatch.setattr(switch_process, "disable_offloads", lambda iface: None)
-    monkeypatch.setattr(switch_process, "offloads_on", lambda iface: ["gso"])
+    monkeypatch.setattr(rawsock, "disable_offloads", lambda iface: None)
+    monkeypatch.setattr(rawsock, "offloads_on", lambda iface: ["gso"])
     with pytest.raises(RuntimeError, match=r"offloads gso stay on at switch port p1.*ethtool"):
         switch_process.prepare_ports({1: "p1"})
