@@ -4,14 +4,16 @@ IPv4 LPM routing with static neighbor rewriting, hand-off to aggregation."""
 from __future__ import annotations
 
 from aggwire import p4names
-from aggwire.constants import DropReason
+from aggwire.constants import (
+    ARP_HTYPE_ETHERNET,
+    ARP_OPER_REPLY,
+    ARP_OPER_REQUEST,
+    ETHERTYPE_IPV4,
+    DropReason,
+)
+from aggwire.frame import IPV4_IHL
 from refswitch.device import Device
 from refswitch.packet import Headers, Metadata, StandardMetadata
-from refswitch.parser import ETHERTYPE_IPV4
-
-ARP_HTYPE_ETHERNET = 1
-ARP_OPER_REQUEST = 1
-ARP_OPER_REPLY = 2
 
 
 def forwarding(device: Device, hdr: Headers, meta: Metadata, std: StandardMetadata) -> None:
@@ -48,7 +50,7 @@ def forwarding(device: Device, hdr: Headers, meta: Metadata, std: StandardMetada
     elif hdr.ipv4 is not None:
         assert eth is not None
         ip = hdr.ipv4
-        if ip.ihl != 5:
+        if ip.ihl != IPV4_IHL:
             meta.drop_reason = DropReason.UNSUPPORTED
         elif ip.ttl <= 1:
             meta.drop_reason = DropReason.TTL_EXPIRED

@@ -19,8 +19,9 @@ from aggwire.constants import (
     Event,
     Op,
 )
+from aggwire.frame import FrameTemplate
 from aggwire.header import AggHeader
-from aggwire.packer import FrameTemplate, pack_payload
+from aggwire.packer import pack_payload
 from aggwire.scapy_layer import Agg
 from controller.aggregation import JobEntries, Worker
 from controller.install import install_job
