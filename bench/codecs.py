@@ -32,14 +32,14 @@ SETTLE = 0.3
 
 
 def sparse_inputs(
-    rng: np.random.Generator, n: int, world: int, density: float, shared: bool = False
+    rng: np.random.Generator, n: int, world_size: int, density: float, shared: bool = False
 ) -> list[np.ndarray]:
     """Per worker a float32 gradient with `density` nonzeros (independent supports, or the
     same support on every worker)."""
     k = max(1, int(n * density))
     common = rng.choice(n, k, replace=False) if shared else None
     xs = []
-    for _ in range(world):
+    for _ in range(world_size):
         x = np.zeros(n, np.float32)
         idx = common if shared else rng.choice(n, k, replace=False)
         x[idx] = rng.standard_normal(k).astype(np.float32)
@@ -94,19 +94,19 @@ def replay(codec, x: np.ndarray, results: list[np.ndarray]) -> tuple[float, floa
     )
 
 
-def bench_speed(n: int, world: int, density: float, reps: int) -> tuple[list[str], dict]:
+def bench_speed(n: int, world_size: int, density: float, reps: int) -> tuple[list[str], dict]:
     """Per-worker encode/decode of the lossless codec (both value modes) vs torch.topk."""
     import torch
 
     from worker.codecs import LosslessSparse
 
     rng = np.random.default_rng(1)
-    xs = sparse_inputs(rng, n, world, density)
+    xs = sparse_inputs(rng, n, world_size, density)
     k = int(n * density)
     absx = torch.from_numpy(xs[0]).abs()
     dense_abs = torch.from_numpy(rng.standard_normal(n, dtype=np.float32)).abs()
     modes = ("sketch", "ranked")
-    recorded = {m: record([LosslessSparse(world, values=m) for _ in xs], xs) for m in modes}
+    recorded = {m: record([LosslessSparse(world_size, values=m) for _ in xs], xs) for m in modes}
     res: dict[str, list[float]] = {"topk": [], "topk dense": []}
     for mode in modes:
         for part in ("encode", "decode", "total", "user", "sys"):
@@ -114,14 +114,16 @@ def bench_speed(n: int, world: int, density: float, reps: int) -> tuple[list[str
     ratios: dict[str, list[float]] = {m: [] for m in modes}
 
     def run(mode: str, rank: int) -> None:
-        enc, dec, user, sys_ = replay(LosslessSparse(world, values=mode), xs[rank], recorded[mode])
+        enc, dec, user, sys_ = replay(
+            LosslessSparse(world_size, values=mode), xs[rank], recorded[mode]
+        )
         for part, value in zip(
             ("encode", "decode", "total", "user", "sys"), (enc, dec, enc + dec, user, sys_)
         ):
             res[f"{mode} {part}"].append(value)
 
     for mode in modes:  # warm-up: first-touch page faults of the process's heap
-        replay(LosslessSparse(world, values=mode), xs[0], recorded[mode])
+        replay(LosslessSparse(world_size, values=mode), xs[0], recorded[mode])
     torch.topk(absx, k)
     for rep in range(reps):
         for name, tensor in (("topk", absx), ("topk dense", dense_abs)):
@@ -131,7 +133,7 @@ def bench_speed(n: int, world: int, density: float, reps: int) -> tuple[list[str
             res[name].append(time.perf_counter() - start)
         for mode in modes:
             time.sleep(SETTLE)
-            run(mode, rep % world)
+            run(mode, rep % world_size)
             ratios[mode].append(res["topk"][-1] / res[f"{mode} total"][-1])
         print(
             f"  speed rep {rep + 1}/{reps}: topk {res['topk'][-1] * 1e3:.0f} ms, "
@@ -140,9 +142,9 @@ def bench_speed(n: int, world: int, density: float, reps: int) -> tuple[list[str
             flush=True,
         )
     lines = [
-        f"### CPU per worker: {n:,} float32, {density:.0%} nonzeros per worker, W = {world}",
+        f"### CPU per worker: {n:,} float32, {density:.0%} nonzeros per worker, W = {world_size}",
         "",
-        f"Independent supports (union ~{1 - (1 - density) ** world:.1%} of n). "
+        f"Independent supports (union ~{1 - (1 - density) ** world_size:.1%} of n). "
         "W workers ran once in lockstep to record the switch's results; each repetition "
         "then times one worker alone (rank = rep mod W) fed those results. Encode = "
         "every step until the value phase is sent (for `sketch` this includes the "
@@ -174,14 +176,14 @@ def bench_speed(n: int, world: int, density: float, reps: int) -> tuple[list[str
     }
 
 
-def bench_cells(n: int, world: int, densities: list[float]) -> list[str]:
+def bench_cells(n: int, world_size: int, densities: list[float]) -> list[str]:
     """Cells each worker sends per step, by phase, relative to the n cells of a dense ADD;
     every lossless run is checked bit for bit against the dense fixed-point sum."""
     from worker.codecs import CLTK, FixedPoint, LosslessSparse, simulate
 
     rng = np.random.default_rng(2)
     lines = [
-        f"### Cells sent per worker per step, n = {n:,}, W = {world}",
+        f"### Cells sent per worker per step, n = {n:,}, W = {world_size}",
         "",
         "Phases as `op x cells`; ratio = all cells / n (a dense fixed-point step sends "
         "n + blocks + 1). Every lossless result was checked equal, bit for bit, to the "
@@ -192,13 +194,16 @@ def bench_cells(n: int, world: int, densities: list[float]) -> list[str]:
     ]
     for density in densities:
         for shared in (False, True):
-            xs = sparse_inputs(rng, n, world, density, shared=shared)
+            xs = sparse_inputs(rng, n, world_size, density, shared=shared)
             union = np.count_nonzero(np.any(np.array(xs) != 0, axis=0)) / n
-            dense = simulate([FixedPoint(world) for _ in xs], xs)[0]
+            dense = simulate([FixedPoint(world_size) for _ in xs], xs)[0]
             runs: list[tuple[str, list[Codec]]] = [
-                ("lossless sketch", [LosslessSparse(world, values="sketch") for _ in xs]),
-                ("lossless ranked", [LosslessSparse(world, values="ranked") for _ in xs]),
-                (f"CLT-k ratio {density:g}", [CLTK(world, r, ratio=density) for r in range(world)]),
+                ("lossless sketch", [LosslessSparse(world_size, values="sketch") for _ in xs]),
+                ("lossless ranked", [LosslessSparse(world_size, values="ranked") for _ in xs]),
+                (
+                    f"CLT-k ratio {density:g}",
+                    [CLTK(world_size, r, ratio=density) for r in range(world_size)],
+                ),
             ]
             for name, codecs in runs:
                 log: list[Phase] = []
@@ -215,28 +220,29 @@ def bench_cells(n: int, world: int, densities: list[float]) -> list[str]:
     return lines
 
 
-def bench_rows(world: int) -> list[str]:
+def bench_rows(world_size: int) -> list[str]:
     """Element vs block-granular support for a row-sparse (embedding) gradient."""
     from worker.codecs import LosslessSparse, simulate
 
     rng = np.random.default_rng(3)
     rows, dim = 200_000, 64
     xs = []
-    for _ in range(world):
+    for _ in range(world_size):
         x = np.zeros((rows, dim), np.float32)
         touched = rng.choice(rows, rows // 100, replace=False)
         x[touched] = rng.standard_normal((touched.size, dim))
         xs.append(x)
     n = rows * dim
     lines = [
-        f"### Row-sparse gradient: {rows:,} x {dim} embedding, 1% rows per worker, W = {world}",
+        f"### Row-sparse gradient: {rows:,} x {dim} embedding, 1% rows per worker, "
+        f"W = {world_size}",
         "",
         "| support | phases | cells / n |",
         "|---|---|---:|",
     ]
     for name, block in (("per element", 1), (f"per row ({dim} elements)", dim)):
         log: list[Phase] = []
-        simulate([LosslessSparse(world, support_block=block) for _ in xs], xs, phases_log=log)
+        simulate([LosslessSparse(world_size, support_block=block) for _ in xs], xs, phases_log=log)
         phases = " + ".join(f"{p.op.name} x {p.cells.size:,}" for p in log)
         lines.append(f"| {name} | {phases} | {sum(p.cells.size for p in log) / n:.4f} |")
     return lines
@@ -296,15 +302,15 @@ def main(argv: list[str] | None = None) -> int:
     """Run the benchmark and write bench/results/codecs.md and peel_threshold.png."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--n", type=int, default=25_000_000)
-    p.add_argument("--world", type=int, default=4)
+    p.add_argument("--world-size", type=int, default=4)
     p.add_argument("--reps", type=int, default=7)
     p.add_argument("--quick", action="store_true", help="small sizes, for a smoke run")
     args = p.parse_args(argv)
     n, reps = (1_000_000, 2) if args.quick else (args.n, args.reps)
     started = time.perf_counter()
-    speed, _ = bench_speed(n, args.world, 0.01, reps)
-    cells = bench_cells(n, args.world, [0.001, 0.01, 0.1])
-    row_lines = bench_rows(args.world)
+    speed, _ = bench_speed(n, args.world_size, 0.01, reps)
+    cells = bench_cells(n, args.world_size, [0.001, 0.01, 0.1])
+    row_lines = bench_rows(args.world_size)
     # coarse far from the ~0.818 threshold, fine around it
     loads = np.r_[np.arange(0.5, 0.751, 0.05), np.arange(0.76, 0.8601, 0.01), 0.9, 0.95, 1.0].round(
         3

@@ -92,12 +92,12 @@ def run_config(path: str, grads: str, steps: int, warmup: int, iface: str) -> li
         dist.all_reduce(t, group=group)
         dist.all_reduce(top, op=dist.ReduceOp.MAX, group=group)
         if step >= warmup:
-            world = dist.get_world_size(group)
+            world_size = dist.get_world_size(group)
             records.append(
                 {
                     "seconds": float(top[0]),
-                    "tx_bytes": float(t[1]) / world,
-                    "agg_bytes": float(t[2]) / world,
+                    "tx_bytes": float(t[1]) / world_size,
+                    "agg_bytes": float(t[2]) / world_size,
                     "fallback_buckets": int(top[3]),
                     "switch_buckets": int(top[4]),
                 }

@@ -43,7 +43,7 @@ def _measure(job, pool_size: int, batches: int, first_chunk: int, op: int) -> tu
     from testnet.aggjob import random_cells
 
     rng = np.random.default_rng(first_chunk)
-    cells = [random_cells(rng) for _ in range(job.world)]
+    cells = [random_cells(rng) for _ in range(job.world_size)]
     missing, elapsed = 0, 0.0
     for b in range(batches):
         chunks = range(first_chunk + b * pool_size, first_chunk + (b + 1) * pool_size)
@@ -55,15 +55,15 @@ def _measure(job, pool_size: int, batches: int, first_chunk: int, op: int) -> tu
                 ),
             )
             for k in chunks
-            for r in range(job.world)
+            for r in range(job.world_size)
         ]
         start = time.perf_counter()
         for port, frame in frames:
             port.send(frame)
-        for r in range(job.world):
+        for r in range(job.world_size):
             missing += pool_size - len(job.hosts[r].raw.receive(2.0, count=pool_size))
         elapsed += time.perf_counter() - start
-    return batches * pool_size * job.world / elapsed, missing
+    return batches * pool_size * job.world_size / elapsed, missing
 
 
 def run_child(

@@ -63,7 +63,7 @@ class Job:
         ]
 
     @property
-    def world(self) -> int:
+    def world_size(self) -> int:
         return len(self.hosts)
 
     def channel(self, rank: int, rcvbuf: int = 0) -> UdpChannel:
@@ -113,7 +113,7 @@ class Job:
     ) -> dict[int, list[Ether]]:
         """Frames arriving at the hosts of `ranks` (all ranks by default), parsed by Scapy."""
         out: dict[int, list[Ether]] = {}
-        for r in range(self.world) if ranks is None else ranks:
+        for r in range(self.world_size) if ranks is None else ranks:
             frames = self.hosts[r].raw.receive(timeout, count=per_rank)
             out[r] = [Ether(f) for f in frames]
         return out
