@@ -31,7 +31,7 @@ import numpy as np
 
 from bench.publish import publish
 
-WORLDS = (1, 4)
+WORLD_SIZES = (1, 4)
 LOSSES = (0.0, 0.01)
 TIMERS = ("fixed", "measured")
 POOL_SIZE = 32
@@ -109,13 +109,13 @@ def measure(target: str, n: int, rounds: int) -> dict[tuple, dict[str, float]]:
 
     cells = np.ones(n, np.int32)
     rows: dict[tuple, dict[str, float]] = {}
-    hosts = max(WORLDS)  # per timer: both timers' jobs run side by side
+    hosts = max(WORLD_SIZES)  # per timer: both timers' jobs run side by side
     with Fabric(
         target, hosts * len(TIMERS), Path(tempfile.mkdtemp(prefix="bench-retx-"))
     ) as fabric:
         for h in fabric.hosts:
             h.enable_ip_stack()
-        for w in WORLDS:
+        for w in WORLD_SIZES:
             for loss in LOSSES:
                 groups = {
                     tm: Group(fabric, i * hosts, w, loss, tm, seed=17)
@@ -166,7 +166,7 @@ def report(results: dict[str, dict], sizes: dict[str, int], rounds: int) -> list
         "|---|--:|--:|--:|--:|--:|--:|--:|--:|",
     ]
     for target, rows in results.items():
-        for w in WORLDS:
+        for w in WORLD_SIZES:
             for loss in LOSSES:
                 f, m = rows[(w, loss, "fixed")], rows[(w, loss, "measured")]
                 lines.append(
@@ -193,16 +193,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=5, help="rounds per timer (default 5)")
     p.add_argument("--cells", type=int, default=1 << 20, help="cells per round, refswitch")
     p.add_argument("--bmv2-cells", type=int, default=1 << 20, help="cells per round, BMv2")
-    p.add_argument("--targets", nargs="+", default=None, help="default: every available one")
+    p.add_argument(
+        "--targets", nargs="+", default=None, help="default: refswitch, and bmv2 when installed"
+    )
     args = p.parse_args(argv)
     if args.rounds < 1 or args.cells < 1 or args.bmv2_cells < 1:
         p.error("--rounds, --cells and --bmv2-cells must be positive")
     from testnet.namespace import have_privileges
-    from testnet.switch_process import bmv2_available
+    from testnet.switch_process import compared_targets
 
     if not have_privileges():
         p.error("needs root and iproute2 (network namespaces)")
-    targets = args.targets or ["refswitch"] + (["bmv2"] if bmv2_available() else [])
+    targets = args.targets or compared_targets()
     sizes = {t: args.bmv2_cells if t == "bmv2" else args.cells for t in targets}
     results = {t: measure(t, sizes[t], args.rounds) for t in targets}
     publish(

@@ -23,6 +23,7 @@ from testnet.rawsock import disable_offloads, offloads_on
 TARGETS = ("refswitch", "bmv2", "bmv2-opt")
 BMV2_TARGETS = ("bmv2", "bmv2-opt")
 BMV2_OPT_ENV = "HOMAGG_BMV2_OPT"  # the optimized BMv2 build's install prefix (no default)
+AUTO_TARGET = "auto"  # not a target: a command line's choice of resolve_target()
 
 
 def bmv2_available() -> bool:
@@ -54,6 +55,20 @@ def target_problem(target: str) -> str:
 def available_targets() -> list[str]:
     """The targets that can be started here, the reference switch first."""
     return [t for t in TARGETS if not target_problem(t)]
+
+
+def resolve_target(target: str) -> str:
+    """`target`, with AUTO_TARGET resolved: BMv2 when simple_switch_grpc is installed, else
+    the reference switch."""
+    if target != AUTO_TARGET:
+        return target
+    return "bmv2" if bmv2_available() else "refswitch"
+
+
+def compared_targets() -> list[str]:
+    """The targets a benchmark compares when none are named: the reference switch, and
+    BMv2 when installed (bmv2-opt only when named: it is BMv2 built another way)."""
+    return ["refswitch"] + (["bmv2"] if bmv2_available() else [])
 
 
 def switch_env(target: str) -> dict[str, str] | None:
