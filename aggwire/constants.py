@@ -6,9 +6,10 @@ from enum import IntEnum
 
 # A compile-time constant of the P4 program (256 unless built with `make p4 CELLS=...`);
 # the environment variable only serves benchmarks that run a program built otherwise.
-CELLS_PER_PKT = int(os.environ.get("HOMAGG_CELLS_PER_PKT", "256"))
+CELLS_PER_PKT_ENV = "HOMAGG_CELLS_PER_PKT"
+CELLS_PER_PKT = int(os.environ.get(CELLS_PER_PKT_ENV, "256"))
 if CELLS_PER_PKT not in (16, 32, 64, 128, 256):  # 16 and 32: the TNA program (docs/tofino.md)
-    raise ValueError(f"HOMAGG_CELLS_PER_PKT must be 16, 32, 64, 128 or 256, not {CELLS_PER_PKT}")
+    raise ValueError(f"{CELLS_PER_PKT_ENV} must be 16, 32, 64, 128 or 256, not {CELLS_PER_PKT}")
 AGG_UDP_PORT = 40700
 AGG_VERSION = 1
 AGG_HEADER_BYTES = 16  # aggwire/header.py checks that its fields add up to this

@@ -114,6 +114,8 @@ def rank_main(a: argparse.Namespace) -> None:
 
     import torch.distributed as dist
 
+    from worker.job_setup import ENV_IFACE
+
     faulthandler.dump_traceback_later(a.timeout - 30, exit=True)  # a stuck rank says where
     os.environ.update(
         {
@@ -123,7 +125,7 @@ def rank_main(a: argparse.Namespace) -> None:
             "MASTER_ADDR": a.master,
             "MASTER_PORT": str(MASTER_PORT),
             "GLOO_SOCKET_IFNAME": a.iface,
-            "HOMAGG_IFACE": a.iface,
+            ENV_IFACE: a.iface,
         }
     )
     from datetime import timedelta
@@ -170,6 +172,7 @@ def measure(a: argparse.Namespace) -> dict[str, list[dict]]:
     from testnet.fabric import Fabric
     from testnet.poll import wait_for
     from testnet.processes import run_together
+    from worker.job_setup import ENV_CONTROLLER
 
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # tear the fabric down
     tmp = Path(tempfile.mkdtemp(prefix="bench-sparse-"))
@@ -190,7 +193,7 @@ def measure(a: argparse.Namespace) -> dict[str, list[dict]]:
             cmd += ["--rounds", str(a.rounds), "--steps", str(a.steps), "--timeout", str(a.timeout)]
             cmds.append([*cmd, "--warmup", str(a.warmup), "--out", str(out)])
         env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-        env["HOMAGG_CONTROLLER"] = address
+        env[ENV_CONTROLLER] = address
         done = run_together(cmds, a.timeout, env=env, cwd=REPO)
         if any(code for code, _ in done):
             raise SystemExit("\n".join(text[-3000:] for _, text in done))

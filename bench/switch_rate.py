@@ -28,7 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from aggwire.constants import CELL_BITS, LANE_BITS_OF_OP, Op
+from aggwire.constants import CELL_BITS, CELLS_PER_PKT_ENV, LANE_BITS_OF_OP, Op
 from bench.publish import plot_path, publish, pyplot
 from testnet.switch_process import BMV2_OPT_ENV, TARGETS, available_targets, target_problem
 
@@ -213,7 +213,7 @@ def measure(args: argparse.Namespace, targets: list[str]) -> list[dict]:
             artifacts = _compile(cells, Path(tmp) / str(cells))
             if artifacts == "skip":
                 continue
-            env = dict(os.environ, HOMAGG_CELLS_PER_PKT=str(cells))
+            env = {**os.environ, CELLS_PER_PKT_ENV: str(cells)}
             child = ",".join(map(str, artifacts)) if artifacts else "-"
             cmd = [sys.executable, "-m", "bench.switch_rate", "--reps", str(args.reps)]
             cmd += ["--ops", *args.ops, "--targets", *targets, "--child", child]
@@ -269,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.child != "-":
             p4info, bmv2_json = args.child.split(",")  # written by the parent: two paths
             artifacts = (Path(p4info), Path(bmv2_json))
-        cells = int(os.environ["HOMAGG_CELLS_PER_PKT"])
+        cells = int(os.environ[CELLS_PER_PKT_ENV])
         print("RESULT " + json.dumps(run_child(cells, args.reps, artifacts, args.ops, targets)))
         return 0
     rows = measure(args, targets)

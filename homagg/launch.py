@@ -30,6 +30,8 @@ import grpc
 
 from controller.client import ControllerClient
 from controller.credentials import (
+    JOB_TOKEN_ENV,
+    JOB_TOKEN_FILE_ENV,
     OPERATOR_TOKEN_ENV,
     OPERATOR_TOKEN_FILE_ENV,
     SecretError,
@@ -43,8 +45,6 @@ from worker.job_setup import (
     ENV_CODEC,
     ENV_CONTROLLER,
     ENV_JOB_ID,
-    ENV_TOKEN,
-    ENV_TOKEN_FILE,
     release_job,
 )
 
@@ -123,13 +123,13 @@ def run(args: argparse.Namespace) -> int:
         )
         return 1
     token_file = _write_token(job.token)
-    secret = (ENV_TOKEN, OPERATOR_TOKEN_ENV, OPERATOR_TOKEN_FILE_ENV)
+    secret = (JOB_TOKEN_ENV, OPERATOR_TOKEN_ENV, OPERATOR_TOKEN_FILE_ENV)
     env = {k: v for k, v in os.environ.items() if k not in secret}
     env.update(
         {
             ENV_CONTROLLER: args.controller,
             ENV_JOB_ID: str(job.job_id),
-            ENV_TOKEN_FILE: str(token_file),
+            JOB_TOKEN_FILE_ENV: str(token_file),
             ENV_CODEC: args.codec,
         }
     )

@@ -24,12 +24,15 @@ from aggwire.header import AggHeader
 from aggwire.packer import pack_payload
 from aggwire.scapy_layer import Agg
 from controller.aggregation import JobEntries, Worker
+from controller.delivery import mcast_grp_of_job
 from controller.install import install_job
 from testnet.fabric import SERVICE_IP, SWITCH_MAC, Fabric, FabricHost
 from testnet.namespace import in_namespace
 from worker.channel import UdpChannel
 
 _job_ids = itertools.count(1)
+# Slots between the pools of two consecutive jobs: pools up to this size never overlap.
+POOL_STRIDE = 64
 
 
 class Job:
@@ -42,9 +45,9 @@ class Job:
         # Pools of different jobs never overlap within a module's switch.
         self.entries = JobEntries(
             job_id=self.job_id,
-            pool_base=(self.job_id * 64) % (NUM_SLOTS - 64),
+            pool_base=(self.job_id * POOL_STRIDE) % (NUM_SLOTS - POOL_STRIDE),
             pool_size=pool_size,
-            mcast_grp=self.job_id,
+            mcast_grp=mcast_grp_of_job(self.job_id),
             workers=tuple(
                 Worker(
                     rank=r,

@@ -26,7 +26,6 @@ import torch.distributed as dist
 
 from aggwire.constants import MAX_WORKERS_PER_JOB, WORKER_UDP_BASE
 from controller.credentials import (
-    JOB_TOKEN_ENV,
     JOB_TOKEN_FILE_ENV,
     SecretError,
     ca_file,
@@ -41,8 +40,6 @@ from worker.setup_round import SetupRound
 
 ENV_CONTROLLER = "HOMAGG_CONTROLLER"
 ENV_JOB_ID = "HOMAGG_JOB_ID"
-ENV_TOKEN = JOB_TOKEN_ENV
-ENV_TOKEN_FILE = JOB_TOKEN_FILE_ENV
 ENV_CODEC = "HOMAGG_CODEC"
 ENV_IFACE = "HOMAGG_IFACE"  # the data-plane interface, when not the route to the controller
 ENV_READY_TIMEOUT = "HOMAGG_READY_TIMEOUT"  # s: the wait for every rank (join, WaitReady)
@@ -341,7 +338,7 @@ def _token_from_env() -> str:
     try:
         return job_token() or ""
     except SecretError as exc:
-        raise AgentError(f"the job token ({ENV_TOKEN_FILE}): {exc}") from exc
+        raise AgentError(f"the job token ({JOB_TOKEN_FILE_ENV}): {exc}") from exc
 
 
 def _client(controller: str, timeout: float) -> Any:
