@@ -12,7 +12,8 @@ def test_wire_constants_match_the_p4_program():
     p4 = constant_values()
     assert p4["CELLS_PER_PKT"] == c.CELLS_PER_PKT
     assert p4["NUM_SLOTS"] == c.NUM_SLOTS
-    assert p4["SHADOW_COPIES"] == c.SHADOW_COPIES
+    assert p4["SHADOW_BITS"] == c.SHADOW_BITS
+    assert p4["SHADOW_COPIES"] == c.SHADOW_COPIES == 2
     assert p4["NUM_SLOT_COPIES"] == c.NUM_SLOT_COPIES == c.SHADOW_COPIES * c.NUM_SLOTS
     assert p4["AGG_UDP_PORT"] == c.AGG_UDP_PORT
     assert p4["AGG_VERSION"] == c.AGG_VERSION
