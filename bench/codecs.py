@@ -94,8 +94,26 @@ def replay(codec, x: np.ndarray, results: list[np.ndarray]) -> tuple[float, floa
     )
 
 
+SPEED_MODES = ("sketch", "ranked")  # the lossless codec's value modes
+SPEED_PARTS = ("encode", "decode", "total", "user", "sys")
+
+
 def bench_speed(n: int, world_size: int, density: float, reps: int) -> tuple[list[str], dict]:
-    """Per-worker encode/decode of the lossless codec (both value modes) vs torch.topk."""
+    """Per-worker encode/decode of the lossless codec (both value modes) vs torch.topk:
+    (the results' lines, the medians in ms)."""
+    res, ratios = _speed_samples(n, world_size, density, reps)
+    lines = _speed_table(res, ratios, n, world_size, density, reps)
+    return lines, {
+        "topk_ms": statistics.median(res["topk"]) * 1e3,
+        **{m: statistics.median(res[m + " total"]) * 1e3 for m in SPEED_MODES},
+    }
+
+
+def _speed_samples(
+    n: int, world_size: int, density: float, reps: int
+) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+    """Seconds per repetition ("topk", "topk dense", "<mode> <part>") and the top-k /
+    codec time ratios per mode, alternating the methods in each repetition."""
     import torch
 
     from worker.codecs import LosslessSparse
@@ -105,11 +123,11 @@ def bench_speed(n: int, world_size: int, density: float, reps: int) -> tuple[lis
     k = int(n * density)
     absx = torch.from_numpy(xs[0]).abs()
     dense_abs = torch.from_numpy(rng.standard_normal(n, dtype=np.float32)).abs()
-    modes = ("sketch", "ranked")
+    modes = SPEED_MODES
     recorded = {m: record([LosslessSparse(world_size, values=m) for _ in xs], xs) for m in modes}
     res: dict[str, list[float]] = {"topk": [], "topk dense": []}
     for mode in modes:
-        for part in ("encode", "decode", "total", "user", "sys"):
+        for part in SPEED_PARTS:
             res[f"{mode} {part}"] = []
     ratios: dict[str, list[float]] = {m: [] for m in modes}
 
@@ -117,9 +135,7 @@ def bench_speed(n: int, world_size: int, density: float, reps: int) -> tuple[lis
         enc, dec, user, sys_ = replay(
             LosslessSparse(world_size, values=mode), xs[rank], recorded[mode]
         )
-        for part, value in zip(
-            ("encode", "decode", "total", "user", "sys"), (enc, dec, enc + dec, user, sys_)
-        ):
+        for part, value in zip(SPEED_PARTS, (enc, dec, enc + dec, user, sys_), strict=True):
             res[f"{mode} {part}"].append(value)
 
     for mode in modes:  # warm-up: first-touch page faults of the process's heap
@@ -141,6 +157,19 @@ def bench_speed(n: int, world_size: int, density: float, reps: int) -> tuple[lis
             + ", ".join(f"{m} {res[m + ' total'][-1] * 1e3:.0f} ms" for m in modes),
             flush=True,
         )
+    return res, ratios
+
+
+def _speed_table(
+    res: dict[str, list[float]],
+    ratios: dict[str, list[float]],
+    n: int,
+    world_size: int,
+    density: float,
+    reps: int,
+) -> list[str]:
+    """The markdown section of the speed samples."""
+    k = int(n * density)
     lines = [
         f"### CPU per worker: {n:,} float32, {density:.0%} nonzeros per worker, W = {world_size}",
         "",
@@ -160,7 +189,7 @@ def bench_speed(n: int, world_size: int, density: float, reps: int) -> tuple[lis
         f"| torch.topk(abs(g), k={k:,}), g a dense N(0,1) tensor (what a top-k "
         f"sparsifier selects from) | | | {_fmt(res['topk dense'])} | | |",
     ]
-    for mode in modes:
+    for mode in SPEED_MODES:
         cpu = (
             f"{statistics.median(res[mode + ' user']) * 1e3:,.0f} / "
             f"{statistics.median(res[mode + ' sys']) * 1e3:,.0f}"
@@ -170,10 +199,7 @@ def bench_speed(n: int, world_size: int, density: float, reps: int) -> tuple[lis
             f"{_fmt(res[mode + ' decode'])} | {_fmt(res[mode + ' total'])} | {cpu} | "
             f"{_fmt(ratios[mode], 1, 2)}x |"
         )
-    return lines, {
-        "topk_ms": statistics.median(res["topk"]) * 1e3,
-        **{m: statistics.median(res[m + " total"]) * 1e3 for m in modes},
-    }
+    return lines
 
 
 def bench_cells(n: int, world_size: int, densities: list[float]) -> list[str]:

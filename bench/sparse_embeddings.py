@@ -70,42 +70,62 @@ def run_config(path: str, grads: str, steps: int, warmup: int, iface: str) -> li
     sent = Path(f"/sys/class/net/{iface}/statistics/tx_bytes")
     records = []
     for step in range(warmup + steps):
-        agg = state.stats.wire_bytes if state is not None else 0
-        passes = state.stats.switch_buckets if state is not None else 0
-        tx, start = int(sent.read_text()), time.perf_counter()
+        before = _counts(state, sent)
+        start = time.perf_counter()
         *inputs, labels = task.batch(rank, step)
         opt.zero_grad()
         task.loss(model(*inputs), labels).backward()
         opt.step()
-        seconds = time.perf_counter() - start
-        t = torch.tensor(
-            [
-                seconds,
-                float(int(sent.read_text()) - tx),
-                float((state.stats.wire_bytes if state is not None else 0) - agg),
-                float(state.stats.fallback_buckets if state is not None else 0),
-                float((state.stats.switch_buckets if state is not None else 0) - passes),
-            ],
-            dtype=torch.float64,
-        )
-        top = t.clone()
-        dist.all_reduce(t, group=group)
-        dist.all_reduce(top, op=dist.ReduceOp.MAX, group=group)
-        if step >= warmup:
-            world_size = dist.get_world_size(group)
-            records.append(
-                {
-                    "seconds": float(top[0]),
-                    "tx_bytes": float(t[1]) / world_size,
-                    "agg_bytes": float(t[2]) / world_size,
-                    "fallback_buckets": int(top[3]),
-                    "switch_buckets": int(top[4]),
-                }
-            )
+        record = _agreed(time.perf_counter() - start, before, _counts(state, sent), group)
+        if step >= warmup:  # every step agrees: the all_reduce is collective
+            records.append(record)
     dist.barrier(group=group)
     dist.destroy_process_group(group)  # the switch job ends here
     _GROUPS.append(group)
     return records
+
+
+def _counts(state: Any, sent: Path) -> tuple[int, int, int, int]:
+    """This rank's totals so far: bytes sent on its interface, the switch's wire bytes,
+    fallback buckets and switch buckets (0 without the switch)."""
+    stats = state.stats if state is not None else None
+    return (
+        int(sent.read_text()),
+        stats.wire_bytes if stats is not None else 0,
+        stats.fallback_buckets if stats is not None else 0,
+        stats.switch_buckets if stats is not None else 0,
+    )
+
+
+def _agreed(
+    seconds: float, before: tuple[int, ...], after: tuple[int, ...], group: Any
+) -> dict[str, float]:
+    """One step's record over the ranks: the slowest rank's time and fallback buckets,
+    the mean of the bytes, the most buckets through the switch."""
+    import torch
+    import torch.distributed as dist
+
+    t = torch.tensor(
+        [
+            seconds,
+            float(after[0] - before[0]),
+            float(after[1] - before[1]),
+            float(after[2]),
+            float(after[3] - before[3]),
+        ],
+        dtype=torch.float64,
+    )
+    top = t.clone()
+    dist.all_reduce(t, group=group)
+    dist.all_reduce(top, op=dist.ReduceOp.MAX, group=group)
+    world_size = dist.get_world_size(group)
+    return {
+        "seconds": float(top[0]),
+        "tx_bytes": float(t[1]) / world_size,
+        "agg_bytes": float(t[2]) / world_size,
+        "fallback_buckets": int(top[3]),
+        "switch_buckets": int(top[4]),
+    }
 
 
 def rank_main(a: argparse.Namespace) -> None:
