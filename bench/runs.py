@@ -13,10 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from aggwire.constants import AGG_FRAME_BYTES
+from testnet import REPO_ROOT
 from testnet.switch_process import AUTO_TARGET
 from worker.codecs import DEFAULT_CODEC
-
-REPO = Path(__file__).resolve().parent.parent
 
 
 @dataclass
@@ -93,7 +92,7 @@ def run_once(
     cmd = run_command(spec, out)
     jobs = 2 + int(spec.gloo) + len(spec.peers)
     proc = subprocess.Popen(
-        cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        cmd, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
     try:
         stdout, _ = proc.communicate(timeout=jobs * spec.job_timeout() + 120)

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.publish import publish
+from testnet import REPO_ROOT
 
 CONFIGS = (  # (aggregation, embedding gradients)
     ("switch", "sparse"),
@@ -38,7 +39,6 @@ CONFIGS = (  # (aggregation, embedding gradients)
     ("gloo", "dense"),
 )
 MASTER_PORT = 29671
-REPO = Path(__file__).resolve().parent.parent
 # Each configuration's destroyed process group, kept until exit: freeing a gloo group runs
 # its destructor with the GIL held while it joins its worker threads, and a thread still
 # dropping a finished collective's Python tensor waits for the GIL (a deadlock, seen here).
@@ -212,9 +212,9 @@ def measure(a: argparse.Namespace) -> dict[str, list[dict]]:
             cmd += ["--rank", str(r), "--master", fabric.hosts[0].ip, "--iface", h.iface]
             cmd += ["--rounds", str(a.rounds), "--steps", str(a.steps), "--timeout", str(a.timeout)]
             cmds.append([*cmd, "--warmup", str(a.warmup), "--out", str(out)])
-        env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+        env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "OMP_NUM_THREADS": "1"}
         env[ENV_CONTROLLER] = address
-        done = run_together(cmds, a.timeout, env=env, cwd=REPO)
+        done = run_together(cmds, a.timeout, env=env, cwd=REPO_ROOT)
         if any(code for code, _ in done):
             raise SystemExit("\n".join(text[-3000:] for _, text in done))
         return json.loads(out.read_text())

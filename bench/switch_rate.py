@@ -30,9 +30,8 @@ from pathlib import Path
 
 from aggwire.constants import CELL_BITS, CELLS_PER_PKT_ENV, LANE_BITS_OF_OP, Op
 from bench.publish import plot_path, publish, pyplot
+from testnet import REPO_ROOT
 from testnet.switch_process import BMV2_OPT_ENV, TARGETS, available_targets, target_problem
-
-REPO = Path(__file__).resolve().parent.parent
 
 
 def _measure(job, pool_size: int, batches: int, first_chunk: int, op: int) -> tuple[float, int]:
@@ -129,7 +128,7 @@ def _compile(cells: int, out: Path) -> tuple[Path, Path] | None:
         return "skip"  # type: ignore[return-value]
     subprocess.run(
         ["make", "--no-print-directory", "-B", "p4", f"CELLS={cells}", f"P4_BUILD={out}"],
-        cwd=REPO,
+        cwd=REPO_ROOT,
         check=True,
         capture_output=True,
     )
@@ -218,7 +217,7 @@ def measure(args: argparse.Namespace, targets: list[str]) -> list[dict]:
             cmd = [sys.executable, "-m", "bench.switch_rate", "--reps", str(args.reps)]
             cmd += ["--ops", *args.ops, "--targets", *targets, "--child", child]
             proc = subprocess.run(
-                cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, text=True, check=True
+                cmd, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, text=True, check=True
             )
             for line in proc.stdout.splitlines():
                 if line.startswith("RESULT "):

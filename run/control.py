@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from controller.config import DEFAULT_PORT
-from run import ROOT
 from run.credentials import RunCredentials
 from run.names import RunNames
+from testnet import REPO_ROOT
 from testnet.addresses import CONTROLLER_INDEX, SWITCH_MAC, host_entry
 
 if TYPE_CHECKING:
@@ -93,6 +93,6 @@ def counters(names: RunNames, creds: RunCredentials) -> str:
         capture_output=True,
         text=True,
         timeout=30,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
     )
     return done.stdout + done.stderr

@@ -13,11 +13,11 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from run import ROOT
 from run.control import controller_address, counters
 from run.credentials import RunCredentials
 from run.names import RunNames
 from run.state import RunState
+from testnet import REPO_ROOT
 
 if TYPE_CHECKING:
     from mininet.net import Mininet
@@ -71,7 +71,7 @@ def run_job(
         cmd = rank_command(mode, args, state.names, i, len(hosts), port, iface)
         env = {
             **os.environ,
-            "PYTHONPATH": str(ROOT),
+            "PYTHONPATH": str(REPO_ROOT),
             "GLOO_SOCKET_IFNAME": iface,
             "OMP_NUM_THREADS": "1",
             "PYTHONUNBUFFERED": "1",
@@ -80,7 +80,7 @@ def run_job(
         logs.append(args.out / f"{mode}-rank{i}.log")
         with open(logs[-1], "wb") as rank_log:  # the rank keeps its own descriptor
             procs.append(
-                h.popen(cmd, env=env, stdout=rank_log, stderr=subprocess.STDOUT, cwd=str(ROOT))
+                h.popen(cmd, env=env, stdout=rank_log, stderr=subprocess.STDOUT, cwd=str(REPO_ROOT))
             )
         state.add("pgids", procs[-1].pid)
     try:
