@@ -33,7 +33,7 @@ import numpy as np
 
 from bench.publish import publish
 
-WORLDS = (1, 4)
+WORLD_SIZES = (1, 4)
 LOSSES = (0.0, 0.01)
 TIMERS = ("fixed", "timeouts", "measured")
 MEASURED = ("timeouts", "measured")  # the timers whose RTO is measured (and reported)
@@ -108,20 +108,20 @@ class Group:
 
 
 def measure(
-    target: str, n: int, rounds: int, worlds: tuple[int, ...] = WORLDS, losses=LOSSES
+    target: str, n: int, rounds: int, world_sizes: tuple[int, ...] = WORLD_SIZES, losses=LOSSES
 ) -> dict[tuple, dict[str, float]]:
     """Per (W, loss, timer): median round ms, retransmissions per chunk, final RTO ms."""
     from testnet.fabric import Fabric
 
     cells = np.ones(n, np.int32)
     rows: dict[tuple, dict[str, float]] = {}
-    hosts = max(worlds)  # per timer: every timer's job runs side by side
+    hosts = max(world_sizes)  # per timer: every timer's job runs side by side
     with Fabric(
         target, hosts * len(TIMERS), Path(tempfile.mkdtemp(prefix="bench-retx-"))
     ) as fabric:
         for h in fabric.hosts:
             h.enable_ip_stack()
-        for w in worlds:
+        for w in world_sizes:
             for loss in losses:
                 groups = {
                     tm: Group(fabric, i * hosts, w, loss, tm, seed=17)
@@ -206,24 +206,28 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=5, help="rounds per timer (default 5)")
     p.add_argument("--cells", type=int, default=1 << 20, help="cells per round, refswitch")
     p.add_argument("--bmv2-cells", type=int, default=1 << 20, help="cells per round, BMv2")
-    p.add_argument("--targets", nargs="+", default=None, help="default: every available one")
-    p.add_argument("--worlds", type=int, nargs="+", default=list(WORLDS), help="default: 1 4")
+    p.add_argument(
+        "--targets", nargs="+", default=None, help="default: refswitch, and bmv2 when installed"
+    )
+    p.add_argument(
+        "--world-sizes", type=int, nargs="+", default=list(WORLD_SIZES), help="default: 1 4"
+    )
     p.add_argument("--losses", type=float, nargs="+", default=list(LOSSES), help="default: 0 0.01")
     args = p.parse_args(argv)
     if args.rounds < 1 or args.cells < 1 or args.bmv2_cells < 1:
         p.error("--rounds, --cells and --bmv2-cells must be positive")
     from testnet.namespace import have_privileges
-    from testnet.switch_process import bmv2_available
+    from testnet.switch_process import compared_targets
 
     if not have_privileges():
         p.error("needs root and iproute2 (network namespaces)")
-    targets = args.targets or ["refswitch"] + (["bmv2"] if bmv2_available() else [])
+    targets = args.targets or compared_targets()
     sizes = {t: args.bmv2_cells if t == "bmv2" else args.cells for t in targets}
-    if any(w < 1 for w in args.worlds) or any(not 0 <= x < 1 for x in args.losses):
-        p.error("--worlds must be positive and --losses in [0, 1)")
-    worlds, losses = tuple(args.worlds), tuple(args.losses)
-    results = {t: measure(t, sizes[t], args.rounds, worlds, losses) for t in targets}
-    w, loss = max(worlds), max(losses)
+    if any(w < 1 for w in args.world_sizes) or any(not 0 <= x < 1 for x in args.losses):
+        p.error("--world-sizes must be positive and --losses in [0, 1)")
+    world_sizes, losses = tuple(args.world_sizes), tuple(args.losses)
+    results = {t: measure(t, sizes[t], args.rounds, world_sizes, losses) for t in targets}
+    w, loss = max(world_sizes), max(losses)
     publish(
         "retransmission",
         report(results, sizes, args.rounds),

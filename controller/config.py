@@ -267,17 +267,7 @@ def parse_config(
         _operator(o, f"{where}: operator[{i}]") for i, o in enumerate(top.tables("operator"))
     )
     top.finish()
-    for key in ("name", "token_sha256"):
-        values = [getattr(o, key) for o in operators]
-        if len(set(values)) != len(values):
-            raise ConfigError(f"{where}: two operators have the same {key}")
-    if not switches:
-        raise ConfigError(f"{where}: no [[switch]] configured")
-    for key in ("name", "address"):
-        values = [getattr(s, key) for s in switches]
-        dup = next((v for v in values if values.count(v) > 1), None)
-        if dup is not None:
-            raise ConfigError(f"{where}: two switches have {key} {dup!r}")
+    _check_unique(switches, operators, where)
     database = Path(ctl.string("database", "homagg-controller.db"))
     config = ControllerConfig(
         switches=switches,
@@ -297,6 +287,31 @@ def parse_config(
     )
     config = _wait_limits(ctl, config)
     ctl.finish()
+    _check_consistent(config, where)
+    return config
+
+
+def _check_unique(
+    switches: tuple[SwitchConfig, ...], operators: tuple[Operator, ...], where: str
+) -> None:
+    """At least one switch; no two switches or operators share a name, an address or a
+    token."""
+    for key in ("name", "token_sha256"):
+        values = [getattr(o, key) for o in operators]
+        if len(set(values)) != len(values):
+            raise ConfigError(f"{where}: two operators have the same {key}")
+    if not switches:
+        raise ConfigError(f"{where}: no [[switch]] configured")
+    for key in ("name", "address"):
+        values = [getattr(s, key) for s in switches]
+        dup = next((v for v in values if values.count(v) > 1), None)
+        if dup is not None:
+            raise ConfigError(f"{where}: two switches have {key} {dup!r}")
+
+
+def _check_consistent(config: ControllerConfig, where: str) -> None:
+    """The settings that depend on each other: TLS's two files, the default pool within the
+    quota, a lease that outlasts two heartbeats."""
     if (config.tls_cert is None) != (config.tls_key is None):
         raise ConfigError(f"{where}: controller.tls_cert and controller.tls_key go together")
     if config.default_pool_size > config.max_job_slots:
@@ -309,7 +324,6 @@ def parse_config(
             f"{where}: controller.lease ({config.lease} s) must be at least twice "
             f"heartbeat_interval ({config.heartbeat_interval} s)"
         )
-    return config
 
 
 def _wait_limits(ctl: _Reader, config: ControllerConfig) -> ControllerConfig:

@@ -11,6 +11,8 @@ import struct
 import sys
 import time
 
+from aggwire.frame import MAX_DATAGRAM_BYTES
+
 ETH_P_ALL = 0x0003
 PACKET_OUTGOING = 4
 SIOCETHTOOL = 0x8946
@@ -113,7 +115,7 @@ def recv_frames(sock: socket.socket, limit: int = 256) -> list[bytes]:
     frames = []
     for _ in range(limit):
         try:
-            data, addr = sock.recvfrom(65535)
+            data, addr = sock.recvfrom(MAX_DATAGRAM_BYTES)
         except (BlockingIOError, InterruptedError):
             break
         if addr[2] != PACKET_OUTGOING:

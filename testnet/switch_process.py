@@ -36,6 +36,9 @@ def max_pool_size(target: str) -> int:
     return BMV2_MAX_POOL_SIZE if target in BMV2_TARGETS else NUM_SLOTS
 
 
+AUTO_TARGET = "auto"  # not a target: a command line's choice of resolve_target()
+
+
 def bmv2_available() -> bool:
     """True when simple_switch_grpc is on PATH."""
     return shutil.which("simple_switch_grpc") is not None
@@ -65,6 +68,20 @@ def target_problem(target: str) -> str:
 def available_targets() -> list[str]:
     """The targets that can be started here, the reference switch first."""
     return [t for t in TARGETS if not target_problem(t)]
+
+
+def resolve_target(target: str) -> str:
+    """`target`, with AUTO_TARGET resolved: BMv2 when simple_switch_grpc is installed, else
+    the reference switch."""
+    if target != AUTO_TARGET:
+        return target
+    return "bmv2" if bmv2_available() else "refswitch"
+
+
+def compared_targets() -> list[str]:
+    """The targets a benchmark compares when none are named: the reference switch, and
+    BMv2 when installed (bmv2-opt only when named: it is BMv2 built another way)."""
+    return ["refswitch"] + (["bmv2"] if bmv2_available() else [])
 
 
 def switch_env(target: str) -> dict[str, str] | None:

@@ -40,6 +40,16 @@ def test_refswitch_command_and_unknown_target():
         switch_command("tofino", {}, 1)
 
 
+def test_auto_is_bmv2_when_installed_and_benches_compare_what_is_installed(monkeypatch):
+    monkeypatch.setattr(switch_process, "bmv2_available", lambda: True)
+    assert switch_process.resolve_target(switch_process.AUTO_TARGET) == "bmv2"
+    assert switch_process.compared_targets() == ["refswitch", "bmv2"]
+    monkeypatch.setattr(switch_process, "bmv2_available", lambda: False)
+    assert switch_process.resolve_target(switch_process.AUTO_TARGET) == "refswitch"
+    assert switch_process.compared_targets() == ["refswitch"]
+    assert switch_process.resolve_target("bmv2-opt") == "bmv2-opt"  # a named target stays
+
+
 def test_bmv2_opt_runs_the_build_under_its_prefix_with_its_libraries(monkeypatch, tmp_path):
     monkeypatch.delenv(switch_process.BMV2_OPT_ENV, raising=False)
     assert "HOMAGG_BMV2_OPT" in switch_process.target_problem("bmv2-opt")
