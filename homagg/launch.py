@@ -6,12 +6,17 @@ The ranks find HOMAGG_CONTROLLER, HOMAGG_JOB_ID and HOMAGG_TOKEN_FILE (a file on
 user can read; the token is never on a command line) and `homagg.attach` (or the homagg
 backend) joins this job with the job's codec (--codec; HOMAGG_CODEC is set to it, and a
 script's own codec= that differs is refused).
+
+On several machines, run it once: around the torchrun of node rank 0 (rank 0 hands the job
+to every rank through torch.distributed's store); on the other machines run torchrun alone,
+with HOMAGG_CONTROLLER set. It refuses a torchrun of another node rank and a --world-size
+that is not torchrun's, and says so when no rank joined the job.
 The controller is verified against $HOMAGG_CA_FILE (the ranks inherit it); the job is
 created with the operator credential of $HOMAGG_OPERATOR_TOKEN_FILE or
 $HOMAGG_OPERATOR_TOKEN, which the ranks do not get.
 
 Example:
-  homagg-run --controller 10.0.0.100:50051 --world-size 2 --codec lossless -- \\
+  homagg-run --controller 10.0.0.100:50051 --codec lossless -- \\
     torchrun --nnodes 1 --nproc-per-node 2 examples/train_ddp.py
 """
 
@@ -37,6 +42,7 @@ from controller.credentials import (
     operator_token,
 )
 from controller.tls import TlsError
+from homagg.torchrun_command import plan_world
 from worker.attach import CODEC_CHOICES
 from worker.codecs import DEFAULT_CODEC
 from worker.job_setup import (
@@ -61,7 +67,12 @@ def _parser() -> argparse.ArgumentParser:
         default=os.environ.get(ENV_CONTROLLER, ""),
         help=f"controller address host:port (default ${ENV_CONTROLLER})",
     )
-    p.add_argument("--world-size", type=int, required=True, help="ranks of the job, in total")
+    p.add_argument(
+        "--world-size",
+        type=int,
+        default=None,
+        help="ranks of the job, in total (default: torchrun's --nnodes x --nproc-per-node)",
+    )
     p.add_argument(
         "--codec",
         choices=CODEC_CHOICES,
@@ -96,6 +107,24 @@ def _release(address: str, job_id: int) -> str:
         return str(exc)
 
 
+def _tell_if_unused(address: str, job_id: int) -> None:
+    """One line on stderr when no rank ever joined the job (the ranks made their own job,
+    or never set one up); nothing when that cannot be learned."""
+    try:
+        with _client(address) as client:
+            jobs = client.list_jobs(include_ended=True).jobs
+    except (SecretError, TlsError, grpc.RpcError):
+        return
+    job = next((j for j in jobs if j.job_id == job_id), None)
+    if job is not None and not job.workers:
+        print(
+            f"homagg-run: no rank joined job {job_id}: did rank 0 run under this homagg-run "
+            "(the torchrun of node rank 0), and does the script call homagg.attach or "
+            'init_process_group("homagg")?',
+            file=sys.stderr,
+        )
+
+
 def run(args: argparse.Namespace) -> int:
     """Create, run, release; the command's exit status (128 + signal when it was killed)."""
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -108,9 +137,14 @@ def run(args: argparse.Namespace) -> int:
         )
         return 2
     try:
+        world, notes = plan_world(args.world_size, command)
+    except ValueError as exc:
+        print(f"homagg-run: {exc}", file=sys.stderr)
+        return 2
+    try:
         with _client(args.controller) as client:
             job = client.create_job(
-                args.name, world_size=args.world_size, codec=args.codec, pool_size=args.pool_size
+                args.name, world_size=world, codec=args.codec, pool_size=args.pool_size
             )
     except (SecretError, TlsError) as exc:
         print(f"homagg-run: {exc}", file=sys.stderr)
@@ -133,7 +167,9 @@ def run(args: argparse.Namespace) -> int:
             ENV_CODEC: args.codec,
         }
     )
-    print(f"homagg-run: job {job.job_id} ({args.name}, {args.world_size} ranks)", flush=True)
+    print(f"homagg-run: job {job.job_id} ({args.name}, {world} ranks)", flush=True)
+    for note in notes:
+        print(f"homagg-run: {note}", file=sys.stderr, flush=True)
     proc = subprocess.Popen(command, env=env)
     previous = {
         s: signal.signal(s, lambda n, f: proc.send_signal(n))
@@ -145,6 +181,7 @@ def run(args: argparse.Namespace) -> int:
         for s, h in previous.items():
             signal.signal(s, h)
         token_file.unlink(missing_ok=True)
+        _tell_if_unused(args.controller, job.job_id)
         problem = _release(args.controller, job.job_id)
         if problem:
             print(
