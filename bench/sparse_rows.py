@@ -1,8 +1,8 @@
 """A sparse embedding gradient through the lossless codec, by rows against flat, in one
-process: the NCF tables of `make run` (20,000 x 16 users, 4,000 x 16 items; each rank looks
-up 128 rows a step, batch 64 with one negative each, repeats included, as
-nn.Embedding(sparse=True) makes them), W = 2 and 4, the ranks in lockstep over a simulated
-switch (worker/codecs/simulate.py).
+process: the NCF tables of `make run` (20,000 x 16 users, 4,000 x 16 items) and a table of
+1,000,000 rows (each rank looks up 128 rows a step, batch 64 with one negative each,
+repeats included, as nn.Embedding(sparse=True) makes them), W = 2 and 4, the ranks in
+lockstep over a simulated switch (worker/codecs/simulate.py).
 
 "rows" is what worker/sparse_bucket.py does now: the rows are the codec's support keys, the
 sum comes back as rows. "flat" is what it did before (and still does after a codec that
@@ -34,7 +34,7 @@ from bench.publish import publish
 from worker.codecs import LosslessSparse, Phase, drive
 from worker.sparse_bucket import SparseBucket
 
-TABLES = ((20_000, 16), (4_000, 16))
+TABLES = ((20_000, 16), (4_000, 16), (1_000_000, 16))  # make run's NCF, and a big table
 LOOKUPS = 128  # per rank and step: batch 64, one negative per positive
 PATHS: dict[str, tuple[dict[str, Any], bool]] = {  # name -> (codec options, by rows)
     "rows": ({}, True),
