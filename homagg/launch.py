@@ -11,6 +11,7 @@ On several machines, run it once: around the torchrun of node rank 0 (rank 0 han
 to every rank through torch.distributed's store); on the other machines run torchrun alone,
 with HOMAGG_CONTROLLER set. It refuses a torchrun of another node rank and a --world-size
 that is not torchrun's, and says so when no rank joined the job.
+
 The controller is verified against $HOMAGG_CA_FILE (the ranks inherit it); the job is
 created with the operator credential of $HOMAGG_OPERATOR_TOKEN_FILE or
 $HOMAGG_OPERATOR_TOKEN, which the ranks do not get.
@@ -18,6 +19,10 @@ $HOMAGG_OPERATOR_TOKEN, which the ranks do not get.
 Example:
   homagg-run --controller 10.0.0.100:50051 --codec lossless -- \\
     torchrun --nnodes 1 --nproc-per-node 2 examples/train_ddp.py
+
+Two machines (on the second: HOMAGG_CONTROLLER=10.0.0.100:50051 torchrun ... --node-rank 1):
+  homagg-run --controller 10.0.0.100:50051 -- torchrun --nnodes 2 --nproc-per-node 1 \\
+    --node-rank 0 --master-addr 10.0.0.1 examples/train_ddp.py
 """
 
 from __future__ import annotations

@@ -177,7 +177,8 @@ class LosslessSparse:
         ok = check_agreed(exps, own)
         nkeys = -(-n // d)
         # The status word rides along the (first) OR phase: a local fault stops every worker
-        # here, and "someone has nonzeros" guards the one case no later phase can check.
+        # here, and "someone has keys" (nonzeros, or rows) guards the one case no later
+        # phase can check.
         status = (0 if ok else _FAULT) | (_NONEMPTY if mine.size else 0)
         union, status = yield from self._union(bitmap.pack(mine, nkeys), nkeys, status)
         if union.size == 0:
