@@ -180,9 +180,9 @@ class SwitchProcessGroup(dist.ProcessGroup):
             return None, "not a switch operation"
         if not self.state.use_switch():
             return None, "fallback"
-        if t.is_sparse:  # indices and values, never densified; the rows' union as gloo's
+        if t.is_sparse:  # its rows, never densified; the rows' union as gloo's
             sparse = sparse_bucket.SparseBucket(t)
-            out = agreed_sum(self.state, t.numel(), sparse.grad, t.numel(), wrap=sparse.phases)
+            out = agreed_sum(self.state, t.numel(), None, t.numel(), via=sparse.phases)
             return (None, "fallback") if out is None else (sparse.result(out), "")
         cells = self._cells(t, kind)
         if cells is None:

@@ -41,9 +41,9 @@ from worker.transport import TransportError
 
 log = logging.getLogger(__name__)
 
-Wrap = Callable[
-    [Generator[Phase, np.ndarray, np.ndarray]], Generator[Phase, np.ndarray, np.ndarray]
-]  # phases around a codec's (a sparse bucket's row union: worker/sparse_bucket.py)
+Via = Callable[
+    [Codec], Generator[Phase, np.ndarray, np.ndarray]
+]  # a bucket that drives its codec itself (a sparse bucket: worker/sparse_bucket.py)
 
 # Failure kinds, exchanged as MAX over ranks: the highest one names the agreed reason.
 OK, UNHEALTHY, CODEC_FAILED, SWITCH_TIMEOUT, ERROR = 0, 1, 2, 3, 4
@@ -301,13 +301,14 @@ class SwitchHookState:
 def _through_switch(
     state: SwitchHookState,
     index: int,
-    grad: GradInput,
+    grad: GradInput | None,
     length: int,
     phases: Generator[Phase, np.ndarray, np.ndarray] | None = None,
-    wrap: Wrap | None = None,
+    via: Via | None = None,
 ) -> tuple[np.ndarray | None, int, str]:
     """(decoded sum, OK, "") or (None, failure kind, reason) for one bucket on this rank;
-    `phases` replaces the bucket codec's (a raw switch operation); `wrap` adds to them."""
+    `phases` replace the bucket codec's (a raw switch operation); `via` drives the bucket's
+    codec instead of its `aggregate(grad)`."""
     agent = state.agent
     if agent is None or agent.transport is None or not agent.healthy:
         return None, UNHEALTHY, state.local_reason()
@@ -315,8 +316,10 @@ def _through_switch(
     before = (transport.stats.packets_sent, transport.stats.retransmissions)
     start = time.perf_counter()
     try:
-        gen = phases or state.codec_for(index, length).aggregate(grad)
-        out = transport.run(wrap(gen) if wrap is not None else gen)
+        if phases is None:
+            codec = state.codec_for(index, length)
+            phases = via(codec) if via is not None else codec.aggregate(_given(grad))
+        out = transport.run(phases)
     except TransportError as exc:
         return None, SWITCH_TIMEOUT, str(exc)
     except CodecError as exc:
@@ -329,6 +332,11 @@ def _through_switch(
         state.stats.wire_bytes += (transport.stats.packets_sent - before[0]) * AGG_FRAME_BYTES
         state.stats.retransmissions += transport.stats.retransmissions - before[1]
     return out, OK, ""
+
+
+def _given(grad: GradInput | None) -> GradInput:
+    assert grad is not None, "a bucket's gradient, phases or via"
+    return grad
 
 
 def _into_bucket(buf: torch.Tensor, out: np.ndarray) -> torch.Tensor:
@@ -381,9 +389,9 @@ def aggregate_bucket(
 def _switch_or_none(state: SwitchHookState, index: int, buf: torch.Tensor) -> torch.Tensor | None:
     """The bucket summed by the switch into `buf`, or None when the ranks agreed to fall
     back (the agreement all_reduce is issued on every rank either way)."""
-    if buf.is_sparse:  # a sparse parameter's bucket: indices and values, never densified
+    if buf.is_sparse:  # a sparse parameter's bucket: its rows, never densified
         sparse = sparse_bucket.SparseBucket(buf)
-        summed = agreed_sum(state, index, sparse.grad, sparse.grad.length, wrap=sparse.phases)
+        summed = agreed_sum(state, index, None, buf.numel(), via=sparse.phases)
         return None if summed is None else sparse.result(summed)
     grad = buf.detach().reshape(-1).to("cpu", torch.float32).numpy()
     out = agreed_sum(state, index, grad, grad.size)
@@ -393,14 +401,15 @@ def _switch_or_none(state: SwitchHookState, index: int, buf: torch.Tensor) -> to
 def agreed_sum(
     state: SwitchHookState,
     index: int,
-    grad: GradInput,
+    grad: GradInput | None,
     length: int,
     phases: Generator[Phase, np.ndarray, np.ndarray] | None = None,
-    wrap: Wrap | None = None,
+    via: Via | None = None,
 ) -> np.ndarray | None:
-    """The switch's sum of `grad` (by bucket `index`'s codec, or by `phases`) when every
-    rank's succeeded, else None after the agreed fall-back; one agreement either way."""
-    out, failure, reason = _through_switch(state, index, grad, length, phases, wrap)
+    """The switch's sum of `grad` (by bucket `index`'s codec, or by `phases`, or by what
+    `via` makes of the codec) when every rank's succeeded, else None after the agreed
+    fall-back; one agreement either way."""
+    out, failure, reason = _through_switch(state, index, grad, length, phases, via)
     failed, health, chunk = state.agree(failure, state.local_health())
     if failed != OK:
         state.fall_back(failed, reason, chunk)

@@ -15,6 +15,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "worker"))
 from agent_fabric import Controlled
 
 from testnet.namespace import have_privileges
+from testnet.switch_process import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 CHILD = """
@@ -35,8 +36,11 @@ def controlled(tmp_path_factory):
 
 
 def launch(address: str, *command: str) -> subprocess.CompletedProcess:
+    """homagg-run --world-size 2 --codec fixed_point (address "": no --controller)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "HOMAGG_TOKEN": "stale"}
-    cmd = [sys.executable, "-m", "homagg.launch", "--controller", address, "--world-size", "2"]
+    env.pop("HOMAGG_CONTROLLER", None)
+    cmd = [sys.executable, "-m", "homagg.launch", "--world-size", "2"]
+    cmd += ["--controller", address] if address else []
     return subprocess.run(
         [*cmd, "--codec", "fixed_point", "--", *command],
         env=env,
@@ -58,11 +62,61 @@ def test_exports_passes_status_and_releases(controlled, status):
     assert job.state == "ended" and job.world_size == 2
 
 
-def test_refusals_are_one_clear_line(controlled):
+def test_refusals_are_one_clear_line(controlled, tmp_path):
+    """Each refusal is one line and an exit status, and the command does not run."""
     done = launch(controlled.address)
     assert done.returncode == 2 and "give the command after --" in done.stderr
-    bad = launch("127.0.0.1:1", sys.executable, "-c", "pass")
-    assert bad.returncode == 1 and "CreateJob failed at 127.0.0.1:1: UNAVAILABLE" in bad.stderr
+    ran = tmp_path / "ran"
+    touch = [sys.executable, "-c", f"open({str(ran)!r}, 'w')"]
+    bad = launch(f"127.0.0.1:{free_port()}", *touch)
+    assert bad.returncode == 1 and bad.stderr.count("\n") == 1, bad.stderr
+    assert "CreateJob failed at 127.0.0.1:" in bad.stderr and ": UNAVAILABLE:" in bad.stderr
+    none = launch("", *touch)  # neither --controller nor HOMAGG_CONTROLLER
+    assert none.returncode == 2 and none.stderr == (
+        "homagg-run: no controller: pass --controller or set HOMAGG_CONTROLLER\n"
+    )
+    assert not ran.exists()
+
+
+def test_misuse_with_torchrun_is_refused_before_a_job_is_made(controlled):
+    before = len(controlled.client.list_jobs(include_ended=True).jobs)
+    other_node = ["torchrun", "--nnodes", "2", "--node-rank", "1", "--master-addr", "h0", "x.py"]
+    done = launch(controlled.address, *other_node)
+    assert done.returncode == 2 and "this torchrun is node rank 1" in done.stderr, done.stderr
+    assert "torchrun alone on the other nodes" in done.stderr
+    done = launch(controlled.address, "torchrun", "--nproc-per-node", "3", "x.py")
+    assert done.returncode == 2 and "torchrun starts 1 node(s) x 3 = 3 ranks" in done.stderr
+    assert len(controlled.client.list_jobs(include_ended=True).jobs) == before
+
+
+# A stand-in for the training script: joins nothing, prints what torchrun gave it.
+PRINT_RANK = "import os; print('rank', os.environ['RANK'], 'of', os.environ['WORLD_SIZE'])"
+
+
+def test_torchruns_world_size_and_a_job_nobody_joined(controlled, tmp_path):
+    """Without --world-size the job has torchrun's ranks; when no rank joins it (here the
+    script never sets one up), the launcher says so, once, and still releases it."""
+    script = tmp_path / "script.py"
+    script.write_text(PRINT_RANK)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "homagg.launch", "--controller", controlled.address, "--"]
+    cmd += [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    done = subprocess.run(
+        [*cmd, "--nproc-per-node", "2", "--no-python", sys.executable, str(script)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert sorted(line for line in done.stdout.splitlines() if line.startswith("rank")) == [
+        "rank 0 of 2",
+        "rank 1 of 2",
+    ]
+    job_id = int(done.stdout.splitlines()[0].split()[2])
+    [job] = [j for j in controlled.client.list_jobs(include_ended=True).jobs if j.job_id == job_id]
+    assert job.world_size == 2 and job.state == "ended"
+    assert done.stderr.count(f"no rank joined job {job_id}") == 1, done.stderr
 
 
 SECURED_CHILD = """

@@ -19,7 +19,9 @@ from .base import (
     NonFiniteError,
     PeelingError,
     Phase,
+    RowCodec,
     SparseGrad,
+    SparseRows,
 )
 from .cltk import CLTK
 from .error_feedback import ErrorFeedback
@@ -141,7 +143,9 @@ __all__ = [
     "PeelingError",
     "Phase",
     "PhaseMismatch",
+    "RowCodec",
     "SparseGrad",
+    "SparseRows",
     "check_codec",
     "combine",
     "drive",
