@@ -180,7 +180,7 @@ def measure(a: argparse.Namespace) -> dict[str, list[dict]]:
             h.enable_ip_stack()
         fabric.release_connection()  # the controller becomes the primary
         server, address = _controller(fabric, tmp)
-        with ControllerClient(address, 5.0) as client:
+        with ControllerClient(address, 5.0, insecure=True) as client:
             wait_for(lambda: all(s.connected for s in client.status().switches), 30, "sync")
         out = tmp / "results.json"
         cmds = []
@@ -191,6 +191,7 @@ def measure(a: argparse.Namespace) -> dict[str, list[dict]]:
             cmds.append([*cmd, "--warmup", str(a.warmup), "--out", str(out)])
         env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
         env["HOMAGG_CONTROLLER"] = address
+        env["HOMAGG_INSECURE"] = "1"  # the controller of this bench serves plaintext
         done = run_together(cmds, a.timeout, env=env, cwd=REPO)
         if any(code for code, _ in done):
             raise SystemExit("\n".join(text[-3000:] for _, text in done))

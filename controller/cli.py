@@ -25,6 +25,7 @@ from controller.config import (
 )
 from controller.credentials import (
     CA_FILE_ENV,
+    INSECURE_ENV,
     OPERATOR_TOKEN_ENV,
     OPERATOR_TOKEN_FILE_ENV,
     SecretError,
@@ -42,7 +43,8 @@ workers); the other commands ask a running controller (--controller, default
 The controller speaks TLS: the other commands verify its certificate against --ca-file
 (or ${CA_FILE_ENV}) and present the operator credential read from --credential-file,
 ${OPERATOR_TOKEN_FILE_ENV} or ${OPERATOR_TOKEN_ENV} (never a command-line argument).
---insecure is plaintext, for tests and local use (docs/controller.md, Security)."""
+--insecure (or ${INSECURE_ENV}=1) is plaintext, for tests and local use, and warns
+(docs/controller.md, Security)."""
 
 # gRPC's own status text when the server's maximum_concurrent_rpcs is reached (it cannot be
 # set); what it means for the controller is added here.
@@ -314,18 +316,20 @@ class UsageError(Exception):
 
 
 def client_security(args: argparse.Namespace) -> tuple[Path | None, str | None]:
-    """The CA file (None with --insecure) and the operator credential of a query command."""
+    """The CA file (None: plaintext, chosen by --insecure or $HOMAGG_INSECURE=1) and the
+    operator credential of a query command."""
+    from controller.tls import TlsError, plaintext_chosen
+
     try:
         token = operator_token(args.credential_file)
-    except SecretError as exc:
+        plaintext = args.insecure or plaintext_chosen()
+    except (SecretError, TlsError) as exc:
         raise UsageError(str(exc)) from None
-    if args.insecure:
-        return None, token
-    ca = ca_file(args.ca_file)
-    if ca is None:
+    ca = None if args.insecure else ca_file(args.ca_file)
+    if ca is None and not plaintext:
         raise UsageError(
             f"no CA to verify the controller with: give --ca-file FILE (or set ${CA_FILE_ENV}), "
-            "or --insecure for a plaintext controller"
+            f"or --insecure (or ${INSECURE_ENV}=1) for a plaintext controller"
         )
     return ca, token
 
@@ -336,7 +340,7 @@ def _query(args: argparse.Namespace) -> int:
 
     ca, token = client_security(args)
     try:
-        client = ControllerClient(args.controller, args.timeout, ca, token)
+        client = ControllerClient(args.controller, args.timeout, ca, token, insecure=ca is None)
     except TlsError as exc:
         raise UsageError(str(exc)) from None
     with client:

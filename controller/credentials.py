@@ -18,6 +18,7 @@ OPERATOR_TOKEN_FILE_ENV = "HOMAGG_OPERATOR_TOKEN_FILE"
 JOB_TOKEN_ENV = "HOMAGG_TOKEN"  # a worker's job token (worker/attach.py, python -m worker)
 JOB_TOKEN_FILE_ENV = "HOMAGG_TOKEN_FILE"
 CA_FILE_ENV = "HOMAGG_CA_FILE"  # the CA that signed the controller's certificate
+INSECURE_ENV = "HOMAGG_INSECURE"  # "1": plaintext to a controller without TLS (tests, local use)
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,8 @@ The ranks find HOMAGG_CONTROLLER, HOMAGG_JOB_ID and HOMAGG_TOKEN_FILE (a file on
 user can read; the token is never on a command line) and `homagg.attach` (or the homagg
 backend) joins this job with the job's codec (--codec; HOMAGG_CODEC is set to it, and a
 script's own codec= that differs is refused).
-The controller is verified against $HOMAGG_CA_FILE (the ranks inherit it); the job is
+The controller is verified against $HOMAGG_CA_FILE (the ranks inherit it; a controller
+without TLS needs HOMAGG_INSECURE=1, which they inherit too, and warns); the job is
 created with the operator credential of $HOMAGG_OPERATOR_TOKEN_FILE or
 $HOMAGG_OPERATOR_TOKEN, which the ranks do not get.
 

@@ -150,7 +150,9 @@ class RunningController:
         self.server = ControllerServer(config, poll_interval=0.05, max_backoff=0.3, **options)
         self.port = self.server.start()
         self.address = f"127.0.0.1:{self.port}"
-        self.client = ControllerClient(self.address, 5.0, ca_file, operator_token)
+        self.client = ControllerClient(
+            self.address, 5.0, ca_file, operator_token, insecure=ca_file is None
+        )
         self.manager = self.server.manager
 
     def wait_synced(self, timeout: float = 10.0) -> None:

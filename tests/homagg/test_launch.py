@@ -34,8 +34,12 @@ def controlled(tmp_path_factory):
     c.close()
 
 
-def launch(address: str, *command: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "HOMAGG_TOKEN": "stale"}
+PLAINTEXT = {"HOMAGG_INSECURE": "1", "HOMAGG_CA_FILE": ""}  # the test controller has no TLS
+
+
+def launch(address: str, *command: str, secure: dict = PLAINTEXT) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HOMAGG_TOKEN": "stale", **secure}
+    env = {k: v for k, v in env.items() if v}
     cmd = [sys.executable, "-m", "homagg.launch", "--controller", address, "--world-size", "2"]
     return subprocess.run(
         [*cmd, "--codec", "fixed_point", "--", *command],
@@ -63,6 +67,20 @@ def test_refusals_are_one_clear_line(controlled):
     assert done.returncode == 2 and "give the command after --" in done.stderr
     bad = launch("127.0.0.1:1", sys.executable, "-c", "pass")
     assert bad.returncode == 1 and "CreateJob failed at 127.0.0.1:1: UNAVAILABLE" in bad.stderr
+
+
+def test_plaintext_must_be_chosen(controlled):
+    """Neither a CA nor HOMAGG_INSECURE=1: refused before any call (the operator credential
+    would cross the network readable), saying what to set; with it chosen, one warning."""
+    before = len(controlled.client.list_jobs(include_ended=True).jobs)
+    unset = {"HOMAGG_INSECURE": "", "HOMAGG_CA_FILE": ""}
+    done = launch(controlled.address, sys.executable, "-c", "pass", secure=unset)
+    assert done.returncode == 2, done.stderr
+    assert "no CA to verify the controller" in done.stderr
+    assert "HOMAGG_CA_FILE" in done.stderr and "HOMAGG_INSECURE=1" in done.stderr
+    assert len(controlled.client.list_jobs(include_ended=True).jobs) == before
+    done = launch(controlled.address, sys.executable, "-c", "pass")
+    assert done.returncode == 0 and done.stderr.count("INSECURE: plaintext") == 1, done.stderr
 
 
 SECURED_CHILD = """
@@ -130,7 +148,8 @@ def test_torchrun_under_the_launcher_trains_on_the_switch(tmp_path):
     status comes back as the launcher's."""
     c = Controlled(tmp_path, 2, fabric=True, listen=f"unix:{tmp_path}/ctl.sock")
     try:
-        env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", **PLAINTEXT}
+        env.pop("HOMAGG_CA_FILE")
         for name in ("HOMAGG_CONTROLLER", "HOMAGG_CODEC", "HOMAGG_JOB_ID", "HOMAGG_TOKEN"):
             env.pop(name, None)
         cmd = [sys.executable, "-m", "homagg.launch", "--controller", c.address]
