@@ -188,6 +188,13 @@ def _parser() -> argparse.ArgumentParser:
         "job ids start above every id they hold",
     )
     serve.add_argument(
+        "--remove-unknown-jobs",
+        action="store_true",
+        help="remove from the switches the jobs this database has no record of (e.g. an "
+        "older copy restored on purpose); without it (or --fresh-database) such jobs stop "
+        "the controller with status 2 and stay on the switch",
+    )
+    serve.add_argument(
         "--insecure-non-loopback",
         action="store_true",
         help="with --insecure: also listen insecurely on an address other hosts can reach "
@@ -410,7 +417,11 @@ def _serve(args: argparse.Namespace) -> int:
     )
     log = logging.getLogger("aggctl")
     try:
-        server = ControllerServer(config, fresh_database=args.fresh_database)
+        server = ControllerServer(
+            config,
+            fresh_database=args.fresh_database,
+            remove_unknown_jobs=args.remove_unknown_jobs,
+        )
     except StoreError as exc:
         print(f"aggctl: {exc}", file=sys.stderr)
         return 2
@@ -424,11 +435,14 @@ def _serve(args: argparse.Namespace) -> int:
         server.stop()
         return 2 if isinstance(exc, StoreError) else 1
     try:
-        while not stop.wait(1.0):
+        while not stop.wait(0.2) and not server.refusal:
             pass
     finally:
         log.info("stopping (jobs stay installed and are restored on the next start)")
         server.stop()
+    if server.refusal:
+        print(f"aggctl: {server.refusal}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -303,12 +303,24 @@ class ControllerServer:
     """The controller: its JobManager (switch supervisors, leases) served over gRPC."""
 
     def __init__(
-        self, config: ControllerConfig, fresh_database: bool = False, **manager_options: Any
+        self,
+        config: ControllerConfig,
+        fresh_database: bool = False,
+        remove_unknown_jobs: bool = False,
+        **manager_options: Any,
     ) -> None:
+        """`fresh_database`: start with no jobs (an existing file is kept aside); with it or
+        `remove_unknown_jobs`, jobs a switch holds that the database does not know are
+        removed, else the controller refuses to manage the switch (`refusal`, `refused`)."""
         self.config = config
         self.store = Store(config.database, fresh=fresh_database)
         try:
-            self.manager = JobManager(config, self.store, **manager_options)
+            self.manager = JobManager(
+                config,
+                self.store,
+                remove_unknown_jobs=fresh_database or remove_unknown_jobs,
+                **manager_options,
+            )
         except BaseException:
             self.store.close()
             raise
@@ -369,6 +381,12 @@ class ControllerServer:
             cfg.listen,
         )
         return server.add_insecure_port(cfg.listen)
+
+    @property
+    def refusal(self) -> str:
+        """Why the controller must stop ("" while nothing is wrong): a switch holds jobs the
+        database does not know (controller/restore.py)."""
+        return self.manager.refusal
 
     def stop(self, grace: float = 1.0) -> None:
         """Stop serving, then the supervisors; the switches keep every entry."""

@@ -19,14 +19,16 @@ import pytest
 from aggwire import p4names
 from controller.client import ControllerClient
 from controller.config import ControllerConfig, parse_config
+from controller.install import reconcile
 from controller.service import ControllerServer
-from controller.switch_connection import SwitchConnection
+from controller.switch_connection import SwitchConnection, SwitchError
 from refswitch.switch import ReferenceSwitch
 from testnet.addresses import SERVICE_IP, SWITCH_MAC, host_entry
 from testnet.poll import wait_for
 from testnet.switch_process import bmv2_available, free_port, switch_command
 
 HOSTS = [host_entry(i) for i in range(4)]
+CLEARING_ELECTION_ID = 100  # above every controller's (10) and reader's (1..9)
 TIMING = {"heartbeat_interval": 0.5, "lease": 3.0, "join_timeout": 10.0}
 TARGETS = [
     pytest.param("refswitch", id="refswitch"),
@@ -101,6 +103,20 @@ class SwitchUnderTest:
         """A switch reboot: same address, no pipeline, no entries."""
         self.stop()
         self.start()
+
+    def clear(self) -> None:
+        """Remove every entry and multicast group (the pipeline stays), in a short primary
+        session above the controllers' election id."""
+        conn = SwitchConnection(self.address, election_id=CLEARING_ELECTION_ID, timeout=3.0)
+        try:
+            conn.connect()
+            try:
+                conn.get_p4info()
+            except SwitchError:
+                return  # no pipeline yet: nothing to remove
+            reconcile(conn, [])
+        finally:
+            conn.close()
 
 
 def config_dict(
