@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from aggwire.constants import MAX_JOB_ID, MAX_L4_PORT, MAX_SWITCH_PORT, NUM_SLOTS
-from controller.credentials import Operator
+from controller.credentials import ROLES, TENANT, TENANT_MAX_JOBS, TENANT_MAX_SLOTS, Operator
 from controller.forwarding import Host
 from p4rtproto.bytestrings import ipv4_to_int, mac_to_int
 
@@ -231,11 +231,17 @@ def _operator(data: Any, where: str) -> Operator:
             f"{where}.token_sha256: expected the 64 hex digits of the token's SHA-256 "
             '(printf %s "$TOKEN" | sha256sum)'
         )
+    role = r.string("role", TENANT)
+    if role not in ROLES:
+        raise ConfigError(f"{where}.role: expected one of {', '.join(ROLES)}, got {role!r}")
+    tenant = role == TENANT
     op = Operator(
         name=name,
         token_sha256=digest,
-        max_jobs=r.integer("max_jobs", 0, 0, MAX_JOB_ID),  # no more jobs than ids
-        max_slots=r.integer("max_slots", 0, 0, NUM_SLOTS),
+        role=role,
+        # no more jobs than ids; a tenant's defaults bound what one credential can take
+        max_jobs=r.integer("max_jobs", TENANT_MAX_JOBS if tenant else 0, 0, MAX_JOB_ID),
+        max_slots=r.integer("max_slots", TENANT_MAX_SLOTS if tenant else 0, 0, NUM_SLOTS),
     )
     r.finish()
     return op

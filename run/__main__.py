@@ -195,7 +195,7 @@ def _controller_process(
     net: Mininet, topo: Topology, out: Path, state: RunState, creds: RunCredentials
 ) -> ControllerProcess:
     """`aggctl serve` for the controller's host (root namespace), on TLS with the run's
-    operator credential: its configuration written, not started yet."""
+    tenant and admin credentials: its configuration written, not started yet."""
     from controller.credentials import operator_token
     from testnet.addresses import host_mac
     from testnet.controller_process import ControllerProcess
@@ -213,7 +213,7 @@ def _controller_process(
         _controller_address(names),
         out / "controller.log",
         ca=creds.ca,
-        token=operator_token(creds.operator_token_file),
+        token=operator_token(creds.admin_token_file),  # it polls Status: an admin call
     )
 
 
@@ -252,7 +252,7 @@ def _run_job(
 ) -> None:
     """One torchrun per host (rank = host index), rank 0's output streamed here. With `creds`
     every rank verifies the controller against the run's CA and rank 0, which creates the job,
-    reads the operator credential from its file (the environment names the files)."""
+    reads the tenant credential from its file (the environment names the files)."""
     hosts = [h for h in net.hosts if h.inNamespace]
     procs, logs = [], []
     for i, h in enumerate(hosts):
@@ -384,7 +384,7 @@ def _build(session: _Session, topo: Topology, target: str, out: Path) -> None:
 
 
 def _counters(names: RunNames, creds: RunCredentials) -> str:
-    """`aggctl counters` as the operator sees it (over TLS, with the run's credential)."""
+    """`aggctl counters` as the operator sees it (over TLS, with the run's admin credential)."""
     address = _controller_address(names)
     done = subprocess.run(
         [PY, "-m", "controller", "--controller", address, *creds.aggctl_args(), "counters"],

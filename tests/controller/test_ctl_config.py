@@ -38,8 +38,14 @@ def test_the_examples_secured_lines_parse(tmp_path):
     text = re.sub(r"(?m)^#(\w|\[\[)", r"\1", EXAMPLE.read_text())
     cfg = parse_config(tomllib.loads(text), EXAMPLE.parent)
     assert cfg.tls_cert == EXAMPLE.parent / "tls" / "server.crt" and cfg.tls_key is not None
-    [op] = cfg.operators
-    assert (op.name, op.max_jobs, op.max_slots) == ("ops", 8, 1024)
+    admin, tenant = cfg.operators
+    assert (admin.name, admin.role, admin.max_jobs, admin.max_slots) == ("ops", "admin", 0, 0)
+    assert (tenant.name, tenant.role, tenant.max_jobs, tenant.max_slots) == (
+        "team-a",
+        "tenant",
+        8,
+        1024,
+    )
 
 
 def test_docs_show_the_example():

@@ -40,10 +40,11 @@ UNAUTH, EXHAUSTED = grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.RESOURCE_EX
 
 
 def operators(**alice_quota: int) -> list[dict]:
-    """Two operator tables: alice (with the given quotas) and bob (unlimited)."""
+    """Two admin operator tables: alice (with the given quotas) and bob (unlimited). Tenants:
+    test_ctl_roles.py."""
     return [
-        {"name": "alice", "token_sha256": hash_token(ALICE), **alice_quota},
-        {"name": "bob", "token_sha256": hash_token(BOB)},
+        {"name": "alice", "token_sha256": hash_token(ALICE), "role": "admin", **alice_quota},
+        {"name": "bob", "token_sha256": hash_token(BOB), "role": "admin"},
     ]
 
 

@@ -121,31 +121,40 @@ def test_workers_verify_tls_and_only_rank_0_holds_the_operator_credential(compos
     assert "--insecure" not in script and "--insecure" not in str(compose)
     assert "export HOMAGG_CA_FILE=/credentials/ca.crt" in script
     rank0 = script[script.index('if [ "$RANK" = 0 ]') : script.index("\nfi\n")]
-    assert script.count("operator.token") == rank0.count("operator.token") == 1
+    assert script.count("tenant.token") == rank0.count("tenant.token") == 1
+    assert "admin" not in script
     for name, svc in compose["services"].items():
         if name.startswith("worker"):
             assert "credentials:/credentials:ro" in svc["volumes"]
-    assert "credentials:/credentials" in compose["services"]["controller"]["volumes"]
+            assert not any(v.startswith("admin:") for v in svc["volumes"])
+    volumes = compose["services"]["controller"]["volumes"]
+    assert "credentials:/credentials" in volumes and "admin:/admin" in volumes
 
 
 def test_the_generated_controller_configuration_is_secured(tmp_path):
     """What docker/controller.sh makes on the controller's first start: TLS whose certificate
-    names the service workers dial ("controller"), and the operator credential rank 0 reads;
-    aggctl serve accepts it without --insecure, and a client verifying the name and
-    presenting the credential gets Status."""
+    names the service workers dial ("controller"), the tenant credential rank 0 reads and the
+    admin credential in the controller's own volume; aggctl serve accepts it without
+    --insecure, and a client verifying the name and presenting the admin credential gets
+    Status."""
     spec = importlib.util.spec_from_file_location("compose_credentials", DOCKER / "credentials.py")
     assert spec is not None and spec.loader is not None
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
-    cfg = load_config(script.make_credentials(tmp_path, TEMPLATE))
-    assert cfg.tls_cert == tmp_path / "server.crt" and len(cfg.operators) == 1
+    cfg = load_config(script.make_credentials(tmp_path, TEMPLATE, tmp_path / "admin"))
+    assert cfg.tls_cert == tmp_path / "server.crt"
+    assert [(o.name, o.role) for o in cfg.operators] == [
+        ("make-run", "tenant"),
+        ("make-run-admin", "admin"),
+    ]
     check_secured(cfg, insecure=False)  # no ConfigError
-    assert (tmp_path / "operator.token").stat().st_mode & 0o077 == 0
+    assert (tmp_path / "tenant.token").stat().st_mode & 0o077 == 0
+    assert not (tmp_path / "admin.token").exists()
     cfg = dataclasses.replace(cfg, listen="127.0.0.1:0", database=tmp_path / "c.db")
     server = ControllerServer(cfg)
     port = server.start()
     try:
-        token = operator_token(tmp_path / "operator.token")
+        token = operator_token(tmp_path / "admin" / "admin.token")
         with ControllerClient(
             f"127.0.0.1:{port}", 5.0, tmp_path / "ca.crt", token, server_name=script.CONTROLLER_NAME
         ) as client:

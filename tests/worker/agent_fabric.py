@@ -19,7 +19,7 @@ import pytest
 from aggwire.constants import WORKER_UDP_BASE
 from controller.client import ControllerClient
 from controller.config import ControllerConfig, parse_config
-from controller.credentials import Operator, hash_token
+from controller.credentials import ADMIN, Operator, hash_token
 from controller.pki import make_pki
 from controller.service import ControllerServer
 from refswitch.switch import ReferenceSwitch
@@ -115,7 +115,7 @@ class Controlled:
             if tls:
                 pki = make_pki(tmp_path / "pki", ["127.0.0.1"])
                 self.ca_file = pki.ca
-                operator = Operator("test", hash_token(OPERATOR_TOKEN))
+                operator = Operator("test", hash_token(OPERATOR_TOKEN), role=ADMIN)
                 config = dataclasses.replace(
                     config, tls_cert=pki.cert, tls_key=pki.key, operators=(operator,)
                 )
