@@ -134,12 +134,20 @@ class _Reader:
 _REQUIRED = object()
 
 
-def check_address(address: str, where: str, any_port: bool = False) -> str:
-    """'host:port' with a port in 1..65535 (0 too with any_port: the OS picks one)."""
+def check_address(address: str, where: str, any_port: bool = False, unix: bool = False) -> str:
+    """'host:port' with a port in 1..65535 (0 too with any_port: the OS picks one); with
+    `unix` also 'unix:/absolute/path' (a Unix socket: testnet's switches serve P4Runtime so)."""
+    if unix and address.startswith("unix:"):
+        if not address.startswith("unix:/") or len(address) > len("unix:") + 107:
+            raise ConfigError(
+                f"{where}: expected unix:/ABSOLUTE/PATH (at most 107 characters), got {address!r}"
+            )
+        return address
     host, sep, port = address.rpartition(":")
     lowest = 0 if any_port else 1
     if not sep or not host or not port.isdigit() or not lowest <= int(port) <= MAX_L4_PORT:
-        raise ConfigError(f"{where}: expected HOST:PORT, got {address!r}")
+        also = " or unix:/PATH" if unix else ""
+        raise ConfigError(f"{where}: expected HOST:PORT{also}, got {address!r}")
     return address
 
 
@@ -198,7 +206,7 @@ def _switch(data: Any, where: str, base_dir: Path) -> SwitchConfig:
     hosts = tuple(_host(h, f"{where}.hosts[{i}]") for i, h in enumerate(r.tables("hosts")))
     sw = SwitchConfig(
         name=name,
-        address=check_address(r.string("address"), f"{where}.address"),
+        address=check_address(r.string("address"), f"{where}.address", unix=True),
         mac=_check(mac_to_int, r.string("mac"), f"{where}.mac"),
         service_ip=_check(ipv4_to_int, r.string("service_ip"), f"{where}.service_ip"),
         hosts=hosts,

@@ -36,7 +36,7 @@ def test_tls_controller_with_an_operator_credential(tmp_path):
     d = doc(tmp_path, switch_address, listen)
     d["controller"].update(creds.controller_keys())
     d["operator"] = creds.operators()
-    token = operator_token(creds.operator_token_file)
+    token = operator_token(creds.admin_token_file)  # it polls Status: an admin call
     ctl = ControllerProcess(
         write_toml(d, tmp_path / "c.toml"), listen, tmp_path / "c.log", ca=creds.ca, token=token
     )
