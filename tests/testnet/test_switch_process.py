@@ -137,3 +137,16 @@ def _connects(netns: str | None, host: str, port: int) -> bool:
         return False
     finally:
         sock.close()
+
+
+def test_make_stop_knows_a_fabrics_switch_namespace():
+    """`make stop` (testnet/cleanup.py) removes what dead fabrics left by TAG_PATTERN: their
+    switch's namespace too, not only hosts' namespaces and links."""
+    from testnet.fabric import TAG_PATTERN, fabric_tag
+
+    tag = fabric_tag(4321, 7)
+    for name in (f"{tag}sw", f"{tag}h0", f"{tag}s12"):
+        match = TAG_PATTERN.match(name)
+        assert match and match.groups() == ("4321", "7"), name
+    for other in (f"{tag}sx", f"{tag}", "hg1s-eth1", f"{tag}swa"):
+        assert not TAG_PATTERN.match(other), other
