@@ -6,20 +6,35 @@ from enum import IntEnum
 
 # A compile-time constant of the P4 program (256 unless built with `make p4 CELLS=...`);
 # the environment variable only serves benchmarks that run a program built otherwise.
-CELLS_PER_PKT = int(os.environ.get("HOMAGG_CELLS_PER_PKT", "256"))
+CELLS_PER_PKT_ENV = "HOMAGG_CELLS_PER_PKT"
+CELLS_PER_PKT = int(os.environ.get(CELLS_PER_PKT_ENV, "256"))
 if CELLS_PER_PKT not in (16, 32, 64, 128, 256):  # 16 and 32: the TNA program (docs/tofino.md)
-    raise ValueError(f"HOMAGG_CELLS_PER_PKT must be 16, 32, 64, 128 or 256, not {CELLS_PER_PKT}")
+    raise ValueError(f"{CELLS_PER_PKT_ENV} must be 16, 32, 64, 128 or 256, not {CELLS_PER_PKT}")
 AGG_UDP_PORT = 40700
 AGG_VERSION = 1
 AGG_HEADER_BYTES = 16  # aggwire/header.py checks that its fields add up to this
-AGG_UDP_LENGTH = 8 + AGG_HEADER_BYTES + 4 * CELLS_PER_PKT
-AGG_IPV4_LENGTH = 20 + AGG_UDP_LENGTH
-AGG_FRAME_BYTES = 14 + AGG_IPV4_LENGTH
+# The headers before it (aggwire/frame.py checks its layouts have these sizes); IPv4
+# without options, the only kind the switch aggregates.
+ETH_HEADER_BYTES = 14
+IPV4_HEADER_BYTES = 20
+UDP_HEADER_BYTES = 8
+AGG_UDP_LENGTH = UDP_HEADER_BYTES + AGG_HEADER_BYTES + 4 * CELLS_PER_PKT
+AGG_IPV4_LENGTH = IPV4_HEADER_BYTES + AGG_UDP_LENGTH
+AGG_FRAME_BYTES = ETH_HEADER_BYTES + AGG_IPV4_LENGTH
 NUM_SLOTS = 4096
-SHADOW_COPIES = 2  # each slot has two copies (shadow sets), chosen by the header's shadow bit
+SHADOW_BITS = 1  # the header's shadow chooses one of a slot's copies (shadow sets)
+SHADOW_COPIES = 1 << SHADOW_BITS
 NUM_SLOT_COPIES = SHADOW_COPIES * NUM_SLOTS
 MAX_WORKERS_PER_JOB = 32  # one bit each in the slot's 32-bit seen bitmap
-RESULT_TTL = 64
+RESULT_TTL = 64  # the TTL the switch gives a result it sends
+
+# Codes of the headers around the aggregation header that the switch matches on.
+ETHERTYPE_IPV4 = 0x0800
+ETHERTYPE_ARP = 0x0806
+IP_PROTO_UDP = 17
+ARP_HTYPE_ETHERNET = 1
+ARP_OPER_REQUEST = 1
+ARP_OPER_REPLY = 2
 
 # Widths of the header fields that other code computes with (P4: job_id_t, chunk_t).
 JOB_ID_BITS = 16

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from bench.publish import publish
 from bench.runs import RunSpec, run_once
+from testnet.switch_process import AUTO_TARGET
 
 # run name -> (codec, overlap); the codec of the fixed runs is each model's best fixed one
 MODES = {
@@ -112,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--hosts", type=int, default=4)
     p.add_argument("--models", default="ncf,mlp,lm")
     p.add_argument("--bw", default="0,100", help="comma-separated Mbit/s; 0: unshaped")
-    p.add_argument("--target", default="auto", choices=["auto", "bmv2", "refswitch"])
+    p.add_argument("--target", default=AUTO_TARGET, choices=[AUTO_TARGET, "bmv2", "refswitch"])
     p.add_argument("--timeout", type=float, default=240, help="seconds per `python -m run`")
     args = p.parse_args(argv)
     models = [m for m in args.models.split(",") if m]

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.publish import publish
+from testnet import REPO_ROOT
 
 CONFIGS = (  # (aggregation, embedding gradients)
     ("switch", "sparse"),
@@ -38,7 +39,6 @@ CONFIGS = (  # (aggregation, embedding gradients)
     ("gloo", "dense"),
 )
 MASTER_PORT = 29671
-REPO = Path(__file__).resolve().parent.parent
 # Each configuration's destroyed process group, kept until exit: freeing a gloo group runs
 # its destructor with the GIL held while it joins its worker threads, and a thread still
 # dropping a finished collective's Python tensor waits for the GIL (a deadlock, seen here).
@@ -70,42 +70,62 @@ def run_config(path: str, grads: str, steps: int, warmup: int, iface: str) -> li
     sent = Path(f"/sys/class/net/{iface}/statistics/tx_bytes")
     records = []
     for step in range(warmup + steps):
-        agg = state.stats.wire_bytes if state is not None else 0
-        passes = state.stats.switch_buckets if state is not None else 0
-        tx, start = int(sent.read_text()), time.perf_counter()
+        before = _counts(state, sent)
+        start = time.perf_counter()
         *inputs, labels = task.batch(rank, step)
         opt.zero_grad()
         task.loss(model(*inputs), labels).backward()
         opt.step()
-        seconds = time.perf_counter() - start
-        t = torch.tensor(
-            [
-                seconds,
-                float(int(sent.read_text()) - tx),
-                float((state.stats.wire_bytes if state is not None else 0) - agg),
-                float(state.stats.fallback_buckets if state is not None else 0),
-                float((state.stats.switch_buckets if state is not None else 0) - passes),
-            ],
-            dtype=torch.float64,
-        )
-        top = t.clone()
-        dist.all_reduce(t, group=group)
-        dist.all_reduce(top, op=dist.ReduceOp.MAX, group=group)
-        if step >= warmup:
-            world = dist.get_world_size(group)
-            records.append(
-                {
-                    "seconds": float(top[0]),
-                    "tx_bytes": float(t[1]) / world,
-                    "agg_bytes": float(t[2]) / world,
-                    "fallback_buckets": int(top[3]),
-                    "switch_buckets": int(top[4]),
-                }
-            )
+        record = _agreed(time.perf_counter() - start, before, _counts(state, sent), group)
+        if step >= warmup:  # every step agrees: the all_reduce is collective
+            records.append(record)
     dist.barrier(group=group)
     dist.destroy_process_group(group)  # the switch job ends here
     _GROUPS.append(group)
     return records
+
+
+def _counts(state: Any, sent: Path) -> tuple[int, int, int, int]:
+    """This rank's totals so far: bytes sent on its interface, the switch's wire bytes,
+    fallback buckets and switch buckets (0 without the switch)."""
+    stats = state.stats if state is not None else None
+    return (
+        int(sent.read_text()),
+        stats.wire_bytes if stats is not None else 0,
+        stats.fallback_buckets if stats is not None else 0,
+        stats.switch_buckets if stats is not None else 0,
+    )
+
+
+def _agreed(
+    seconds: float, before: tuple[int, ...], after: tuple[int, ...], group: Any
+) -> dict[str, float]:
+    """One step's record over the ranks: the slowest rank's time and fallback buckets,
+    the mean of the bytes, the most buckets through the switch."""
+    import torch
+    import torch.distributed as dist
+
+    t = torch.tensor(
+        [
+            seconds,
+            float(after[0] - before[0]),
+            float(after[1] - before[1]),
+            float(after[2]),
+            float(after[3] - before[3]),
+        ],
+        dtype=torch.float64,
+    )
+    top = t.clone()
+    dist.all_reduce(t, group=group)
+    dist.all_reduce(top, op=dist.ReduceOp.MAX, group=group)
+    world_size = dist.get_world_size(group)
+    return {
+        "seconds": float(top[0]),
+        "tx_bytes": float(t[1]) / world_size,
+        "agg_bytes": float(t[2]) / world_size,
+        "fallback_buckets": int(top[3]),
+        "switch_buckets": int(top[4]),
+    }
 
 
 def rank_main(a: argparse.Namespace) -> None:
@@ -113,6 +133,8 @@ def rank_main(a: argparse.Namespace) -> None:
     import faulthandler
 
     import torch.distributed as dist
+
+    from worker.job_setup import ENV_IFACE
 
     faulthandler.dump_traceback_later(a.timeout - 30, exit=True)  # a stuck rank says where
     os.environ.update(
@@ -123,7 +145,7 @@ def rank_main(a: argparse.Namespace) -> None:
             "MASTER_ADDR": a.master,
             "MASTER_PORT": str(MASTER_PORT),
             "GLOO_SOCKET_IFNAME": a.iface,
-            "HOMAGG_IFACE": a.iface,
+            ENV_IFACE: a.iface,
         }
     )
     from datetime import timedelta
@@ -167,9 +189,11 @@ def _controller(fabric: Any, tmp: Path) -> tuple[Any, str]:
 def measure(a: argparse.Namespace) -> dict[str, list[dict]]:
     """Both ranks in the fabric's namespaces; rank 0's records per configuration."""
     from controller.client import ControllerClient
+    from controller.credentials import INSECURE_ENV
     from testnet.fabric import Fabric
     from testnet.poll import wait_for
     from testnet.processes import run_together
+    from worker.job_setup import ENV_CONTROLLER
 
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # tear the fabric down
     tmp = Path(tempfile.mkdtemp(prefix="bench-sparse-"))
@@ -189,10 +213,10 @@ def measure(a: argparse.Namespace) -> dict[str, list[dict]]:
             cmd += ["--rank", str(r), "--master", fabric.hosts[0].ip, "--iface", h.iface]
             cmd += ["--rounds", str(a.rounds), "--steps", str(a.steps), "--timeout", str(a.timeout)]
             cmds.append([*cmd, "--warmup", str(a.warmup), "--out", str(out)])
-        env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-        env["HOMAGG_CONTROLLER"] = address
-        env["HOMAGG_INSECURE"] = "1"  # the controller of this bench serves plaintext
-        done = run_together(cmds, a.timeout, env=env, cwd=REPO)
+        env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "OMP_NUM_THREADS": "1"}
+        env[ENV_CONTROLLER] = address
+        env[INSECURE_ENV] = "1"  # the controller of this bench serves plaintext
+        done = run_together(cmds, a.timeout, env=env, cwd=REPO_ROOT)
         if any(code for code, _ in done):
             raise SystemExit("\n".join(text[-3000:] for _, text in done))
         return json.loads(out.read_text())

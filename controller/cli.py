@@ -168,7 +168,30 @@ def _parser() -> argparse.ArgumentParser:
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
 
-    serve = add("serve")
+    _serve_options(add("serve"))
+    add("status")
+    jobs = add("jobs")
+    jobs.add_argument("--all", action="store_true", help="include the last 100 ended jobs")
+    jobs.add_argument(
+        "--ranks", action="store_true", help="also list each job's ranks and their leases"
+    )
+    _add_job_actions(add("job"), common)
+    pools = add("pools")
+    pools.add_argument("--switch", default="", help="only this switch")
+    counters = add("counters")
+    counters.add_argument("--switch", default="", help="only this switch")
+    counters.add_argument("--job", type=int, default=0, help="only this job's packets")
+    counters.add_argument(
+        "--zero", action="store_true", help="also list reasons and events never counted"
+    )
+    release = add("release")
+    release.add_argument("job", type=int, metavar="JOB", help="the job id")
+    _shell_options(add("shell"))
+    return p
+
+
+def _serve_options(serve: argparse.ArgumentParser) -> None:
+    """`aggctl serve`: the configuration and what overrides it."""
     serve.add_argument(
         "--config", required=True, type=Path, metavar="FILE", help="the TOML configuration"
     )
@@ -201,24 +224,10 @@ def _parser() -> argparse.ArgumentParser:
         "(a network only trusted hosts reach; logged as a warning)",
     )
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning"])
-    add("status")
-    jobs = add("jobs")
-    jobs.add_argument("--all", action="store_true", help="include the last 100 ended jobs")
-    jobs.add_argument(
-        "--ranks", action="store_true", help="also list each job's ranks and their leases"
-    )
-    _add_job_actions(add("job"), common)
-    pools = add("pools")
-    pools.add_argument("--switch", default="", help="only this switch")
-    counters = add("counters")
-    counters.add_argument("--switch", default="", help="only this switch")
-    counters.add_argument("--job", type=int, default=0, help="only this job's packets")
-    counters.add_argument(
-        "--zero", action="store_true", help="also list reasons and events never counted"
-    )
-    release = add("release")
-    release.add_argument("job", type=int, metavar="JOB", help="the job id")
-    shell = add("shell")
+
+
+def _shell_options(shell: argparse.ArgumentParser) -> None:
+    """`aggctl shell`: which switch, as which P4Runtime client."""
     shell.add_argument(
         "--switch", required=True, metavar="ADDR", help="the switch's P4Runtime address"
     )
@@ -229,7 +238,6 @@ def _parser() -> argparse.ArgumentParser:
         default=1,
         help="election id (default 1: a backup while the controller, 10, is primary)",
     )
-    return p
 
 
 def _add_job_actions(job: argparse.ArgumentParser, common: argparse.ArgumentParser) -> None:

@@ -46,6 +46,9 @@ class SwitchConfig:
     # (docs/tofino.md). Both or neither.
     p4info: Path | None = None
     device_config: Path | None = None
+    # The largest pool a job gets here: chunks in flight per rank, which reach its port back
+    # to back. BMv2 buffers about 1,300 frames per port (docs/bmv2.md): 1024 there.
+    max_pool_size: int = NUM_SLOTS
 
     @property
     def lane_ops(self) -> bool:
@@ -215,6 +218,7 @@ def _switch(data: Any, where: str, base_dir: Path) -> SwitchConfig:
         timeout=r.seconds("timeout", 5.0),
         p4info=_program_file(r, "p4info", base_dir, where),
         device_config=_program_file(r, "device_config", base_dir, where),
+        max_pool_size=r.integer("max_pool_size", NUM_SLOTS, 1, NUM_SLOTS),
     )
     r.finish()
     if (sw.p4info is None) != (sw.device_config is None):
@@ -277,17 +281,7 @@ def parse_config(
         _operator(o, f"{where}: operator[{i}]") for i, o in enumerate(top.tables("operator"))
     )
     top.finish()
-    for key in ("name", "token_sha256"):
-        values = [getattr(o, key) for o in operators]
-        if len(set(values)) != len(values):
-            raise ConfigError(f"{where}: two operators have the same {key}")
-    if not switches:
-        raise ConfigError(f"{where}: no [[switch]] configured")
-    for key in ("name", "address"):
-        values = [getattr(s, key) for s in switches]
-        dup = next((v for v in values if values.count(v) > 1), None)
-        if dup is not None:
-            raise ConfigError(f"{where}: two switches have {key} {dup!r}")
+    _check_unique(switches, operators, where)
     database = Path(ctl.string("database", "homagg-controller.db"))
     config = ControllerConfig(
         switches=switches,
@@ -307,6 +301,31 @@ def parse_config(
     )
     config = _wait_limits(ctl, config)
     ctl.finish()
+    _check_consistent(config, where)
+    return config
+
+
+def _check_unique(
+    switches: tuple[SwitchConfig, ...], operators: tuple[Operator, ...], where: str
+) -> None:
+    """At least one switch; no two switches or operators share a name, an address or a
+    token."""
+    for key in ("name", "token_sha256"):
+        values = [getattr(o, key) for o in operators]
+        if len(set(values)) != len(values):
+            raise ConfigError(f"{where}: two operators have the same {key}")
+    if not switches:
+        raise ConfigError(f"{where}: no [[switch]] configured")
+    for key in ("name", "address"):
+        values = [getattr(s, key) for s in switches]
+        dup = next((v for v in values if values.count(v) > 1), None)
+        if dup is not None:
+            raise ConfigError(f"{where}: two switches have {key} {dup!r}")
+
+
+def _check_consistent(config: ControllerConfig, where: str) -> None:
+    """The settings that depend on each other: TLS's two files, the default pool within the
+    quota, a lease that outlasts two heartbeats."""
     if (config.tls_cert is None) != (config.tls_key is None):
         raise ConfigError(f"{where}: controller.tls_cert and controller.tls_key go together")
     if config.default_pool_size > config.max_job_slots:
@@ -319,7 +338,6 @@ def parse_config(
             f"{where}: controller.lease ({config.lease} s) must be at least twice "
             f"heartbeat_interval ({config.heartbeat_interval} s)"
         )
-    return config
 
 
 def _wait_limits(ctl: _Reader, config: ControllerConfig) -> ControllerConfig:

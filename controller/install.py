@@ -142,7 +142,8 @@ def held(conn: SwitchConnection) -> dict[tuple, Spec]:
 
 
 def _job_id_of(spec: Spec) -> int:
-    """The job a spec belongs to (a group's id is its job's; job entries match on it), or 0."""
+    """The job a spec belongs to (a group's id is its job's, delivery.mcast_grp_of_job; job
+    entries match on it), or 0."""
     if isinstance(spec, GroupSpec):
         return spec.group_id
     value = dict(spec.match).get(JOB_ID_FIELD, 0)

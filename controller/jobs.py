@@ -466,7 +466,7 @@ class JobManager:
         )
 
     def _reap_loop(self) -> None:
-        interval = min(0.5, self.config.lease / 4)
+        interval = reap_interval(self.config.lease)
         while not self._stop.wait(interval):
             try:
                 self.expire_due()
@@ -496,3 +496,9 @@ class JobManager:
                     continue
                 ended.append(job.job_id)
         return ended
+
+
+def reap_interval(lease: float) -> float:
+    """How often the leases are checked: an expired lease ends its job this much after it ran
+    out, at most."""
+    return min(0.5, lease / 4)

@@ -31,6 +31,8 @@ import grpc
 
 from controller.client import ControllerClient
 from controller.credentials import (
+    JOB_TOKEN_ENV,
+    JOB_TOKEN_FILE_ENV,
     OPERATOR_TOKEN_ENV,
     OPERATOR_TOKEN_FILE_ENV,
     SecretError,
@@ -44,8 +46,6 @@ from worker.job_setup import (
     ENV_CODEC,
     ENV_CONTROLLER,
     ENV_JOB_ID,
-    ENV_TOKEN,
-    ENV_TOKEN_FILE,
     release_job,
 )
 
@@ -124,27 +124,10 @@ def run(args: argparse.Namespace) -> int:
         )
         return 1
     token_file = _write_token(job.token)
-    secret = (ENV_TOKEN, OPERATOR_TOKEN_ENV, OPERATOR_TOKEN_FILE_ENV)
-    env = {k: v for k, v in os.environ.items() if k not in secret}
-    env.update(
-        {
-            ENV_CONTROLLER: args.controller,
-            ENV_JOB_ID: str(job.job_id),
-            ENV_TOKEN_FILE: str(token_file),
-            ENV_CODEC: args.codec,
-        }
-    )
     print(f"homagg-run: job {job.job_id} ({args.name}, {args.world_size} ranks)", flush=True)
-    proc = subprocess.Popen(command, env=env)
-    previous = {
-        s: signal.signal(s, lambda n, f: proc.send_signal(n))
-        for s in (signal.SIGINT, signal.SIGTERM)
-    }
     try:
-        code = proc.wait()
+        code = _run_command(command, _command_env(args, job.job_id, token_file))
     finally:
-        for s, h in previous.items():
-            signal.signal(s, h)
         token_file.unlink(missing_ok=True)
         problem = _release(args.controller, job.job_id)
         if problem:
@@ -153,6 +136,36 @@ def run(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
     return code if code >= 0 else 128 - code
+
+
+def _command_env(args: argparse.Namespace, job_id: int, token_file: Path) -> dict[str, str]:
+    """The command's environment: the job for homagg.attach and the backend, the token by
+    its file only, and no operator credential."""
+    secret = (JOB_TOKEN_ENV, OPERATOR_TOKEN_ENV, OPERATOR_TOKEN_FILE_ENV)
+    env = {k: v for k, v in os.environ.items() if k not in secret}
+    env.update(
+        {
+            ENV_CONTROLLER: args.controller,
+            ENV_JOB_ID: str(job_id),
+            JOB_TOKEN_FILE_ENV: str(token_file),
+            ENV_CODEC: args.codec,
+        }
+    )
+    return env
+
+
+def _run_command(command: list[str], env: dict[str, str]) -> int:
+    """Run the command to its end, passing SIGINT and SIGTERM on; its exit status."""
+    proc = subprocess.Popen(command, env=env)
+    previous = {
+        s: signal.signal(s, lambda n, f: proc.send_signal(n))
+        for s in (signal.SIGINT, signal.SIGTERM)
+    }
+    try:
+        return proc.wait()
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -13,8 +13,13 @@ from mininet.link import Link, TCLink
 from mininet.net import Mininet
 from mininet.node import Host, Switch
 
-from run.names import MAX_HOSTS, RunNames
-from testnet.addresses import CONTROLLER_INDEX, host_mac
+from run.names import DEFAULT_HOSTS, RunNames
+from testnet.addresses import (
+    CONTROLLER_INDEX,
+    MAX_HOSTS_WITH_CONTROLLER,
+    host_mac,
+    host_switch_port,
+)
 from testnet.namespace import in_namespace
 from testnet.rawsock import disable_offloads
 from testnet.switch_process import SwitchProcess
@@ -22,10 +27,11 @@ from testnet.switch_process import SwitchProcess
 
 @dataclass(frozen=True)
 class Topology:
-    """One switch, `hosts` workers on ports 1..hosts, the controller's host on port hosts+1;
-    `bw_mbit` > 0 shapes every link with htb (tc), 0 leaves them unshaped."""
+    """One switch, `hosts` worker hosts and the controller's host, on the switch ports of
+    testnet.addresses; `bw_mbit` > 0 shapes every link with htb (tc), 0 leaves them
+    unshaped."""
 
-    hosts: int = 4
+    hosts: int = DEFAULT_HOSTS
     bw_mbit: float = 0.0
 
     def describe_bw(self) -> str:
@@ -33,8 +39,8 @@ class Topology:
         return f"{self.bw_mbit:g} Mbit/s (htb)" if self.bw_mbit else "unshaped"
 
     def __post_init__(self) -> None:
-        if not 1 <= self.hosts <= MAX_HOSTS:
-            raise ValueError(f"hosts must be 1..{MAX_HOSTS}, not {self.hosts}")
+        if not 1 <= self.hosts <= MAX_HOSTS_WITH_CONTROLLER:
+            raise ValueError(f"hosts must be 1..{MAX_HOSTS_WITH_CONTROLLER}, not {self.hosts}")
 
     @staticmethod
     def load(path: Path, **overrides: Any) -> Topology:
@@ -44,7 +50,9 @@ class Topology:
         if unknown:
             raise ValueError(f"{path}: unknown key(s) in [topology]: {', '.join(sorted(unknown))}")
         data.update({k: v for k, v in overrides.items() if v is not None})
-        return Topology(hosts=int(data.get("hosts", 4)), bw_mbit=float(data.get("bw_mbit", 0.0)))
+        return Topology(
+            hosts=int(data.get("hosts", DEFAULT_HOSTS)), bw_mbit=float(data.get("bw_mbit", 0.0))
+        )
 
 
 class P4Switch(Switch):
@@ -107,7 +115,7 @@ def build(topo: Topology, target: str, log_dir: Path, names: RunNames) -> Minine
     for i in range(topo.hosts):
         ip = f"{names.host_ip(i)}/{names.prefix_len}"
         h = net.addHost(names.host(i), ip=ip, mac=host_mac(i))
-        net.addLink(h, sw, port2=i + 1, **link_opts)
+        net.addLink(h, sw, port2=host_switch_port(i), **link_opts)
     c = net.addHost(
         names.controller_host,
         cls=Host,
@@ -115,7 +123,7 @@ def build(topo: Topology, target: str, log_dir: Path, names: RunNames) -> Minine
         ip=f"{names.controller_ip}/{names.prefix_len}",
         mac=host_mac(CONTROLLER_INDEX),
     )
-    net.addLink(c, sw, port2=topo.hosts + 1, **link_opts)
+    net.addLink(c, sw, port2=host_switch_port(CONTROLLER_INDEX), **link_opts)
     net.build()
     return net
 

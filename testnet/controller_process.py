@@ -11,8 +11,7 @@ import time
 from pathlib import Path
 
 from controller.client import ControllerClient
-
-ROOT = Path(__file__).resolve().parents[1]  # the repository: the child imports `controller`
+from testnet import REPO_ROOT
 
 
 def config_toml(doc: dict) -> str:
@@ -70,7 +69,7 @@ class ControllerProcess:
     def launch(self) -> int:
         """Start the process (not waiting for it); returns its PID, also its process group."""
         secure = [] if self.ca is not None else ["--insecure"]
-        path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+        path = os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p)
         with open(self.log, "ab") as log:  # the child keeps its own descriptor
             self.proc = subprocess.Popen(
                 [

@@ -26,8 +26,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from aggwire.constants import NUM_SLOTS
 from testnet.namespace import in_namespace, netns_path
-from testnet.rawsock import disable_offloads, offloads_on
+from testnet.rawsock import turn_offloads_off
 
 TARGETS = ("refswitch", "bmv2", "bmv2-opt")
 BMV2_TARGETS = ("bmv2", "bmv2-opt")
@@ -42,6 +43,21 @@ def p4runtime_socket(name: str) -> str:
     SOCKET_DIR.mkdir(mode=0o700, exist_ok=True)
     SOCKET_DIR.chmod(0o700)
     return f"unix:{SOCKET_DIR / f'{name}.sock'}"
+
+
+# BMv2's capture ring holds about 1,300 frames per port with offloads off (docs/bmv2.md): a
+# pool of 1024 chunks in flight per rank leaves room for resends, probes and ARP.
+BMV2_MAX_POOL_SIZE = 1024
+
+
+def max_pool_size(target: str) -> int:
+    """The controller's `max_pool_size` for a switch of this target: how many chunks a rank
+    may have in flight, which reach its port back to back (the reference switch reads its
+    ports into a socket buffer per port that the kernel counts drops of: no bound)."""
+    return BMV2_MAX_POOL_SIZE if target in BMV2_TARGETS else NUM_SLOTS
+
+
+AUTO_TARGET = "auto"  # not a target: a command line's choice of resolve_target()
 
 
 def bmv2_available() -> bool:
@@ -73,6 +89,20 @@ def target_problem(target: str) -> str:
 def available_targets() -> list[str]:
     """The targets that can be started here, the reference switch first."""
     return [t for t in TARGETS if not target_problem(t)]
+
+
+def resolve_target(target: str) -> str:
+    """`target`, with AUTO_TARGET resolved: BMv2 when simple_switch_grpc is installed, else
+    the reference switch."""
+    if target != AUTO_TARGET:
+        return target
+    return "bmv2" if bmv2_available() else "refswitch"
+
+
+def compared_targets() -> list[str]:
+    """The targets a benchmark compares when none are named: the reference switch, and
+    BMv2 when installed (bmv2-opt only when named: it is BMv2 built another way)."""
+    return ["refswitch"] + (["bmv2"] if bmv2_available() else [])
 
 
 def switch_env(target: str) -> dict[str, str] | None:
@@ -146,23 +176,9 @@ def switch_command(
 
 def prepare_ports(ports: dict[int, str]) -> None:
     """Turn segmentation and receive offloads off on the switch's own interfaces before the
-    switch opens them, and fail if one stays on.
-
-    BMv2 captures each port with libpcap in immediate mode, whose ring (2 MiB, BMv2 sets no
-    size) is cut into frames sized for the largest packet the interface can hand it: MTU +
-    18 bytes with offloads off (about 1,300 frames), 64 KiB with TSO/GSO/GRO on (31 frames).
-    A veth has TSO and GSO on by default, so a burst of more than ~31 frames on one port
-    was lost in the kernel, before BMv2 saw it and before any counter (docs/bmv2.md).
-    """
-    for iface in ports.values():
-        disable_offloads(iface)
-        still_on = offloads_on(iface)
-        if still_on:
-            raise RuntimeError(
-                f"offloads {', '.join(still_on)} stay on at switch port {iface}: the switch "
-                "would lose bursts of more than ~31 frames there; turn them off "
-                f"(ethtool -K {iface} tso off gso off gro off lro off) and start it again"
-            )
+    switch opens them, and fail if one stays on (testnet/rawsock.py:turn_offloads_off:
+    with them on, BMv2's capture ring holds ~31 frames per port instead of ~1,300)."""
+    turn_offloads_off(list(ports.values()))
 
 
 class SwitchProcess:

@@ -151,6 +151,7 @@ class WorkerAgent:
         self.unhealthy_reason = "not started"
         self.heartbeats = 0
         self.heartbeat_failures = 0
+        self.proven_at = -math.inf  # monotonic time the controller last vouched for the job
         self.assignment: Assignment | None = None
         self.transport: SwitchTransport | None = None
         self._stop = threading.Event()
@@ -241,6 +242,7 @@ class WorkerAgent:
             )
         self.assignment = assignment
         self.healthy, self.unhealthy_reason = True, ""
+        self.proven_at = time.monotonic()
         log.info(
             "rank %d in job %d from %s:%d (switch %s, pool %d, codec %s); %r",
             cfg.rank,
@@ -288,7 +290,9 @@ class WorkerAgent:
                 max_straggler_wait=cfg.max_straggler_wait,
                 lane_ops=a.lane_ops,
             )
-            self.transport = SwitchTransport(tcfg, channel, peers_problem=self.peers_problem)
+            self.transport = SwitchTransport(
+                tcfg, channel, peers_problem=self.peers_problem, peers_unproven=self.peers_unproven
+            )
         except ValueError as exc:  # a value the checks above missed: still a clear refusal
             channel.close()
             raise AgentError(f"cannot build the transport from the assignment: {exc}") from exc
@@ -296,12 +300,33 @@ class WorkerAgent:
     def peers_problem(self) -> str:
         """Why the peers are gone: "" while this rank's heartbeats are answered (the controller
         ends the job when any rank's lease expires, so an answer proves them), and also while
-        the controller cannot be reached: that is no evidence either way, the data plane sums
-        without it, and the straggler wait's own bound ends a wait that never completes. The
+        the controller cannot be reached: that is no evidence either way, and the data plane
+        sums without it (`peers_unproven` bounds a wait on peers nobody vouches for). The
         reason once the controller said the job is over (a fatal answer) or the agent closed."""
         if self.healthy or not (self._fatal or self._closed):
             return ""
         return self.unhealthy_reason or "the agent is unhealthy"
+
+    def peers_unproven(self) -> str:
+        """Why nothing proves the peers alive any more ("" while something does): no heartbeat
+        was answered for longer than the lease and a heartbeat interval. Had the controller
+        answered, a peer dead since its last answer would have been reported by then (its
+        lease expired, the job ended), so a rank waiting on a peer during a controller outage
+        waits no longer than the controller would have waited on a silent peer. A controller
+        that comes back restores the job with fresh leases (controller/restore.py): its
+        answers prove the peers again, and a dead peer is reported a lease later."""
+        a = self.assignment
+        if a is None:
+            return ""
+        silent = time.monotonic() - self.proven_at
+        bound = a.lease_s + a.heartbeat_interval_s
+        if silent <= bound:
+            return ""
+        why = f" ({self.unhealthy_reason})" if self.unhealthy_reason else ""
+        return (
+            f"no heartbeat answered for {silent:.1f} s{why}: nothing proves the peers alive "
+            f"(a dead peer's lease, {a.lease_s:g} s, would have been reported by now)"
+        )
 
     def _heartbeat_loop(self) -> None:
         assert self.assignment is not None
@@ -319,6 +344,7 @@ class WorkerAgent:
                 self.healthy, self.unhealthy_reason = False, str(err)
                 continue
             self.heartbeats += 1
+            self.proven_at = time.monotonic()
             if not self._fatal and not self.healthy:
                 log.info("rank %d healthy again (heartbeat answered)", cfg.rank)
                 self.healthy, self.unhealthy_reason = True, ""

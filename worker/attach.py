@@ -19,11 +19,11 @@ from typing import Any
 
 import torch.distributed as dist
 
-from worker.codecs import CODECS, DEFAULT_CODEC
-from worker.ddp_hook import AUTO, SwitchHookState, switch_allreduce_hook
+from worker.codecs import AUTO_CODEC, CODECS, DEFAULT_CODEC
+from worker.ddp_hook import SwitchHookState, switch_allreduce_hook
 from worker.job_setup import Request, Setup, group_members, set_up
 
-CODEC_CHOICES = (*CODECS, AUTO)  # what attach's codec= takes: the registry's and "auto"
+CODEC_CHOICES = (*CODECS, AUTO_CODEC)  # what attach's codec= takes
 
 
 def attach(
@@ -51,7 +51,7 @@ def attach(
     setup = set_up(
         Request(
             codec=codec or "",
-            also=(AUTO,),
+            also=(AUTO_CODEC,),
             controller=controller or "",
             pool_size=pool_size,
             name=name,
@@ -66,7 +66,7 @@ def attach(
         codec_options=codec_options,
         asynchronous=asynchronous,
         rank=members.rank,
-        world_size=members.world,
+        world_size=members.world_size,
     )
     state.warned = bool(setup.reason)  # set_up warned once already
     if setup.session is not None:

@@ -27,6 +27,7 @@ from worker import sparse_bucket
 from worker.agent import WorkerAgent
 from worker.auto_control import HOST, AutoConfig, AutoController
 from worker.codecs import (
+    AUTO_CODEC,
     DEFAULT_CODEC,
     Codec,
     CodecError,
@@ -43,7 +44,6 @@ log = logging.getLogger(__name__)
 Wrap = Callable[
     [Generator[Phase, np.ndarray, np.ndarray]], Generator[Phase, np.ndarray, np.ndarray]
 ]  # phases around a codec's (a sparse bucket's row union: worker/sparse_bucket.py)
-AUTO = "auto"  # not a codec: the delay-aware choice among CODECS (worker/auto_control.py)
 
 # Failure kinds, exchanged as MAX over ranks: the highest one names the agreed reason.
 OK, UNHEALTHY, CODEC_FAILED, SWITCH_TIMEOUT, ERROR = 0, 1, 2, 3, 4
@@ -92,7 +92,7 @@ class SwitchHookState:
         auto: AutoConfig | None = None,
         rank: int | None = None,
     ) -> None:
-        check_codec(codec, also=(AUTO,))
+        check_codec(codec, also=(AUTO_CODEC,))
         self.agent = agent
         self.unavailable_reason = unavailable_reason or ("" if agent else "no worker agent")
         self.codec_name = codec
@@ -102,7 +102,7 @@ class SwitchHookState:
         self.rank = dist.get_rank(process_group) if rank is None else rank
         self.cooldown_steps = cooldown_steps
         # codec="auto": codec_options maps a codec name to its options
-        self.controller = AutoController(auto or AutoConfig()) if codec == AUTO else None
+        self.controller = AutoController(auto or AutoConfig()) if codec == AUTO_CODEC else None
         self.asynchronous = asynchronous or self.controller is not None
         self.group = process_group  # collectives of the hook (its own group when asynchronous)
         self.comm: CommThread | None = None
@@ -432,5 +432,5 @@ def switch_allreduce_hook(
         return _completed(result.div_(state.world_size))
     state.stats.fallback_buckets += 1
     work = dist.all_reduce(buf, group=state.process_group, async_op=True)
-    world = state.world_size
-    return work.get_future().then(lambda fut: fut.value()[0].div_(world))
+    world_size = state.world_size
+    return work.get_future().then(lambda fut: fut.value()[0].div_(world_size))

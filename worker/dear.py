@@ -53,13 +53,13 @@ class HostAggregate:
     def __init__(self, process_group: dist.ProcessGroup | None = None) -> None:
         ranks = None if process_group is None else dist.get_process_group_ranks(process_group)
         self.group = dist.new_group(ranks=ranks, backend="gloo")
-        self.world = dist.get_world_size(self.group)
+        self.world_size = dist.get_world_size(self.group)
         self.comm = CommThread(f"homagg-comm-{dist.get_rank()}")
 
     def __call__(self, index: int, buf: torch.Tensor, last: bool) -> torch.Tensor:
         """Sum over ranks, divided by the world size, in place."""
         dist.all_reduce(buf, group=self.group)
-        return buf.div_(self.world)
+        return buf.div_(self.world_size)
 
 
 class SwitchAggregate:

@@ -12,7 +12,7 @@ from bench import aggregation, summary
 
 def _record(fixed_s: float, lossless_s: float) -> dict:
     rec = {}
-    for w in aggregation.WORLDS:
+    for w in aggregation.WORLD_SIZES:
         rec[("refswitch", 1000, w, "gloo", None)] = {"secs": [0.001, 0.002, 0.003], "retx": 0}
         rec[("refswitch", 1000, w, "fixed_point", None)] = {
             "secs": [fixed_s, fixed_s * 2, fixed_s / 2],

@@ -31,6 +31,7 @@ def test_example_parses():
         sw.host_by_ip("10.0.0.2").mac == "02:00:00:00:01:02" and sw.host_by_ip("10.0.0.3") is None
     )
     assert cfg.switch("s1") is sw and cfg.switch("s2") is None
+    assert sw.max_pool_size == 4096  # every slot: no per-port limit (BMv2's: docs/bmv2.md)
 
 
 def test_the_examples_secured_lines_parse(tmp_path):
@@ -117,6 +118,11 @@ BAD = {
         "default_pool_size: 5000 outside 1..4096",
     ),
     "election id 0": (_set("switch.0.election_id", 0), "election_id: 0 outside"),
+    "no pool at all": (_set("switch.0.max_pool_size", 0), "max_pool_size: 0 outside 1..4096"),
+    "more pool than slots": (
+        _set("switch.0.max_pool_size", 4097),
+        "max_pool_size: 4097 outside 1..4096",
+    ),
 }
 
 

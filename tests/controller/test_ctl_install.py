@@ -11,6 +11,7 @@ import grpc
 import pytest
 
 from aggwire import p4names
+from aggwire.constants import WORKER_UDP_BASE
 from controller.aggregation import JobEntries, Worker
 from controller.artifacts import BMV2_JSON_PATH, P4INFO_PATH
 from controller.config import SwitchConfig
@@ -31,6 +32,7 @@ from controller.switch_connection import P4RuntimeWriteError, SwitchError, Updat
 from controller.switches import ManagedSwitch, SwitchRejected
 from p4rtproto.api import p4runtime_pb2
 from p4rtproto.p4info import P4InfoIndex
+from testnet.addresses import host_ip, host_mac, host_switch_port
 
 P4INFO = P4InfoIndex.from_text_file(P4INFO_PATH)
 Update = p4runtime_pb2.Update
@@ -42,10 +44,10 @@ JOB = JobEntries(
     workers=tuple(
         Worker(
             rank=r,
-            switch_port=r + 1,
-            mac=f"02:00:00:00:01:0{r + 1}",
-            ip=f"10.0.0.{r + 1}",
-            udp_port=41000,
+            switch_port=host_switch_port(r),
+            mac=host_mac(r),
+            ip=host_ip(r),
+            udp_port=WORKER_UDP_BASE,
         )
         for r in range(3)
     ),

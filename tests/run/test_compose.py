@@ -11,6 +11,7 @@ import dataclasses
 import importlib.util
 import os
 import re
+import shlex
 import socket
 import subprocess
 from pathlib import Path
@@ -32,6 +33,7 @@ from testnet.namespace import (
 )
 from testnet.poll import wait_for
 from testnet.rawsock import open_raw, recv_frames
+from testnet.switch_process import max_pool_size
 
 yaml = pytest.importorskip("yaml")
 ROOT = Path(__file__).resolve().parents[2]
@@ -106,6 +108,26 @@ def test_referenced_files_modules_and_controller_port_exist(compose):
             or module.startswith("torch.")
         ), module
     assert "--mode switch" in script and "--iface eth1" in script
+
+
+def test_the_switch_turns_its_ports_offloads_off_and_the_controller_paces_bmv2(compose):
+    """BMv2's data ports lose their offloads before it opens them (testnet/rawsock.py run as a
+    script: with them on, a burst of more than ~31 frames per port is lost), and the
+    controller grants BMv2's pool limit (docs/bmv2.md)."""
+    script = (DOCKER / "switch.sh").read_text()
+    ports = re.findall(r"-i \d+@(\w+)", switch_command(compose))
+    prepare = next(line for line in script.splitlines() if line.startswith("python3 "))
+    assert prepare.split() == ["python3", "/homagg/rawsock.py", *ports]
+    assert script.index(prepare) < script.index("exec simple_switch_grpc")
+    assert "testnet/rawsock.py" in shlex.split(
+        next(
+            line
+            for line in (DOCKER / "switch.Dockerfile").read_text().splitlines()
+            if line.startswith("COPY")
+        )
+    )
+    assert (ROOT / "testnet" / "rawsock.py").is_file()
+    assert load_config(TEMPLATE).switches[0].max_pool_size == max_pool_size("bmv2")
 
 
 def test_the_job_token_never_rides_a_command_line():

@@ -18,7 +18,7 @@ from controller.artifacts import BMV2_JSON_PATH, P4INFO_PATH
 from controller.forwarding import Host, forwarding_entries
 from controller.install import reconcile
 from controller.switch_connection import SwitchConnection
-from testnet.addresses import SWITCH_MAC, host_mac, host_switch_port
+from testnet.addresses import CONTROLLER_INDEX, SWITCH_MAC, host_entry
 from testnet.namespace import in_namespace
 from testnet.switch_process import THRIFT_PORT, free_port
 
@@ -40,12 +40,13 @@ def _connects(netns: str | None, host: str, port: int) -> bool:
 
 
 def _install_forwarding(net, topo_hosts: int, names) -> None:
-    """What the controller installs first: the pipeline and the routes to every host and to
-    the controller's host (so the hosts reach each other and it through the switch)."""
-    sw, ctl = net.switches[0], net.get(names.controller_host)
-    hosts = [Host(names.host_ip(i), host_mac(i), host_switch_port(i)) for i in range(topo_hosts)]
-    hosts.append(Host(names.controller_ip, ctl.defaultIntf().MAC(), topo_hosts + 1))
-    conn = SwitchConnection(sw.process.address, election_id=10, timeout=5.0)
+    """What the controller installs first (run/control.py's hosts): the pipeline and the
+    routes to every host and to the controller's host (so the hosts reach each other and it
+    through the switch)."""
+    entries = [host_entry(i, names.number) for i in range(topo_hosts)]
+    entries.append(host_entry(CONTROLLER_INDEX, names.number))
+    hosts = [Host(e["ip"], e["mac"], e["switch_port"]) for e in entries]
+    conn = SwitchConnection(net.switches[0].process.address, election_id=10, timeout=5.0)
     conn.connect()
     try:
         conn.set_pipeline(P4INFO_PATH, BMV2_JSON_PATH)

@@ -7,11 +7,13 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from testnet import switch_process
+from testnet import rawsock, switch_process
 from testnet.addresses import SERVICE_IP
 from testnet.fabric import Fabric
 from testnet.namespace import (
@@ -43,6 +45,16 @@ def test_refswitch_command_and_unknown_target():
     assert cmd[cmd.index("--device-id") + 1] == "3"
     with pytest.raises(ValueError, match="unknown switch target"):
         switch_command("tofino", {}, "127.0.0.1:1")
+
+
+def test_auto_is_bmv2_when_installed_and_benches_compare_what_is_installed(monkeypatch):
+    monkeypatch.setattr(switch_process, "bmv2_available", lambda: True)
+    assert switch_process.resolve_target(switch_process.AUTO_TARGET) == "bmv2"
+    assert switch_process.compared_targets() == ["refswitch", "bmv2"]
+    monkeypatch.setattr(switch_process, "bmv2_available", lambda: False)
+    assert switch_process.resolve_target(switch_process.AUTO_TARGET) == "refswitch"
+    assert switch_process.compared_targets() == ["refswitch"]
+    assert switch_process.resolve_target("bmv2-opt") == "bmv2-opt"  # a named target stays
 
 
 def test_bmv2_opt_runs_the_build_under_its_prefix_with_its_libraries(monkeypatch, tmp_path):
@@ -85,9 +97,38 @@ def test_prepare_ports_turns_off_the_offloads_that_shrink_bmv2s_capture_ring():
         delete_namespace(ns)
 
 
+@pytest.mark.skipif(not have_privileges(), reason="needs root (makes a veth pair)")
+def test_rawsock_turns_offloads_off_as_a_standalone_script():
+    """What the Docker example's switch runs before BMv2 (docker/switch.sh): the file alone,
+    in isolated mode (no repository on the path), under the image's Python 3."""
+    outside, inside, ns = f"hgo{os.getpid()}", f"hgi{os.getpid()}", f"hgt{os.getpid()}"
+    add_namespace(ns)
+    try:
+        add_veth(outside, inside, ns)
+        assert offloads_on(outside)
+        script = Path(rawsock.__file__)
+        done = subprocess.run(
+            [sys.executable, "-I", str(script), outside], capture_output=True, text=True
+        )
+        assert done.returncode == 0, done.stderr
+        assert offloads_on(outside) == []
+        missing = subprocess.run(
+            [sys.executable, "-I", str(script), "no-such-iface"], capture_output=True, text=True
+        )
+        assert missing.returncode == 1 and "no-such-iface" in missing.stderr
+    finally:
+        delete_link(outside)
+        delete_namespace(ns)
+
+
+def test_max_pool_size_per_target():
+    assert switch_process.max_pool_size("bmv2") == switch_process.max_pool_size("bmv2-opt")
+    assert switch_process.max_pool_size("bmv2") == 1024 < switch_process.max_pool_size("refswitch")
+
+
 def test_prepare_ports_fails_when_an_offload_stays_on(monkeypatch):
-    monkeypatch.setattr(switch_process, "disable_offloads", lambda iface: None)
-    monkeypatch.setattr(switch_process, "offloads_on", lambda iface: ["gso"])
+    monkeypatch.setattr(rawsock, "disable_offloads", lambda iface: None)
+    monkeypatch.setattr(rawsock, "offloads_on", lambda iface: ["gso"])
     with pytest.raises(RuntimeError, match=r"offloads gso stay on at switch port p1.*ethtool"):
         switch_process.prepare_ports({1: "p1"})
 

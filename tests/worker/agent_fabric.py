@@ -49,8 +49,10 @@ def hosts(n: int) -> list[dict[str, Any]]:
     return [host_entry(i) for i in range(n)]
 
 
-def controller_config(switch_address: str, tmp_path: Path, n: int) -> ControllerConfig:
-    """One switch s1 with n hosts, short heartbeats."""
+def controller_config(
+    switch_address: str, tmp_path: Path, n: int, **switch_keys: Any
+) -> ControllerConfig:
+    """One switch s1 with n hosts (and `switch_keys`, e.g. max_pool_size), short heartbeats."""
     doc = {
         "controller": {
             "listen": "127.0.0.1:0",
@@ -65,6 +67,7 @@ def controller_config(switch_address: str, tmp_path: Path, n: int) -> Controller
                 "service_ip": SERVICE_IP,
                 "timeout": 1.0,
                 "hosts": hosts(n),
+                **switch_keys,
             }
         ],
     }
@@ -89,10 +92,11 @@ class Controlled:
         listen: str = "",
         tls: bool = False,
         target: str = "refswitch",
+        **switch_keys: Any,
     ) -> None:
         """listen "unix:PATH" serves on a Unix socket, reachable from every namespace; `tls`
         serves TLS (a fresh CA in tmp_path/pki) and requires OPERATOR_TOKEN for operator calls;
-        target "bmv2" runs the fabric's switch on BMv2."""
+        target "bmv2" runs the fabric's switch on BMv2; `switch_keys` go to its [[switch]]."""
         self.ca_file: Path | None = None
         self.fabric: Fabric | None = None
         self.refswitch: ReferenceSwitch | None = None
@@ -109,7 +113,7 @@ class Controlled:
                 address = f"127.0.0.1:{free_port()}"
                 self.refswitch = ReferenceSwitch({}, address)
                 self.refswitch.start()
-            config = controller_config(address, tmp_path, n)
+            config = controller_config(address, tmp_path, n, **switch_keys)
             if listen:
                 config = dataclasses.replace(config, listen=listen)
             if tls:

@@ -14,7 +14,7 @@ import torch.distributed as dist
 from agent_fabric import Controlled
 from test_agent_assignment import GOOD
 
-from controller.credentials import CA_FILE_ENV, INSECURE_ENV
+from controller.credentials import CA_FILE_ENV, INSECURE_ENV, JOB_TOKEN_ENV, JOB_TOKEN_FILE_ENV
 from testnet.switch_process import free_port
 from worker import attach, job_session, job_setup
 from worker.agent import AgentConfig, AgentError
@@ -41,8 +41,8 @@ def clean_env(monkeypatch):
     for name in (
         job_setup.ENV_CONTROLLER,
         job_setup.ENV_JOB_ID,
-        job_setup.ENV_TOKEN,
-        job_setup.ENV_TOKEN_FILE,
+        JOB_TOKEN_ENV,
+        JOB_TOKEN_FILE_ENV,
         job_setup.ENV_IFACE,
         job_setup.ENV_CODEC,
         job_setup.ENV_READY_TIMEOUT,
@@ -95,7 +95,7 @@ def test_refused_token_from_the_launcher(monkeypatch, controlled, tmp_path):
     token_file = tmp_path / "token"
     token_file.write_text("not-the-token\n")
     monkeypatch.setenv(job_setup.ENV_JOB_ID, str(job.job_id))
-    monkeypatch.setenv(job_setup.ENV_TOKEN_FILE, str(token_file))
+    monkeypatch.setenv(JOB_TOKEN_FILE_ENV, str(token_file))
     monkeypatch.setenv(job_setup.ENV_IFACE, "lo")
     reason = fallback(controller=controlled.address)
     assert "JoinJob failed" in reason and "UNAUTHENTICATED" in reason

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import torch.distributed as dist
 
-from worker.ddp_hook import AUTO
+from worker.codecs import AUTO_CODEC
 from worker.job_setup import (
     ENV_READY_TIMEOUT,
     Members,
@@ -54,7 +54,7 @@ def ranks(requests: list[Request | None], store: dist.Store | None = None) -> li
 
 
 def req(**kw: Any) -> Request:
-    return Request(also=(AUTO,), **kw)
+    return Request(also=(AUTO_CODEC,), **kw)
 
 
 def test_no_controller_anywhere_is_one_reason_on_every_rank():

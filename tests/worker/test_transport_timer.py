@@ -4,7 +4,8 @@ that answers in order but slower than the timeout is waited for; a pool lost who
 resent at once when the first resend's answer proves it lost. The first two fail with the
 former policy (every chunk's timer from its own send, every expired chunk resent), the third
 without the last rule (one resend per doubling timeout). A chunk that a later answer proves
-skipped is resent at its own timeout, whatever else expires."""
+skipped is resent at its own timeout, whatever else expires; one that three later answers
+passed over is resent at once (fails without fast retransmit)."""
 
 from __future__ import annotations
 
@@ -95,6 +96,10 @@ def primed(switch, pool_size: int, timeout: float) -> SwitchTransport:
     t = SwitchTransport(cfg, switch)
     for _ in range(PRIMING):
         t.allreduce(Op.ADD, np.ones(CELLS_PER_PKT, np.int32))
+    # On a loaded machine the priming round trips include scheduling delays: bring the
+    # timer to its floor with the switch's own service time, as an idle host would measure.
+    for _ in range(64):
+        t.timer.sample(switch.service)
     assert t.timer.rto == timeout and not t.stats.retransmissions
     return t
 
@@ -139,6 +144,38 @@ def test_a_skipped_chunk_is_resent_at_its_own_timeout():
     np.testing.assert_array_equal(t.allreduce(Op.ADD, cells), cells)
     resent_5 = [at for at, chunk, resent in switch.sent if resent and chunk == PRIMING + 5]
     assert resent_5 and resent_5[0] - start < 0.09
+
+
+def test_a_lost_chunk_is_resent_once_three_later_ones_are_answered():
+    """Chunk 1's contribution is lost and the timeout is 300 ms: once the switch answered
+    chunks 2, 3 and 4 (it answers in order, so chunk 1 was lost) chunk 1 is resent at once
+    (fast retransmit) and the call ends far sooner than the timeout (it waited for it)."""
+    switch = QueuedSwitch(service=0.0005)
+    t = primed(switch, 8, 0.3)
+    switch.lose_first.add(PRIMING + 1)
+    start = time.monotonic()
+    cells = np.arange(8 * CELLS_PER_PKT, dtype=np.int32)
+    np.testing.assert_array_equal(t.allreduce(Op.ADD, cells), cells)
+    assert time.monotonic() - start < 0.15
+    assert switch.resent_chunks() == [PRIMING + 1] and t.stats.retransmissions == 1
+
+
+def test_which_chunks_were_passed_over():
+    """_Flight.passed_over: a chunk sent once with at least `answers` later chunks answered;
+    not one overtaken by fewer (a reordered datagram), nor one already resent."""
+    flight = _Flight(8, restarts=True)
+    for i in range(8):
+        flight.sent(i, float(i))
+    flight.next_to_send = 8
+    for i in (2, 3, 5, 6):
+        flight.answered(i, 10.0 + i)
+    # 0 and 1: four later answers; 4: two (5, 6); 7: none
+    np.testing.assert_array_equal(flight.passed_over(6, 3), [0, 1])
+    np.testing.assert_array_equal(flight.passed_over(6, 2), [0, 1, 4])
+    flight.resent(0, 20.0)
+    np.testing.assert_array_equal(flight.passed_over(6, 3), [1])
+    flight.answered(1, 21.0)
+    np.testing.assert_array_equal(flight.passed_over(3, 3), [])  # 0 was resent, 1 and 2 done
 
 
 def test_a_pool_lost_whole_is_resent_at_once_after_the_first_answer():

@@ -73,7 +73,7 @@ class LosslessSparse:
 
     def __init__(
         self,
-        world: int,
+        world_size: int,
         *,
         support_block: int = 1,
         exp_block: int = DEFAULT_BLOCK,
@@ -93,14 +93,14 @@ class LosslessSparse:
         if index_levels not in (None, 1, 2):
             raise ValueError(f"index_levels must be 1, 2 or None (by size), not {index_levels!r}")
         self.index_levels = index_levels
-        self.world = world
+        self.world_size = world_size
         self.support_block = support_block
         self.exp_block = exp_block
         self.values = values
         self.factor, self.margin, self.extra, self.growth = factor, margin, extra, growth
         self.max_attempts = max_attempts
         self.seed = seed
-        self.p = headroom_bits(world)
+        self.p = headroom_bits(world_size)
         self.last_attempts = 0  # sketch attempts the last step needed (diagnostics)
         self._out = np.zeros(0, dtype=np.float32)
         self._written = np.zeros(0, dtype=np.int64)  # where _out may be nonzero
@@ -158,7 +158,7 @@ class LosslessSparse:
             if np.any(sums[beyond]):
                 raise CorruptResultError("nonzero sum beyond the tensor's end")
             elements, sums = elements[~beyond], sums[~beyond]
-        limit = self.world * (2**self.p - 1)
+        limit = self.world_size * (2**self.p - 1)
         if np.any(np.abs(sums.astype(np.int64)) > limit):
             raise CorruptResultError("a decoded sum exceeds what the workers can send")
         shifts = np.take(decode_shifts(exps, self.p), elements // self.exp_block)
