@@ -62,7 +62,9 @@ def test_services_and_images(compose):
         assert (ROOT / build["context"] / build["dockerfile"]).is_file()
     dockerfile = (DOCKER / "switch.Dockerfile").read_text()
     assert "FROM p4lang/behavioral-model" in dockerfile and "iproute2" in dockerfile
-    assert "COPY docker/close_data_ports.sh docker/switch.sh /homagg/" in dockerfile
+    assert (
+        "COPY docker/close_data_ports.sh docker/switch.sh testnet/rawsock.py /homagg/" in dockerfile
+    )
 
 
 def test_switch_ports_match_the_controller_hosts_and_worker_links(compose):
