@@ -252,7 +252,7 @@ class SwitchProcess:
             return ""
 
     def stop(self, timeout: float = 5.0) -> None:
-        """Terminate the switch and reap it."""
+        """Terminate the switch and reap it; its socket goes too (a killed switch leaves it)."""
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
@@ -261,3 +261,4 @@ class SwitchProcess:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait(timeout)
         self._log.close()
+        self.socket.unlink(missing_ok=True)

@@ -164,6 +164,10 @@ def test_the_switch_runs_alone_in_its_namespace_and_p4runtime_on_a_unix_socket(t
             assert not _connects(None, "127.0.0.1", switch_process.THRIFT_PORT)
         finally:
             thrift.close()
+        fabric.restart_switch()  # killed: a new one on the same socket
+        socket_path = fabric.switch.socket
+        assert socket_path.exists()
+    assert not socket_path.exists()  # closed with the fabric
 
 
 def _connects(netns: str | None, host: str, port: int) -> bool:
