@@ -100,6 +100,9 @@ class DropReason(IntEnum):
     TTL_EXPIRED = 12
     UNSUPPORTED = 13
     NO_RECIPIENT = 14
+    # Frames lost before the pipeline: the reference switch counts its sockets' kernel drops
+    # here (ingress drop_counter); the P4 program never sets it (BMv2 cannot see such loss).
+    KERNEL_RX_OVERFLOW = 15
 
 
 NUM_DROP_REASONS = 16

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.publish import publish
+from testnet import REPO_ROOT
 
 CONFIGS = (  # (aggregation, embedding gradients)
     ("switch", "sparse"),
@@ -38,7 +39,6 @@ CONFIGS = (  # (aggregation, embedding gradients)
     ("gloo", "dense"),
 )
 MASTER_PORT = 29671
-REPO = Path(__file__).resolve().parent.parent
 # Each configuration's destroyed process group, kept until exit: freeing a gloo group runs
 # its destructor with the GIL held while it joins its worker threads, and a thread still
 # dropping a finished collective's Python tensor waits for the GIL (a deadlock, seen here).
@@ -148,6 +148,8 @@ def rank_main(a: argparse.Namespace) -> None:
 
     import torch.distributed as dist
 
+    from worker.job_setup import ENV_IFACE
+
     faulthandler.dump_traceback_later(a.timeout - 30, exit=True)  # a stuck rank says where
     os.environ.update(
         {
@@ -157,7 +159,7 @@ def rank_main(a: argparse.Namespace) -> None:
             "MASTER_ADDR": a.master,
             "MASTER_PORT": str(MASTER_PORT),
             "GLOO_SOCKET_IFNAME": a.iface,
-            "HOMAGG_IFACE": a.iface,
+            ENV_IFACE: a.iface,
         }
     )
     from datetime import timedelta
@@ -201,9 +203,11 @@ def _controller(fabric: Any, tmp: Path) -> tuple[Any, str]:
 def measure(a: argparse.Namespace) -> dict[str, list[dict]]:
     """Both ranks in the fabric's namespaces; rank 0's records per configuration."""
     from controller.client import ControllerClient
+    from controller.credentials import INSECURE_ENV
     from testnet.fabric import Fabric
     from testnet.poll import wait_for
     from testnet.processes import run_together
+    from worker.job_setup import ENV_CONTROLLER
 
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # tear the fabric down
     tmp = Path(tempfile.mkdtemp(prefix="bench-sparse-"))
@@ -214,7 +218,7 @@ def measure(a: argparse.Namespace) -> dict[str, list[dict]]:
             h.enable_ip_stack()
         fabric.release_connection()  # the controller becomes the primary
         server, address = _controller(fabric, tmp)
-        with ControllerClient(address, 5.0) as client:
+        with ControllerClient(address, 5.0, insecure=True) as client:
             wait_for(lambda: all(s.connected for s in client.status().switches), 30, "sync")
         out = tmp / "results.json"
         cmds = []
@@ -223,9 +227,10 @@ def measure(a: argparse.Namespace) -> dict[str, list[dict]]:
             cmd += ["--rank", str(r), "--master", fabric.hosts[0].ip, "--iface", h.iface]
             cmd += ["--rounds", str(a.rounds), "--steps", str(a.steps), "--timeout", str(a.timeout)]
             cmds.append([*cmd, "--warmup", str(a.warmup), "--out", str(out)])
-        env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-        env["HOMAGG_CONTROLLER"] = address
-        done = run_together(cmds, a.timeout, env=env, cwd=REPO)
+        env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "OMP_NUM_THREADS": "1"}
+        env[ENV_CONTROLLER] = address
+        env[INSECURE_ENV] = "1"  # the controller of this bench serves plaintext
+        done = run_together(cmds, a.timeout, env=env, cwd=REPO_ROOT)
         if any(code for code, _ in done):
             raise SystemExit("\n".join(text[-3000:] for _, text in done))
         return json.loads(out.read_text())

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from aggwire.constants import MAX_JOB_ID, MAX_L4_PORT, MAX_SWITCH_PORT, NUM_SLOTS
-from controller.credentials import Operator
+from controller.credentials import ROLES, TENANT, TENANT_MAX_JOBS, TENANT_MAX_SLOTS, Operator
 from controller.forwarding import Host
 from p4rtproto.bytestrings import ipv4_to_int, mac_to_int
 
@@ -137,12 +137,20 @@ class _Reader:
 _REQUIRED = object()
 
 
-def check_address(address: str, where: str, any_port: bool = False) -> str:
-    """'host:port' with a port in 1..65535 (0 too with any_port: the OS picks one)."""
+def check_address(address: str, where: str, any_port: bool = False, unix: bool = False) -> str:
+    """'host:port' with a port in 1..65535 (0 too with any_port: the OS picks one); with
+    `unix` also 'unix:/absolute/path' (a Unix socket: testnet's switches serve P4Runtime so)."""
+    if unix and address.startswith("unix:"):
+        if not address.startswith("unix:/") or len(address) > len("unix:") + 107:
+            raise ConfigError(
+                f"{where}: expected unix:/ABSOLUTE/PATH (at most 107 characters), got {address!r}"
+            )
+        return address
     host, sep, port = address.rpartition(":")
     lowest = 0 if any_port else 1
     if not sep or not host or not port.isdigit() or not lowest <= int(port) <= MAX_L4_PORT:
-        raise ConfigError(f"{where}: expected HOST:PORT, got {address!r}")
+        also = " or unix:/PATH" if unix else ""
+        raise ConfigError(f"{where}: expected HOST:PORT{also}, got {address!r}")
     return address
 
 
@@ -201,7 +209,7 @@ def _switch(data: Any, where: str, base_dir: Path) -> SwitchConfig:
     hosts = tuple(_host(h, f"{where}.hosts[{i}]") for i, h in enumerate(r.tables("hosts")))
     sw = SwitchConfig(
         name=name,
-        address=check_address(r.string("address"), f"{where}.address"),
+        address=check_address(r.string("address"), f"{where}.address", unix=True),
         mac=_check(mac_to_int, r.string("mac"), f"{where}.mac"),
         service_ip=_check(ipv4_to_int, r.string("service_ip"), f"{where}.service_ip"),
         hosts=hosts,
@@ -235,11 +243,17 @@ def _operator(data: Any, where: str) -> Operator:
             f"{where}.token_sha256: expected the 64 hex digits of the token's SHA-256 "
             '(printf %s "$TOKEN" | sha256sum)'
         )
+    role = r.string("role", TENANT)
+    if role not in ROLES:
+        raise ConfigError(f"{where}.role: expected one of {', '.join(ROLES)}, got {role!r}")
+    tenant = role == TENANT
     op = Operator(
         name=name,
         token_sha256=digest,
-        max_jobs=r.integer("max_jobs", 0, 0, MAX_JOB_ID),  # no more jobs than ids
-        max_slots=r.integer("max_slots", 0, 0, NUM_SLOTS),
+        role=role,
+        # no more jobs than ids; a tenant's defaults bound what one credential can take
+        max_jobs=r.integer("max_jobs", TENANT_MAX_JOBS if tenant else 0, 0, MAX_JOB_ID),
+        max_slots=r.integer("max_slots", TENANT_MAX_SLOTS if tenant else 0, 0, NUM_SLOTS),
     )
     r.finish()
     return op

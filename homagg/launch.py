@@ -12,7 +12,8 @@ to every rank through torch.distributed's store); on the other machines run torc
 with HOMAGG_CONTROLLER set. It refuses a torchrun of another node rank and a --world-size
 that is not torchrun's, and says so when no rank joined the job.
 
-The controller is verified against $HOMAGG_CA_FILE (the ranks inherit it); the job is
+The controller is verified against $HOMAGG_CA_FILE (the ranks inherit it; a controller
+without TLS needs HOMAGG_INSECURE=1, which they inherit too, and warns); the job is
 created with the operator credential of $HOMAGG_OPERATOR_TOKEN_FILE or
 $HOMAGG_OPERATOR_TOKEN, which the ranks do not get.
 

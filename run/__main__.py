@@ -61,7 +61,7 @@ def _build(session: _Session, topo: Topology, target: str, out: Path) -> None:
 
     names = session.state.names
     session.net = net = build(topo, target, out, names)
-    for h in net.hosts:
+    for h in (*net.hosts, *net.switches):  # the switch has a namespace of its own too
         if h.inNamespace:
             session.state.add("netns", netns_id(h.pid))
         session.state.add("pgids", h.pid)

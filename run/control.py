@@ -69,7 +69,7 @@ def controller_process(
     net: Mininet, hosts: int, out: Path, names: RunNames, creds: RunCredentials
 ) -> ControllerProcess:
     """`aggctl serve` for the controller's host (root namespace), on TLS with the run's
-    operator credential: its configuration written, not started yet."""
+    tenant and admin credentials: its configuration written, not started yet."""
     from controller.credentials import operator_token
     from testnet.controller_process import ControllerProcess
 
@@ -83,12 +83,12 @@ def controller_process(
         controller_address(names),
         out / "controller.log",
         ca=creds.ca,
-        token=operator_token(creds.operator_token_file),
+        token=operator_token(creds.admin_token_file),  # it polls Status: an admin call
     )
 
 
 def counters(names: RunNames, creds: RunCredentials) -> str:
-    """`aggctl counters` as the operator sees it (over TLS, with the run's credential)."""
+    """`aggctl counters` as the operator sees it (over TLS, with the run's admin credential)."""
     address = controller_address(names)
     aggctl = [sys.executable, "-m", "controller", "--controller", address, *creds.aggctl_args()]
     done = subprocess.run(

@@ -63,7 +63,7 @@ def run_job(
 ) -> None:
     """One torchrun per host (rank = host index), rank 0's output streamed here. With `creds`
     every rank verifies the controller against the run's CA and rank 0, which creates the job,
-    reads the operator credential from its file (the environment names the files)."""
+    reads the tenant credential from its file (the environment names the files)."""
     hosts = [h for h in net.hosts if h.inNamespace]
     procs, logs = [], []
     for i, h in enumerate(hosts):

@@ -20,6 +20,7 @@ from testnet.addresses import (
     host_mac,
     host_switch_port,
 )
+from testnet.namespace import in_namespace
 from testnet.rawsock import disable_offloads
 from testnet.switch_process import SwitchProcess
 
@@ -55,22 +56,32 @@ class Topology:
 
 
 class P4Switch(Switch):
-    """A Mininet switch backed by a P4Runtime switch process listening on 127.0.0.1; the
-    controller pushes the pipeline (no p4c, the committed artifacts)."""
+    """A Mininet switch backed by a P4Runtime switch process, in a network namespace of its
+    own with its ports (BMv2's Thrift port listens on every interface of it: nothing else
+    is there to reach it), P4Runtime on a Unix socket; the controller pushes the pipeline
+    (no p4c, the committed artifacts)."""
 
     def __init__(
         self, name: str, target: str = "refswitch", log_path: str = "/tmp/switch.log", **params: Any
     ) -> None:
-        super().__init__(name, **params)
+        super().__init__(name, **{**params, "inNamespace": True})
+        self.controlIntf = None  # no control network: Mininet's default interface is a port
         self.target, self.log_path = target, Path(log_path)
         self.process: SwitchProcess | None = None
+
+    @property
+    def netns(self) -> str:
+        """The switch's network namespace (its Mininet shell's)."""
+        return f"/proc/{self.pid}/ns/net"
 
     def start(self, controllers: list[Any]) -> None:
         """Start the switch process on every data interface (port = Mininet's port number)."""
         ports = {self.ports[i]: i.name for i in self.intfList() if i.name != "lo"}
-        for iface in ports.values():  # SwitchProcess turns their offloads off
-            Path(f"/proc/sys/net/ipv6/conf/{iface}/disable_ipv6").write_text("1")
-        self.process = SwitchProcess(self.target, ports, self.log_path)
+        self.cmd("ip link set lo up")  # as in a fabric's switch namespace (its own tools)
+        with in_namespace(self.netns):
+            for iface in ports.values():  # SwitchProcess turns their offloads off
+                Path(f"/proc/sys/net/ipv6/conf/{iface}/disable_ipv6").write_text("1")
+        self.process = SwitchProcess(self.target, ports, self.log_path, self.netns, self.name)
 
     def stop(self, deleteIntfs: bool = True) -> None:  # noqa: N803 (Mininet's name)
         """Stop the switch process by its PID, then remove the interfaces."""

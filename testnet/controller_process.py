@@ -94,7 +94,7 @@ class ControllerProcess:
         """A client once the controller serves and every switch is connected; RuntimeError
         with the log's tail if it exits or is not there within `timeout` s."""
         assert self.proc is not None, "launch() first"
-        client = ControllerClient(self.address, 2.0, self.ca, self.token)
+        client = ControllerClient(self.address, 2.0, self.ca, self.token, insecure=self.ca is None)
         deadline = time.monotonic() + timeout
         while True:
             try:

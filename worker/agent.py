@@ -78,7 +78,10 @@ class AgentConfig:
     max_retries: int = 12
     dead_path_s: float = 3.0
     max_straggler_wait: float = 120.0
-    ca_file: Path | None = None  # verify the controller's TLS certificate (None: plaintext)
+    # The controller's TLS certificate is verified against ca_file (None: $HOMAGG_CA_FILE);
+    # plaintext only when chosen: insecure, or $HOMAGG_INSECURE=1 (controller/tls.py)
+    ca_file: Path | None = None
+    insecure: bool = False
 
 
 def interface_mac(iface: str) -> str:
@@ -161,7 +164,10 @@ class WorkerAgent:
         self.udp_port = 0  # the port bound and registered (the configured one unless taken)
         try:
             self.client = ControllerClient(
-                config.controller, timeout=config.rpc_timeout, ca_file=config.ca_file
+                config.controller,
+                timeout=config.rpc_timeout,
+                ca_file=config.ca_file,
+                insecure=config.insecure,
             )
         except TlsError as exc:
             raise AgentError(f"no TLS to the controller {config.controller}: {exc}") from exc

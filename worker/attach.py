@@ -5,12 +5,13 @@ Everything comes from the environment: the controller from HOMAGG_CONTROLLER (or
 the launcher (HOMAGG_JOB_ID with HOMAGG_TOKEN_FILE or HOMAGG_TOKEN; its codec is then the
 job's) or created by rank 0 with the operator credential of HOMAGG_OPERATOR_TOKEN_FILE or
 HOMAGG_OPERATOR_TOKEN and shared through the process group's store (the token is never
-logged), the CA that signed the controller's TLS certificate from HOMAGG_CA_FILE (without
-it: plaintext), this worker's IP, interface and MAC from the route to the controller (or
-HOMAGG_IFACE when the switch is on another interface), and its switch port from the
-controller's topology. The ranks set the job up together (worker/job_setup.py): whatever
-fails, every rank gets the same message and the model trains over the process group
-instead (one warning), never hangs (docs/worker.md)."""
+logged), the CA that signed the controller's TLS certificate from HOMAGG_CA_FILE (a
+controller without TLS only with HOMAGG_INSECURE=1: plaintext is never a silent fallback),
+this worker's IP, interface and MAC from the route to the controller (or HOMAGG_IFACE when
+the switch is on another interface), and its switch port from the controller's topology.
+The ranks set the job up together (worker/job_setup.py): whatever fails, every rank gets
+the same message and the model trains over the process group instead (one warning), never
+hangs (docs/worker.md)."""
 
 from __future__ import annotations
 

@@ -4,8 +4,8 @@ synthetic aggregation rounds through the switch with a codec (no torch training)
 Secrets never go on the command line: the job token comes from --token-file,
 $HOMAGG_TOKEN_FILE or $HOMAGG_TOKEN, the operator credential (create) from
 --credential-file, $HOMAGG_OPERATOR_TOKEN_FILE or $HOMAGG_OPERATOR_TOKEN. The controller's
-TLS certificate is verified against --ca-file or $HOMAGG_CA_FILE; --insecure is plaintext
-(tests and local use)."""
+TLS certificate is verified against --ca-file or $HOMAGG_CA_FILE; --insecure (or
+$HOMAGG_INSECURE=1) is plaintext (tests and local use), and one of the two is required."""
 
 from __future__ import annotations
 
@@ -28,6 +28,7 @@ from controller.client import ControllerClient
 from controller.config import DEFAULT_LISTEN
 from controller.credentials import (
     CA_FILE_ENV,
+    INSECURE_ENV,
     JOB_TOKEN_ENV,
     JOB_TOKEN_FILE_ENV,
     OPERATOR_TOKEN_ENV,
@@ -37,7 +38,7 @@ from controller.credentials import (
     job_token,
     operator_token,
 )
-from controller.tls import TlsError
+from controller.tls import TlsError, plaintext_chosen
 from worker.agent import AgentConfig, AgentError, WorkerAgent
 from worker.codecs import CODECS, DEFAULT_CODEC, make_codec
 
@@ -179,14 +180,17 @@ class UsageError(Exception):
 
 
 def _ca(a: argparse.Namespace) -> Path | None:
-    """The CA to verify the controller with; None only with --insecure."""
-    if a.insecure:
-        return None
-    ca = ca_file(a.ca_file)
-    if ca is None:
+    """The CA to verify the controller with; None only when plaintext is chosen (--insecure
+    or $HOMAGG_INSECURE=1)."""
+    try:
+        plaintext = a.insecure or plaintext_chosen()
+    except TlsError as exc:
+        raise UsageError(str(exc)) from None
+    ca = None if a.insecure else ca_file(a.ca_file)
+    if ca is None and not plaintext:
         raise UsageError(
             f"no CA to verify the controller with: give --ca-file FILE (or set ${CA_FILE_ENV}), "
-            "or --insecure for a plaintext controller"
+            f"or --insecure (or ${INSECURE_ENV}=1) for a plaintext controller"
         )
     return ca
 
@@ -222,6 +226,7 @@ def _socket_factory(netns: str) -> Callable[[], socket.socket] | None:
 
 
 def _agent(a: argparse.Namespace) -> WorkerAgent:
+    ca = _ca(a)
     cfg = AgentConfig(
         controller=a.controller,
         job_id=a.job_id,
@@ -233,14 +238,17 @@ def _agent(a: argparse.Namespace) -> WorkerAgent:
         mac=a.mac,
         iface=a.iface,
         ready_timeout=a.ready_timeout,
-        ca_file=_ca(a),
+        ca_file=ca,
+        insecure=ca is None,
     )
     return WorkerAgent(cfg, _socket_factory(a.netns))
 
 
 def cmd_create(a: argparse.Namespace) -> int:
     """Create a job and print job_id, token (unless --token-file) and pool."""
-    with ControllerClient(a.controller, 10.0, _ca(a), operator_token(a.credential_file)) as c:
+    ca = _ca(a)
+    token = operator_token(a.credential_file)
+    with ControllerClient(a.controller, 10.0, ca, token, insecure=ca is None) as c:
         job = c.create_job(a.name, world_size=a.world_size, codec=a.codec, pool_size=a.pool_size)
     out = {"job_id": job.job_id, "token": job.token, "switch": job.switch}
     out["pool_size"] = job.pool_size

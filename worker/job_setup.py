@@ -32,6 +32,7 @@ from controller.credentials import (
     job_token,
     operator_token,
 )
+from controller.tls import TlsError, client_ca
 from worker.agent import AgentConfig, AgentError, WorkerAgent, open_agent
 from worker.codecs import DEFAULT_CODEC, check_codec, uses_lanes
 from worker.job_session import JobSession, release_job
@@ -197,9 +198,10 @@ class _Local:
         self.route: Route | None = None
         if self.address and not self.problem:
             try:
+                client_ca(self.address)  # TLS, or plaintext chosen: never silently plaintext
                 iface = os.environ.get(ENV_IFACE, "")
                 self.route = route_of(iface) if iface else route_to(self.address)
-            except AgentError as exc:
+            except (AgentError, TlsError) as exc:
                 self.problem = str(exc)
 
     def view(self) -> dict[str, Any]:
@@ -344,7 +346,6 @@ def _token_from_env() -> str:
 def _client(controller: str, timeout: float) -> Any:
     """A client of the controller with this process's CA and operator credential."""
     from controller.client import ControllerClient
-    from controller.tls import TlsError
 
     try:
         return ControllerClient(controller, timeout, ca_file(), operator_token())

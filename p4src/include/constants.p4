@@ -80,6 +80,9 @@ const bit<8> DROP_NO_ROUTE         = 11;
 const bit<8> DROP_TTL_EXPIRED      = 12;
 const bit<8> DROP_UNSUPPORTED      = 13;
 const bit<8> DROP_NO_RECIPIENT     = 14;
+/* Never set by this program: the reference switch counts in this ingress cell the frames its
+ * sockets dropped before its pipeline (aggwire.constants.DropReason.KERNEL_RX_OVERFLOW). */
+const bit<8> DROP_KERNEL_RX_OVERFLOW = 15;
 #define NUM_DROP_REASONS 16
 
 /* Aggregation events (wire: index of the event_counter cell). */

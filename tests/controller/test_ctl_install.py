@@ -299,3 +299,31 @@ def test_a_switch_with_its_own_program_pushes_it(tmp_path):
         Listener(),
     )
     assert plain.artifacts == (P4INFO_PATH, BMV2_JSON_PATH)
+
+
+def test_a_large_stage_of_existing_entries_is_rewritten_on_the_reference_switch(refswitch):
+    """The install acts on each failed update's code (ALREADY_EXISTS: retried as a modify).
+    A stage of 300 entries that all exist is 300 failures, past what one Write's status can
+    list on the reference switch (a summary without codes): they still come back with their
+    codes (Writes of at most MAX_UPDATES_PER_WRITE), so every entry is rewritten and
+    recorded as written, none mistaken for a refusal."""
+    from controller.install import _upsert
+    from controller.switch_connection import SwitchConnection
+
+    hosts = [Host(f"10.1.{i // 250}.{i % 250 + 1}", "02:00:00:00:01:01", 1) for i in range(300)]
+    conn = SwitchConnection(refswitch.address, election_id=10, timeout=5.0)
+    conn.connect()
+    try:
+        conn.set_pipeline(P4INFO_PATH, BMV2_JSON_PATH)
+        first = forwarding_entries(hosts, "10.9.0.254", "02:00:00:00:00:fe")
+        arp = [s for s in first if s.kind == p4names.ARP_RESPONDER]
+        assert len(arp) == 301
+        _upsert(conn, arp, written := [])
+        again = forwarding_entries(hosts, "10.9.0.254", "02:00:00:00:00:aa")  # a new switch MAC
+        arp = [s for s in again if s.kind == p4names.ARP_RESPONDER]
+        _upsert(conn, arp, written := [])
+        assert len(written) == 301
+        held = conn.read_entries(p4names.ARP_RESPONDER)
+        assert len(held) == 301 and {e.params["mac"] for e in held} == {0x0200000000AA}
+    finally:
+        conn.close()

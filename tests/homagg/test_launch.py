@@ -35,9 +35,13 @@ def controlled(tmp_path_factory):
     c.close()
 
 
-def launch(address: str, *command: str) -> subprocess.CompletedProcess:
+PLAINTEXT = {"HOMAGG_INSECURE": "1", "HOMAGG_CA_FILE": ""}  # the test controller has no TLS
+
+
+def launch(address: str, *command: str, secure: dict = PLAINTEXT) -> subprocess.CompletedProcess:
     """homagg-run --world-size 2 --codec fixed_point (address "": no --controller)."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "HOMAGG_TOKEN": "stale"}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HOMAGG_TOKEN": "stale", **secure}
+    env = {k: v for k, v in env.items() if v}
     env.pop("HOMAGG_CONTROLLER", None)
     cmd = [sys.executable, "-m", "homagg.launch", "--world-size", "2"]
     cmd += ["--controller", address] if address else []
@@ -69,7 +73,8 @@ def test_refusals_are_one_clear_line(controlled, tmp_path):
     ran = tmp_path / "ran"
     touch = [sys.executable, "-c", f"open({str(ran)!r}, 'w')"]
     bad = launch(f"127.0.0.1:{free_port()}", *touch)
-    assert bad.returncode == 1 and bad.stderr.count("\n") == 1, bad.stderr
+    said = [line for line in bad.stderr.splitlines() if not line.startswith("INSECURE")]
+    assert bad.returncode == 1 and len(said) == 1, bad.stderr
     assert "CreateJob failed at 127.0.0.1:" in bad.stderr and ": UNAVAILABLE:" in bad.stderr
     none = launch("", *touch)  # neither --controller nor HOMAGG_CONTROLLER
     assert none.returncode == 2 and none.stderr == (
@@ -98,7 +103,8 @@ def test_torchruns_world_size_and_a_job_nobody_joined(controlled, tmp_path):
     script never sets one up), the launcher says so, once, and still releases it."""
     script = tmp_path / "script.py"
     script.write_text(PRINT_RANK)
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", **PLAINTEXT}
+    env = {k: v for k, v in env.items() if v}
     cmd = [sys.executable, "-m", "homagg.launch", "--controller", controlled.address, "--"]
     cmd += [sys.executable, "-m", "torch.distributed.run", "--standalone"]
     done = subprocess.run(
@@ -117,6 +123,20 @@ def test_torchruns_world_size_and_a_job_nobody_joined(controlled, tmp_path):
     [job] = [j for j in controlled.client.list_jobs(include_ended=True).jobs if j.job_id == job_id]
     assert job.world_size == 2 and job.state == "ended"
     assert done.stderr.count(f"no rank joined job {job_id}") == 1, done.stderr
+
+
+def test_plaintext_must_be_chosen(controlled):
+    """Neither a CA nor HOMAGG_INSECURE=1: refused before any call (the operator credential
+    would cross the network readable), saying what to set; with it chosen, one warning."""
+    before = len(controlled.client.list_jobs(include_ended=True).jobs)
+    unset = {"HOMAGG_INSECURE": "", "HOMAGG_CA_FILE": ""}
+    done = launch(controlled.address, sys.executable, "-c", "pass", secure=unset)
+    assert done.returncode == 2, done.stderr
+    assert "no CA to verify the controller" in done.stderr
+    assert "HOMAGG_CA_FILE" in done.stderr and "HOMAGG_INSECURE=1" in done.stderr
+    assert len(controlled.client.list_jobs(include_ended=True).jobs) == before
+    done = launch(controlled.address, sys.executable, "-c", "pass")
+    assert done.returncode == 0 and done.stderr.count("INSECURE: plaintext") == 1, done.stderr
 
 
 SECURED_CHILD = """
@@ -184,7 +204,8 @@ def test_torchrun_under_the_launcher_trains_on_the_switch(tmp_path):
     status comes back as the launcher's."""
     c = Controlled(tmp_path, 2, fabric=True, listen=f"unix:{tmp_path}/ctl.sock")
     try:
-        env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", **PLAINTEXT}
+        env.pop("HOMAGG_CA_FILE")
         for name in ("HOMAGG_CONTROLLER", "HOMAGG_CODEC", "HOMAGG_JOB_ID", "HOMAGG_TOKEN"):
             env.pop(name, None)
         cmd = [sys.executable, "-m", "homagg.launch", "--controller", c.address]

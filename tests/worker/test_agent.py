@@ -201,6 +201,7 @@ def test_unreachable_controller_is_a_clear_error():
         switch_port=1,
         mac="02:00:00:00:01:01",
         rpc_timeout=2.0,
+        insecure=True,
     )
     agent, reason = open_agent(cfg)
     assert agent is None and ("UNAVAILABLE" in reason or "DEADLINE_EXCEEDED" in reason)

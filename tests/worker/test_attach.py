@@ -14,7 +14,7 @@ import torch.distributed as dist
 from agent_fabric import Controlled
 from test_agent_assignment import GOOD
 
-from controller.credentials import JOB_TOKEN_ENV, JOB_TOKEN_FILE_ENV
+from controller.credentials import CA_FILE_ENV, INSECURE_ENV, JOB_TOKEN_ENV, JOB_TOKEN_FILE_ENV
 from testnet.switch_process import free_port
 from worker import attach, job_session, job_setup
 from worker.agent import AgentConfig, AgentError
@@ -46,8 +46,10 @@ def clean_env(monkeypatch):
         job_setup.ENV_IFACE,
         job_setup.ENV_CODEC,
         job_setup.ENV_READY_TIMEOUT,
+        CA_FILE_ENV,
     ):
         monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv(INSECURE_ENV, "1")  # the test controller serves plaintext
 
 
 def fallback(**kw) -> str:
@@ -61,6 +63,19 @@ def fallback(**kw) -> str:
 
 def test_missing_controller_says_what_to_set():
     assert "set HOMAGG_CONTROLLER" in fallback()
+
+
+def test_plaintext_is_never_a_silent_fallback(monkeypatch, controlled):
+    """Without a CA and without HOMAGG_INSECURE=1 no rank sends a token: every rank falls
+    back with a reason that says what to set, and no job is created."""
+    monkeypatch.delenv(INSECURE_ENV)
+    before = len(controlled.client.list_jobs(include_ended=True).jobs)
+    reason = fallback(controller=controlled.address)
+    assert f"no CA to verify the controller at {controlled.address}" in reason
+    assert CA_FILE_ENV in reason and f"{INSECURE_ENV}=1" in reason
+    assert len(controlled.client.list_jobs(include_ended=True).jobs) == before
+    monkeypatch.setenv(INSECURE_ENV, "yes")
+    assert f"{INSECURE_ENV}='yes': set it to 1" in fallback(controller=controlled.address)
 
 
 def test_unreachable_controller_fails_within_the_rpc_timeout():
