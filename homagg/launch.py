@@ -40,7 +40,7 @@ from typing import Any
 
 import grpc
 
-from controller.client import ControllerClient
+from controller.client import ControllerClient, release_job
 from controller.credentials import (
     JOB_TOKEN_ENV,
     JOB_TOKEN_FILE_ENV,
@@ -52,14 +52,8 @@ from controller.credentials import (
 )
 from controller.tls import TlsError
 from homagg.torchrun_command import plan_world
-from worker.attach import CODEC_CHOICES
-from worker.codecs import DEFAULT_CODEC
-from worker.job_setup import (
-    ENV_CODEC,
-    ENV_CONTROLLER,
-    ENV_JOB_ID,
-    release_job,
-)
+from worker.codecs import CODEC_CHOICES, DEFAULT_CODEC
+from worker.job_env import ENV_CODEC, ENV_CONTROLLER, ENV_JOB_ID
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -17,13 +17,8 @@ from agent_fabric import OPERATOR_TOKEN, Controlled
 from aggwire.constants import MAX_WORKERS_PER_JOB
 from controller.credentials import CA_FILE_ENV, OPERATOR_TOKEN_ENV
 from worker.codecs import AUTO_CODEC
-from worker.job_setup import (
-    ENV_READY_TIMEOUT,
-    Members,
-    Request,
-    _decide_codec,
-    set_up,
-)
+from worker.job_env import ENV_READY_TIMEOUT
+from worker.job_setup import Members, Request, _decide_codec, set_up
 from worker.setup_round import SetupRound
 
 pytestmark = pytest.mark.filterwarnings("ignore:homagg. rank:RuntimeWarning")
