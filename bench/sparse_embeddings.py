@@ -148,7 +148,7 @@ def rank_main(a: argparse.Namespace) -> None:
 
     import torch.distributed as dist
 
-    from worker.job_setup import ENV_IFACE
+    from worker.job_env import ENV_IFACE
 
     faulthandler.dump_traceback_later(a.timeout - 30, exit=True)  # a stuck rank says where
     os.environ.update(
@@ -207,7 +207,7 @@ def measure(a: argparse.Namespace) -> dict[str, list[dict]]:
     from testnet.fabric import Fabric
     from testnet.poll import wait_for
     from testnet.processes import run_together
-    from worker.job_setup import ENV_CONTROLLER
+    from worker.job_env import ENV_CONTROLLER
 
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # tear the fabric down
     tmp = Path(tempfile.mkdtemp(prefix="bench-sparse-"))

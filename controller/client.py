@@ -7,6 +7,7 @@ is refused (TlsError saying what to set): no token is ever sent in the clear by 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -19,6 +20,10 @@ from controller.credentials import call_metadata
 from controller.tls import channel_credentials, client_ca, warn_plaintext
 
 pb = jobs_pb2
+
+Release = Callable[[int], None]
+"""Ends job `job_id` at the controller (raises grpc.RpcError when it refuses), e.g.
+ControllerClient.release."""
 
 
 class ControllerClient:
@@ -152,3 +157,20 @@ class ControllerClient:
         return self.stub.ReleaseJob(
             pb.ReleaseJobRequest(job_id=job_id), timeout=self.timeout, metadata=self._auth
         )
+
+
+def release_job(release: Release, job_id: int) -> str:
+    """Release `job_id` through `release`: "" when the job is ended now (a job that already
+    ended, e.g. when every rank left before, counts as released), else why not. For the
+    launcher (worker/launch.py) and rank 0's job session (worker/job_session.py)."""
+    try:
+        release(job_id)
+    except grpc.RpcError as exc:
+        code = exc.code() if isinstance(exc, grpc.Call) else None
+        if code == grpc.StatusCode.FAILED_PRECONDITION:  # "job N has already ended: ..."
+            return ""
+        details = exc.details() if isinstance(exc, grpc.Call) else str(exc)
+        return f"{code.name if code else 'UNKNOWN'}: {details}"
+    except Exception as exc:  # no credential, no TLS: the lease ends the job anyway
+        return str(exc)
+    return ""

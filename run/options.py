@@ -20,7 +20,7 @@ from testnet.switch_process import (
     resolve_target,
     target_problem,
 )
-from worker.codecs import AUTO_CODEC, CODECS, DEFAULT_CODEC
+from worker.codecs import AUTO_CODEC, CODEC_CHOICES, DEFAULT_CODEC
 
 if TYPE_CHECKING:
     from run.net import Topology
@@ -90,7 +90,7 @@ def _switch_options(g: argparse._ArgumentGroup) -> None:
     g.add_argument(
         "--codec",
         default=DEFAULT_CODEC,
-        choices=[*CODECS, AUTO_CODEC],
+        choices=CODEC_CHOICES,
         help=f"homomorphic codec of the switch run (default {DEFAULT_CODEC}); {AUTO_CODEC}: "
         "chosen per bucket and step from the measured delay (asynchronous hook)",
     )

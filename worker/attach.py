@@ -19,11 +19,9 @@ from typing import Any
 
 import torch.distributed as dist
 
-from worker.codecs import AUTO_CODEC, CODECS, DEFAULT_CODEC
+from worker.codecs import AUTO_CODEC, CODEC_CHOICES, DEFAULT_CODEC
 from worker.ddp_hook import SwitchHookState, switch_allreduce_hook
 from worker.job_setup import Request, Setup, group_members, set_up
-
-CODEC_CHOICES = (*CODECS, AUTO_CODEC)  # what attach's codec= takes
 
 
 def attach(

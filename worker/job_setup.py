@@ -35,16 +35,12 @@ from controller.credentials import (
 from controller.tls import TlsError, client_ca
 from worker.agent import AgentConfig, AgentError, WorkerAgent, open_agent
 from worker.codecs import DEFAULT_CODEC, check_codec, uses_lanes
-from worker.job_session import JobSession, release_job
+from worker.job_env import ENV_CODEC, ENV_CONTROLLER, ENV_IFACE, ENV_JOB_ID, ENV_READY_TIMEOUT
+from worker.job_session import JobSession
 from worker.route import Route, route_of, route_to
 from worker.setup_round import SetupRound
 
-ENV_CONTROLLER = "HOMAGG_CONTROLLER"
-ENV_JOB_ID = "HOMAGG_JOB_ID"
-ENV_CODEC = "HOMAGG_CODEC"
-ENV_IFACE = "HOMAGG_IFACE"  # the data-plane interface, when not the route to the controller
-ENV_READY_TIMEOUT = "HOMAGG_READY_TIMEOUT"  # s: the wait for every rank (join, WaitReady)
-DEFAULT_READY_TIMEOUT = 60.0
+DEFAULT_READY_TIMEOUT = 60.0  # s, when $HOMAGG_READY_TIMEOUT is unset
 CREATE_TIMEOUT = 10.0  # CreateJob, and a margin of every wait for rank 0's answer
 RPC_TIMEOUT = 5.0
 
@@ -372,4 +368,4 @@ def _make_job(controller: str, world_size: int, codec: str, request: Request) ->
     return JobTicket(made.job_id, made.token, True)
 
 
-__all__ = ["JobTicket", "Members", "Request", "Setup", "group_members", "release_job", "set_up"]
+__all__ = ["JobTicket", "Members", "Request", "Setup", "group_members", "set_up"]

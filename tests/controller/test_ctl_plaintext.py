@@ -3,7 +3,7 @@ worker agent, aggctl and `python -m worker` verify the controller against a CA (
 or $HOMAGG_CA_FILE), talk plaintext only when told (insecure=True, --insecure or
 $HOMAGG_INSECURE=1; warned once per process), and otherwise refuse before sending anything,
 saying what to set. homagg.attach and homagg-run: tests/worker/test_attach.py and
-tests/homagg/test_launch.py."""
+tests/worker/test_launch.py."""
 
 from __future__ import annotations
 

@@ -102,6 +102,7 @@ def test_a_world_above_the_switch_limit_runs_over_gloo(monkeypatch, tmp_path):
         for name in ("HOMAGG_CODEC", "HOMAGG_JOB_ID", "HOMAGG_TOKEN", "HOMAGG_TOKEN_FILE"):
             monkeypatch.delenv(name, raising=False)
         monkeypatch.setenv("HOMAGG_CONTROLLER", c.address)
+        monkeypatch.setenv("HOMAGG_INSECURE", "1")  # the test controller serves plaintext
         monkeypatch.setenv("HOMAGG_IFACE", "lo")
         monkeypatch.setattr(job_setup, "MAX_WORKERS_PER_JOB", 0)
         with pytest.warns(RuntimeWarning, match="world size 1 is above the 0 workers") as caught:

@@ -15,15 +15,10 @@ import torch.distributed as dist
 from agent_fabric import OPERATOR_TOKEN, Controlled
 
 from aggwire.constants import MAX_WORKERS_PER_JOB
-from controller.credentials import CA_FILE_ENV, OPERATOR_TOKEN_ENV
+from controller.credentials import CA_FILE_ENV, INSECURE_ENV, OPERATOR_TOKEN_ENV
 from worker.codecs import AUTO_CODEC
-from worker.job_setup import (
-    ENV_READY_TIMEOUT,
-    Members,
-    Request,
-    _decide_codec,
-    set_up,
-)
+from worker.job_env import ENV_READY_TIMEOUT
+from worker.job_setup import Members, Request, _decide_codec, set_up
 from worker.setup_round import SetupRound
 
 pytestmark = pytest.mark.filterwarnings("ignore:homagg. rank:RuntimeWarning")
@@ -83,9 +78,11 @@ def test_codecs_that_differ_stop_every_rank():
     assert all(isinstance(e, ValueError) and said in str(e) for e in (a, b))
 
 
-def test_a_world_above_the_data_plane_limit_is_every_ranks_reason():
+def test_a_world_above_the_data_plane_limit_is_every_ranks_reason(monkeypatch):
     """MAX_WORKERS_PER_JOB + 1 ranks, the real limit: one reason on every rank, decided
-    before any job is made (the controller's address leads nowhere and is never asked)."""
+    before any job is made (the controller's address leads nowhere and is never asked;
+    plaintext is chosen, so the missing CA is not the reason)."""
+    monkeypatch.setenv(INSECURE_ENV, "1")
     world = MAX_WORKERS_PER_JOB + 1
     got = ranks([req(controller="127.0.0.1:1")] * world)
     assert all(s.agent is None and s.complete for s in got)

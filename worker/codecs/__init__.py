@@ -1,10 +1,10 @@
 """Homomorphic gradient codecs: generators of switch phases (ADD, OR, MAX over int32
 cells) whose combined results decode into the sum of the workers' gradients.
 
-The registry (CODECS with each codec's exactness and lanes, DEFAULT_CODEC, check_codec,
-make_codec, register_codec) lives here, beside the codecs and away from torch, so command
-lines can list codec names without importing torch (as PyTorch keeps its DDP hook registry
-in its package's __init__)."""
+The registry (CODECS with each codec's exactness and lanes, DEFAULT_CODEC, CODEC_CHOICES,
+check_codec, make_codec, register_codec) lives here, beside the codecs and away from
+torch, so command lines can list codec names without importing torch (as PyTorch keeps
+its DDP hook registry in its package's __init__)."""
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -75,6 +75,10 @@ AUTO_CODEC = "auto"
 """Not a codec: the DDP hook's delay-aware choice among CODECS per bucket and step
 (worker/auto_control.py), which homagg.attach and command lines take beside the names."""
 
+CODEC_CHOICES = (*CODECS, AUTO_CODEC)
+"""What homagg.attach's codec= and homagg-run's --codec take: the codecs registered at
+import, and AUTO_CODEC."""
+
 
 def register_codec(
     name: str, factory: CodecFactory, *, exact: bool = False, lanes: bool = False
@@ -127,6 +131,7 @@ __all__ = [
     "AUTO_CODEC",
     "CLTK",
     "CODECS",
+    "CODEC_CHOICES",
     "DEFAULT_CODEC",
     "Codec",
     "CodecEntry",

@@ -1,4 +1,4 @@
-"""`homagg-run` (python -m homagg.launch): create a job on the controller, run a command
+"""`homagg-run` (python -m worker.launch): create a job on the controller, run a command
 (torchrun ...) with what its ranks need in the environment, release the job when the
 command ends, and exit with its status.
 
@@ -40,7 +40,9 @@ from typing import Any
 
 import grpc
 
-from controller.client import ControllerClient
+# Nothing imported here imports torch (tests/worker/test_launch.py): the launcher starts
+# without paying for it. Only reading a torchrun's options does (worker/torchrun_command.py).
+from controller.client import ControllerClient, release_job
 from controller.credentials import (
     JOB_TOKEN_ENV,
     JOB_TOKEN_FILE_ENV,
@@ -51,15 +53,9 @@ from controller.credentials import (
     operator_token,
 )
 from controller.tls import TlsError
-from homagg.torchrun_command import plan_world
-from worker.attach import CODEC_CHOICES
-from worker.codecs import DEFAULT_CODEC
-from worker.job_setup import (
-    ENV_CODEC,
-    ENV_CONTROLLER,
-    ENV_JOB_ID,
-    release_job,
-)
+from worker.codecs import CODEC_CHOICES, DEFAULT_CODEC
+from worker.job_env import ENV_CODEC, ENV_CONTROLLER, ENV_JOB_ID
+from worker.torchrun_command import plan_world
 
 
 def _parser() -> argparse.ArgumentParser:

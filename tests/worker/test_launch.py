@@ -1,5 +1,6 @@
-"""homagg-run: creates the job, hands the ranks its id and a token file (never the token on
-a command line), passes the command's exit status through and releases the job."""
+"""homagg-run (worker/launch.py): starts without torch, creates the job, hands the ranks its
+id and a token file (never the token on a command line), passes the command's exit status
+through and releases the job."""
 
 from __future__ import annotations
 
@@ -7,11 +8,10 @@ import json
 import os
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "worker"))
 from agent_fabric import Controlled
 
 from testnet.namespace import have_privileges
@@ -26,6 +26,40 @@ assert len(open(path).read()) >= 32 and "HOMAGG_TOKEN" not in os.environ
 print("job", os.environ["HOMAGG_JOB_ID"], os.environ["HOMAGG_CODEC"], path)
 sys.exit(int(sys.argv[1]))
 """
+
+
+def python_without_torch(code: str) -> subprocess.CompletedProcess:
+    """Run `code` in a fresh interpreter, then fail it if anything imported torch."""
+    check = "\nimport sys\nassert 'torch' not in sys.modules, 'imported torch'\n"
+    return subprocess.run(
+        [sys.executable, "-c", code + check],
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_the_launcher_imports_no_torch():
+    """A launcher must not pay for torch (15-44 s on a loaded machine): importing it, and
+    its --help, import none; the torchrun it runs does."""
+    done = python_without_torch("import worker.launch")
+    assert done.returncode == 0, done.stderr
+
+
+def test_homagg_run_help_imports_no_torch():
+    """`homagg-run --help`: the console script's target in pyproject.toml, called as the
+    script calls it, lists the codecs and imports no torch."""
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    module, _, function = scripts["homagg-run"].partition(":")
+    done = python_without_torch(
+        f"import sys\nfrom {module} import {function}\nsys.argv = ['homagg-run', '--help']\n"
+        f"try:\n    {function}()\nexcept SystemExit as exc:\n    assert exc.code == 0, exc"
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("usage: homagg-run") and "fixed_point" in done.stdout
+    assert "auto" in done.stdout and "HOMAGG_CONTROLLER" in done.stdout
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +77,7 @@ def launch(address: str, *command: str, secure: dict = PLAINTEXT) -> subprocess.
     env = {**os.environ, "PYTHONPATH": str(ROOT), "HOMAGG_TOKEN": "stale", **secure}
     env = {k: v for k, v in env.items() if v}
     env.pop("HOMAGG_CONTROLLER", None)
-    cmd = [sys.executable, "-m", "homagg.launch", "--world-size", "2"]
+    cmd = [sys.executable, "-m", "worker.launch", "--world-size", "2"]
     cmd += ["--controller", address] if address else []
     return subprocess.run(
         [*cmd, "--codec", "fixed_point", "--", *command],
@@ -105,7 +139,7 @@ def test_torchruns_world_size_and_a_job_nobody_joined(controlled, tmp_path):
     script.write_text(PRINT_RANK)
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", **PLAINTEXT}
     env = {k: v for k, v in env.items() if v}
-    cmd = [sys.executable, "-m", "homagg.launch", "--controller", controlled.address, "--"]
+    cmd = [sys.executable, "-m", "worker.launch", "--controller", controlled.address, "--"]
     cmd += [sys.executable, "-m", "torch.distributed.run", "--standalone"]
     done = subprocess.run(
         [*cmd, "--nproc-per-node", "2", "--no-python", sys.executable, str(script)],
@@ -151,7 +185,7 @@ def test_a_secured_controller_needs_the_credential_and_the_ranks_do_not_get_it(t
 
     c = Controlled(tmp_path, 2, fabric=False, tls=True)
     try:
-        cmd = [sys.executable, "-m", "homagg.launch", "--controller", c.address]
+        cmd = [sys.executable, "-m", "worker.launch", "--controller", c.address]
         cmd += ["--world-size", "2", "--", sys.executable, "-c", SECURED_CHILD]
         env = {**os.environ, "PYTHONPATH": str(ROOT), "HOMAGG_CA_FILE": str(c.ca_file)}
         env.pop("HOMAGG_OPERATOR_TOKEN", None)
@@ -208,7 +242,7 @@ def test_torchrun_under_the_launcher_trains_on_the_switch(tmp_path):
         env.pop("HOMAGG_CA_FILE")
         for name in ("HOMAGG_CONTROLLER", "HOMAGG_CODEC", "HOMAGG_JOB_ID", "HOMAGG_TOKEN"):
             env.pop(name, None)
-        cmd = [sys.executable, "-m", "homagg.launch", "--controller", c.address]
+        cmd = [sys.executable, "-m", "worker.launch", "--controller", c.address]
         cmd += ["--world-size", "2", "--codec", "fixed_point", "--"]
         save = tmp_path / "switch.pt"
         args = ["--steps", "8", "--save", str(save)]

@@ -5,7 +5,11 @@ whose rank 0 takes the launcher's job.
 One job serves the ranks of every node: rank 0 reads its id and token from the launcher's
 environment and hands them to the other ranks through torch.distributed's store. So
 homagg-run wraps one torchrun, the one of node rank 0; a launcher around another node's
-torchrun would make a job nobody joins."""
+torchrun would make a job nobody joins.
+
+torchrun's parser is torch.distributed.run's, so reading a torchrun's options imports torch
+(in the launcher's process, before it makes the job); nothing else here does, and the
+launcher imports this module without it."""
 
 from __future__ import annotations
 
