@@ -66,6 +66,7 @@ def attach(
         asynchronous=asynchronous,
         rank=members.rank,
         world_size=members.world,
+        lane_ops=setup.lane_ops,
     )
     state.warned = bool(setup.reason)  # set_up warned once already
     if setup.session is not None:

@@ -30,7 +30,7 @@ from worker.ddp_hook import SwitchHookState, aggregate_bucket
 
 log = logging.getLogger(__name__)
 
-Aggregate = Callable[[int, torch.Tensor, bool], torch.Tensor]
+Aggregate = Callable[[int, torch.Tensor], torch.Tensor]
 
 
 @dataclass
@@ -56,10 +56,13 @@ class HostAggregate:
         self.world = dist.get_world_size(self.group)
         self.comm = CommThread(f"homagg-comm-{dist.get_rank()}")
 
-    def __call__(self, index: int, buf: torch.Tensor, last: bool) -> torch.Tensor:
+    def __call__(self, index: int, buf: torch.Tensor) -> torch.Tensor:
         """Sum over ranks, divided by the world size, in place."""
         dist.all_reduce(buf, group=self.group)
         return buf.div_(self.world)
+
+    def end_step(self) -> None:
+        """Nothing to decide after a step."""
 
 
 class SwitchAggregate:
@@ -70,9 +73,13 @@ class SwitchAggregate:
         self.comm = state.start_comm()
         self.group = state.group
 
-    def __call__(self, index: int, buf: torch.Tensor, last: bool) -> torch.Tensor:
+    def __call__(self, index: int, buf: torch.Tensor) -> torch.Tensor:
         """Bucket `index` averaged through the switch (or the agreed fallback)."""
-        return aggregate_bucket(self.state, index, buf, last)
+        return aggregate_bucket(self.state, index, buf)
+
+    def end_step(self) -> None:
+        """After the step's last bucket: the hook state's cool-down count."""
+        self.state.end_step()
 
 
 class DearDataParallel(nn.Module):
@@ -245,7 +252,9 @@ class DearDataParallel(nn.Module):
                 b.flat[lo:hi].copy_(p.grad.detach().reshape(-1))
         last = b.index == len(self.buckets) - 1
         flat, agg, index = b.flat, self.agg, b.index
-        b.future = agg.comm.submit(lambda: agg(index, flat, last))
+        b.future = agg.comm.submit(lambda: agg(index, flat))
+        if last:  # after the last bucket, on the same thread
+            agg.comm.submit(agg.end_step)
         b.ready = 0
         self._next_submit += 1
 
