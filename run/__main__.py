@@ -428,7 +428,7 @@ def _report(args: argparse.Namespace, topo: Topology, target: str, counters: str
         "dense = the model's float32 gradients)"
     )
     print(report.summary_table(runs))
-    overlap = report.overlap_summary(runs[switch_run])
+    overlap = report.overlap_summary(runs[switch_run], args.out)
     if overlap:
         print(overlap)
     print("\nswitch counters (aggctl counters)\n" + counters.strip())

@@ -65,7 +65,7 @@ class AutoConfig:
     the most compressing), MI/AD parameters, and the exploration budget."""
 
     codecs: Sequence[str] = DEFAULT_CODECS
-    min_density: float = 1 / 256
+    min_density: float = 1 / 16  # the most compression (lossy) it tries
     increase: float = 2.0  # compression multiplied by this on overrun
     decrease: float = 0.05  # density added per step of slack
     slack: float = 0.5  # a cost below slack * budget is slack
@@ -123,9 +123,13 @@ def _snap(density: float) -> float:
     return min(1.0, float(f"{density:.6g}"))
 
 
+def _key(density: float) -> str:
+    return f"{density:.6g}"
+
+
 def arm_key(choice: Choice) -> str:
-    """The key of a choice's cost: HOST, or its density."""
-    return HOST if choice.method == HOST else f"{choice.density:.6g}"
+    """The key of a choice's cost: HOST, or the density its codec sends."""
+    return HOST if choice.method == HOST else _key(choice.density)
 
 
 @dataclass
@@ -258,7 +262,7 @@ class AutoController:
         if b.ran.method == HOST:
             self._after_host(b, cost, budget)
         else:
-            self._after_switch(b, b.ran.density, cost, budget)
+            self._after_switch(b, b.density, cost, budget)
         b.incumbent = self._best(b)
 
     def _affords(self, b: BucketControl, expected: float, incumbent: float) -> bool:
@@ -278,9 +282,10 @@ class AutoController:
             b.on_host = False
 
     def _after_switch(self, b: BucketControl, d: float, cost: float, budget: float) -> None:
-        """On the switch path at density d: hidden, DC2's additive decrease on slack;
-        overrun, the host path when it hides the bucket exactly or is measured cheaper,
-        else multiplicative increase of compression while compressing pays."""
+        """On the switch path at density d (the rule's; the codec sends `_sent(d)`):
+        hidden, DC2's additive decrease on slack; overrun, the host path when it hides the
+        bucket exactly or is measured cheaper, else multiplicative increase of compression
+        while compressing pays."""
         c = self.config
         if cost <= budget:
             if cost < c.slack * budget and d < 1.0:
@@ -293,14 +298,15 @@ class AutoController:
                 return
             host = b.costs[HOST].seconds
         coarser = min(1.0, d * c.increase)
-        was = self._fresh(b, f"{coarser:.6g}") if d < 1.0 else None
+        sent = self._sent(b, d)
+        was = self._fresh(b, _key(self._sent(b, coarser))) if sent < 1.0 else None
         if was is not None and cost > c.pays * was:  # compressing to d did not pay
             b.floor, b.floor_step = coarser, self.step
         finer = _snap(max(self._floor(b), d / c.increase))
         paid = was is None or cost <= c.pays * was
         if host <= budget:  # the host path hides it, exactly: no compression needed
             b.on_host, b.density = True, 1.0
-        elif finer < d and paid and min(cost, self._predicted(b, finer)) < host:
+        elif self._sent(b, finer) < sent and paid and min(cost, self._predicted(b, finer)) < host:
             b.density = finer  # overrun: compress more (MI) while it pays and can win
         elif cost <= host:
             best = self._best(b, switch_only=True)
@@ -329,23 +335,30 @@ class AutoController:
             slope, fixed = max(0.0, float(slope)), max(0.0, float(fixed))
         return float(fixed), float(slope)
 
+    def _sent(self, b: BucketControl, density: float) -> float:
+        """The density the codec chosen at `density` sends (a lane codec's is fixed)."""
+        return self.codec_at(density, b.exact).density
+
     def _predicted(self, b: BucketControl, density: float) -> float:
         """The switch's expected cost at `density`: its last agreed cost there, else the
         cost model's."""
-        got = b.costs.get(f"{density:.6g}")
+        sent = self._sent(b, density)
+        got = b.costs.get(_key(sent))
         if got is not None:
             return got.seconds
         fixed, slope = self._model(b)
-        return fixed + slope * density
+        return fixed + slope * sent
 
     def _probe_density(self, b: BucketControl, host: float) -> float:
         """The least compression (largest density on the ladder 1, 1/increase, ... down to
         the floor) expected to beat the host path by the `pays` margin; when none is, the
         cheapest expected (the least compression among those within that margin)."""
         c = self.config
-        ladder, d = [], 1.0
+        ladder: list[float] = []
+        d = 1.0
         while d >= self._floor(b) - 1e-12:
-            ladder.append(_snap(d))
+            if not ladder or self._sent(b, d) < self._sent(b, ladder[-1]):
+                ladder.append(_snap(d))
             d /= c.increase
         expected = [(x, self._predicted(b, x)) for x in ladder]
         winners = [x for x, e in expected if e <= c.pays * host]

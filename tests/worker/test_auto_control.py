@@ -101,7 +101,7 @@ def test_never_slower_than_the_host_path_and_near_the_best_arm(seed):
     got = simulate(ctl, cost, 0.001, steps)
     first = max(0.0, fixed + per - host) * 1.03  # the exact switch, measured at step 1
     assert sum(got) <= (1 + cfg.explore) * host * 1.03 * steps + first + host, (fixed, per)
-    ladder = [2.0**-k for k in range(9)]  # the densities the controller tries
+    ladder = [2.0**-k for k in range(9) if 2.0**-k >= cfg.min_density]  # what it tries
     best = min(host, min(fixed + per * d for d in ladder))
     tail = got[steps // 2 :]
     assert np.mean(tail) <= 1.1 * best * 1.03 + 0.05 * host, (fixed, per, ctl.history[-5:])
@@ -189,3 +189,11 @@ def test_two_ranks_raise_compression_with_injected_delay_and_lower_it_after(tmp_
     before, during, after = mean_density(1, 7), mean_density(12, 19), mean_density(31, 39)
     assert during < 0.5 * before, (before, during, hist)
     assert after > 2 * during, (during, after, hist)
+
+
+def test_slack_climbs_back_past_the_lanes_fixed_densities():
+    ctl = AutoController(AutoConfig(codecs=("fixed_point", "lowbit16", "lowbit8"), decrease=0.25))
+    step(ctl, 5.0, 1.0)  # the host path, far dearer
+    assert [step(ctl, d, 1.0) for d in (2.0, 1.5, 1.2)] == ["fixed_point", "lowbit16", "lowbit8"]
+    labels = [step(ctl, 0.1, 1.0) for _ in range(5)]  # slack: density 0.25 + 0.25 per step
+    assert labels == ["lowbit8", "lowbit16", "lowbit16", "fixed_point", "fixed_point"]
