@@ -69,8 +69,8 @@ def _parser() -> argparse.ArgumentParser:
         "--codec",
         default=DEFAULT_CODEC,
         choices=[*CODECS, "auto"],
-        help=f"homomorphic codec of the switch run (default {DEFAULT_CODEC}); auto: chosen per "
-        "bucket and step from the measured delay (asynchronous hook)",
+        help=f"homomorphic codec of the switch run (default {DEFAULT_CODEC}); auto: the path "
+        "and codec chosen per bucket and step from measured costs (asynchronous hook or DeAR)",
     )
     p.add_argument(
         "--codec-option",
@@ -494,10 +494,6 @@ def main(argv: list[str] | None = None) -> int:
     """Command line entry point."""
     parser = _parser()
     args = parser.parse_args(argv)
-    if args.codec == "auto" and args.overlap == "dear":
-        parser.error(
-            "--codec auto needs --overlap async (or the default): DeAR takes a fixed codec"
-        )
     if args.codec == "auto" and args.codec_option:
         parser.error("--codec-option needs a fixed --codec (auto chooses codecs per bucket)")
     if args.codec == "auto" and args.overlap == "blocking":

@@ -144,10 +144,13 @@ class AutoController:
     history: list[dict[int, str]] = field(default_factory=list)
     agreed: dict[int, tuple[float, float]] = field(default_factory=dict)  # last (cost, budget)
     step: int = 0
+    held: bool = False  # every bucket on its exact switch codec, nothing learned (DeAR tuning)
 
     def choice(self, index: int) -> Choice:
         """The path of bucket `index` this step."""
         b = self.buckets.setdefault(index, BucketControl())
+        if self.held:
+            return Choice(b.exact or self.config.codecs[0])
         if b.on_host or not b.exact:
             return Choice(HOST)
         return self.codec_at(b.density, b.exact)
@@ -170,6 +173,16 @@ class AutoController:
             best = min(fixed, key=lambda n: FIXED_DENSITY[n])
             return Choice(best, FIXED_DENSITY[best])
         return Choice(exact or self.config.codecs[0])
+
+    def hold(self) -> None:
+        """Run every bucket on its exact switch codec and learn nothing until `release`
+        (while DeAR tunes its bucket size: the sizes are compared on one path)."""
+        self.held = True
+
+    def release(self) -> None:
+        """Start learning afresh (the buckets may have changed while held)."""
+        self.held = False
+        self.buckets.clear()
 
     def known(self, index: int) -> bool:
         """Whether bucket `index`'s exact codec is decided (its nonzero share is not needed)."""
@@ -203,9 +216,9 @@ class AutoController:
             b = self.buckets.setdefault(index, BucketControl())
             if not b.exact:
                 b.exact = self._exact_for(float(nonzero))
-            if b.ran is not None:
+            if b.ran is not None and not self.held:
                 self._update(b, cost, budget)
-                b.ran = None
+            b.ran = None
             out[index] = self.choice(index).label
         self.costs.clear()
         self.nonzero.clear()

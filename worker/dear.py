@@ -61,7 +61,10 @@ class HostAggregate:
         dist.all_reduce(buf, group=self.group)
         return buf.div_(self.world)
 
-    def end_step(self) -> None:
+    def hand_over(self, index: int, last: bool) -> None:
+        """Nothing to budget."""
+
+    def end_step(self, budgets: dict[int, float] | None = None) -> None:
         """Nothing to decide after a step."""
 
 
@@ -77,9 +80,14 @@ class SwitchAggregate:
         """Bucket `index` averaged through the switch (or the agreed fallback)."""
         return aggregate_bucket(self.state, index, buf)
 
-    def end_step(self) -> None:
-        """After the step's last bucket: the hook state's cool-down count."""
-        self.state.end_step()
+    def hand_over(self, index: int, last: bool) -> dict[int, float] | None:
+        """Bucket `index` handed over now (codec="auto": its budget, at the last bucket)."""
+        return self.state.hand_over(index, last) if self.state.controller is not None else None
+
+    def end_step(self, budgets: dict[int, float] | None = None) -> None:
+        """After the step's last bucket: the hook state's cool-down count; codec="auto"
+        decides the next step's paths."""
+        self.state.end_step(budgets)
 
 
 class DearDataParallel(nn.Module):
@@ -98,11 +106,6 @@ class DearDataParallel(nn.Module):
         tune_steps: int = 3,
         process_group: dist.ProcessGroup | None = None,
     ) -> None:
-        if state is not None and state.controller is not None:
-            raise ValueError(
-                'DeAR mode takes a fixed codec: codec="auto" budgets from the DDP hook\'s '
-                "hand-over times (use the asynchronous hook for auto)"
-            )
         super().__init__()
         self.module, self.optimizer = module, optimizer
         for p in module.parameters():  # every rank starts from rank 0's parameters
@@ -116,6 +119,9 @@ class DearDataParallel(nn.Module):
             [bucket_bytes] if bucket_bytes else list(candidates), total, tune_steps
         )
         self.bucket_bytes = self.tuner.current
+        self.auto = state.controller if state is not None else None  # codec="auto"
+        if self.auto is not None and self.tuner.chosen is None:
+            self.auto.hold()  # the sizes are compared on the exact codec; auto starts after
         self.buckets: list[Bucket] = []
         self._order: list[nn.Parameter] = []  # in the order of their owners' first forward
         self._ran: list[nn.Module] = []  # modules whose forward ran, first iteration, in order
@@ -135,7 +141,10 @@ class DearDataParallel(nn.Module):
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         """The module's forward; first iteration: learn the order of use; while tuning:
         measure, and switch bucket sizes at iteration boundaries."""
+        tuning = self.tuner.chosen is None
         new_size = self.tuner.on_iteration(time.perf_counter(), self._agree_times)
+        if tuning and self.tuner.chosen is not None and self.auto is not None:
+            self.agg.comm.submit(self.auto.release)  # after the last step's jobs
         if new_size is not None and self.buckets:
             self.flush()
             self.bucket_bytes = new_size
@@ -252,9 +261,10 @@ class DearDataParallel(nn.Module):
                 b.flat[lo:hi].copy_(p.grad.detach().reshape(-1))
         last = b.index == len(self.buckets) - 1
         flat, agg, index = b.flat, self.agg, b.index
+        budgets = agg.hand_over(index, last)
         b.future = agg.comm.submit(lambda: agg(index, flat))
         if last:  # after the last bucket, on the same thread
-            agg.comm.submit(agg.end_step)
+            agg.comm.submit(lambda: agg.end_step(budgets))
         b.ready = 0
         self._next_submit += 1
 

@@ -76,6 +76,7 @@ def _overlap_tally(setting: Any, auto_ms: float, block_ms: float, agg_ms: float)
     dear += _overlap_steps(block_ms - agg_ms * 0.6, 4, dear_bucket_bytes=1, dear_tuned=True)
     t.add(setting, "DeAR", dear)  # its tuning steps are not timed
     t.add(setting, "auto", _overlap_steps(auto_ms, 6))
+    t.add(setting, "auto, DeAR", _overlap_steps(auto_ms * 2, 5, dear_bucket_bytes=1))
     return t
 
 
@@ -89,17 +90,18 @@ def test_overlap_report_judges_the_targets_from_the_medians():
     lines = overlap.judge(heavy, t)
     assert "auto 1.05x gloo (never slower: MET" in lines[0]
     assert "0.95 x the best fixed choice, DDP over gloo (within 10%: MET)" in lines[0]
-    assert "switch, async hides 25% (compute 200 ms, aggregation 200 ms; >= 50% where " in lines[1]
-    assert lines[1].endswith("MISSED)") and lines[2].endswith("MET)")
+    assert "auto, DeAR 0.53x gloo (never slower: MISSED" in lines[1]  # not tuned: all timed
+    assert "switch, async hides 25% (compute 200 ms, aggregation 200 ms; >= 50% where " in lines[2]
+    assert lines[2].endswith("MISSED)") and lines[3].endswith("MET)")
     slow = overlap.Setting("ncf")
     t = _overlap_tally(slow, auto_ms=120.0, block_ms=150.0, agg_ms=140.0)
     lines = overlap.judge(slow, t)
     assert "(never slower: MISSED" in lines[0] and "(within 10%: MISSED)" in lines[0]
-    assert "NCF 1.52x gloo (DeAR; >= 6x: MISSED)" in lines[1]
-    assert lines[2].endswith("not applicable)")  # compute 10 ms < aggregation 140 ms
+    assert "NCF 1.52x gloo (DeAR; >= 6x: MISSED)" in lines[2]
+    assert lines[3].endswith("not applicable)")  # compute 10 ms < aggregation 140 ms
     table = "\n".join(overlap.table([slow], t))
     assert "| ncf, unshaped | auto | 120 [120, 120] | 120 | 0.83x | 21% | 1.0000 |" in table
-    assert "overlap (refswitch): ncf, unshaped: auto 0.83x gloo, 1.82 x best" in (
+    assert "overlap (refswitch): ncf, unshaped: auto 0.83x gloo, 1.82 x best, auto, DeAR" in (
         overlap.summary_of([slow], t)
     )
 

@@ -56,3 +56,13 @@ def test_dear_tunes_its_bucket_size_and_ends_at_gloos_parameters(tmp_path):
     assert "AGREE within the bound" in text, text[-2000:]
     steps = [json.loads(x) for x in (tmp_path / "switch.jsonl").read_text().splitlines()]
     assert len(steps) == 12 and all(s["fallback_buckets"] == 0 for s in steps)
+
+
+@pytest.mark.timeout(300)
+def test_codec_auto_in_dear_mode_starts_after_the_tuning(tmp_path):
+    text = make_run(tmp_path, "--codec", "auto", "--overlap", "dear", "--no-gloo")
+    assert "codec auto, overlap dear" in text, text[-2000:]
+    assert "DeAR bucket size" in text and "(tuned; iteration by size" in text, text[-2000:]
+    line = next(x for x in text.splitlines() if x.startswith("auto codec choices"))
+    assert "host " in line and "fixed_point" in line, line
+    assert "auto decisions of 12 steps on 2 ranks: alike on every rank" in text, text[-2000:]

@@ -197,3 +197,12 @@ def test_slack_climbs_back_past_the_lanes_fixed_densities():
     assert [step(ctl, d, 1.0) for d in (2.0, 1.5, 1.2)] == ["fixed_point", "lowbit16", "lowbit8"]
     labels = [step(ctl, 0.1, 1.0) for _ in range(5)]  # slack: density 0.25 + 0.25 per step
     assert labels == ["lowbit8", "lowbit16", "lowbit16", "fixed_point", "fixed_point"]
+
+
+def test_held_it_runs_the_exact_codec_and_learns_nothing_until_released():
+    ctl = AutoController()
+    ctl.hold()  # DeAR compares its bucket sizes on one path
+    assert [step(ctl, 9.0, 0.01, nz=0.9) for _ in range(3)] == ["lossless"] + ["fixed_point"] * 2
+    assert ctl.buckets[0].costs == {}  # nothing learned while held
+    ctl.release()
+    assert [step(ctl, c, 0.01) for c in (0.2, 1.0)] == [HOST, "fixed_point"]  # from scratch
