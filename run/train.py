@@ -17,7 +17,9 @@ Rank 0 creates the job; each rank finds its address and the controller its switc
 
 import argparse
 import json
+import logging
 import math
+import os
 import time
 import warnings
 from datetime import timedelta
@@ -333,6 +335,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", required=True)
     a = p.parse_args(argv)
     warnings.simplefilter("default")
+    # HOMAGG_LOG=INFO: the hook's log in each rank's log (auto's per-step decisions)
+    logging.basicConfig(level=os.environ.get("HOMAGG_LOG", "WARNING").upper())
     dist.init_process_group("gloo", timeout=timedelta(seconds=120))
     try:
         train(a)

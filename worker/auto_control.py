@@ -17,11 +17,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from worker.auto_costs import HOST, HOST_PLAN, SWITCH_PLAN, ArmCosts, JobLedger, key_of
 from worker.codecs import exact_codecs, is_exact
 
 log = logging.getLogger(__name__)
 
-HOST = "host"  # the process group's all_reduce: chosen when the switch path cannot win
 # Lossy codecs whose compression is fixed by their name (density = wire cells per dense
 # cell): the low-bit lanes pack two or four values per cell (their exponents add 1/1024).
 FIXED_DENSITY: dict[str, float] = {"lowbit16": 0.5, "lowbit8": 0.25}
@@ -95,60 +95,60 @@ class AutoConfig:
 
 
 @dataclass
-class Cost:
-    """An agreed cost (seconds) and the step it was measured in."""
-
-    seconds: float
-    step: int
-
-
-@dataclass
 class BucketControl:
     """One bucket's controller state. The first step runs the host path (nothing is
     known yet), the second the switch's exact codec, then the rule decides."""
 
+    costs: ArmCosts
     exact: str = ""  # the bucket's exact codec (from its nonzero share, first decision)
-    density: float = 1.0  # the switch path's wire density (MI/AD)
+    density: float = 1.0  # the rule's density on the switch path (MI/AD)
     on_host: bool = True
-    costs: dict[str, Cost] = field(default_factory=dict)  # by arm: HOST or density key
-    credit: float = 0.0  # seconds of exploration paid for: `explore` x the time it ran
     floor: float = 0.0  # compressing below this density did not pay (0: not known) ...
     floor_step: int = 0  # ... as measured at this step
     ran: Choice | None = None  # what ran this step (None: the agreed fallback)
+    wire: float = 0.0  # the wire density it sent
     incumbent: tuple[str, float] | None = None  # the cheapest arm known at the last decision
 
 
 def _snap(density: float) -> float:
     """A density rounded to 6 significant digits and at most 1 (additive steps drift)."""
-    return min(1.0, float(f"{density:.6g}"))
-
-
-def _key(density: float) -> str:
-    return f"{density:.6g}"
+    return min(1.0, float(key_of(density)))
 
 
 def arm_key(choice: Choice) -> str:
-    """The key of a choice's cost: HOST, or the density its codec sends."""
-    return HOST if choice.method == HOST else _key(choice.density)
+    """The key of a choice's cost: HOST, or the density its codec is chosen at."""
+    return HOST if choice.method == HOST else key_of(choice.density)
 
 
 @dataclass
 class AutoController:
-    """Per-bucket choices; `measurements` and `decide` run once a step, on agreed numbers
-    only, so `choice` answers alike on every rank."""
+    """Per-bucket choices and the job's exploration ledger; `measurements` and `decide`
+    run once a step, on agreed numbers only, so `choice` answers alike on every rank."""
 
     config: AutoConfig = field(default_factory=AutoConfig)
     buckets: dict[int, BucketControl] = field(default_factory=dict)
     costs: dict[int, float] = field(default_factory=dict)  # this step, local
     nonzero: dict[int, float] = field(default_factory=dict)  # this step, local
+    wires: dict[int, float] = field(default_factory=dict)  # this step, local
     history: list[dict[int, str]] = field(default_factory=list)
     agreed: dict[int, tuple[float, float]] = field(default_factory=dict)  # last (cost, budget)
     step: int = 0
     held: bool = False  # every bucket on its exact switch codec, nothing learned (DeAR tuning)
+    ledger: JobLedger = field(default_factory=JobLedger)
+
+    def __post_init__(self) -> None:
+        self.ledger.explore = self.config.explore
+
+    def bucket(self, index: int) -> BucketControl:
+        """Bucket `index`'s state (made on first use)."""
+        got = self.buckets.get(index)
+        if got is None:
+            got = self.buckets[index] = BucketControl(ArmCosts(self.config.fresh_steps))
+        return got
 
     def choice(self, index: int) -> Choice:
         """The path of bucket `index` this step."""
-        b = self.buckets.setdefault(index, BucketControl())
+        b = self.bucket(index)
         if self.held:
             return Choice(b.exact or self.config.codecs[0])
         if b.on_host or not b.exact:
@@ -180,57 +180,77 @@ class AutoController:
         self.held = True
 
     def release(self) -> None:
-        """Start learning afresh (the buckets may have changed while held)."""
+        """Start learning afresh (the buckets may have changed while held) from the exact
+        switch codecs that ran while held."""
         self.held = False
-        self.buckets.clear()
+        for index, b in self.buckets.items():
+            fresh = BucketControl(ArmCosts(self.config.fresh_steps), b.exact, on_host=False)
+            self.buckets[index] = fresh
+        self.ledger = JobLedger(self.config.explore)
 
     def known(self, index: int) -> bool:
         """Whether bucket `index`'s exact codec is decided (its nonzero share is not needed)."""
         b = self.buckets.get(index)
         return b is not None and bool(b.exact)
 
-    def record(self, index: int, seconds: float, ran: Choice | None, nonzero: float) -> None:
+    def record(
+        self, index: int, seconds: float, ran: Choice | None, nonzero: float, wire: float = 0.0
+    ) -> None:
         """This rank's measurement of bucket `index` this step: the seconds its path took
-        (`ran` None: the switch path fell back, agreed) and its nonzero share."""
+        (`ran` None: the switch path fell back, agreed), its nonzero share and the wire
+        density the switch path sent."""
         self.costs[index] = seconds
         self.nonzero[index] = nonzero
-        self.buckets.setdefault(index, BucketControl()).ran = ran
+        self.wires[index] = wire
+        self.bucket(index).ran = ran
 
-    def measurements(self, indices: Sequence[int], budgets: dict[int, float]) -> np.ndarray:
-        """[-cost_i..., -budget_i..., nonzero_i...] for MAX over ranks: the smallest cost,
-        the smallest budget and the largest nonzero share of each bucket. The smallest
-        cost is the path's own: a rank that handed its bucket over early waits for the
-        last one, and the last one, whose time is the smallest, does not."""
+    def measurements(
+        self, indices: Sequence[int], budgets: dict[int, float], iteration: float = 0.0
+    ) -> np.ndarray:
+        """[-cost_i..., -budget_i..., nonzero_i..., wire_i..., iteration] for MAX over ranks:
+        the smallest cost (a rank that handed its bucket over early waits for the last
+        one; the last one's time is the path's own), the smallest budget, the largest
+        nonzero share and wire density, and the longest iteration (the step before)."""
         c = [-self.costs.get(i, 0.0) for i in indices]
         b = [-budgets.get(i, 0.0) for i in indices]
         z = [self.nonzero.get(i, 1.0) for i in indices]
-        return np.array(c + b + z, dtype=np.float64)
+        w = [self.wires.get(i, 0.0) for i in indices]
+        return np.array([*c, *b, *z, *w, iteration], dtype=np.float64)
 
     def decide(self, indices: Sequence[int], agreed: np.ndarray) -> dict[int, str]:
         """Next step's choices from the agreed vector (identical on every rank)."""
         n = len(indices)
-        out: dict[int, str] = {}
+        if not self.held:
+            self.ledger.settle(self.step - 1, float(agreed[4 * n]))
+            self.ledger.costs(self.step, -float(np.sum(agreed[:n])))
         for j, index in enumerate(indices):
-            cost, budget, nonzero = -float(agreed[j]), -float(agreed[n + j]), agreed[2 * n + j]
+            cost, budget = -float(agreed[j]), -float(agreed[n + j])
             self.agreed[index] = (cost, budget)
-            b = self.buckets.setdefault(index, BucketControl())
+            b = self.bucket(index)
             if not b.exact:
-                b.exact = self._exact_for(float(nonzero))
+                b.exact = self._exact_for(float(agreed[2 * n + j]))
             if b.ran is not None and not self.held:
+                b.wire = float(agreed[3 * n + j])
                 self._update(b, cost, budget)
             b.ran = None
-            out[index] = self.choice(index).label
+        if not self.held:
+            self._plan({i: self.bucket(i) for i in indices})
+        out = {index: self.choice(index).label for index in indices}
         self.costs.clear()
         self.nonzero.clear()
+        self.wires.clear()
         self.history.append(out)
         self.step += 1
         log.info("auto step %d: %s", self.step, self._describe(out))
         return out
 
     def _describe(self, out: dict[int, str]) -> str:
-        return ", ".join(
-            f"bucket {i} {self.agreed[i][0] * 1e3:.1f}/{self.agreed[i][1] * 1e3:.1f} ms -> {c}"
-            for i, c in out.items()
+        return (
+            ", ".join(
+                f"bucket {i} {self.agreed[i][0] * 1e3:.1f}/{self.agreed[i][1] * 1e3:.1f} ms -> {c}"
+                for i, c in out.items()
+            )
+            + f" (credit {self.ledger.credit * 1e3:.0f} ms)"
         )
 
     def _exact_for(self, nonzero: float) -> str:
@@ -240,91 +260,84 @@ class AutoController:
         want = "lossless" if nonzero < self.config.sparse_below else "fixed_point"
         return want if want in exact else exact[0]
 
-    # -- the rule ----------------------------------------------------------------------
+    # -- the plan ------------------------------------------------------------------------
 
-    def _fresh(self, b: BucketControl, key: str) -> float | None:
-        """The agreed cost of an arm, if measured within the last fresh_steps steps."""
-        got = b.costs.get(key)
-        if got is None or self.step - got.step >= self.config.fresh_steps:
-            return None
-        return got.seconds
+    def _plan(self, buckets: dict[int, BucketControl]) -> None:
+        """The next step's plan (JobLedger.plan, from what the buckets' switch arms are
+        expected to leave exposed beyond their budgets, against their host path's); when
+        the ledger runs the host plan instead, every bucket takes the host path this step
+        (keeping the density its next probe will try)."""
+        proposed = SWITCH_PLAN if any(not b.on_host for b in buckets.values()) else HOST_PLAN
+        delta = 0.0  # what the switch arms are expected to leave exposed beyond the host's
+        for i, b in buckets.items():
+            host, budget = b.costs.costs.get(HOST), self.agreed.get(i, (0.0, 0.0))[1]
+            if not b.on_host and host is not None:
+                switch = self._predicted(b, b.density)
+                delta += max(0.0, switch - budget) - max(0.0, host.seconds - budget)
+        if self.ledger.plan(self.step + 1, proposed, delta) == HOST_PLAN:
+            for b in buckets.values():
+                b.on_host = True
 
-    def _best(self, b: BucketControl, switch_only: bool = False) -> tuple[str, float] | None:
-        """(arm key, cost) of the cheapest arm with a fresh cost, if any."""
-        fresh = [(k, self._fresh(b, k)) for k in b.costs if not (switch_only and k == HOST)]
-        known = [(k, s) for k, s in fresh if s is not None]
-        return min(known, key=lambda x: x[1]) if known else None
+    def _may_explore(self, b: BucketControl, expected: float, incumbent: float) -> bool:
+        """Whether a bucket may run one step on another arm than the cheapest known: the
+        first measurement of the switch always; else when it is expected to win or the
+        ledger pays for it."""
+        return not b.costs.has_switch() or self.ledger.affords(expected - incumbent)
+
+    # -- the rule ------------------------------------------------------------------------
 
     def _update(self, b: BucketControl, cost: float, budget: float) -> None:
-        """Account for what ran (cost, exploration ledger), then choose the next arm."""
+        """Store what ran, then choose the next arm."""
         assert b.ran is not None
-        c, key = self.config, arm_key(b.ran)
-        # the ledger: every step earns `explore` of its cost; a step on another arm than
-        # the cheapest known when it was chosen (an exploration) pays what it left exposed
-        # beyond that one's cost and its budget, but for the first measurement of each
-        # path (the price of knowing both at all)
-        first = not any((k == HOST) == (key == HOST) for k in b.costs)
-        best = b.incumbent
-        explored = best is not None and best[0] != key and not first
-        if explored and best is not None:  # its exposure beyond the incumbent's
-            b.credit -= max(0.0, cost - max(best[1], budget))
-        b.credit += c.explore * cost
-        old = self._fresh(b, key)
-        steady = old is not None and 0.5 * old <= cost <= 2.0 * old  # else: conditions changed
-        b.costs[key] = Cost(0.5 * (old + cost) if steady and old else cost, self.step)
+        b.costs.add(arm_key(b.ran), cost, b.wire, self.step)
         if b.ran.method == HOST:
             self._after_host(b, cost, budget)
         else:
             self._after_switch(b, b.density, cost, budget)
-        b.incumbent = self._best(b)
-
-    def _affords(self, b: BucketControl, expected: float, incumbent: float) -> bool:
-        """Whether to run one step at `expected` instead of `incumbent`: it is expected to
-        win, or the credit pays for the difference."""
-        return expected < incumbent or b.credit >= expected - incumbent
+        b.incumbent = b.costs.best(self.step)
 
     def _after_host(self, b: BucketControl, host: float, budget: float) -> None:
         """On the host path: back to the switch when a fresh switch cost is lower, or when
-        the credit pays for a probe at the density the cost model expects to win."""
-        best = self._best(b, switch_only=True)
+        the ledger pays for a probe at the density the cost model expects to win."""
+        best = b.costs.best(self.step, switch_only=True)
         if best is not None and best[1] < host:
             b.density, b.on_host = float(best[0]), False
             return
         b.density = 1.0 if host <= budget else self._probe_density(b, host)
-        if self._affords(b, self._predicted(b, b.density), host):
+        if self._may_explore(b, self._predicted(b, b.density), host):
             b.on_host = False
 
     def _after_switch(self, b: BucketControl, d: float, cost: float, budget: float) -> None:
-        """On the switch path at density d (the rule's; the codec sends `_sent(d)`):
-        hidden, DC2's additive decrease on slack; overrun, the host path when it hides the
-        bucket exactly or is measured cheaper, else multiplicative increase of compression
-        while compressing pays."""
+        """On the switch path at density d: hidden, DC2's additive decrease on slack;
+        overrun, the host path when it hides the bucket exactly or is measured cheaper,
+        else multiplicative increase of compression while compressing pays."""
         c = self.config
         if cost <= budget:
             if cost < c.slack * budget and d < 1.0:
                 b.density = _snap(d + c.decrease)
             return
-        host = self._fresh(b, HOST)
-        if host is None:  # never measured, or stale: measure it (when the credit pays)
-            if HOST not in b.costs or self._affords(b, b.costs[HOST].seconds, cost):
+        host = b.costs.fresh(HOST, self.step)
+        if host is None:  # never measured, or stale: measure it (when the ledger pays)
+            stale = b.costs.costs.get(HOST)
+            if stale is None or self._may_explore(b, stale.seconds, cost):
                 b.on_host = True
                 return
-            host = b.costs[HOST].seconds
-        coarser = min(1.0, d * c.increase)
-        sent = self._sent(b, d)
-        was = self._fresh(b, _key(self._sent(b, coarser))) if sent < 1.0 else None
-        if was is not None and cost > c.pays * was:  # compressing to d did not pay
-            b.floor, b.floor_step = coarser, self.step
-        finer = _snap(max(self._floor(b), d / c.increase))
+            host = stale.seconds
+        was = b.costs.fresh(key_of(min(1.0, d * c.increase)), self.step) if d < 1.0 else None
         paid = was is None or cost <= c.pays * was
+        if not paid:  # compressing to d did not pay
+            b.floor, b.floor_step = min(1.0, d * c.increase), self.step
+        finer = _snap(max(self._floor(b), min(d, self._wire(b, d)) / c.increase))
+        expected = self._predicted(b, finer)
+        compress = paid and self._wire(b, finer) < self._wire(b, d) and min(cost, expected) < host
         if host <= budget:  # the host path hides it, exactly: no compression needed
             b.on_host, b.density = True, 1.0
-        elif self._sent(b, finer) < sent and paid and min(cost, self._predicted(b, finer)) < host:
+        elif compress and self._may_explore(b, expected, min(cost, host)):
             b.density = finer  # overrun: compress more (MI) while it pays and can win
         elif cost <= host:
-            best = self._best(b, switch_only=True)
+            best = b.costs.best(self.step, switch_only=True)
             b.density = float(best[0]) if best is not None else d
-        else:  # the host path is cheaper: it runs until a probe pays
+        else:  # the host path is cheaper: it runs until the ledger pays for a probe
             b.on_host, b.density = True, self._probe_density(b, host)
 
     def _floor(self, b: BucketControl) -> float:
@@ -333,44 +346,30 @@ class AutoController:
         c = self.config
         return max(c.min_density, b.floor if self.step - b.floor_step < c.fresh_steps else 0.0)
 
-    def _model(self, b: BucketControl) -> tuple[float, float]:
-        """(fixed, per density) of the switch's cost, fitted by least squares to the last
-        cost at each density tried; one density tried: proportional (fixed 0)."""
-        pts = [(float(k), v.seconds) for k, v in b.costs.items() if k != HOST]
-        if not pts:
-            return 0.0, 0.0
-        ds = np.array([p[0] for p in pts])
-        ss = np.array([p[1] for p in pts])
-        if np.ptp(ds) == 0:
-            return 0.0, float(ss.mean() / ds[0])
-        slope, fixed = np.polyfit(ds, ss, 1)
-        if fixed < 0 or slope < 0:  # keep the model monotone and non-negative
-            slope, fixed = max(0.0, float(slope)), max(0.0, float(fixed))
-        return float(fixed), float(slope)
-
-    def _sent(self, b: BucketControl, density: float) -> float:
-        """The density the codec chosen at `density` sends (a lane codec's is fixed)."""
+    def _wire(self, b: BucketControl, density: float) -> float:
+        """The wire density of the codec chosen at `density`: the exact codec's as it was
+        measured (lossless on a sparse bucket sends a few percent), else the lossy
+        codec's own."""
+        if density >= 1.0:
+            return b.costs.exact_wire()
         return self.codec_at(density, b.exact).density
 
     def _predicted(self, b: BucketControl, density: float) -> float:
-        """The switch's expected cost at `density`: its last agreed cost there, else the
-        cost model's."""
-        sent = self._sent(b, density)
-        got = b.costs.get(_key(sent))
-        if got is not None:
-            return got.seconds
-        fixed, slope = self._model(b)
-        return fixed + slope * sent
+        """The switch's expected cost at `density`: the last agreed cost of the codec
+        chosen there, else the cost model's at its wire density."""
+        choice = self.codec_at(density, b.exact)
+        return b.costs.predicted(arm_key(choice), self._wire(b, density))
 
     def _probe_density(self, b: BucketControl, host: float) -> float:
         """The least compression (largest density on the ladder 1, 1/increase, ... down to
-        the floor) expected to beat the host path by the `pays` margin; when none is, the
-        cheapest expected (the least compression among those within that margin)."""
+        the floor, keeping the densities that send fewer cells than the exact codec)
+        expected to beat the host path by the `pays` margin; when none is, the cheapest
+        expected (the least compression among those within that margin)."""
         c = self.config
-        ladder: list[float] = []
-        d = 1.0
+        ladder: list[float] = [1.0]
+        d = 1.0 / c.increase
         while d >= self._floor(b) - 1e-12:
-            if not ladder or self._sent(b, d) < self._sent(b, ladder[-1]):
+            if self._wire(b, d) < self._wire(b, ladder[-1]):
                 ladder.append(_snap(d))
             d /= c.increase
         expected = [(x, self._predicted(b, x)) for x in ladder]

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from aggwire.constants import AGG_FRAME_BYTES
+from aggwire.constants import AGG_FRAME_BYTES, CELLS_PER_PKT
 from worker import sparse_bucket
 from worker.agent import WorkerAgent
 from worker.auto_control import HOST, AutoConfig, AutoController, Choice, auto_codecs
@@ -291,11 +291,13 @@ class SwitchHookState:
         self.steps += 1
 
     def auto_decide(self, budgets: dict[int, float]) -> dict[int, str]:
-        """One MAX all_reduce of this step's [costs, -budgets, nonzero shares]; the
-        controller decides the next step's choices from it, the same on every rank."""
+        """One MAX all_reduce of this step's [-costs, -budgets, nonzero shares, wire
+        densities, the step before's iteration time]; the controller decides the next
+        step's choices from it, the same on every rank."""
         assert self.controller is not None
         indices = sorted(budgets)
-        t = torch.from_numpy(self.controller.measurements(indices, budgets))
+        measured = self.controller.measurements(indices, budgets, self.iteration_seconds)
+        t = torch.from_numpy(measured)
         start = time.perf_counter()
         self.reduce_max(t)
         self.stats.agreements += 1
@@ -356,7 +358,7 @@ def aggregate_bucket(state: SwitchHookState, index: int, buf: torch.Tensor) -> t
     """Bucket `index` summed (through the switch, or agreed by every rank by the hook
     group's all_reduce) and divided by the world size, in place, before returning: the
     communication thread's job (and DeAR's). codec="auto": the controller's path, timed."""
-    start = time.perf_counter()
+    start, sent = time.perf_counter(), state.stats.wire_bytes
     choice = state.controller.choice(index) if state.controller is not None else None
     result: torch.Tensor | None = None
     ran: Choice | None = choice
@@ -373,7 +375,9 @@ def aggregate_bucket(state: SwitchHookState, index: int, buf: torch.Tensor) -> t
         result = buf
     if state.controller is not None and choice is not None:
         nonzero = _nonzero_share(buf) if not state.controller.known(index) else 1.0
-        state.controller.record(index, time.perf_counter() - start, ran, nonzero)
+        cells = (state.stats.wire_bytes - sent) / AGG_FRAME_BYTES * CELLS_PER_PKT
+        wire = cells / max(1, buf.numel())  # cells sent per dense cell (switch path)
+        state.controller.record(index, time.perf_counter() - start, ran, nonzero, wire)
         state.stats.auto_choices[choice.label] += 1
     return result.div_(state.world_size)
 

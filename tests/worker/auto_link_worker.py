@@ -6,6 +6,7 @@ switch path's and gloo's alike, waits for its tokens). Writes the controller's p
 choices and the hook's stats as JSON (argv: OUT STEPS FIRST END RATE)."""
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -40,6 +41,7 @@ def tc(*args: str) -> None:
 def main() -> None:
     out, steps, first, end, rate = sys.argv[1], *map(int, sys.argv[2:5]), sys.argv[5]
     iface = os.environ["HOMAGG_IFACE"]
+    logging.basicConfig(level=logging.INFO)  # the controller's per-step log, for failures
     dist.init_process_group("gloo")
     torch.manual_seed(0)
     model = DDP(Timed())
