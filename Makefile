@@ -77,7 +77,7 @@ BENCH_RATE = --cells 64 128 256
 BENCH_TRAINING = --rounds 2 --steps 15 --models ncf,mlp,lm --codecs lossless,fixed_point,lowbit16,lowbit8
 BENCH_PEERS = --rounds 3 --steps 40
 BENCH_REGIMES = --rounds 2 --steps 16 --hosts 2,4,8 --bws 100,1000
-BENCH_OVERLAP = --rounds 2 --steps 16 --models ncf,mlp,lm --bw 0,100 --also lm:1024:5
+BENCH_OVERLAP = --rounds 2 --steps 24 --models ncf,mlp,lm --bw 0,100 --also lm:1024:5
 BENCH_EXTRA = echo "== peer methods on 100 Mbit/s links (bench.peers)"; \
 	$(PY) -m bench.peers --rounds 2 --steps 30 --bw 100 --name peers_100mbit_full; \
 	echo "== convergence with low-bit lanes (bench.lowbit)"; \

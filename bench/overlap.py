@@ -46,7 +46,7 @@ FIXED_RUNS = (GLOO, "switch, blocking", "switch, async", "DeAR")
 OVERLAPS = ("switch, async", "DeAR", "auto", "auto, DeAR")
 AUTOS = ("auto", "auto, DeAR")
 NCF_GOAL, WITHIN, HIDE = 6.0, 0.10, 0.5
-QUICK = {"models": "mlp", "bw": "0", "rounds": 1, "steps": 10}
+QUICK = {"models": "mlp", "bw": "0", "rounds": 1, "steps": 12}
 
 
 @dataclass(frozen=True)

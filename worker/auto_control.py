@@ -12,6 +12,7 @@ and amortized (docs/worker.md). Decisions come only from measurements agreed by 
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -247,7 +248,8 @@ class AutoController:
     def _describe(self, out: dict[int, str]) -> str:
         return (
             ", ".join(
-                f"bucket {i} {self.agreed[i][0] * 1e3:.1f}/{self.agreed[i][1] * 1e3:.1f} ms -> {c}"
+                f"bucket {i} {self.agreed[i][0] * 1e3:.1f}/{self.agreed[i][1] * 1e3:.1f} ms "
+                f"w {self.bucket(i).wire:.3f} -> {c}"
                 for i, c in out.items()
             )
             + f" (credit {self.ledger.credit * 1e3:.0f} ms)"
@@ -269,12 +271,17 @@ class AutoController:
         (keeping the density its next probe will try)."""
         proposed = SWITCH_PLAN if any(not b.on_host for b in buckets.values()) else HOST_PLAN
         delta = 0.0  # what the switch arms are expected to leave exposed beyond the host's
+        floor = 0.0  # the host path's bucket costs (0 while one is unknown)
         for i, b in buckets.items():
             host, budget = b.costs.costs.get(HOST), self.agreed.get(i, (0.0, 0.0))[1]
-            if not b.on_host and host is not None:
+            if host is None:
+                floor = -math.inf
+                continue
+            floor += host.seconds
+            if not b.on_host:
                 switch = self._predicted(b, b.density)
                 delta += max(0.0, switch - budget) - max(0.0, host.seconds - budget)
-        if self.ledger.plan(self.step + 1, proposed, delta) == HOST_PLAN:
+        if self.ledger.plan(self.step + 1, proposed, delta, max(0.0, floor)) == HOST_PLAN:
             for b in buckets.values():
                 b.on_host = True
 

@@ -164,17 +164,22 @@ class JobLedger:
                 got.clear()
         got.append((step, x))
 
-    def plan(self, step: int, proposed: str, delta: float) -> str:
-        """The plan step `step` runs, given the buckets' proposal and its expected bucket
-        costs minus the host path's (`delta`): the switch plan runs when expected no
-        slower than the host plan (overhead + delta <= 0), else as an exploration when
-        the credit covers the excess (one unsettled exploration at a time), else the host
-        plan does. Without a recent host step, a switch plan that ran measures one."""
+    def plan(self, step: int, proposed: str, delta: float, host_floor: float = 0.0) -> str:
+        """The plan step `step` runs, given the buckets' proposal, its expected bucket
+        costs minus the host path's (`delta`) and the host path's bucket costs together
+        (`host_floor`: a host step takes at least that): the switch plan runs when
+        expected no slower than the host plan (overhead + delta <= 0), else as an
+        exploration when the credit covers the excess (one unsettled exploration at a
+        time), else the host plan does. Without a recent host step, once the switch plan
+        ran, host steps run until one is measured, unless the switch plan's steps are
+        already faster than `host_floor` (the host plan cannot win)."""
         self.now = step
         kind = proposed
+        switch = self.median(SWITCH_PLAN)
         if proposed == SWITCH_PLAN and self.median(HOST_PLAN, "rests") is None:
-            if SWITCH_PLAN in self.rests and HOST_PLAN not in self.kinds.values():
-                kind = HOST_PLAN  # measure the host plan's step (once) first
+            tried = SWITCH_PLAN in self.rests or SWITCH_PLAN in self.kinds.values()
+            if tried and not (switch is not None and switch <= host_floor):
+                kind = HOST_PLAN  # measure the host plan's step first
         elif proposed == SWITCH_PLAN and self.overhead() + delta > 0.0:
             price = (self.overhead() + delta) * 2 ** min(self.failed, 6)  # backs off
             if self.exploring is None and self.credit >= price:
