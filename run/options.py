@@ -92,7 +92,8 @@ def _switch_options(g: argparse._ArgumentGroup) -> None:
         default=DEFAULT_CODEC,
         choices=CODEC_CHOICES,
         help=f"homomorphic codec of the switch run (default {DEFAULT_CODEC}); {AUTO_CODEC}: "
-        "chosen per bucket and step from the measured delay (asynchronous hook)",
+        "the path and codec chosen per bucket and step from measured costs (asynchronous hook "
+        "or DeAR)",
     )
     g.add_argument(
         "--codec-option",
@@ -163,12 +164,10 @@ def _comparison_options(g: argparse._ArgumentGroup) -> None:
 
 
 def check_codec_rules(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """Codec "auto" chooses per bucket beside backward: no DeAR, no codec options; and it
-    makes the default blocking hook asynchronous. A conflict exits through `p`."""
+    """Codec "auto" chooses per bucket beside backward (asynchronous hook or DeAR): no codec
+    options; it makes the default blocking hook asynchronous. A conflict exits through `p`."""
     if args.codec != AUTO_CODEC:
         return
-    if args.overlap == DEAR:
-        p.error("--codec auto needs --overlap async (or the default): DeAR takes a fixed codec")
     if args.codec_option:
         p.error("--codec-option needs a fixed --codec (auto chooses codecs per bucket)")
     if args.overlap == BLOCKING:

@@ -79,9 +79,11 @@ def _row(name: str, steps: list[dict[str, Any]]) -> list[str]:
     ]
 
 
-def overlap_summary(steps: list[dict[str, Any]]) -> str:
-    """codec="auto"'s choices (bucket-steps per codec, the same on every rank) and DeAR's
-    tuned bucket size, from the switch run's last record; empty when neither was used."""
+def overlap_summary(steps: list[dict[str, Any]], out: Path | None = None) -> str:
+    """codec="auto"'s choices (bucket-steps per codec) and whether every rank decided alike
+    (the ranks' auto-rank<r>.json in `out`), and DeAR's tuned bucket size with the agreed
+    iteration time of each size it tried, from the switch run's last record; empty when
+    neither was used."""
     last = steps[-1]
     lines = []
     if "auto_choices" in last:
@@ -91,9 +93,22 @@ def overlap_summary(steps: list[dict[str, Any]]) -> str:
             "auto codec choices (bucket-steps): "
             + ", ".join(f"{k} {v} ({100 * v / total:.0f}%)" for k, v in shares)
         )
+        histories = [p.read_text() for p in sorted(out.glob("auto-rank*.json"))] if out else []
+        if histories:
+            alike = all(h == histories[0] for h in histories)
+            lines.append(
+                f"auto decisions of {len(json.loads(histories[0]))} steps on "
+                f"{len(histories)} ranks: " + ("alike on every rank" if alike else "DIFFERENT")
+            )
     if "dear_bucket_bytes" in last:
         state = "tuned" if last.get("dear_tuned") else "still tuning"
-        lines.append(f"DeAR bucket size: {last['dear_bucket_bytes'] / 1024:.0f} KiB ({state})")
+        tried = last.get("dear_tuning", {})
+        sizes = ", ".join(f"{int(k) // 1024} KiB {v * 1e3:.0f} ms" for k, v in tried.items())
+        lines.append(
+            f"DeAR bucket size: {last['dear_bucket_bytes'] / 1024:.0f} KiB ({state}"
+            + (f"; iteration by size: {sizes}" if sizes else "")
+            + ")"
+        )
     return "\n".join(lines)
 
 
@@ -153,7 +168,7 @@ def print_report(args: argparse.Namespace, topo: Topology, target: str, counters
         "dense = the model's float32 gradients)"
     )
     print(summary_table(runs))
-    overlap = overlap_summary(runs[switch_run])
+    overlap = overlap_summary(runs[switch_run], args.out)
     if overlap:
         print(overlap)
     print("\nswitch counters (aggctl counters)\n" + counters.strip())

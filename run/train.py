@@ -17,7 +17,9 @@ Rank 0 creates the job; each rank finds its address and the controller its switc
 
 import argparse
 import json
+import logging
 import math
+import os
 import time
 import warnings
 from datetime import timedelta
@@ -62,6 +64,17 @@ def tx_bytes(iface: str) -> int:
     return int(Path(f"/sys/class/net/{iface}/statistics/tx_bytes").read_text())
 
 
+OVERLAP_BUCKET_MB = 0.25  # the asynchronous hook's DDP buckets (DeAR's smallest candidate)
+
+
+def _bucket_mb(overlap: bool) -> float | None:
+    """DDP's bucket size: its default (25 MiB, the first 1 MiB: one bucket for our models,
+    as DDP over gloo has them), or for the asynchronous hook with a fixed codec 256 KiB, so
+    that the first buckets aggregate while backward produces the others. codec="auto" keeps
+    the default: its host path then issues exactly gloo's all_reduces."""
+    return OVERLAP_BUCKET_MB if overlap else None
+
+
 def train(a: argparse.Namespace) -> None:
     """Run the job on this rank; rank 0 writes <out>/<mode>.jsonl and <out>/<mode>.pt."""
     rank, world_size = dist.get_rank(), dist.get_world_size()
@@ -69,7 +82,8 @@ def train(a: argparse.Namespace) -> None:
     task = make_task(a.model, shape)
     peers.prepare(a.mode, task.model)  # before DDP: it reads which gradients are sparse
     dear = a.mode == "switch" and a.overlap == DEAR
-    model = task.model if dear else DDP(task.model)
+    overlap = a.mode == "switch" and a.overlap == "async" and a.codec != AUTO_CODEC
+    model = task.model if dear else DDP(task.model, bucket_cap_mb=_bucket_mb(overlap))
     state: SwitchHookState | None = None
     grad_max: LocalGradMax | None = None
     lr = a.lr if a.lr is not None else DEFAULT_LR[a.model]
@@ -101,6 +115,9 @@ def train(a: argparse.Namespace) -> None:
         if log is not None:
             log.close()
         _close(model, state)
+    if state is not None and state.controller is not None:  # every rank: compared after
+        history = [{str(k): v for k, v in h.items()} for h in state.controller.history]
+        (out / f"auto-rank{rank}.json").write_text(json.dumps(history))
 
 
 def _attach_switch(
@@ -229,6 +246,8 @@ def _overlap_report(model: Any, state: SwitchHookState | None) -> dict[str, Any]
     if isinstance(model, DearDataParallel):
         rec["dear_bucket_bytes"] = model.bucket_bytes
         rec["dear_tuned"] = model.tuner.chosen is not None
+        if model.tuner.chosen is not None:
+            rec["dear_tuning"] = {str(k): v for k, v in model.tuner.report().items()}
     return rec
 
 
@@ -317,6 +336,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", required=True)
     a = p.parse_args(argv)
     warnings.simplefilter("default")
+    # HOMAGG_LOG=INFO: the hook's log in each rank's log (auto's per-step decisions)
+    logging.basicConfig(level=os.environ.get("HOMAGG_LOG", "WARNING").upper())
     dist.init_process_group("gloo", timeout=timedelta(seconds=120))
     try:
         train(a)

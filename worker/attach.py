@@ -65,6 +65,7 @@ def attach(
         asynchronous=asynchronous,
         rank=members.rank,
         world_size=members.world_size,
+        lane_ops=setup.lane_ops,
     )
     state.warned = bool(setup.reason)  # set_up warned once already
     if setup.session is not None:

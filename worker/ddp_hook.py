@@ -7,7 +7,8 @@ when the switch cannot be used (docs/worker.md: the decision protocol and its co
 
 Blocking (the default) aggregates each bucket inside the hook; asynchronous returns a
 pending Future at once and aggregates on the rank's communication thread while backward
-goes on; codec="auto" (asynchronous) picks each bucket's codec per step (auto_control)."""
+goes on; codec="auto" (asynchronous) picks each bucket's path and codec per step
+(auto_control), the host all_reduce among them."""
 
 # No `from __future__ import annotations`: DDP checks the hook's annotations at runtime.
 import logging
@@ -22,10 +23,10 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from aggwire.constants import AGG_FRAME_BYTES
+from aggwire.constants import AGG_FRAME_BYTES, CELLS_PER_PKT
 from worker import sparse_bucket
 from worker.agent import WorkerAgent
-from worker.auto_control import HOST, AutoConfig, AutoController
+from worker.auto_control import HOST, AutoConfig, AutoController, Choice, auto_codecs
 from worker.codecs import (
     AUTO_CODEC,
     DEFAULT_CODEC,
@@ -91,6 +92,7 @@ class SwitchHookState:
         asynchronous: bool = False,
         auto: AutoConfig | None = None,
         rank: int | None = None,
+        lane_ops: bool = False,
     ) -> None:
         check_codec(codec, also=(AUTO_CODEC,))
         self.agent = agent
@@ -101,8 +103,10 @@ class SwitchHookState:
         self.world_size = world_size or dist.get_world_size(process_group)
         self.rank = dist.get_rank(process_group) if rank is None else rank
         self.cooldown_steps = cooldown_steps
-        # codec="auto": codec_options maps a codec name to its options
-        self.controller = AutoController(auto or AutoConfig()) if codec == AUTO_CODEC else None
+        # codec="auto": codec_options maps a codec name to its options; the low-bit lanes
+        # join its codecs when the switch adds them (lane_ops, agreed at the set-up)
+        config = auto or AutoConfig(codecs=auto_codecs(lane_ops))
+        self.controller = AutoController(config) if codec == AUTO_CODEC else None
         self.asynchronous = asynchronous or self.controller is not None
         self.group = process_group  # collectives of the hook (its own group when asynchronous)
         self.comm: CommThread | None = None
@@ -190,7 +194,7 @@ class SwitchHookState:
     def hand_over(self, index: int, last: bool) -> dict[int, float] | None:
         """Note bucket `index` handed over now (main thread); at the step's last bucket, each
         bucket's budget: the backward compute after its hand-over, plus a tolerated share
-        of the iteration time (auto_control's rule)."""
+        of the iteration time (auto_control's rule; none known in the first step)."""
         now = time.perf_counter()
         if not self._handovers:
             if self._step_start is not None:
@@ -198,9 +202,6 @@ class SwitchHookState:
             self._step_start = now
         self._handovers.append((index, now))
         if not last:
-            return None
-        if self.iteration_seconds == 0.0:  # the first step: nothing to budget from yet
-            self._handovers = []
             return None
         tol = self.controller.config.tolerance if self.controller is not None else 0.0
         budgets = {i: now - t + tol * self.iteration_seconds for i, t in self._handovers}
@@ -232,6 +233,10 @@ class SwitchHookState:
     def reduce_max(self, t: torch.Tensor) -> None:
         """MAX over ranks in place, through the hook's group (a backend overrides it)."""
         dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group)
+
+    def host_all_reduce(self, buf: torch.Tensor) -> None:
+        """The host path's SUM over ranks in place, through the hook's group."""
+        dist.all_reduce(buf, group=self.group)
 
     def _realign(self, chunk: int) -> None:
         # Every rank resumes at the largest counter any rank reached: each new chunk is newer
@@ -273,7 +278,9 @@ class SwitchHookState:
 
     def end_step(self, budgets: dict[int, float] | None = None) -> None:
         """After a step's last bucket: count down the cool-down (whole steps after the one
-        that fell back), then agree again; codec="auto" decides the next step's codecs."""
+        that fell back), then agree again; codec="auto" decides the next step's paths (a
+        job of its own on the communication thread, after the last bucket's Future is
+        complete: its agreement is not in the step's critical path)."""
         if self._use_switch is False:
             if self._fell_back_in_step != self.steps:
                 self._cooldown_left -= 1
@@ -284,13 +291,13 @@ class SwitchHookState:
         self.steps += 1
 
     def auto_decide(self, budgets: dict[int, float]) -> dict[int, str]:
-        """One MAX all_reduce of this step's [delays, -budgets]; the controller decides the
-        next step's choices from it, the same on every rank."""
+        """One MAX all_reduce of this step's [-costs, -budgets, nonzero shares, wire
+        densities, the step before's iteration time]; the controller decides the next
+        step's choices from it, the same on every rank."""
         assert self.controller is not None
         indices = sorted(budgets)
-        for i, b in budgets.items():
-            self.controller.budgets[i] = b
-        t = torch.from_numpy(self.controller.measurements(indices))
+        measured = self.controller.measurements(indices, budgets, self.iteration_seconds)
+        t = torch.from_numpy(measured)
         start = time.perf_counter()
         self.reduce_max(t)
         self.stats.agreements += 1
@@ -355,35 +362,39 @@ def _completed(tensor: torch.Tensor) -> torch.futures.Future[torch.Tensor]:
     return fut
 
 
-def aggregate_bucket(
-    state: SwitchHookState,
-    index: int,
-    buf: torch.Tensor,
-    last: bool,
-    budgets: dict[int, float] | None = None,
-) -> torch.Tensor:
+def aggregate_bucket(state: SwitchHookState, index: int, buf: torch.Tensor) -> torch.Tensor:
     """Bucket `index` summed (through the switch, or agreed by every rank by the hook
     group's all_reduce) and divided by the world size, in place, before returning: the
-    communication thread's job (and DeAR's)."""
-    start = time.perf_counter()
+    communication thread's job (and DeAR's). codec="auto": the controller's path, timed."""
+    start, sent = time.perf_counter(), state.stats.wire_bytes
     choice = state.controller.choice(index) if state.controller is not None else None
     result: torch.Tensor | None = None
+    ran: Choice | None = choice
     if choice is not None and choice.method == HOST:
-        dist.all_reduce(buf, group=state.group)
+        state.host_all_reduce(buf)
         state.stats.host_buckets += 1
         result = buf
     elif state.use_switch():
         result = _switch_or_none(state, index, buf)
     if result is None:
+        ran = None  # the agreed fallback: not a measurement of the chosen path
         state.stats.fallback_buckets += 1
-        dist.all_reduce(buf, group=state.group)
+        state.host_all_reduce(buf)
         result = buf
     if state.controller is not None and choice is not None:
-        state.controller.record(index, time.perf_counter() - start)
+        nonzero = _nonzero_share(buf) if not state.controller.known(index) else 1.0
+        cells = (state.stats.wire_bytes - sent) / AGG_FRAME_BYTES * CELLS_PER_PKT
+        wire = cells / max(1, buf.numel())  # cells sent per dense cell (switch path)
+        state.controller.record(index, time.perf_counter() - start, ran, nonzero, wire)
         state.stats.auto_choices[choice.label] += 1
-    if last:
-        state.end_step(budgets)
     return result.div_(state.world_size)
+
+
+def _nonzero_share(buf: torch.Tensor) -> float:
+    """The share of a bucket's elements that are nonzero (a sparse bucket's rows)."""
+    if buf.is_sparse:
+        return min(1.0, buf._nnz() / max(1, buf.shape[0]))
+    return float(torch.count_nonzero(buf)) / max(1, buf.numel())
 
 
 def _switch_or_none(state: SwitchHookState, index: int, buf: torch.Tensor) -> torch.Tensor | None:
@@ -433,7 +444,10 @@ def switch_allreduce_hook(
         comm = state.start_comm()
         index, last = bucket.index(), bucket.is_last()
         budgets = state.hand_over(index, last)
-        return comm.submit(lambda: aggregate_bucket(state, index, buf, last, budgets))
+        fut = comm.submit(lambda: aggregate_bucket(state, index, buf))
+        if last:  # after the last bucket's Future completes, on the same thread
+            comm.submit(lambda: state.end_step(budgets))
+        return fut
     result = _switch_or_none(state, bucket.index(), buf) if state.use_switch() else None
     if bucket.is_last():
         state.end_step()

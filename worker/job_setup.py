@@ -103,6 +103,7 @@ class Setup:
     reason: str
     complete: bool = True
     session: JobSession | None = None
+    lane_ops: bool = False  # every rank's switch adds ADD16 / ADD8 lanes (codec="auto" uses them)
 
 
 def set_up(request: Request, members: Members) -> Setup:
@@ -142,7 +143,8 @@ def set_up(request: Request, members: Members) -> Setup:
     release = here.release if ticket.created_here else None
     session = JobSession(agent, ticket.job_id, release, members.group)
     if final is not None and "codec" in final:
-        return Setup(agent, str(final["codec"]), "", True, session)
+        lanes = bool(final.get("lane_ops", False))
+        return Setup(agent, str(final["codec"]), "", True, session, lanes)
     session.close("the set-up failed")
     if final is None:
         return _fail(members, f"rank 0 did not confirm the job within {wait:g} s", False)
@@ -329,7 +331,7 @@ def _decide_codec(
             "them: docs/tofino.md): use a codec without lanes",
             "complete": True,
         }
-    return {"codec": job_codec}
+    return {"codec": job_codec, "lane_ops": not lacking}
 
 
 def _token_from_env() -> str:

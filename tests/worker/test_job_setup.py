@@ -151,7 +151,7 @@ def outcome(reason: str = "", codec: str = "fixed_point", lane_ops: bool = True)
 
 def test_the_jobs_codec_decides_and_a_contradiction_is_an_error():
     two = {0: outcome(), 1: outcome()}
-    assert _decide_codec(two, ["", ""], req(), 2, 7) == {"codec": "fixed_point"}
+    assert _decide_codec(two, ["", ""], req(), 2, 7) == {"codec": "fixed_point", "lane_ops": True}
     err = _decide_codec(two, ["lossless", "HOMAGG_CODEC"], req(), 2, 7)["error"]
     assert "job 7 runs codec 'fixed_point'" in err and "HOMAGG_CODEC asks for 'lossless'" in err
     dense = {0: outcome(codec="dense"), 1: outcome(codec="dense")}
@@ -183,6 +183,12 @@ def test_a_lane_codec_on_a_switch_without_lanes_is_every_ranks_reason():
         assert f"codec {codec} adds 16/8-bit lanes" in got["reason"]
         assert "switch s1" in got["reason"] and "TNA" in got["reason"]
         lanes = {0: outcome(codec=codec), 1: outcome(codec=codec)}
-        assert _decide_codec(lanes, [codec, "codec="], req(), 2, 7) == {"codec": codec}
-    plain = {0: outcome(lane_ops=False), 1: outcome(lane_ops=False)}
-    assert _decide_codec(plain, ["", ""], req(), 2, 7) == {"codec": "fixed_point"}
+        assert _decide_codec(lanes, [codec, "codec="], req(), 2, 7) == {
+            "codec": codec,
+            "lane_ops": True,
+        }
+    plain = {0: outcome(lane_ops=False), 1: outcome(lane_ops=True)}  # auto: no lanes then
+    assert _decide_codec(plain, ["", ""], req(), 2, 7) == {
+        "codec": "fixed_point",
+        "lane_ops": False,
+    }
