@@ -36,9 +36,15 @@ def test_destroy_ends_the_job_and_attach_runs_again(tmp_path):
         assert rep["after_destroy"]["agents_closed"] == [True, True], rep
         assert rep["after_destroy"]["sessions"] == 0, rep
         again = rep["again"]
-        assert min(again["switch"]) >= 4 and again["fallbacks"] == [0, 0], again
+        assert again["fallbacks"] == [0, 0], again
         assert again["asynchronous"] == [True, True] and again["codecs"] == ["lossless", "auto"]
-        assert sum(again["auto_choices"].values()) >= 4, again
+        # the lossless model's buckets all go through the switch; auto measures the host
+        # path and probes the switch's exact codec (docs/worker.md), so it runs both
+        lossless_buckets, auto_switch_buckets = again["switch"]
+        assert lossless_buckets >= 4 and auto_switch_buckets >= 1, again
+        choices = again["auto_choices"]
+        assert sum(choices.values()) >= 4 and choices.get("host", 0) >= 1, again
+        assert sum(n for c, n in choices.items() if c != "host") >= 1, again
     assert reports[0]["after_destroy"]["jobs"] == ["ended", "ended"]
     assert reports[0]["again"]["jobs"] == ["ended", "ended"]
     assert all("falls back" not in t for t in texts)
