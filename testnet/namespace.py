@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
+import socket
 import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -75,6 +77,21 @@ def in_namespace(name: str) -> Iterator[None]:
                 raise OSError(ctypes.get_errno(), "cannot return to the original network namespace")
     finally:
         os.close(home)
+
+
+def tcp_connects(netns: str | None, host: str, port: int, timeout: float = 1.0) -> bool:
+    """Whether a TCP connection from network namespace `netns` (a name or a path; None: this
+    one) to host:port succeeds within `timeout` seconds: what a host there can reach."""
+    with in_namespace(netns) if netns else contextlib.nullcontext():
+        sock = socket.socket()
+    try:
+        sock.settimeout(timeout)
+        sock.connect((host, port))
+        return True
+    except OSError:
+        return False
+    finally:
+        sock.close()
 
 
 def add_namespace(name: str) -> None:

@@ -30,6 +30,21 @@ def _mininet_reason() -> str:
     return ""
 
 
+def python_m_run(args: list[str], timeout: float) -> str:
+    """`python -m run ARGS` from the repository (as `make run` starts it); its standard
+    output, after asserting that it exited 0 within `timeout` seconds."""
+    done = subprocess.run(
+        [sys.executable, "-m", "run", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return done.stdout
+
+
 pytestmark = pytest.mark.skipif(bool(_mininet_reason()), reason=_mininet_reason() or "-")
 
 
@@ -52,37 +67,28 @@ def test_shortened_make_run_trains_exactly_and_cleans_up(tmp_path):
     from run.state import our_links
 
     out = tmp_path / "out"
-    cmd = [
-        sys.executable,
-        "-m",
-        "run",
-        "--hosts",
-        "2",
-        "--target",
-        "refswitch",
-        "--steps",
-        "40",
-        "--users",
-        "2000",
-        "--items",
-        "500",
-        "--lr",
-        "2",
-        "--out",
-        str(out),
-    ]
-    done = subprocess.run(
-        cmd,
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=200,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    stdout = python_m_run(
+        [
+            "--hosts",
+            "2",
+            "--target",
+            "refswitch",
+            "--steps",
+            "40",
+            "--users",
+            "2000",
+            "--items",
+            "500",
+            "--lr",
+            "2",
+            "--out",
+            str(out),
+        ],
+        200,
     )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert "first-order fixed-point bound" in done.stdout, done.stdout[-2000:]
-    assert "AGREE within the bound" in done.stdout, done.stdout[-2000:]
-    assert "[switch] step   40/40" in done.stdout and "[gloo  ] step   40/40" in done.stdout
+    assert "first-order fixed-point bound" in stdout, stdout[-2000:]
+    assert "AGREE within the bound" in stdout, stdout[-2000:]
+    assert "[switch] step   40/40" in stdout and "[gloo  ] step   40/40" in stdout
     assert (out / "make-run.png").stat().st_size > 10_000
     steps = [json.loads(line) for line in (out / "switch.jsonl").read_text().splitlines()]
     losses = [s["loss"] for s in steps]
@@ -90,7 +96,7 @@ def test_shortened_make_run_trains_exactly_and_cleans_up(tmp_path):
     assert all(s["fallback_buckets"] == 0 for s in steps)  # every bucket was summed by the switch
     assert all(s["tx_bytes"] < s["dense_bytes"] for s in steps[1:])
     # nothing left: interfaces, the state file, processes started with our output directory
-    names = RunNames(int(re.search(r"make run: run (\d+)", done.stdout).group(1)))
+    names = RunNames(int(re.search(r"make run: run (\d+)", stdout).group(1)))
     assert our_links(names) == []
     assert not names.state_file.exists()
     assert _cmdlines_mentioning(str(out)) == []
@@ -99,33 +105,22 @@ def test_shortened_make_run_trains_exactly_and_cleans_up(tmp_path):
 @pytest.mark.timeout(200)
 def test_dense_model_trains_exactly_through_the_switch(tmp_path):
     out = tmp_path / "out"
-    cmd = [
-        sys.executable,
-        "-m",
-        "run",
-        "--hosts",
-        "2",
-        "--target",
-        "refswitch",
-        "--model",
-        "mlp",
-        "--steps",
-        "15",
-        "--out",
-        str(out),
-    ]
-    done = subprocess.run(
-        cmd,
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=170,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    stdout = python_m_run(
+        [
+            "--hosts",
+            "2",
+            "--target",
+            "refswitch",
+            "--model",
+            "mlp",
+            "--steps",
+            "15",
+            "--out",
+            str(out),
+        ],
+        170,
     )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert "model mlp" in done.stdout and "AGREE within the bound" in done.stdout, done.stdout[
-        -2000:
-    ]
+    assert "model mlp" in stdout and "AGREE within the bound" in stdout, stdout[-2000:]
     steps = [json.loads(line) for line in (out / "switch.jsonl").read_text().splitlines()]
     assert steps[-1]["loss"] < steps[0]["loss"]
     assert all(s["fallback_buckets"] == 0 for s in steps)

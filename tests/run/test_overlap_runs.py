@@ -6,8 +6,6 @@ every size tried, and ends with gloo's parameters within the fixed-point bound."
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -15,25 +13,15 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(Path(__file__).parent))
-from test_make_run import _mininet_reason  # noqa: E402
+from test_make_run import _mininet_reason, python_m_run  # noqa: E402
 
 pytestmark = pytest.mark.skipif(bool(_mininet_reason()), reason=_mininet_reason() or "-")
 
 
 def make_run(out: Path, *options: str) -> str:
     """`python -m run` with 2 hosts on the reference switch, the MLP, 12 steps; its output."""
-    cmd = [sys.executable, "-m", "run", "--hosts", "2", "--target", "refswitch"]
-    cmd += ["--model", "mlp", "--steps", "12", "--out", str(out), *options]
-    done = subprocess.run(
-        cmd,
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=280,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    return done.stdout
+    args = ["--hosts", "2", "--target", "refswitch", "--model", "mlp", "--steps", "12"]
+    return python_m_run([*args, "--out", str(out), *options], 280)
 
 
 @pytest.mark.timeout(300)

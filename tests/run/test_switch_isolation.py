@@ -7,7 +7,6 @@ connect to BMv2's Thrift port there."""
 
 from __future__ import annotations
 
-import contextlib
 import socket
 import sys
 
@@ -19,24 +18,10 @@ from controller.forwarding import Host, forwarding_entries
 from controller.install import reconcile
 from controller.switch_connection import SwitchConnection
 from testnet.addresses import CONTROLLER_INDEX, SWITCH_MAC, host_entry
-from testnet.namespace import in_namespace
+from testnet.namespace import in_namespace, tcp_connects
 from testnet.switch_process import THRIFT_PORT, free_port
 
 pytestmark = pytest.mark.skipif(bool(_mininet_reason()), reason=_mininet_reason() or "-")
-
-
-def _connects(netns: str | None, host: str, port: int) -> bool:
-    """Whether a TCP connection from `netns` (a path; None: this one) succeeds within 1 s."""
-    with in_namespace(netns) if netns else contextlib.nullcontext():
-        sock = socket.socket()
-    try:
-        sock.settimeout(1.0)
-        sock.connect((host, port))
-        return True
-    except OSError:
-        return False
-    finally:
-        sock.close()
 
 
 def _install_forwarding(net, topo_hosts: int, names) -> None:
@@ -76,12 +61,12 @@ def test_no_host_reaches_a_server_in_the_switchs_namespace(tmp_path):
         reachable = socket.create_server((names.controller_ip, free_port()))  # the controller's
         try:
             h0, h1 = (f"/proc/{h.pid}/ns/net" for h in net.hosts if h.inNamespace)
-            assert _connects(h0, names.controller_ip, reachable.getsockname()[1])
-            assert _connects(switch_ns, "127.0.0.1", THRIFT_PORT)  # it does listen
+            assert tcp_connects(h0, names.controller_ip, reachable.getsockname()[1])
+            assert tcp_connects(switch_ns, "127.0.0.1", THRIFT_PORT)  # it does listen
             for target in (names.controller_ip, names.service_ip, names.host_ip(1)):
-                assert not _connects(h0, target, THRIFT_PORT), target
-            assert not _connects(h1, names.controller_ip, THRIFT_PORT)
-            assert not _connects(None, names.controller_ip, THRIFT_PORT)
+                assert not tcp_connects(h0, target, THRIFT_PORT), target
+            assert not tcp_connects(h1, names.controller_ip, THRIFT_PORT)
+            assert not tcp_connects(None, names.controller_ip, THRIFT_PORT)
         finally:
             thrift.close()
             reachable.close()

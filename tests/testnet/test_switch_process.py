@@ -4,7 +4,6 @@ capture ring to 31 frames)."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import socket
 import subprocess
@@ -24,6 +23,7 @@ from testnet.namespace import (
     have_privileges,
     in_namespace,
     ip,
+    tcp_connects,
 )
 from testnet.rawsock import offloads_on
 from testnet.switch_process import prepare_ports, switch_command
@@ -160,28 +160,14 @@ def test_the_switch_runs_alone_in_its_namespace_and_p4runtime_on_a_unix_socket(t
             targets = [SERVICE_IP, *(h.ip for h in fabric.hosts), "127.0.0.1"]
             for h in fabric.hosts:
                 for target in targets:
-                    assert not _connects(h.namespace, target, switch_process.THRIFT_PORT)
-            assert not _connects(None, "127.0.0.1", switch_process.THRIFT_PORT)
+                    assert not tcp_connects(h.namespace, target, switch_process.THRIFT_PORT)
+            assert not tcp_connects(None, "127.0.0.1", switch_process.THRIFT_PORT)
         finally:
             thrift.close()
         fabric.restart_switch()  # killed: a new one on the same socket
         socket_path = fabric.switch.socket
         assert socket_path.exists()
     assert not socket_path.exists()  # closed with the fabric
-
-
-def _connects(netns: str | None, host: str, port: int) -> bool:
-    """Whether a TCP connection from `netns` (None: this one) to host:port succeeds in 1 s."""
-    with in_namespace(netns) if netns else contextlib.nullcontext():
-        sock = socket.socket()
-    try:
-        sock.settimeout(1.0)
-        sock.connect((host, port))
-        return True
-    except OSError:
-        return False
-    finally:
-        sock.close()
 
 
 def test_make_stop_knows_a_fabrics_switch_namespace():
