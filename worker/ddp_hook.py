@@ -22,7 +22,6 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from aggwire.constants import AGG_FRAME_BYTES
 from worker import sparse_bucket
 from worker.agent import WorkerAgent
 from worker.auto_control import HOST, AutoConfig, AutoController
@@ -326,7 +325,9 @@ def _through_switch(
         return None, ERROR, f"{type(exc).__name__}: {exc}"
     finally:
         state.stats.switch_seconds += time.perf_counter() - start
-        state.stats.wire_bytes += (transport.stats.packets_sent - before[0]) * AGG_FRAME_BYTES
+        state.stats.wire_bytes += (
+            transport.stats.packets_sent - before[0]
+        ) * transport.config.frame_bytes
         state.stats.retransmissions += transport.stats.retransmissions - before[1]
     return out, OK, ""
 
