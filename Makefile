@@ -77,6 +77,7 @@ BENCH_RATE = --cells 64 128 256
 BENCH_TRAINING = --rounds 2 --steps 15 --models ncf,mlp,lm --codecs lossless,fixed_point,lowbit16,lowbit8
 BENCH_PEERS = --rounds 3 --steps 40
 BENCH_REGIMES = --rounds 2 --steps 16 --hosts 2,4,8 --bws 100,1000
+BENCH_OVERLAP = --rounds 2 --steps 24 --models ncf,mlp,lm --bw 0,100 --also lm:1024:5
 BENCH_EXTRA = echo "== peer methods on 100 Mbit/s links (bench.peers)"; \
 	$(PY) -m bench.peers --rounds 2 --steps 30 --bw 100 --name peers_100mbit_full; \
 	echo "== convergence with low-bit lanes (bench.lowbit)"; \
@@ -87,9 +88,10 @@ BENCH_RATE = --cells 256
 BENCH_TRAINING = --rounds 2 --steps 6 --models mlp --codecs $(BENCH_QUICK_CODECS)
 BENCH_PEERS = --rounds 1 --steps 10 --models ncf,mlp
 BENCH_REGIMES = --rounds 1 --steps 6 --hosts 4,8 --bws '' --codecs lossless
+BENCH_OVERLAP = --quick --budget 900
 BENCH_EXTRA =
 endif
-bench: venv  ## benchmarks (needs root, ~20 min on 2 cores; BENCH=full: hours, *_full results): switch rate, codecs, aggregation, training, peer methods, link rates and W; tables and plots in bench/results/
+bench: venv  ## benchmarks (needs root, ~25 min on 2 cores; BENCH=full: hours, *_full results): switch rate, codecs, aggregation, training, peer methods, link rates and W, overlap and auto; tables and plots in bench/results/
 	@start=$$(date +%s); set -e; \
 	echo "== switch packet rate (bench.switch_rate)"; $(PY) -m bench.switch_rate $(BENCH_RATE) --reps $(BENCH_REPS) --name switch_rate$(BENCH_SUFFIX); \
 	echo "== codecs (bench.codecs)"; $(PY) -m bench.codecs --reps $(BENCH_REPS); \
@@ -97,6 +99,7 @@ bench: venv  ## benchmarks (needs root, ~20 min on 2 cores; BENCH=full: hours, *
 	echo "== training iteration time (bench.training)"; $(PY) -m bench.training $(BENCH_TRAINING) $(BENCH_TARGETS) --name training$(BENCH_SUFFIX); \
 	echo "== the switch beside the peer methods (bench.peers)"; $(PY) -m bench.peers $(BENCH_PEERS) --name peers$(BENCH_SUFFIX); \
 	echo "== link rates and W (bench.regimes)"; $(PY) -m bench.regimes $(BENCH_REGIMES) --name regimes$(BENCH_SUFFIX); \
+	echo "== overlap and auto (bench.overlap)"; $(PY) -m bench.overlap $(BENCH_OVERLAP) --name overlap$(BENCH_SUFFIX); \
 	$(BENCH_EXTRA) \
 	echo; $(PY) -m bench.summary $$(( $$(date +%s) - start )) --suffix "$(BENCH_SUFFIX)"
 

@@ -10,32 +10,47 @@ CELLS_CHOICES = (16, 32, 48, 64, 128, 256)
 # The committed v1model build's (256); the reference switch and the tests use it. The
 # environment variable serves benchmarks that run a program built otherwise. A worker
 # takes its job's value from the assignment (the controller's per-switch cells_per_packet).
-CELLS_PER_PKT = int(os.environ.get("HOMAGG_CELLS_PER_PKT", "256"))
+CELLS_PER_PKT_ENV = "HOMAGG_CELLS_PER_PKT"
+CELLS_PER_PKT = int(os.environ.get(CELLS_PER_PKT_ENV, "256"))
 if CELLS_PER_PKT not in CELLS_CHOICES:
-    raise ValueError(f"HOMAGG_CELLS_PER_PKT must be one of {CELLS_CHOICES}, not {CELLS_PER_PKT}")
+    raise ValueError(f"{CELLS_PER_PKT_ENV} must be one of {CELLS_CHOICES}, not {CELLS_PER_PKT}")
 AGG_UDP_PORT = 40700
 AGG_VERSION = 1
 AGG_HEADER_BYTES = 16  # aggwire/header.py checks that its fields add up to this
+# The headers before it (aggwire/frame.py checks its layouts have these sizes); IPv4
+# without options, the only kind the switch aggregates.
+ETH_HEADER_BYTES = 14
+IPV4_HEADER_BYTES = 20
+UDP_HEADER_BYTES = 8
 
 
 def agg_udp_length(cells_per_packet: int) -> int:
     """The UDP length of an aggregation packet of that many cells (UDP header included)."""
-    return 8 + AGG_HEADER_BYTES + 4 * cells_per_packet
+    return UDP_HEADER_BYTES + AGG_HEADER_BYTES + 4 * cells_per_packet
 
 
 def agg_frame_bytes(cells_per_packet: int) -> int:
     """The Ethernet frame of an aggregation packet (no FCS): what it costs on the wire."""
-    return 14 + 20 + agg_udp_length(cells_per_packet)
+    return ETH_HEADER_BYTES + IPV4_HEADER_BYTES + agg_udp_length(cells_per_packet)
 
 
 AGG_UDP_LENGTH = agg_udp_length(CELLS_PER_PKT)
-AGG_IPV4_LENGTH = 20 + AGG_UDP_LENGTH
+AGG_IPV4_LENGTH = IPV4_HEADER_BYTES + AGG_UDP_LENGTH
 AGG_FRAME_BYTES = agg_frame_bytes(CELLS_PER_PKT)
 NUM_SLOTS = 4096
-SHADOW_COPIES = 2  # each slot has two copies (shadow sets), chosen by the header's shadow bit
+SHADOW_BITS = 1  # the header's shadow chooses one of a slot's copies (shadow sets)
+SHADOW_COPIES = 1 << SHADOW_BITS
 NUM_SLOT_COPIES = SHADOW_COPIES * NUM_SLOTS
 MAX_WORKERS_PER_JOB = 32  # one bit each in the slot's 32-bit seen bitmap
-RESULT_TTL = 64
+RESULT_TTL = 64  # the TTL the switch gives a result it sends
+
+# Codes of the headers around the aggregation header that the switch matches on.
+ETHERTYPE_IPV4 = 0x0800
+ETHERTYPE_ARP = 0x0806
+IP_PROTO_UDP = 17
+ARP_HTYPE_ETHERNET = 1
+ARP_OPER_REQUEST = 1
+ARP_OPER_REPLY = 2
 
 # Widths of the header fields that other code computes with (P4: job_id_t, chunk_t).
 JOB_ID_BITS = 16
@@ -101,6 +116,9 @@ class DropReason(IntEnum):
     TTL_EXPIRED = 12
     UNSUPPORTED = 13
     NO_RECIPIENT = 14
+    # Frames lost before the pipeline: the reference switch counts its sockets' kernel drops
+    # here (ingress drop_counter); the P4 program never sets it (BMv2 cannot see such loss).
+    KERNEL_RX_OVERFLOW = 15
 
 
 NUM_DROP_REASONS = 16

@@ -1,6 +1,7 @@
 """Names of the P4 program's objects as they appear in its P4Info (p4c derives them
 from the control instances in p4src/homagg.p4); the controller and the reference switch
-both address the program through these."""
+both address the program through these. Only names the Python side uses are here: the
+direct counters of job_table and worker_table are read through their tables."""
 
 # Forwarding (p4src/forwarding.p4)
 ARP_RESPONDER = "SwitchIngress.forwarding.arp_responder"
@@ -16,10 +17,7 @@ SET_JOB = "SwitchIngress.aggregation.set_job"
 UNKNOWN_JOB = "SwitchIngress.aggregation.unknown_job"
 WORKER_TABLE = "SwitchIngress.aggregation.worker_table"
 SET_WORKER = "SwitchIngress.aggregation.set_worker"
-UNKNOWN_RANK = "SwitchIngress.aggregation.unknown_rank"
 EVENT_COUNTER = "SwitchIngress.aggregation.event_counter"
-JOB_PACKETS = "SwitchIngress.aggregation.job_packets"
-WORKER_PACKETS = "SwitchIngress.aggregation.worker_packets"
 
 # Result delivery (p4src/delivery.p4)
 RESULT_REWRITE = "SwitchEgress.delivery.result_rewrite"

@@ -3,23 +3,14 @@
 One structured dtype (aggwire.header.HEADER_DTYPE) describes the 16-byte header; a batch
 of k packets is one (k, 16 + 4N) uint8 array, so packing costs a few array copies, never a
 Python loop over cells. tests/aggwire/test_packer.py proves it byte-identical to the Scapy layer.
+The Ethernet/IPv4/UDP prefix before a payload is aggwire.frame's.
 """
 
 from __future__ import annotations
 
-import ipaddress
-import struct
-
 import numpy as np
 
-from aggwire.constants import (
-    AGG_HEADER_BYTES,
-    AGG_IPV4_LENGTH,
-    AGG_UDP_LENGTH,
-    AGG_UDP_PORT,
-    CELLS_CHOICES,
-    CELLS_PER_PKT,
-)
+from aggwire.constants import AGG_HEADER_BYTES, CELLS_CHOICES, CELLS_PER_PKT
 from aggwire.header import HEADER_DTYPE, AggHeader
 
 CELLS_DTYPE = np.dtype(">i4")
@@ -82,70 +73,3 @@ def parse_payload(data: bytes) -> tuple[AggHeader, np.ndarray]:
         raise ValueError(f"aggregation payload must be {PAYLOAD_BYTES} bytes, got {len(data)}")
     headers, cells = parse_payloads(data)
     return AggHeader.from_record(headers[0]), cells[0]
-
-
-_IPV4_WORDS = struct.Struct("!10H")  # an IPv4 header without options (the only kind used)
-
-
-def ipv4_checksum(header: bytes) -> int:
-    """The Internet checksum (RFC 1071) of a 20-byte IPv4 header whose checksum field is
-    zero; the reference switch's deparser uses it too (P4's csum16)."""
-    if len(header) != _IPV4_WORDS.size:
-        raise ValueError(f"an IPv4 header without options has 20 bytes, not {len(header)}")
-    total = sum(_IPV4_WORDS.unpack(header))
-    while total >> 16:
-        total = (total & 0xFFFF) + (total >> 16)
-    return ~total & 0xFFFF
-
-
-def mac_bytes(mac: str) -> bytes:
-    """'aa:bb:cc:dd:ee:ff' as 6 bytes."""
-    return bytes(int(part, 16) for part in mac.split(":"))
-
-
-class FrameTemplate:
-    """Ethernet/IPv4/UDP prefix for aggregation packets between two fixed endpoints.
-
-    Every aggregation packet has the same length, so the prefix (checksum included)
-    is computed once and a frame is prefix + payload.
-    """
-
-    def __init__(
-        self,
-        src_mac: str,
-        dst_mac: str,
-        src_ip: str,
-        dst_ip: str,
-        src_port: int,
-        dst_port: int = AGG_UDP_PORT,
-        ttl: int = 64,
-    ) -> None:
-        ip = bytearray(
-            struct.pack(
-                "!BBHHHBBH4s4s",
-                0x45,
-                0,
-                AGG_IPV4_LENGTH,
-                0,
-                0x4000,
-                ttl,
-                17,
-                0,
-                ipaddress.IPv4Address(src_ip).packed,
-                ipaddress.IPv4Address(dst_ip).packed,
-            )
-        )
-        struct.pack_into("!H", ip, 10, ipv4_checksum(bytes(ip)))
-        udp = struct.pack("!HHHH", src_port, dst_port, AGG_UDP_LENGTH, 0)
-        self.prefix = mac_bytes(dst_mac) + mac_bytes(src_mac) + b"\x08\x00" + bytes(ip) + udp
-
-    def frame(self, payload: bytes) -> bytes:
-        """One Ethernet frame carrying payload."""
-        return self.prefix + payload
-
-    def frames(self, payloads: np.ndarray) -> np.ndarray:
-        """k frames as a (k, len(prefix) + PAYLOAD_BYTES) array from k packed payloads."""
-        out = np.empty((payloads.shape[0], len(self.prefix) + payloads.shape[1]), np.uint8)
-        out[:, : len(self.prefix)] = np.frombuffer(self.prefix, np.uint8)
-        out[:, len(self.prefix) :] = payloads
-        return out

@@ -38,7 +38,7 @@ import numpy as np
 from bench.publish import plot_path, publish, pyplot
 
 DENSITIES = (0.001, 0.01, 0.1)
-WORLDS = (2, 4)
+WORLD_SIZES = (2, 4)
 POOL_SIZE = 32
 SKETCH_DENSITY = 0.01  # the count-sketch variant is measured at this density only
 JOIN_TIMEOUT = 600.0  # seconds for one aggregation step of W workers
@@ -47,15 +47,17 @@ JOIN_TIMEOUT = 600.0  # seconds for one aggregation step of W workers
 # ---------------------------------------------------------------- gloo baseline
 
 
-def _gloo_rank(rank: int, world: int, store: str, sizes: list[int], cmd, res) -> None:
+def _gloo_rank(rank: int, world_size: int, store: str, sizes: list[int], cmd, res) -> None:
     import torch
     import torch.distributed as dist
 
     torch.set_num_threads(1)
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world_size)
     groups = {
-        w: (None if w == world else dist.new_group(list(range(w)))) for w in WORLDS if w <= world
+        w: (None if w == world_size else dist.new_group(list(range(w))))
+        for w in WORLD_SIZES
+        if w <= world_size
     }
     tensors = {n: torch.zeros(n, dtype=torch.float32) for n in sizes}
     for t in tensors.values():
@@ -76,21 +78,21 @@ def _gloo_rank(rank: int, world: int, store: str, sizes: list[int], cmd, res) ->
 
 
 class GlooPool:
-    """max(WORLDS) gloo ranks kept up; run(w, n) times one all_reduce on the first w."""
+    """max(WORLD_SIZES) gloo ranks kept up; run(w, n) times one all_reduce on the first w."""
 
     def __init__(self, sizes: list[int]) -> None:
         ctx = mp.get_context("spawn")
         self.tmp = tempfile.TemporaryDirectory(prefix="homagg-gloo-")
-        world = max(WORLDS)
-        self.cmds = [ctx.Queue() for _ in range(world)]
+        world_size = max(WORLD_SIZES)
+        self.cmds = [ctx.Queue() for _ in range(world_size)]
         self.res = ctx.Queue()
         self.procs = [
             ctx.Process(
                 target=_gloo_rank,
                 daemon=True,
-                args=(r, world, f"{self.tmp.name}/store", sizes, self.cmds[r], self.res),
+                args=(r, world_size, f"{self.tmp.name}/store", sizes, self.cmds[r], self.res),
             )
-            for r in range(world)
+            for r in range(world_size)
         ]
         for p in self.procs:
             p.start()
@@ -151,11 +153,13 @@ class SwitchGroup:
             t.channel.close()
 
 
-def sparse_inputs(rng: np.random.Generator, n: int, world: int, density: float) -> list[np.ndarray]:
+def sparse_inputs(
+    rng: np.random.Generator, n: int, world_size: int, density: float
+) -> list[np.ndarray]:
     """Per worker a float32 tensor with `density` nonzeros at independent positions."""
     k = max(1, int(n * density))
     xs = []
-    for _ in range(world):
+    for _ in range(world_size):
         x = np.zeros(n, np.float32)
         idx = rng.integers(0, n, k)  # with replacement: ~k distinct, much faster than choice()
         x[idx] = rng.standard_normal(k).astype(np.float32)
@@ -180,21 +184,21 @@ def measure_target(target: str, n: int, reps: int, gloo: GlooPool, record: dict)
     from testnet.fabric import Fabric
 
     rng = np.random.default_rng(0)
-    inputs = {(w, d): sparse_inputs(rng, n, w, d) for w in WORLDS for d in DENSITIES}
+    inputs = {(w, d): sparse_inputs(rng, n, w, d) for w in WORLD_SIZES for d in DENSITIES}
     timeout = 0.02 if target == "refswitch" else 0.2
     # One fabric per W: a job's worker UDP ports are fixed per rank (testnet.aggjob).
     fabrics, groups, codecs = {}, {}, {}
     try:
-        for w in WORLDS:
+        for w in WORLD_SIZES:
             fabrics[w] = Fabric(target, w)
             for h in fabrics[w].hosts:
                 h.enable_ip_stack()
             groups[w] = SwitchGroup(fabrics[w], w, timeout)
-        for w in WORLDS:  # warm-up: one small step per method
+        for w in WORLD_SIZES:  # warm-up: one small step per method
             for m in ("fixed_point", "lossless", "lossless_sketch", "cltk"):
                 groups[w].step(make_codecs(m, w, 0.01), [x[:100_000] for x in inputs[(w, 0.01)]])
         for rep in range(reps):
-            for w in WORLDS:
+            for w in WORLD_SIZES:
                 plan = (
                     [("gloo", None), ("fixed_point", None)]
                     + [(m, d) for d in DENSITIES for m in ("lossless", "cltk")]
@@ -246,6 +250,18 @@ def _rate(secs: list[float], n: int) -> str:
 
 
 def report(record: dict, elapsed: float, args) -> tuple[list[str], str]:
+    """The results' markdown lines and the one-line summary (the 10x target)."""
+    lines = _intro(elapsed, args)
+    summary = ""
+    for target, n in sorted({(k[0], k[1]) for k in record}, key=lambda t: t[0] != "refswitch"):
+        lines += _target_table(record, target, n)
+        if target == "refswitch":
+            summary = _target_summary(record, n)
+            lines += [f"Target lossless >= 10x dense fixed point at 1% density: {summary}.", ""]
+    return lines, summary
+
+
+def _intro(elapsed: float, args) -> list[str]:
     lines = [
         f"# Aggregation throughput ({platform.machine()}, {os.cpu_count()} cores, "
         f"{time.strftime('%Y-%m-%d')})",
@@ -267,59 +283,65 @@ def report(record: dict, elapsed: float, args) -> tuple[list[str], str]:
         f"{SKETCH_DENSITY:.0%} only.",
         "",
     ]
-    summary = ""
-    for target, n in sorted({(k[0], k[1]) for k in record}, key=lambda t: t[0] != "refswitch"):
-        name = {"refswitch": "reference switch", "bmv2": "BMv2"}[target]
-        lines += [
-            f"### {name}, n = {n:,} elements"
-            + (
-                ""
-                if target == "refswitch"
-                else " (smaller tensor: BMv2 forwards several times fewer packets/s)"
-            ),
-            "",
-            "| W | method | density | M elem/s/worker | vs gloo | vs fixed point | retx |",
-            "|---:|---|---:|---:|---:|---:|---:|",
-        ]
-        for w in WORLDS:
-            base = {
-                m: statistics.median(record[(target, n, w, m, None)]["secs"])
-                for m in ("gloo", "fixed_point")
-            }
-            for m in ("gloo", "fixed_point"):
-                rec = record[(target, n, w, m, None)]
-                lines.append(
-                    f"| {w} | {LABELS[m]} | any | {_rate(rec['secs'], n)} | "
-                    f"{base['gloo'] / statistics.median(rec['secs']):.2f}x | "
-                    f"{base['fixed_point'] / statistics.median(rec['secs']):.2f}x | {rec['retx']} |"
-                )
-            for d in DENSITIES:
-                for m in ("lossless", "cltk", "lossless_sketch"):
-                    if (target, n, w, m, d) not in record:
-                        continue
-                    rec = record[(target, n, w, m, d)]
-                    med = statistics.median(rec["secs"])
-                    lines.append(
-                        f"| {w} | {LABELS[m]} | {d:.1%} | {_rate(rec['secs'], n)} | "
-                        f"{base['gloo'] / med:.2f}x | {base['fixed_point'] / med:.2f}x | "
-                        f"{rec['retx']} |"
-                    )
-        lines.append("")
-        if target == "refswitch":
-            ratios = {
-                w: statistics.median(record[(target, n, w, "fixed_point", None)]["secs"])
-                / statistics.median(record[(target, n, w, "lossless", 0.01)]["secs"])
-                for w in WORLDS
-            }
-            met = all(r >= 10 for r in ratios.values())
-            summary = (
-                "lossless vs dense fixed point at 1% density, reference switch, n = "
-                f"{n:,}: "
-                + ", ".join(f"W={w} {r:.1f}x" for w, r in ratios.items())
-                + f" (target >= 10x: {'MET' if met else 'MISSED'})"
+    return lines
+
+
+def _target_table(record: dict, target: str, n: int) -> list[str]:
+    """One target's table: every W, method and density against gloo and fixed point."""
+    name = {"refswitch": "reference switch", "bmv2": "BMv2"}[target]
+    lines = [
+        f"### {name}, n = {n:,} elements"
+        + (
+            ""
+            if target == "refswitch"
+            else " (smaller tensor: BMv2 forwards several times fewer packets/s)"
+        ),
+        "",
+        "| W | method | density | M elem/s/worker | vs gloo | vs fixed point | retx |",
+        "|---:|---|---:|---:|---:|---:|---:|",
+    ]
+    for w in WORLD_SIZES:
+        base = {
+            m: statistics.median(record[(target, n, w, m, None)]["secs"])
+            for m in ("gloo", "fixed_point")
+        }
+        for m in ("gloo", "fixed_point"):
+            rec = record[(target, n, w, m, None)]
+            lines.append(
+                f"| {w} | {LABELS[m]} | any | {_rate(rec['secs'], n)} | "
+                f"{base['gloo'] / statistics.median(rec['secs']):.2f}x | "
+                f"{base['fixed_point'] / statistics.median(rec['secs']):.2f}x | {rec['retx']} |"
             )
-            lines += [f"Target lossless >= 10x dense fixed point at 1% density: {summary}.", ""]
-    return lines, summary
+        for d in DENSITIES:
+            for m in ("lossless", "cltk", "lossless_sketch"):
+                if (target, n, w, m, d) not in record:
+                    continue
+                rec = record[(target, n, w, m, d)]
+                med = statistics.median(rec["secs"])
+                lines.append(
+                    f"| {w} | {LABELS[m]} | {d:.1%} | {_rate(rec['secs'], n)} | "
+                    f"{base['gloo'] / med:.2f}x | {base['fixed_point'] / med:.2f}x | "
+                    f"{rec['retx']} |"
+                )
+    lines.append("")
+    return lines
+
+
+def _target_summary(record: dict, n: int) -> str:
+    """Lossless vs dense fixed point at 1% density on the reference switch, per W, and
+    whether every W meets the 10x target."""
+    ratios = {
+        w: statistics.median(record[("refswitch", n, w, "fixed_point", None)]["secs"])
+        / statistics.median(record[("refswitch", n, w, "lossless", 0.01)]["secs"])
+        for w in WORLD_SIZES
+    }
+    met = all(r >= 10 for r in ratios.values())
+    return (
+        "lossless vs dense fixed point at 1% density, reference switch, n = "
+        f"{n:,}: "
+        + ", ".join(f"W={w} {r:.1f}x" for w, r in ratios.items())
+        + f" (target >= 10x: {'MET' if met else 'MISSED'})"
+    )
 
 
 def plot(record: dict, path: Path) -> None:
@@ -327,10 +349,10 @@ def plot(record: dict, path: Path) -> None:
 
     keys = sorted({(k[0], k[1]) for k in record}, key=lambda t: t[0] != "refswitch")
     fig, axes = plt.subplots(
-        len(keys), len(WORLDS), figsize=(5 * len(WORLDS), 3.6 * len(keys)), squeeze=False
+        len(keys), len(WORLD_SIZES), figsize=(5 * len(WORLD_SIZES), 3.6 * len(keys)), squeeze=False
     )
     for i, (target, n) in enumerate(keys):
-        for j, w in enumerate(WORLDS):
+        for j, w in enumerate(WORLD_SIZES):
             ax = axes[i][j]
             for m, style in (("gloo", "k--"), ("fixed_point", "b--")):
                 rate = n / statistics.median(record[(target, n, w, m, None)]["secs"]) / 1e6

@@ -32,14 +32,14 @@ SETTLE = 0.3
 
 
 def sparse_inputs(
-    rng: np.random.Generator, n: int, world: int, density: float, shared: bool = False
+    rng: np.random.Generator, n: int, world_size: int, density: float, shared: bool = False
 ) -> list[np.ndarray]:
     """Per worker a float32 gradient with `density` nonzeros (independent supports, or the
     same support on every worker)."""
     k = max(1, int(n * density))
     common = rng.choice(n, k, replace=False) if shared else None
     xs = []
-    for _ in range(world):
+    for _ in range(world_size):
         x = np.zeros(n, np.float32)
         idx = common if shared else rng.choice(n, k, replace=False)
         x[idx] = rng.standard_normal(k).astype(np.float32)
@@ -94,34 +94,52 @@ def replay(codec, x: np.ndarray, results: list[np.ndarray]) -> tuple[float, floa
     )
 
 
-def bench_speed(n: int, world: int, density: float, reps: int) -> tuple[list[str], dict]:
-    """Per-worker encode/decode of the lossless codec (both value modes) vs torch.topk."""
+SPEED_MODES = ("sketch", "ranked")  # the lossless codec's value modes
+SPEED_PARTS = ("encode", "decode", "total", "user", "sys")
+
+
+def bench_speed(n: int, world_size: int, density: float, reps: int) -> tuple[list[str], dict]:
+    """Per-worker encode/decode of the lossless codec (both value modes) vs torch.topk:
+    (the results' lines, the medians in ms)."""
+    res, ratios = _speed_samples(n, world_size, density, reps)
+    lines = _speed_table(res, ratios, n, world_size, density, reps)
+    return lines, {
+        "topk_ms": statistics.median(res["topk"]) * 1e3,
+        **{m: statistics.median(res[m + " total"]) * 1e3 for m in SPEED_MODES},
+    }
+
+
+def _speed_samples(
+    n: int, world_size: int, density: float, reps: int
+) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+    """Seconds per repetition ("topk", "topk dense", "<mode> <part>") and the top-k /
+    codec time ratios per mode, alternating the methods in each repetition."""
     import torch
 
     from worker.codecs import LosslessSparse
 
     rng = np.random.default_rng(1)
-    xs = sparse_inputs(rng, n, world, density)
+    xs = sparse_inputs(rng, n, world_size, density)
     k = int(n * density)
     absx = torch.from_numpy(xs[0]).abs()
     dense_abs = torch.from_numpy(rng.standard_normal(n, dtype=np.float32)).abs()
-    modes = ("sketch", "ranked")
-    recorded = {m: record([LosslessSparse(world, values=m) for _ in xs], xs) for m in modes}
+    modes = SPEED_MODES
+    recorded = {m: record([LosslessSparse(world_size, values=m) for _ in xs], xs) for m in modes}
     res: dict[str, list[float]] = {"topk": [], "topk dense": []}
     for mode in modes:
-        for part in ("encode", "decode", "total", "user", "sys"):
+        for part in SPEED_PARTS:
             res[f"{mode} {part}"] = []
     ratios: dict[str, list[float]] = {m: [] for m in modes}
 
     def run(mode: str, rank: int) -> None:
-        enc, dec, user, sys_ = replay(LosslessSparse(world, values=mode), xs[rank], recorded[mode])
-        for part, value in zip(
-            ("encode", "decode", "total", "user", "sys"), (enc, dec, enc + dec, user, sys_)
-        ):
+        enc, dec, user, sys_ = replay(
+            LosslessSparse(world_size, values=mode), xs[rank], recorded[mode]
+        )
+        for part, value in zip(SPEED_PARTS, (enc, dec, enc + dec, user, sys_), strict=True):
             res[f"{mode} {part}"].append(value)
 
     for mode in modes:  # warm-up: first-touch page faults of the process's heap
-        replay(LosslessSparse(world, values=mode), xs[0], recorded[mode])
+        replay(LosslessSparse(world_size, values=mode), xs[0], recorded[mode])
     torch.topk(absx, k)
     for rep in range(reps):
         for name, tensor in (("topk", absx), ("topk dense", dense_abs)):
@@ -131,7 +149,7 @@ def bench_speed(n: int, world: int, density: float, reps: int) -> tuple[list[str
             res[name].append(time.perf_counter() - start)
         for mode in modes:
             time.sleep(SETTLE)
-            run(mode, rep % world)
+            run(mode, rep % world_size)
             ratios[mode].append(res["topk"][-1] / res[f"{mode} total"][-1])
         print(
             f"  speed rep {rep + 1}/{reps}: topk {res['topk'][-1] * 1e3:.0f} ms, "
@@ -139,10 +157,23 @@ def bench_speed(n: int, world: int, density: float, reps: int) -> tuple[list[str
             + ", ".join(f"{m} {res[m + ' total'][-1] * 1e3:.0f} ms" for m in modes),
             flush=True,
         )
+    return res, ratios
+
+
+def _speed_table(
+    res: dict[str, list[float]],
+    ratios: dict[str, list[float]],
+    n: int,
+    world_size: int,
+    density: float,
+    reps: int,
+) -> list[str]:
+    """The markdown section of the speed samples."""
+    k = int(n * density)
     lines = [
-        f"### CPU per worker: {n:,} float32, {density:.0%} nonzeros per worker, W = {world}",
+        f"### CPU per worker: {n:,} float32, {density:.0%} nonzeros per worker, W = {world_size}",
         "",
-        f"Independent supports (union ~{1 - (1 - density) ** world:.1%} of n). "
+        f"Independent supports (union ~{1 - (1 - density) ** world_size:.1%} of n). "
         "W workers ran once in lockstep to record the switch's results; each repetition "
         "then times one worker alone (rank = rep mod W) fed those results. Encode = "
         "every step until the value phase is sent (for `sketch` this includes the "
@@ -158,7 +189,7 @@ def bench_speed(n: int, world: int, density: float, reps: int) -> tuple[list[str
         f"| torch.topk(abs(g), k={k:,}), g a dense N(0,1) tensor (what a top-k "
         f"sparsifier selects from) | | | {_fmt(res['topk dense'])} | | |",
     ]
-    for mode in modes:
+    for mode in SPEED_MODES:
         cpu = (
             f"{statistics.median(res[mode + ' user']) * 1e3:,.0f} / "
             f"{statistics.median(res[mode + ' sys']) * 1e3:,.0f}"
@@ -168,20 +199,17 @@ def bench_speed(n: int, world: int, density: float, reps: int) -> tuple[list[str
             f"{_fmt(res[mode + ' decode'])} | {_fmt(res[mode + ' total'])} | {cpu} | "
             f"{_fmt(ratios[mode], 1, 2)}x |"
         )
-    return lines, {
-        "topk_ms": statistics.median(res["topk"]) * 1e3,
-        **{m: statistics.median(res[m + " total"]) * 1e3 for m in modes},
-    }
+    return lines
 
 
-def bench_cells(n: int, world: int, densities: list[float]) -> list[str]:
+def bench_cells(n: int, world_size: int, densities: list[float]) -> list[str]:
     """Cells each worker sends per step, by phase, relative to the n cells of a dense ADD;
     every lossless run is checked bit for bit against the dense fixed-point sum."""
     from worker.codecs import CLTK, FixedPoint, LosslessSparse, simulate
 
     rng = np.random.default_rng(2)
     lines = [
-        f"### Cells sent per worker per step, n = {n:,}, W = {world}",
+        f"### Cells sent per worker per step, n = {n:,}, W = {world_size}",
         "",
         "Phases as `op x cells`; ratio = all cells / n (a dense fixed-point step sends "
         "n + blocks + 1). Every lossless result was checked equal, bit for bit, to the "
@@ -192,13 +220,16 @@ def bench_cells(n: int, world: int, densities: list[float]) -> list[str]:
     ]
     for density in densities:
         for shared in (False, True):
-            xs = sparse_inputs(rng, n, world, density, shared=shared)
+            xs = sparse_inputs(rng, n, world_size, density, shared=shared)
             union = np.count_nonzero(np.any(np.array(xs) != 0, axis=0)) / n
-            dense = simulate([FixedPoint(world) for _ in xs], xs)[0]
+            dense = simulate([FixedPoint(world_size) for _ in xs], xs)[0]
             runs: list[tuple[str, list[Codec]]] = [
-                ("lossless sketch", [LosslessSparse(world, values="sketch") for _ in xs]),
-                ("lossless ranked", [LosslessSparse(world, values="ranked") for _ in xs]),
-                (f"CLT-k ratio {density:g}", [CLTK(world, r, ratio=density) for r in range(world)]),
+                ("lossless sketch", [LosslessSparse(world_size, values="sketch") for _ in xs]),
+                ("lossless ranked", [LosslessSparse(world_size, values="ranked") for _ in xs]),
+                (
+                    f"CLT-k ratio {density:g}",
+                    [CLTK(world_size, r, ratio=density) for r in range(world_size)],
+                ),
             ]
             for name, codecs in runs:
                 log: list[Phase] = []
@@ -215,28 +246,29 @@ def bench_cells(n: int, world: int, densities: list[float]) -> list[str]:
     return lines
 
 
-def bench_rows(world: int) -> list[str]:
+def bench_rows(world_size: int) -> list[str]:
     """Element vs block-granular support for a row-sparse (embedding) gradient."""
     from worker.codecs import LosslessSparse, simulate
 
     rng = np.random.default_rng(3)
     rows, dim = 200_000, 64
     xs = []
-    for _ in range(world):
+    for _ in range(world_size):
         x = np.zeros((rows, dim), np.float32)
         touched = rng.choice(rows, rows // 100, replace=False)
         x[touched] = rng.standard_normal((touched.size, dim))
         xs.append(x)
     n = rows * dim
     lines = [
-        f"### Row-sparse gradient: {rows:,} x {dim} embedding, 1% rows per worker, W = {world}",
+        f"### Row-sparse gradient: {rows:,} x {dim} embedding, 1% rows per worker, "
+        f"W = {world_size}",
         "",
         "| support | phases | cells / n |",
         "|---|---|---:|",
     ]
     for name, block in (("per element", 1), (f"per row ({dim} elements)", dim)):
         log: list[Phase] = []
-        simulate([LosslessSparse(world, support_block=block) for _ in xs], xs, phases_log=log)
+        simulate([LosslessSparse(world_size, support_block=block) for _ in xs], xs, phases_log=log)
         phases = " + ".join(f"{p.op.name} x {p.cells.size:,}" for p in log)
         lines.append(f"| {name} | {phases} | {sum(p.cells.size for p in log) / n:.4f} |")
     return lines
@@ -296,15 +328,15 @@ def main(argv: list[str] | None = None) -> int:
     """Run the benchmark and write bench/results/codecs.md and peel_threshold.png."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--n", type=int, default=25_000_000)
-    p.add_argument("--world", type=int, default=4)
+    p.add_argument("--world-size", type=int, default=4)
     p.add_argument("--reps", type=int, default=7)
     p.add_argument("--quick", action="store_true", help="small sizes, for a smoke run")
     args = p.parse_args(argv)
     n, reps = (1_000_000, 2) if args.quick else (args.n, args.reps)
     started = time.perf_counter()
-    speed, _ = bench_speed(n, args.world, 0.01, reps)
-    cells = bench_cells(n, args.world, [0.001, 0.01, 0.1])
-    row_lines = bench_rows(args.world)
+    speed, _ = bench_speed(n, args.world_size, 0.01, reps)
+    cells = bench_cells(n, args.world_size, [0.001, 0.01, 0.1])
+    row_lines = bench_rows(args.world_size)
     # coarse far from the ~0.818 threshold, fine around it
     loads = np.r_[np.arange(0.5, 0.751, 0.05), np.arange(0.76, 0.8601, 0.01), 0.9, 0.95, 1.0].round(
         3

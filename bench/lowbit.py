@@ -38,7 +38,7 @@ from typing import Any
 
 from bench.publish import plot_path, publish, pyplot
 from bench.runs import RunSpec, run_once, smoothed
-from testnet.switch_process import TARGETS
+from testnet.switch_process import AUTO_TARGET, TARGETS
 
 GLOO = "DDP over gloo"
 
@@ -229,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=0, help="steps per run (default: REGIMES)")
     p.add_argument("--rounds", type=int, default=1, help="repetitions (default 1)")
     p.add_argument("--hosts", type=int, default=4, help="worker hosts W (default 4)")
-    p.add_argument("--target", default="auto", choices=["auto", *TARGETS])
+    p.add_argument("--target", default=AUTO_TARGET, choices=[AUTO_TARGET, *TARGETS])
     p.add_argument("--name", default="lowbit", help="results file stem (default lowbit)")
     args = p.parse_args(argv)
     models = [m for m in args.models.split(",") if m]

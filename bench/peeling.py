@@ -58,8 +58,8 @@ def failure_rate(kind: str, keys: int, trials: int, seed: int) -> tuple[int, int
     return failures, trials
 
 
-def ncf_supports(steps: int, world: int = 4) -> dict[str, list[np.ndarray]]:
-    """Per embedding table ("users", "items"), the union over `world` ranks of the rows with
+def ncf_supports(steps: int, world_size: int = 4) -> dict[str, list[np.ndarray]]:
+    """Per embedding table ("users", "items"), the union over `world_size` ranks of the rows with
     a nonzero gradient at each of `steps` training steps of run/model.py's NCF."""
     import torch
 
@@ -74,7 +74,7 @@ def ncf_supports(steps: int, world: int = 4) -> dict[str, list[np.ndarray]]:
     for step in range(steps):
         sums = [torch.zeros_like(p) for p in params]
         rows: dict[str, list[np.ndarray]] = {name: [] for name in tables}
-        for rank in range(world):
+        for rank in range(world_size):
             model.zero_grad()
             *inputs, labels = task.batch(rank, step)
             task.loss(model(*inputs), labels).backward()
@@ -90,7 +90,7 @@ def ncf_supports(steps: int, world: int = 4) -> dict[str, list[np.ndarray]]:
             out[name].append(np.unique(np.concatenate(rows[name])))
         with torch.no_grad():
             for total, p in zip(sums, params):
-                p.sub_(DEFAULT_LR["ncf"] / world * total)
+                p.sub_(DEFAULT_LR["ncf"] / world_size * total)
     return out
 
 

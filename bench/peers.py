@@ -40,7 +40,7 @@ from bench.runs import (
     time_split,
     time_to,
 )
-from testnet.switch_process import TARGETS
+from testnet.switch_process import AUTO_TARGET, TARGETS
 
 PEERS_OF = {
     "ncf": ["gloo-dense"],
@@ -235,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--hosts", type=int, default=4, help="worker hosts W (default 4)")
     p.add_argument("--models", default="ncf,mlp,lm", help="comma-separated: ncf, mlp, lm")
     p.add_argument("--bw", type=float, default=0.0, help="link Mbit/s, htb (default unshaped)")
-    p.add_argument("--target", default="auto", choices=["auto", *TARGETS])
+    p.add_argument("--target", default=AUTO_TARGET, choices=[AUTO_TARGET, *TARGETS])
     p.add_argument("--name", default="peers", help="results file stem (default peers)")
     args = p.parse_args(argv)
     models = [m for m in args.models.split(",") if m]

@@ -27,7 +27,7 @@ from typing import Any
 
 from bench.publish import plot_path, publish, pyplot
 from bench.runs import RunSpec, ms, pct, run_once
-from testnet.switch_process import TARGETS
+from testnet.switch_process import AUTO_TARGET, TARGETS
 
 METHODS = ("DDP over gloo", "switch, lossless", "switch, fixed_point")
 Key = tuple[int, float, str]  # (W, link Mbit/s or 0 for unshaped, method)
@@ -156,7 +156,7 @@ def _parser() -> argparse.ArgumentParser:
         default="lossless,fixed_point",
         help="switch codecs; the first one's run also runs DDP over gloo",
     )
-    p.add_argument("--target", default="auto", choices=["auto", *TARGETS])
+    p.add_argument("--target", default=AUTO_TARGET, choices=[AUTO_TARGET, *TARGETS])
     p.add_argument("--name", default="regimes", help="results file stem (default regimes)")
     return p
 

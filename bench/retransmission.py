@@ -2,9 +2,11 @@
 round of the transport, at 1 and 4 workers, without and with 1% loss, on each switch target.
 
 "fixed" is the former timer (20 ms, doubling per try, every chunk's timer from its own
-send); "measured" derives the first try's timeout from round trips (RFC 6298 SRTT + 4
+send); "timeouts" derives the first try's timeout from round trips (RFC 6298 SRTT + 4
 RTTVAR, 5 ms .. 0.5 s, backed off per expiry; worker/retransmission_timer.py) and restarts
-the timers as RFC 6298's one timer (worker/transport.py). Each round is one all-reduce of
+the timers as RFC 6298's one timer (worker/transport.py), and resends a lost chunk only
+when its timer expires; "measured" (the transport's default) also resends a chunk that
+three later chunks' answers overtook at once (fast retransmit). Each round is one all-reduce of
 --cells int32 cells (--bmv2-cells on BMv2) by W workers, threads of this process with one
 namespace and socket each; loss is injected per datagram in both directions
 (worker/channel.py FaultyChannel). Rounds of the two timers alternate, so both see the same
@@ -31,9 +33,10 @@ import numpy as np
 
 from bench.publish import publish
 
-WORLDS = (1, 4)
+WORLD_SIZES = (1, 4)
 LOSSES = (0.0, 0.01)
-TIMERS = ("fixed", "measured")
+TIMERS = ("fixed", "timeouts", "measured")
+MEASURED = ("timeouts", "measured")  # the timers whose RTO is measured (and reported)
 POOL_SIZE = 32
 JOIN_TIMEOUT = 300.0
 
@@ -57,7 +60,8 @@ class Group:
                 rank=r,
                 world_size=w,
                 pool_size=POOL_SIZE,
-                adaptive_timeout=timer == "measured",
+                adaptive_timeout=timer in MEASURED,
+                fast_resend_after=3 if timer == "measured" else 0,
             )
             self.transports.append(SwitchTransport(cfg, channel))
         self.rtos: list[float] = []  # the first-try timeout after each sample, every worker
@@ -103,20 +107,22 @@ class Group:
             t.channel.close()
 
 
-def measure(target: str, n: int, rounds: int) -> dict[tuple, dict[str, float]]:
+def measure(
+    target: str, n: int, rounds: int, world_sizes: tuple[int, ...] = WORLD_SIZES, losses=LOSSES
+) -> dict[tuple, dict[str, float]]:
     """Per (W, loss, timer): median round ms, retransmissions per chunk, final RTO ms."""
     from testnet.fabric import Fabric
 
     cells = np.ones(n, np.int32)
     rows: dict[tuple, dict[str, float]] = {}
-    hosts = max(WORLDS)  # per timer: both timers' jobs run side by side
+    hosts = max(world_sizes)  # per timer: every timer's job runs side by side
     with Fabric(
         target, hosts * len(TIMERS), Path(tempfile.mkdtemp(prefix="bench-retx-"))
     ) as fabric:
         for h in fabric.hosts:
             h.enable_ip_stack()
-        for w in WORLDS:
-            for loss in LOSSES:
+        for w in world_sizes:
+            for loss in losses:
                 groups = {
                     tm: Group(fabric, i * hosts, w, loss, tm, seed=17)
                     for i, tm in enumerate(TIMERS)
@@ -148,7 +154,7 @@ def measure(target: str, n: int, rounds: int) -> dict[tuple, dict[str, float]]:
 
 
 def report(results: dict[str, dict], sizes: dict[str, int], rounds: int) -> list[str]:
-    """The markdown table: fixed and measured side by side per target, W and loss."""
+    """The markdown table: the timers side by side per target, W and loss."""
     lines = [
         "# Retransmission timeout: fixed 20 ms versus measured round trips (RFC 6298)",
         "",
@@ -156,24 +162,31 @@ def report(results: dict[str, dict], sizes: dict[str, int], rounds: int) -> list
         f" ({os.cpu_count()} cores, shared), {time.strftime('%Y-%m-%d')}. Pool size "
         f"{POOL_SIZE}; one round is an all-reduce of n int32 cells per worker ("
         + ", ".join(f"{t}: n = {n:,}" for t, n in sizes.items())
-        + f"); {rounds} rounds per timer, the timers alternating; ms per round: median "
-        "[min, max]; retransmissions per chunk over all rounds and workers; RTO: the "
-        "measured timer's first-try timeout after each of its samples, median and largest, "
-        "and the share of samples that left it at the maximum (500 ms).",
+        + f"); {rounds} rounds per timer, the timers alternating; fixed: 20 ms; timeouts: "
+        "the measured timeout, a lost chunk resent when its timer expires; measured (the "
+        "default): the same, and a chunk three later answers overtook resent at once. "
+        "ms per round: median [min, max]; retransmissions per chunk over all rounds and "
+        "workers; RTO: the measured timer's first-try timeout after each of its samples, "
+        "median and largest, and the share of samples that left it at the maximum (500 ms).",
         "",
-        "| target | W | loss | retx/chunk fixed | retx/chunk measured "
-        "| ms/round fixed | ms/round measured | RTO measured, median / max (ms) | at max |",
-        "|---|--:|--:|--:|--:|--:|--:|--:|--:|",
+        "| target | W | loss | retx/chunk "
+        + " / ".join(TIMERS)
+        + " | ms/round "
+        + " / ".join(TIMERS)
+        + " | RTO measured, median / max (ms) | at max |",
+        "|---|--:|--:|--:|--:|--:|--:|",
     ]
     for target, rows in results.items():
-        for w in WORLDS:
-            for loss in LOSSES:
-                f, m = rows[(w, loss, "fixed")], rows[(w, loss, "measured")]
-                lines.append(
-                    f"| {target} | {w} | {loss:.0%} | {f['retx_per_chunk']:.3f} "
-                    f"| {m['retx_per_chunk']:.3f} | {_ms(f)} | {_ms(m)} "
-                    f"| {m['rto_median_ms']:.1f} / {m['rto_max_ms']:.0f} | {m['at_cap']:.2%} |"
-                )
+        for w, loss in sorted({(w, loss) for w, loss, _ in rows}):
+            r = [rows[(w, loss, tm)] for tm in TIMERS]
+            m = rows[(w, loss, "measured")]
+            lines.append(
+                f"| {target} | {w} | {loss:.0%} | "
+                + " / ".join(f"{x['retx_per_chunk']:.3f}" for x in r)
+                + " | "
+                + " / ".join(_ms(x) for x in r)
+                + f" | {m['rto_median_ms']:.1f} / {m['rto_max_ms']:.0f} | {m['at_cap']:.2%} |"
+            )
     return lines
 
 
@@ -193,24 +206,36 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=5, help="rounds per timer (default 5)")
     p.add_argument("--cells", type=int, default=1 << 20, help="cells per round, refswitch")
     p.add_argument("--bmv2-cells", type=int, default=1 << 20, help="cells per round, BMv2")
-    p.add_argument("--targets", nargs="+", default=None, help="default: every available one")
+    p.add_argument(
+        "--targets", nargs="+", default=None, help="default: refswitch, and bmv2 when installed"
+    )
+    p.add_argument(
+        "--world-sizes", type=int, nargs="+", default=list(WORLD_SIZES), help="default: 1 4"
+    )
+    p.add_argument("--losses", type=float, nargs="+", default=list(LOSSES), help="default: 0 0.01")
     args = p.parse_args(argv)
     if args.rounds < 1 or args.cells < 1 or args.bmv2_cells < 1:
         p.error("--rounds, --cells and --bmv2-cells must be positive")
     from testnet.namespace import have_privileges
-    from testnet.switch_process import bmv2_available
+    from testnet.switch_process import compared_targets
 
     if not have_privileges():
         p.error("needs root and iproute2 (network namespaces)")
-    targets = args.targets or ["refswitch"] + (["bmv2"] if bmv2_available() else [])
+    targets = args.targets or compared_targets()
     sizes = {t: args.bmv2_cells if t == "bmv2" else args.cells for t in targets}
-    results = {t: measure(t, sizes[t], args.rounds) for t in targets}
+    if any(w < 1 for w in args.world_sizes) or any(not 0 <= x < 1 for x in args.losses):
+        p.error("--world-sizes must be positive and --losses in [0, 1)")
+    world_sizes, losses = tuple(args.world_sizes), tuple(args.losses)
+    results = {t: measure(t, sizes[t], args.rounds, world_sizes, losses) for t in targets}
+    w, loss = max(world_sizes), max(losses)
     publish(
         "retransmission",
         report(results, sizes, args.rounds),
         summary=", ".join(
-            f"{t} W=4 retx/chunk fixed {r[(4, 0.0, 'fixed')]['retx_per_chunk']:.3f} "
-            f"measured {r[(4, 0.0, 'measured')]['retx_per_chunk']:.3f}"
+            f"{t} W={w} {loss:.0%} loss: retx/chunk "
+            + " ".join(f"{tm} {r[(w, loss, tm)]['retx_per_chunk']:.3f}" for tm in TIMERS)
+            + ", ms/round "
+            + " ".join(f"{tm} {r[(w, loss, tm)]['ms']:.0f}" for tm in TIMERS)
             for t, r in results.items()
         ),
     )

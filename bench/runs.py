@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from aggwire.constants import AGG_FRAME_BYTES
+from testnet import REPO_ROOT
+from testnet.switch_process import AUTO_TARGET
 from worker.codecs import DEFAULT_CODEC
-
-REPO = Path(__file__).resolve().parent.parent
 
 
 @dataclass
@@ -30,7 +30,7 @@ class RunSpec:
     steps: int = 15
     gloo: bool = True
     peers: list[str] = field(default_factory=list)
-    target: str = "auto"
+    target: str = AUTO_TARGET
     timeout: float = 0.0  # seconds per training job; 0: job_timeout(steps)
     overlap: str = "blocking"  # the switch run's --overlap: blocking, async or dear
     codec_options: list[str] = field(default_factory=list)  # KEY=VALUE (--codec-option)
@@ -92,7 +92,7 @@ def run_once(
     cmd = run_command(spec, out)
     jobs = 2 + int(spec.gloo) + len(spec.peers)
     proc = subprocess.Popen(
-        cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        cmd, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
     try:
         stdout, _ = proc.communicate(timeout=jobs * spec.job_timeout() + 120)
@@ -192,9 +192,9 @@ def split_cell(split: dict[str, float]) -> str:
     )
 
 
-def retransmissions(timed: list[dict[str, Any]], world: int) -> tuple[float, float]:
+def retransmissions(timed: list[dict[str, Any]], world_size: int) -> tuple[float, float]:
     """(retransmissions per step, all ranks; their share of the aggregation packets sent)
     over the given steps."""
     retx = sum(s.get("retransmissions", 0) for s in timed) / len(timed)
-    frames = sum(s.get("agg_wire", 0.0) for s in timed) / len(timed) * world / AGG_FRAME_BYTES
+    frames = sum(s.get("agg_wire", 0.0) for s in timed) / len(timed) * world_size / AGG_FRAME_BYTES
     return retx, (retx / frames if frames else 0.0)

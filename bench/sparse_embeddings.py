@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.publish import publish
+from testnet import REPO_ROOT
 
 CONFIGS = (  # (aggregation, embedding gradients)
     ("switch", "sparse"),
@@ -38,16 +39,52 @@ CONFIGS = (  # (aggregation, embedding gradients)
     ("gloo", "dense"),
 )
 MASTER_PORT = 29671
-REPO = Path(__file__).resolve().parent.parent
 # Each configuration's destroyed process group, kept until exit: freeing a gloo group runs
 # its destructor with the GIL held while it joins its worker threads, and a thread still
 # dropping a finished collective's Python tensor waits for the GIL (a deadlock, seen here).
 _GROUPS: list[Any] = []
 
 
+def _timed(hook_seconds: list[float]) -> Any:
+    """The switch hook, its time added to hook_seconds[0] (no annotations: DDP checks them)."""
+    from worker.ddp_hook import switch_allreduce_hook
+
+    def timed(state, bucket):  # type: ignore[no-untyped-def]
+        start = time.perf_counter()
+        try:
+            return switch_allreduce_hook(state, bucket)
+        finally:
+            hook_seconds[0] += time.perf_counter() - start
+
+    return timed
+
+
+def _counters(state: Any, hook_seconds: list[float]) -> list[float]:
+    """Running totals of this rank's switch path (zeros for gloo): bytes and passes, then
+    seconds in the hook, in the switch exchanges, in the codec (encode and decode), in the
+    agreements, and the packets sent."""
+    if state is None or state.agent is None or state.agent.transport is None:
+        return [0.0] * 8
+    t = state.agent.transport.stats
+    s = state.stats
+    return [
+        float(s.wire_bytes),
+        float(s.switch_buckets),
+        hook_seconds[0],
+        t.exchange_seconds,
+        t.encode_seconds + t.decode_seconds,
+        s.agreement_seconds,
+        float(t.packets_sent),
+        float(s.fallback_buckets),
+    ]
+
+
+SPLIT = ("hook", "exchange", "codec", "agreement")  # seconds per step, the mean of the ranks
+
+
 def run_config(path: str, grads: str, steps: int, warmup: int, iface: str) -> list[dict]:
     """One configuration on this rank: its own process group (and job); per-step records
-    (agreed: the slowest rank's time, the mean of the ranks' bytes)."""
+    (agreed: the slowest rank's time, the mean of the ranks' bytes and time split)."""
     import torch
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
@@ -61,45 +98,42 @@ def run_config(path: str, grads: str, steps: int, warmup: int, iface: str) -> li
     for name in ("user", "item"):  # before DDP: it reads which gradients are sparse
         getattr(task.model, name).sparse = grads == "sparse"
     model = DDP(task.model, process_group=group)
-    state = None
+    state, hook_seconds = None, [0.0]
     if path == "switch":  # as make run: one support key per embedding row when sparse
         opts = {"support_block": shape.dim} if grads == "sparse" else {}
-        state = attach(model, "lossless", codec_options=opts, group=group, name="bench")
+        state = attach(None, "lossless", codec_options=opts, group=group, name="bench")
+        model.register_comm_hook(state, _timed(hook_seconds))
     opt = torch.optim.SGD(model.parameters(), lr=DEFAULT_LR["ncf"])
     rank = dist.get_rank()
     sent = Path(f"/sys/class/net/{iface}/statistics/tx_bytes")
     records = []
     for step in range(warmup + steps):
-        agg = state.stats.wire_bytes if state is not None else 0
-        passes = state.stats.switch_buckets if state is not None else 0
+        before = _counters(state, hook_seconds)
         tx, start = int(sent.read_text()), time.perf_counter()
         *inputs, labels = task.batch(rank, step)
         opt.zero_grad()
         task.loss(model(*inputs), labels).backward()
         opt.step()
         seconds = time.perf_counter() - start
-        t = torch.tensor(
-            [
-                seconds,
-                float(int(sent.read_text()) - tx),
-                float((state.stats.wire_bytes if state is not None else 0) - agg),
-                float(state.stats.fallback_buckets if state is not None else 0),
-                float((state.stats.switch_buckets if state is not None else 0) - passes),
-            ],
-            dtype=torch.float64,
-        )
+        after = _counters(state, hook_seconds)
+        delta = [a - b for a, b in zip(after, before)]
+        t = torch.tensor([seconds, float(int(sent.read_text()) - tx), *delta], dtype=torch.float64)
         top = t.clone()
         dist.all_reduce(t, group=group)
         dist.all_reduce(top, op=dist.ReduceOp.MAX, group=group)
         if step >= warmup:
             world = dist.get_world_size(group)
+            mean = (t / world).tolist()
             records.append(
                 {
                     "seconds": float(top[0]),
-                    "tx_bytes": float(t[1]) / world,
-                    "agg_bytes": float(t[2]) / world,
-                    "fallback_buckets": int(top[3]),
-                    "switch_buckets": int(top[4]),
+                    "mean_seconds": mean[0],
+                    "tx_bytes": mean[1],
+                    "agg_bytes": mean[2],
+                    "switch_buckets": int(top[3]),
+                    **{k: mean[4 + i] for i, k in enumerate(SPLIT)},
+                    "packets": mean[8],
+                    "fallback_buckets": int(top[9]),
                 }
             )
     dist.barrier(group=group)
@@ -114,6 +148,8 @@ def rank_main(a: argparse.Namespace) -> None:
 
     import torch.distributed as dist
 
+    from worker.job_env import ENV_IFACE
+
     faulthandler.dump_traceback_later(a.timeout - 30, exit=True)  # a stuck rank says where
     os.environ.update(
         {
@@ -123,7 +159,7 @@ def rank_main(a: argparse.Namespace) -> None:
             "MASTER_ADDR": a.master,
             "MASTER_PORT": str(MASTER_PORT),
             "GLOO_SOCKET_IFNAME": a.iface,
-            "HOMAGG_IFACE": a.iface,
+            ENV_IFACE: a.iface,
         }
     )
     from datetime import timedelta
@@ -167,9 +203,11 @@ def _controller(fabric: Any, tmp: Path) -> tuple[Any, str]:
 def measure(a: argparse.Namespace) -> dict[str, list[dict]]:
     """Both ranks in the fabric's namespaces; rank 0's records per configuration."""
     from controller.client import ControllerClient
+    from controller.credentials import INSECURE_ENV
     from testnet.fabric import Fabric
     from testnet.poll import wait_for
     from testnet.processes import run_together
+    from worker.job_env import ENV_CONTROLLER
 
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # tear the fabric down
     tmp = Path(tempfile.mkdtemp(prefix="bench-sparse-"))
@@ -180,7 +218,7 @@ def measure(a: argparse.Namespace) -> dict[str, list[dict]]:
             h.enable_ip_stack()
         fabric.release_connection()  # the controller becomes the primary
         server, address = _controller(fabric, tmp)
-        with ControllerClient(address, 5.0) as client:
+        with ControllerClient(address, 5.0, insecure=True) as client:
             wait_for(lambda: all(s.connected for s in client.status().switches), 30, "sync")
         out = tmp / "results.json"
         cmds = []
@@ -189,9 +227,10 @@ def measure(a: argparse.Namespace) -> dict[str, list[dict]]:
             cmd += ["--rank", str(r), "--master", fabric.hosts[0].ip, "--iface", h.iface]
             cmd += ["--rounds", str(a.rounds), "--steps", str(a.steps), "--timeout", str(a.timeout)]
             cmds.append([*cmd, "--warmup", str(a.warmup), "--out", str(out)])
-        env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-        env["HOMAGG_CONTROLLER"] = address
-        done = run_together(cmds, a.timeout, env=env, cwd=REPO)
+        env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "OMP_NUM_THREADS": "1"}
+        env[ENV_CONTROLLER] = address
+        env[INSECURE_ENV] = "1"  # the controller of this bench serves plaintext
+        done = run_together(cmds, a.timeout, env=env, cwd=REPO_ROOT)
         if any(code for code, _ in done):
             raise SystemExit("\n".join(text[-3000:] for _, text in done))
         return json.loads(out.read_text())
@@ -230,6 +269,34 @@ def table(results: dict[str, list[dict]]) -> list[str]:
     return lines
 
 
+def split_table(results: dict[str, list[dict]]) -> list[str]:
+    """Where a switch step's time goes (the mean of the ranks, median over steps): in the
+    hook (waiting on the switch exchanges, the codec's encode and decode, the agreements,
+    the rest: COO and bucket conversions, the hook's bookkeeping) and outside it (forward,
+    backward, optimizer, DDP)."""
+    lines = [
+        "| embedding gradients | ms / step | outside the hook | hook | switch exchanges "
+        "| codec | agreements | rest of the hook | packets / rank / step |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for g in ("sparse", "dense"):
+        recs = results[f"switch, {g}"]
+
+        def med(f: Any, recs: list[dict] = recs) -> float:
+            return statistics.median(f(r) for r in recs) * 1e3
+
+        rest = med(lambda r: r["hook"] - r["exchange"] - r["codec"] - r["agreement"])
+        cells = [
+            med(lambda r: r["mean_seconds"]),
+            med(lambda r: r["mean_seconds"] - r["hook"]),
+            *(med(lambda r, k=k: r[k]) for k in SPLIT),
+            rest,
+        ]
+        packets = statistics.median(r["packets"] for r in recs)
+        lines.append(f"| {g} | " + " | ".join(f"{c:.1f}" for c in cells) + f" | {packets:g} |")
+    return lines
+
+
 def main(argv: list[str] | None = None) -> None:
     """Command line: the benchmark (as root), or one of its ranks (--rank)."""
     p = argparse.ArgumentParser(
@@ -262,9 +329,15 @@ def main(argv: list[str] | None = None) -> None:
     ]
     sw = statistics.median(r["seconds"] for r in results["switch, sparse"])
     sd = statistics.median(r["seconds"] for r in results["switch, dense"])
+    where = [
+        "",
+        "Where a step of the switch runs goes, in ms (the mean of the ranks, median over "
+        "steps; the hook blocks, so its time adds to the step's):",
+        "",
+    ]
     publish(
         "sparse_embeddings",
-        head + table(results),
+        head + table(results) + where + split_table(results),
         f"sparse embeddings: switch {sd / sw:.2f}x faster than dense embeddings through it",
     )
 

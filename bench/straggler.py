@@ -189,16 +189,18 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--reps", type=int, default=3, help="repetitions per case (default 3)")
     p.add_argument("--pause", type=float, default=10.0, help="rank 1's pause, s (default 10)")
-    p.add_argument("--targets", nargs="+", default=None, help="default: every available one")
+    p.add_argument(
+        "--targets", nargs="+", default=None, help="default: refswitch, and bmv2 when installed"
+    )
     args = p.parse_args(argv)
     if args.reps < 1 or not args.pause > 0:
         p.error("--reps and --pause must be positive")
     from testnet.namespace import have_privileges
-    from testnet.switch_process import bmv2_available
+    from testnet.switch_process import compared_targets
 
     if not have_privileges():
         p.error("needs root and iproute2 (network namespaces)")
-    targets = args.targets or ["refswitch"] + (["bmv2"] if bmv2_available() else [])
+    targets = args.targets or compared_targets()
     results = {t: measure(t, args.reps, args.pause) for t in targets}
     publish(
         "straggler",

@@ -37,23 +37,23 @@ def burst(job, pool_size: int, first_chunk: int) -> tuple[int, float]:
     from testnet.aggjob import random_cells
 
     rng = np.random.default_rng(first_chunk)
-    cells = [random_cells(rng) for _ in range(job.world)]
+    cells = [random_cells(rng) for _ in range(job.world_size)]
     frames = [
         (
             job.hosts[r].raw,
             job.frame(r, cells[r], slot=k % pool_size, shadow=(k // pool_size) % 2, chunk=k),
         )
         for k in range(first_chunk, first_chunk + pool_size)
-        for r in range(job.world)
+        for r in range(job.world_size)
     ]
     # Generous: BMv2 absorbs ~1,000-8,000 contributions/s on a loaded 2-core machine.
     timeout = 3.0 + len(frames) / 300
     start = time.perf_counter()
     for port, frame in frames:
         port.send(frame)
-    got = [len(job.hosts[r].raw.receive(timeout, count=pool_size)) for r in range(job.world)]
+    got = [len(job.hosts[r].raw.receive(timeout, count=pool_size)) for r in range(job.world_size)]
     elapsed = time.perf_counter() - start
-    missing = pool_size * job.world - sum(got)
+    missing = pool_size * job.world_size - sum(got)
     if missing:  # late results must not count in the next burst
         time.sleep(1.0)
         job.fabric.drain()
@@ -137,7 +137,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--pool-sizes", type=int, nargs="+", default=[8, 16, 32, 64, 128, 256, 512])
     p.add_argument("--reps", type=int, default=3, help="bursts per pool size (default 3)")
-    p.add_argument("--targets", nargs="+", default=None, help="default: every available one")
+    p.add_argument(
+        "--targets", nargs="+", default=None, help="default: refswitch, and bmv2 when installed"
+    )
     p.add_argument(
         "--offloads-on",
         action="store_true",
@@ -148,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"pool sizes must be within 1..{MAX_POOL_SIZE} (the pool must fit the switch)")
     from testnet import switch_process
 
-    targets = args.targets or ["refswitch"] + (["bmv2"] if switch_process.bmv2_available() else [])
+    targets = args.targets or switch_process.compared_targets()
     if args.offloads_on:
         switch_process.prepare_ports = lambda ports: None
     results = {t: sweep(t, sorted(args.pool_sizes), args.reps) for t in targets}

@@ -28,11 +28,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from aggwire.constants import CELL_BITS, LANE_BITS_OF_OP, Op
+from aggwire.constants import CELL_BITS, CELLS_PER_PKT_ENV, LANE_BITS_OF_OP, Op
 from bench.publish import plot_path, publish, pyplot
+from testnet import REPO_ROOT
 from testnet.switch_process import BMV2_OPT_ENV, TARGETS, available_targets, target_problem
-
-REPO = Path(__file__).resolve().parent.parent
 
 
 def _measure(job, pool_size: int, batches: int, first_chunk: int, op: int) -> tuple[float, int]:
@@ -43,7 +42,7 @@ def _measure(job, pool_size: int, batches: int, first_chunk: int, op: int) -> tu
     from testnet.aggjob import random_cells
 
     rng = np.random.default_rng(first_chunk)
-    cells = [random_cells(rng) for _ in range(job.world)]
+    cells = [random_cells(rng) for _ in range(job.world_size)]
     missing, elapsed = 0, 0.0
     for b in range(batches):
         chunks = range(first_chunk + b * pool_size, first_chunk + (b + 1) * pool_size)
@@ -55,15 +54,15 @@ def _measure(job, pool_size: int, batches: int, first_chunk: int, op: int) -> tu
                 ),
             )
             for k in chunks
-            for r in range(job.world)
+            for r in range(job.world_size)
         ]
         start = time.perf_counter()
         for port, frame in frames:
             port.send(frame)
-        for r in range(job.world):
+        for r in range(job.world_size):
             missing += pool_size - len(job.hosts[r].raw.receive(2.0, count=pool_size))
         elapsed += time.perf_counter() - start
-    return batches * pool_size * job.world / elapsed, missing
+    return batches * pool_size * job.world_size / elapsed, missing
 
 
 def run_child(
@@ -129,7 +128,7 @@ def _compile(cells: int, out: Path) -> tuple[Path, Path] | None:
         return "skip"  # type: ignore[return-value]
     subprocess.run(
         ["make", "--no-print-directory", "-B", "p4", f"CELLS={cells}", f"P4_BUILD={out}"],
-        cwd=REPO,
+        cwd=REPO_ROOT,
         check=True,
         capture_output=True,
     )
@@ -213,12 +212,12 @@ def measure(args: argparse.Namespace, targets: list[str]) -> list[dict]:
             artifacts = _compile(cells, Path(tmp) / str(cells))
             if artifacts == "skip":
                 continue
-            env = dict(os.environ, HOMAGG_CELLS_PER_PKT=str(cells))
+            env = {**os.environ, CELLS_PER_PKT_ENV: str(cells)}
             child = ",".join(map(str, artifacts)) if artifacts else "-"
             cmd = [sys.executable, "-m", "bench.switch_rate", "--reps", str(args.reps)]
             cmd += ["--ops", *args.ops, "--targets", *targets, "--child", child]
             proc = subprocess.run(
-                cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, text=True, check=True
+                cmd, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, text=True, check=True
             )
             for line in proc.stdout.splitlines():
                 if line.startswith("RESULT "):
@@ -269,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.child != "-":
             p4info, bmv2_json = args.child.split(",")  # written by the parent: two paths
             artifacts = (Path(p4info), Path(bmv2_json))
-        cells = int(os.environ["HOMAGG_CELLS_PER_PKT"])
+        cells = int(os.environ[CELLS_PER_PKT_ENV])
         print("RESULT " + json.dumps(run_child(cells, args.reps, artifacts, args.ops, targets)))
         return 0
     rows = measure(args, targets)

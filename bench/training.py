@@ -31,7 +31,7 @@ from typing import Any
 
 from bench.publish import plot_path, publish, pyplot
 from bench.runs import RunSpec, ms, pct, retransmissions, run_once, split_cell, time_split
-from testnet.switch_process import BMV2_OPT_ENV, TARGETS
+from testnet.switch_process import AUTO_TARGET, BMV2_OPT_ENV, TARGETS
 
 GLOO = "DDP over gloo"
 DESCRIPTION = {"ncf": "NCF (sparse)", "mlp": "MLP (dense)", "lm": "transformer LM (dense)"}
@@ -270,7 +270,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--targets",
-        default="auto",
+        default=AUTO_TARGET,
         help=f"comma-separated switch targets, alternated: auto or {', '.join(TARGETS)}",
     )
     p.add_argument(
@@ -296,7 +296,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--models takes a comma-separated list of {', '.join(DESCRIPTION)}")
     if not args.codec_list:
         p.error("--codecs needs at least one codec")
-    if not args.target_list or any(t not in ("auto", *TARGETS) for t in args.target_list):
+    if not args.target_list or any(t not in (AUTO_TARGET, *TARGETS) for t in args.target_list):
         p.error(f"--targets takes auto or a comma-separated list of {', '.join(TARGETS)}")
     if args.steps < 2:
         p.error("--steps must be at least 2 (each run's first step is not timed)")

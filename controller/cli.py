@@ -25,6 +25,7 @@ from controller.config import (
 )
 from controller.credentials import (
     CA_FILE_ENV,
+    INSECURE_ENV,
     OPERATOR_TOKEN_ENV,
     OPERATOR_TOKEN_FILE_ENV,
     SecretError,
@@ -42,7 +43,8 @@ workers); the other commands ask a running controller (--controller, default
 The controller speaks TLS: the other commands verify its certificate against --ca-file
 (or ${CA_FILE_ENV}) and present the operator credential read from --credential-file,
 ${OPERATOR_TOKEN_FILE_ENV} or ${OPERATOR_TOKEN_ENV} (never a command-line argument).
---insecure is plaintext, for tests and local use (docs/controller.md, Security)."""
+--insecure (or ${INSECURE_ENV}=1) is plaintext, for tests and local use, and warns
+(docs/controller.md, Security)."""
 
 # gRPC's own status text when the server's maximum_concurrent_rpcs is reached (it cannot be
 # set); what it means for the controller is added here.
@@ -166,7 +168,30 @@ def _parser() -> argparse.ArgumentParser:
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
 
-    serve = add("serve")
+    _serve_options(add("serve"))
+    add("status")
+    jobs = add("jobs")
+    jobs.add_argument("--all", action="store_true", help="include the last 100 ended jobs")
+    jobs.add_argument(
+        "--ranks", action="store_true", help="also list each job's ranks and their leases"
+    )
+    _add_job_actions(add("job"), common)
+    pools = add("pools")
+    pools.add_argument("--switch", default="", help="only this switch")
+    counters = add("counters")
+    counters.add_argument("--switch", default="", help="only this switch")
+    counters.add_argument("--job", type=int, default=0, help="only this job's packets")
+    counters.add_argument(
+        "--zero", action="store_true", help="also list reasons and events never counted"
+    )
+    release = add("release")
+    release.add_argument("job", type=int, metavar="JOB", help="the job id")
+    _shell_options(add("shell"))
+    return p
+
+
+def _serve_options(serve: argparse.ArgumentParser) -> None:
+    """`aggctl serve`: the configuration and what overrides it."""
     serve.add_argument(
         "--config", required=True, type=Path, metavar="FILE", help="the TOML configuration"
     )
@@ -186,30 +211,23 @@ def _parser() -> argparse.ArgumentParser:
         "job ids start above every id they hold",
     )
     serve.add_argument(
+        "--remove-unknown-jobs",
+        action="store_true",
+        help="remove from the switches the jobs this database has no record of (e.g. an "
+        "older copy restored on purpose); without it (or --fresh-database) such jobs stop "
+        "the controller with status 2 and stay on the switch",
+    )
+    serve.add_argument(
         "--insecure-non-loopback",
         action="store_true",
         help="with --insecure: also listen insecurely on an address other hosts can reach "
         "(a network only trusted hosts reach; logged as a warning)",
     )
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning"])
-    add("status")
-    jobs = add("jobs")
-    jobs.add_argument("--all", action="store_true", help="include the last 100 ended jobs")
-    jobs.add_argument(
-        "--ranks", action="store_true", help="also list each job's ranks and their leases"
-    )
-    _add_job_actions(add("job"), common)
-    pools = add("pools")
-    pools.add_argument("--switch", default="", help="only this switch")
-    counters = add("counters")
-    counters.add_argument("--switch", default="", help="only this switch")
-    counters.add_argument("--job", type=int, default=0, help="only this job's packets")
-    counters.add_argument(
-        "--zero", action="store_true", help="also list reasons and events never counted"
-    )
-    release = add("release")
-    release.add_argument("job", type=int, metavar="JOB", help="the job id")
-    shell = add("shell")
+
+
+def _shell_options(shell: argparse.ArgumentParser) -> None:
+    """`aggctl shell`: which switch, as which P4Runtime client."""
     shell.add_argument(
         "--switch", required=True, metavar="ADDR", help="the switch's P4Runtime address"
     )
@@ -220,7 +238,6 @@ def _parser() -> argparse.ArgumentParser:
         default=1,
         help="election id (default 1: a backup while the controller, 10, is primary)",
     )
-    return p
 
 
 def _add_job_actions(job: argparse.ArgumentParser, common: argparse.ArgumentParser) -> None:
@@ -314,18 +331,20 @@ class UsageError(Exception):
 
 
 def client_security(args: argparse.Namespace) -> tuple[Path | None, str | None]:
-    """The CA file (None with --insecure) and the operator credential of a query command."""
+    """The CA file (None: plaintext, chosen by --insecure or $HOMAGG_INSECURE=1) and the
+    operator credential of a query command."""
+    from controller.tls import TlsError, plaintext_chosen
+
     try:
         token = operator_token(args.credential_file)
-    except SecretError as exc:
+        plaintext = args.insecure or plaintext_chosen()
+    except (SecretError, TlsError) as exc:
         raise UsageError(str(exc)) from None
-    if args.insecure:
-        return None, token
-    ca = ca_file(args.ca_file)
-    if ca is None:
+    ca = None if args.insecure else ca_file(args.ca_file)
+    if ca is None and not plaintext:
         raise UsageError(
             f"no CA to verify the controller with: give --ca-file FILE (or set ${CA_FILE_ENV}), "
-            "or --insecure for a plaintext controller"
+            f"or --insecure (or ${INSECURE_ENV}=1) for a plaintext controller"
         )
     return ca, token
 
@@ -336,7 +355,7 @@ def _query(args: argparse.Namespace) -> int:
 
     ca, token = client_security(args)
     try:
-        client = ControllerClient(args.controller, args.timeout, ca, token)
+        client = ControllerClient(args.controller, args.timeout, ca, token, insecure=ca is None)
     except TlsError as exc:
         raise UsageError(str(exc)) from None
     with client:
@@ -406,7 +425,11 @@ def _serve(args: argparse.Namespace) -> int:
     )
     log = logging.getLogger("aggctl")
     try:
-        server = ControllerServer(config, fresh_database=args.fresh_database)
+        server = ControllerServer(
+            config,
+            fresh_database=args.fresh_database,
+            remove_unknown_jobs=args.remove_unknown_jobs,
+        )
     except StoreError as exc:
         print(f"aggctl: {exc}", file=sys.stderr)
         return 2
@@ -420,11 +443,14 @@ def _serve(args: argparse.Namespace) -> int:
         server.stop()
         return 2 if isinstance(exc, StoreError) else 1
     try:
-        while not stop.wait(1.0):
+        while not stop.wait(0.2) and not server.refusal:
             pass
     finally:
         log.info("stopping (jobs stay installed and are restored on the next start)")
         server.stop()
+    if server.refusal:
+        print(f"aggctl: {server.refusal}", file=sys.stderr)
+        return 2
     return 0
 
 

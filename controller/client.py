@@ -1,10 +1,13 @@
 """A typed client of the controller's gRPC API (used by aggctl, the tests and workers).
 Failures surface as grpc.RpcError with the status codes listed in docs/controller.md.
-With a CA file the channel is TLS and the controller's certificate must chain to that CA;
-without one it is plaintext (the controller's insecure mode)."""
+The channel is TLS, the controller's certificate verified against a CA (ca_file, else
+$HOMAGG_CA_FILE), unless plaintext is chosen explicitly (insecure=True or $HOMAGG_INSECURE=1:
+a controller started with --insecure; warned about once per process). With neither the client
+is refused (TlsError saying what to set): no token is ever sent in the clear by default."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -14,16 +17,22 @@ import grpc
 from controller.api import jobs_pb2, jobs_pb2_grpc
 from controller.config import DEFAULT_LISTEN
 from controller.credentials import call_metadata
-from controller.tls import channel_credentials
+from controller.tls import channel_credentials, client_ca, warn_plaintext
 
 pb = jobs_pb2
+
+Release = Callable[[int], None]
+"""Ends job `job_id` at the controller (raises grpc.RpcError when it refuses), e.g.
+ControllerClient.release."""
 
 
 class ControllerClient:
     """One channel to a controller; `timeout` bounds every call except WaitReady's own wait.
-    `ca_file`: verify the controller's TLS certificate against this CA (None: plaintext);
+    `ca_file`: verify the controller's TLS certificate against this CA (None: $HOMAGG_CA_FILE);
+    `insecure`: plaintext, for a controller without TLS (also $HOMAGG_INSECURE=1);
     `operator_token`: the credential sent with CreateJob and the operator calls;
-    `server_name`: the name the certificate must carry when it is not the dialed host."""
+    `server_name`: the name the certificate must carry when it is not the dialed host.
+    TlsError when the CA cannot be read, or when neither a CA nor plaintext is chosen."""
 
     def __init__(
         self,
@@ -32,16 +41,19 @@ class ControllerClient:
         ca_file: Path | None = None,
         operator_token: str | None = None,
         server_name: str = "",
+        insecure: bool = False,
     ) -> None:
         self.address = address
         self.timeout = timeout
-        self.secure = ca_file is not None
+        ca = client_ca(address, ca_file, insecure)
+        self.secure = ca is not None
         self._auth = call_metadata(operator_token)
-        if ca_file is None:
+        if ca is None:
+            warn_plaintext(address)
             self._channel = grpc.insecure_channel(address)
         else:
             options = [("grpc.ssl_target_name_override", server_name)] if server_name else []
-            self._channel = grpc.secure_channel(address, channel_credentials(ca_file), options)
+            self._channel = grpc.secure_channel(address, channel_credentials(ca), options)
         self.stub = jobs_pb2_grpc.ControllerStub(self._channel)
 
     def close(self) -> None:
@@ -145,3 +157,20 @@ class ControllerClient:
         return self.stub.ReleaseJob(
             pb.ReleaseJobRequest(job_id=job_id), timeout=self.timeout, metadata=self._auth
         )
+
+
+def release_job(release: Release, job_id: int) -> str:
+    """Release `job_id` through `release`: "" when the job is ended now (a job that already
+    ended, e.g. when every rank left before, counts as released), else why not. For the
+    launcher (worker/launch.py) and rank 0's job session (worker/job_session.py)."""
+    try:
+        release(job_id)
+    except grpc.RpcError as exc:
+        code = exc.code() if isinstance(exc, grpc.Call) else None
+        if code == grpc.StatusCode.FAILED_PRECONDITION:  # "job N has already ended: ..."
+            return ""
+        details = exc.details() if isinstance(exc, grpc.Call) else str(exc)
+        return f"{code.name if code else 'UNKNOWN'}: {details}"
+    except Exception as exc:  # no credential, no TLS: the lease ends the job anyway
+        return str(exc)
+    return ""

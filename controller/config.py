@@ -23,7 +23,7 @@ from aggwire.constants import (
     MAX_SWITCH_PORT,
     NUM_SLOTS,
 )
-from controller.credentials import Operator
+from controller.credentials import ROLES, TENANT, TENANT_MAX_JOBS, TENANT_MAX_SLOTS, Operator
 from controller.forwarding import Host
 from p4rtproto.bytestrings import ipv4_to_int, mac_to_int
 
@@ -57,6 +57,9 @@ class SwitchConfig:
     # assignment: the committed v1model build's by default; a switch that names its own
     # program says its own (the TNA program's default build: 64).
     cells_per_packet: int = CELLS_PER_PKT
+    # The largest pool a job gets here: chunks in flight per rank, which reach its port back
+    # to back. BMv2 buffers about 1,300 frames per port (docs/bmv2.md): 1024 there.
+    max_pool_size: int = NUM_SLOTS
 
     @property
     def lane_ops(self) -> bool:
@@ -145,12 +148,20 @@ class _Reader:
 _REQUIRED = object()
 
 
-def check_address(address: str, where: str, any_port: bool = False) -> str:
-    """'host:port' with a port in 1..65535 (0 too with any_port: the OS picks one)."""
+def check_address(address: str, where: str, any_port: bool = False, unix: bool = False) -> str:
+    """'host:port' with a port in 1..65535 (0 too with any_port: the OS picks one); with
+    `unix` also 'unix:/absolute/path' (a Unix socket: testnet's switches serve P4Runtime so)."""
+    if unix and address.startswith("unix:"):
+        if not address.startswith("unix:/") or len(address) > len("unix:") + 107:
+            raise ConfigError(
+                f"{where}: expected unix:/ABSOLUTE/PATH (at most 107 characters), got {address!r}"
+            )
+        return address
     host, sep, port = address.rpartition(":")
     lowest = 0 if any_port else 1
     if not sep or not host or not port.isdigit() or not lowest <= int(port) <= MAX_L4_PORT:
-        raise ConfigError(f"{where}: expected HOST:PORT, got {address!r}")
+        also = " or unix:/PATH" if unix else ""
+        raise ConfigError(f"{where}: expected HOST:PORT{also}, got {address!r}")
     return address
 
 
@@ -224,7 +235,7 @@ def _switch(data: Any, where: str, base_dir: Path) -> SwitchConfig:
     p4info = _program_file(r, "p4info", base_dir, where)
     sw = SwitchConfig(
         name=name,
-        address=check_address(r.string("address"), f"{where}.address"),
+        address=check_address(r.string("address"), f"{where}.address", unix=True),
         mac=_check(mac_to_int, r.string("mac"), f"{where}.mac"),
         service_ip=_check(ipv4_to_int, r.string("service_ip"), f"{where}.service_ip"),
         hosts=hosts,
@@ -234,6 +245,7 @@ def _switch(data: Any, where: str, base_dir: Path) -> SwitchConfig:
         p4info=p4info,
         device_config=_program_file(r, "device_config", base_dir, where),
         cells_per_packet=_cells_per_packet(r, p4info is not None, where),
+        max_pool_size=r.integer("max_pool_size", NUM_SLOTS, 1, NUM_SLOTS),
     )
     r.finish()
     if (sw.p4info is None) != (sw.device_config is None):
@@ -258,11 +270,17 @@ def _operator(data: Any, where: str) -> Operator:
             f"{where}.token_sha256: expected the 64 hex digits of the token's SHA-256 "
             '(printf %s "$TOKEN" | sha256sum)'
         )
+    role = r.string("role", TENANT)
+    if role not in ROLES:
+        raise ConfigError(f"{where}.role: expected one of {', '.join(ROLES)}, got {role!r}")
+    tenant = role == TENANT
     op = Operator(
         name=name,
         token_sha256=digest,
-        max_jobs=r.integer("max_jobs", 0, 0, MAX_JOB_ID),  # no more jobs than ids
-        max_slots=r.integer("max_slots", 0, 0, NUM_SLOTS),
+        role=role,
+        # no more jobs than ids; a tenant's defaults bound what one credential can take
+        max_jobs=r.integer("max_jobs", TENANT_MAX_JOBS if tenant else 0, 0, MAX_JOB_ID),
+        max_slots=r.integer("max_slots", TENANT_MAX_SLOTS if tenant else 0, 0, NUM_SLOTS),
     )
     r.finish()
     return op
@@ -290,17 +308,7 @@ def parse_config(
         _operator(o, f"{where}: operator[{i}]") for i, o in enumerate(top.tables("operator"))
     )
     top.finish()
-    for key in ("name", "token_sha256"):
-        values = [getattr(o, key) for o in operators]
-        if len(set(values)) != len(values):
-            raise ConfigError(f"{where}: two operators have the same {key}")
-    if not switches:
-        raise ConfigError(f"{where}: no [[switch]] configured")
-    for key in ("name", "address"):
-        values = [getattr(s, key) for s in switches]
-        dup = next((v for v in values if values.count(v) > 1), None)
-        if dup is not None:
-            raise ConfigError(f"{where}: two switches have {key} {dup!r}")
+    _check_unique(switches, operators, where)
     database = Path(ctl.string("database", "homagg-controller.db"))
     config = ControllerConfig(
         switches=switches,
@@ -320,6 +328,31 @@ def parse_config(
     )
     config = _wait_limits(ctl, config)
     ctl.finish()
+    _check_consistent(config, where)
+    return config
+
+
+def _check_unique(
+    switches: tuple[SwitchConfig, ...], operators: tuple[Operator, ...], where: str
+) -> None:
+    """At least one switch; no two switches or operators share a name, an address or a
+    token."""
+    for key in ("name", "token_sha256"):
+        values = [getattr(o, key) for o in operators]
+        if len(set(values)) != len(values):
+            raise ConfigError(f"{where}: two operators have the same {key}")
+    if not switches:
+        raise ConfigError(f"{where}: no [[switch]] configured")
+    for key in ("name", "address"):
+        values = [getattr(s, key) for s in switches]
+        dup = next((v for v in values if values.count(v) > 1), None)
+        if dup is not None:
+            raise ConfigError(f"{where}: two switches have {key} {dup!r}")
+
+
+def _check_consistent(config: ControllerConfig, where: str) -> None:
+    """The settings that depend on each other: TLS's two files, the default pool within the
+    quota, a lease that outlasts two heartbeats."""
     if (config.tls_cert is None) != (config.tls_key is None):
         raise ConfigError(f"{where}: controller.tls_cert and controller.tls_key go together")
     if config.default_pool_size > config.max_job_slots:
@@ -332,7 +365,6 @@ def parse_config(
             f"{where}: controller.lease ({config.lease} s) must be at least twice "
             f"heartbeat_interval ({config.heartbeat_interval} s)"
         )
-    return config
 
 
 def _wait_limits(ctl: _Reader, config: ControllerConfig) -> ControllerConfig:

@@ -1,5 +1,6 @@
 """Who may call the controller: the operator credentials (bearer tokens in gRPC metadata, kept
-as SHA-256 digests and compared in constant time), their quotas, and where clients read their
+as SHA-256 digests and compared in constant time), their roles (an admin operates everything,
+a tenant creates jobs and sees and releases its own) and quotas, and where clients read their
 secrets from (a file or an environment variable, never a command-line argument)."""
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from aggwire.constants import NUM_SLOTS
 from controller.validation import hash_token  # token_sha256 in the configuration
 
 METADATA_KEY = "authorization"  # gRPC metadata carrying "Bearer <operator token>"
@@ -18,16 +20,35 @@ OPERATOR_TOKEN_FILE_ENV = "HOMAGG_OPERATOR_TOKEN_FILE"
 JOB_TOKEN_ENV = "HOMAGG_TOKEN"  # a worker's job token (worker/attach.py, python -m worker)
 JOB_TOKEN_FILE_ENV = "HOMAGG_TOKEN_FILE"
 CA_FILE_ENV = "HOMAGG_CA_FILE"  # the CA that signed the controller's certificate
+INSECURE_ENV = "HOMAGG_INSECURE"  # "1": plaintext to a controller without TLS (tests, local use)
+
+
+ADMIN, TENANT = "admin", "tenant"
+ROLES = (ADMIN, TENANT)
+# A tenant's quotas unless its [[operator]] table says otherwise (an admin's: none): eight
+# running jobs holding a quarter of a switch's slots, so no tenant takes a switch alone.
+TENANT_MAX_JOBS = 8
+TENANT_MAX_SLOTS = NUM_SLOTS // 4
 
 
 @dataclass(frozen=True)
 class Operator:
-    """One operator credential and its quotas (0: unlimited)."""
+    """One operator credential, its role and its quotas (0: unlimited; the configuration
+    gives a tenant TENANT_MAX_JOBS and TENANT_MAX_SLOTS unless it sets them).
+
+    An ADMIN may make every call on every job; a TENANT may create jobs and list and
+    release the jobs it created, and nothing else (docs/controller.md, Security)."""
 
     name: str
     token_sha256: str  # hex digest of the token; the token itself is never stored
+    role: str = TENANT
     max_jobs: int = 0  # running jobs created with this credential
     max_slots: int = 0  # slots held by those jobs together
+
+    @property
+    def admin(self) -> bool:
+        """Whether this credential may make every call on every job."""
+        return self.role == ADMIN
 
 
 def authenticate(operators: Sequence[Operator], token: str | None) -> Operator | None:

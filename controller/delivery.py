@@ -10,6 +10,13 @@ from controller.entries import EntrySpec, GroupSpec
 from p4rtproto.bytestrings import ipv4_to_int, mac_to_int
 
 
+def mcast_grp_of_job(job_id: int) -> int:
+    """The multicast group id of job `job_id`: the job id itself. Both are unique per switch
+    and never reused early, so groups need no allocator of their own, and a group found on
+    a switch names its job (install.reconcile relies on it)."""
+    return job_id
+
+
 def job_group(job: JobEntries) -> GroupSpec:
     """The job's multicast group: a replica per rank on the rank's switch port."""
     # Replica instance rank + 1: egress tells replicas apart by egress_rid, and 0 means unicast.

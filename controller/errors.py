@@ -30,6 +30,12 @@ class Unauthenticated(ControllerError):
     status = grpc.StatusCode.UNAUTHENTICATED
 
 
+class PermissionDenied(ControllerError):
+    """A known operator credential whose role does not allow the call or the job."""
+
+    status = grpc.StatusCode.PERMISSION_DENIED
+
+
 class AlreadyExists(ControllerError):
     """Another worker already joined with that rank."""
 

@@ -142,7 +142,8 @@ def held(conn: SwitchConnection) -> dict[tuple, Spec]:
 
 
 def _job_id_of(spec: Spec) -> int:
-    """The job a spec belongs to (a group's id is its job's; job entries match on it), or 0."""
+    """The job a spec belongs to (a group's id is its job's, delivery.mcast_grp_of_job; job
+    entries match on it), or 0."""
     if isinstance(spec, GroupSpec):
         return spec.group_id
     value = dict(spec.match).get(JOB_ID_FIELD, 0)
@@ -150,16 +151,23 @@ def _job_id_of(spec: Spec) -> int:
 
 
 def reconcile(
-    conn: SwitchConnection, desired: Sequence[Spec], read_back: bool = True
+    conn: SwitchConnection,
+    desired: Sequence[Spec],
+    read_back: bool = True,
+    vet: Callable[[tuple[int, ...]], None] | None = None,
 ) -> Reconciled:
     """Make the switch hold exactly `desired`: remove what is stale, then write what is missing
     or different, in INSTALL_ORDER. read_back=False: the switch holds nothing yet (a fresh
-    pipeline), so nothing is read."""
+    pipeline), so nothing is read. `vet` is shown the ids of the stale jobs before anything
+    is written and may raise to leave the switch untouched."""
     have = held(conn) if read_back else {}
     want = {s.key for s in desired}
     stale = [s for k, s in have.items() if k not in want]
     missing = [s for s in desired if s.key not in have]
     changed = [s for s in desired if s.key in have and have[s.key] != s]
+    stale_ids = tuple(sorted({job_id for s in stale if (job_id := _job_id_of(s))}))
+    if vet is not None:
+        vet(stale_ids)
     for stage in reversed(in_install_order(stale)):
         _write(conn, [s.delete for s in stage])
     for stage in in_install_order(missing + changed):
@@ -168,5 +176,4 @@ def reconcile(
     def entries(specs: list[Spec]) -> int:
         return sum(isinstance(s, EntrySpec) for s in specs)
 
-    stale_ids = tuple(sorted({job_id for s in stale if (job_id := _job_id_of(s))}))
     return Reconciled(entries(missing), entries(changed), entries(stale), stale_ids)

@@ -20,6 +20,7 @@ from controller.artifacts import BMV2_JSON_PATH, P4INFO_PATH
 from controller.config import ControllerConfig
 from controller.errors import (
     AlreadyExists,
+    ControllerError,
     DeadlineExceeded,
     FailedPrecondition,
     InvalidArgument,
@@ -30,10 +31,10 @@ from controller.errors import (
 )
 from controller.model import Assignment, Job, JobState, JobWorker
 from controller.placement import attached_port, check_endpoint_free, place, switch_for, unplace
-from controller.restore import restore_jobs
+from controller.restore import restore_jobs, unknown_jobs_refusal
 from controller.store import Store
 from controller.switch_writes import SwitchWrites
-from controller.switches import ManagedSwitch
+from controller.switches import ManagedSwitch, UnknownJobs
 
 log = logging.getLogger(__name__)
 
@@ -50,8 +51,14 @@ class JobManager:
         wall: Callable[[], float] = time.time,
         poll_interval: float = 0.2,
         max_backoff: float = 5.0,
+        remove_unknown_jobs: bool = False,
     ) -> None:
         self.config, self.store = config, store
+        # A switch holding jobs the database does not know at its first read-back stops the
+        # controller (refusal, refused) unless told to remove them (controller/restore.py).
+        self.remove_unknown_jobs = remove_unknown_jobs
+        self.refusal = ""
+        self.refused = threading.Event()
         self.clock, self.wall = clock, wall
         self.lock = threading.RLock()
         self.changed = threading.Condition(self.lock)  # notified on every job state change
@@ -108,6 +115,18 @@ class JobManager:
                 job.installed = True
         self.unread.discard(switch)
         self.changed.notify_all()
+
+    def vet_stale_jobs(self, switch: str, job_ids: Sequence[int]) -> None:
+        """Before the first reconciliation of `switch` writes anything: UnknownJobs (and the
+        controller's refusal) when it holds jobs the database has no record of."""
+        if switch not in self.unread or self.remove_unknown_jobs:
+            return
+        refusal = unknown_jobs_refusal(self.store, switch, job_ids)
+        if refusal:
+            log.error("%s", refusal)
+            self.refusal = refusal
+            self.refused.set()
+            raise UnknownJobs(refusal)
 
     def job_ids_held(self, switch: str, job_ids: Sequence[int]) -> None:
         """The switch held entries of these unknown jobs: never hand their ids out again soon."""
@@ -348,7 +367,7 @@ class JobManager:
         if job is None:
             ended = self.store.job(job_id) if 1 <= job_id <= MAX_JOB_ID else None
             if ended is None:
-                raise NotFound(f"no job {job_id}")
+                raise self._unknown(job_id)
             raise FailedPrecondition(f"job {job_id} has already ended: {ended.end_reason}")
         return job
 
@@ -364,12 +383,26 @@ class JobManager:
 
     # -- internals (lock held) ---------------------------------------------------------
 
+    def _unknown(self, job_id: int) -> ControllerError:
+        """NOT_FOUND; but UNAVAILABLE while a switch has not been read back since the start
+        (or was refused): the job may run on it, lost by this database, and NOT_FOUND would
+        make its workers give it up for good."""
+        if self.refusal:
+            return Unavailable(f"no job {job_id} here: the controller refuses to start")
+        if self.unread:
+            waiting = ", ".join(sorted(self.unread))
+            return Unavailable(
+                f"no job {job_id} known yet: switch(es) {waiting} not read back since the "
+                "controller started; retry"
+            )
+        return NotFound(f"no job {job_id}")
+
     def _authorize(self, job_id: int, token: str) -> Job:
         job = self.jobs.get(job_id)
         if job is None:
             ended = self.store.job(job_id) if 1 <= job_id <= MAX_JOB_ID else None
             if ended is None:
-                raise NotFound(f"no job {job_id}")
+                raise self._unknown(job_id)
             if not check.token_matches(token, ended.token_hash):
                 raise Unauthenticated(f"wrong token for job {job_id}")
             raise FailedPrecondition(f"job {job_id} has ended: {ended.end_reason}")
@@ -433,7 +466,7 @@ class JobManager:
         )
 
     def _reap_loop(self) -> None:
-        interval = min(0.5, self.config.lease / 4)
+        interval = reap_interval(self.config.lease)
         while not self._stop.wait(interval):
             try:
                 self.expire_due()
@@ -463,3 +496,9 @@ class JobManager:
                     continue
                 ended.append(job.job_id)
         return ended
+
+
+def reap_interval(lease: float) -> float:
+    """How often the leases are checked: an expired lease ends its job this much after it ran
+    out, at most."""
+    return min(0.5, lease / 4)

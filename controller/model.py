@@ -8,6 +8,7 @@ from enum import StrEnum
 from typing import Any
 
 from controller.aggregation import JobEntries, Worker
+from controller.delivery import mcast_grp_of_job
 
 
 class JobState(StrEnum):
@@ -87,12 +88,11 @@ class Job:
             Worker(rank=w.rank, switch_port=w.switch_port, mac=w.mac, ip=w.ip, udp_port=w.udp_port)
             for w in sorted(self.workers.values(), key=lambda w: w.rank)
         )
-        # The multicast group id is the job id: both are unique per switch and never reused early.
         return JobEntries(
             job_id=self.job_id,
             pool_base=self.pool_base,
             pool_size=self.pool_size,
-            mcast_grp=self.job_id,
+            mcast_grp=mcast_grp_of_job(self.job_id),
             workers=workers,
         )
 

@@ -4,6 +4,7 @@ switch can tell apart. Pure functions over the manager's jobs and switches (its 
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Mapping
 
 from controller.errors import AlreadyExists, FailedPrecondition, InvalidArgument, ResourceExhausted
@@ -11,6 +12,8 @@ from controller.model import Job, JobWorker
 from controller.pools import PoolExhausted
 from controller.switches import ManagedSwitch
 from p4rtproto.bytestrings import mac_to_int
+
+log = logging.getLogger(__name__)
 
 
 def attached_port(switches: Mapping[str, ManagedSwitch], ip: str) -> int:
@@ -77,7 +80,10 @@ def check_endpoint_free(jobs: Iterable[Job], job: Job, worker: JobWorker, switch
 
 
 def place(jobs: Iterable[Job], job: Job, sw: ManagedSwitch) -> None:
-    """Allocate the job's pool on the switch (within its job and worker table sizes)."""
+    """Allocate the job's pool on the switch (within its job and worker table sizes), of at
+    most the switch's `max_pool_size` slots: a rank has a pool's worth of chunks in flight,
+    which reach its switch port back to back, and a target buffers only so many frames per
+    port (BMv2 about 1,300: docs/bmv2.md). A larger request gets that many slots."""
     there = [j for j in jobs if j.switch == sw.name]
     if len(there) >= sw.max_jobs:
         raise ResourceExhausted(
@@ -89,11 +95,21 @@ def place(jobs: Iterable[Job], job: Job, sw: ManagedSwitch) -> None:
             f"switch {sw.name} has room for {sw.max_workers - ranks} more ranks, "
             f"the job has {job.world_size}"
         )
+    size = min(job.pool_size, sw.config.max_pool_size)
     try:
-        job.pool_base = sw.pools.allocate(job.pool_size)
+        job.pool_base = sw.pools.allocate(size)
     except PoolExhausted as exc:
         raise PoolExhausted(f"switch {sw.name}: {exc}") from None
-    job.switch = sw.name
+    if size < job.pool_size:
+        log.info(
+            "job %d asked for a pool of %d; switch %s takes at most %d chunks in flight per "
+            "rank (max_pool_size)",
+            job.job_id,
+            job.pool_size,
+            sw.name,
+            size,
+        )
+    job.pool_size, job.switch = size, sw.name
 
 
 def unplace(switches: Mapping[str, ManagedSwitch], job: Job) -> None:

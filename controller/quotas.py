@@ -1,6 +1,7 @@
 """Quotas of CreateJob: per job (the largest pool one job may ask for) and per operator
-credential (its running jobs, and the slots they hold together). A refusal is
-RESOURCE_EXHAUSTED naming the quota and its value."""
+credential (its running jobs, and the slots they hold together), and who created each job
+(a tenant sees and releases its own only). A refusal is RESOURCE_EXHAUSTED naming the quota
+and its value."""
 
 from __future__ import annotations
 
@@ -55,6 +56,14 @@ class Quotas:
         if op is not None:
             self.m.store.save_owner(job.job_id, op.name)
             self.owner[job.job_id] = op.name
+
+    def owns(self, op: Operator | None, job: Job | int) -> bool:
+        """Whether `op` may see and release `job` (or the job with that id): an admin (or
+        the insecure mode's caller, None) every job, a tenant the jobs it created."""
+        if op is None or op.admin:
+            return True
+        job_id = job if isinstance(job, int) else job.job_id
+        return self.owner.get(job_id) == op.name
 
     def _owned(self, job: Job, op: Operator) -> bool:
         return job.ended is None and self.owner.get(job.job_id) == op.name

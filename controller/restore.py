@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import math
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 from aggwire.constants import MAX_JOB_ID, NUM_SLOTS
 from controller import validation as check
@@ -72,6 +72,32 @@ def check_restored(job: Job, database: str) -> None:
             f"the controller database {database} holds an invalid row for job "
             f"{job.job_id!r}: {problem}; it was not written by this controller. {FRESH_HINT}"
         )
+
+
+def unknown_jobs_refusal(store: Store, switch: str, job_ids: Sequence[int]) -> str:
+    """Why the controller must not manage `switch`, which holds entries of `job_ids` at its
+    first read-back ("" when the database has a row of each). The controller writes a job's
+    row before any of its entries, so a sound database of this controller never lacks a job
+    its switches hold: one that does is not the database of these switches (created new at
+    a missing or wrong path, an older copy, another controller's), and removing the jobs
+    would end running jobs that it cannot serve."""
+    unknown = sorted(set(job_ids) - store.recorded(job_ids))
+    if not unknown:
+        return ""
+    why = (
+        "it was created at this start: a missing file, or a wrong path?"
+        if store.created
+        else "an older copy of the database, or another controller's?"
+    )
+    return (
+        f"switch {switch} holds entries of job(s) {', '.join(map(str, unknown))} that the "
+        f"database {store.path} has no record of ({why}); refusing to start rather than "
+        "remove them, and nothing was written to the switch. Start with the database that "
+        "goes with these switches; or with --remove-unknown-jobs to remove those jobs from "
+        "the switches and keep this database's jobs (e.g. an older copy restored on purpose: "
+        "the unknown jobs cannot be served, their tokens are not in it); or with "
+        "--fresh-database to start with no jobs at all"
+    )
 
 
 def restore_jobs(

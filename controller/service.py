@@ -19,7 +19,7 @@ from controller.api import jobs_pb2, jobs_pb2_grpc
 from controller.config import ControllerConfig, is_loopback
 from controller.counters import CounterValue, SwitchCounters
 from controller.credentials import Operator, authenticate, bearer
-from controller.errors import Aborted, ControllerError, Unauthenticated
+from controller.errors import Aborted, ControllerError, PermissionDenied, Unauthenticated
 from controller.jobs import JobManager
 from controller.model import Job
 from controller.quotas import Quotas
@@ -59,11 +59,29 @@ def _guard(method: Callable) -> Callable:
 
 def _operator_rpc(method: Callable) -> Callable:
     """An RPC only an operator may call: the caller is authenticated before `method` runs and
-    passed to it (None when no operator credential is configured: the insecure mode)."""
+    passed to it (None when no operator credential is configured: the insecure mode). Every
+    role may call it; `method` limits a tenant to its own jobs."""
 
     @functools.wraps(method)
     def handler(self: ControllerService, request: Any, context: grpc.ServicerContext) -> Any:
         op = self.operator(context, method.__name__)
+        return method(self, request, context, op)
+
+    return _guard(handler)
+
+
+def _admin_rpc(method: Callable) -> Callable:
+    """An operator RPC about the whole controller (switches, pools, counters): admins only,
+    PERMISSION_DENIED for a tenant's credential."""
+
+    @functools.wraps(method)
+    def handler(self: ControllerService, request: Any, context: grpc.ServicerContext) -> Any:
+        op = self.operator(context, method.__name__)
+        if op is not None and not op.admin:
+            raise PermissionDenied(
+                f"{method.__name__} is an admin call and the credential {op.name!r} is a "
+                f"tenant's (role {op.role!r}: it creates jobs, lists and releases its own)"
+            )
         return method(self, request, context, op)
 
     return _guard(handler)
@@ -238,7 +256,7 @@ class ControllerService(jobs_pb2_grpc.ControllerServicer):
             job_ended=self.m.leave(request.job_id, request.token, request.rank)
         )
 
-    @_operator_rpc
+    @_admin_rpc
     def Status(self, request: Any, context: grpc.ServicerContext, op: Operator | None) -> Any:
         st = controller_status(self.m)
         return pb.StatusResponse(
@@ -270,11 +288,11 @@ class ControllerService(jobs_pb2_grpc.ControllerServicer):
 
     @_operator_rpc
     def ListJobs(self, request: Any, context: grpc.ServicerContext, op: Operator | None) -> Any:
-        jobs = self.m.list_jobs(request.include_ended)
+        jobs = [j for j in self.m.list_jobs(request.include_ended) if self.quotas.owns(op, j)]
         with self.m.lock:
             return pb.ListJobsResponse(jobs=[job_info(self.m, j) for j in jobs])
 
-    @_operator_rpc
+    @_admin_rpc
     def ListPools(self, request: Any, context: grpc.ServicerContext, op: Operator | None) -> Any:
         return pb.ListPoolsResponse(
             ranges=[
@@ -285,13 +303,18 @@ class ControllerService(jobs_pb2_grpc.ControllerServicer):
             ]
         )
 
-    @_operator_rpc
+    @_admin_rpc
     def GetCounters(self, request: Any, context: grpc.ServicerContext, op: Operator | None) -> Any:
         found = job_counters(self.m, request.switch, request.job_id)
         return pb.GetCountersResponse(switches=[switch_counters(c) for c in found])
 
     @_operator_rpc
     def ReleaseJob(self, request: Any, context: grpc.ServicerContext, op: Operator | None) -> Any:
+        if op is not None and not self.quotas.owns(op, request.job_id):
+            raise PermissionDenied(
+                f"job {request.job_id} was not created with the credential {op.name!r} "
+                "(a tenant releases its own jobs only)"
+            )
         job = self.m.release(request.job_id)
         if op is not None:
             log.info("job %d released by operator %s", job.job_id, op.name)
@@ -303,12 +326,24 @@ class ControllerServer:
     """The controller: its JobManager (switch supervisors, leases) served over gRPC."""
 
     def __init__(
-        self, config: ControllerConfig, fresh_database: bool = False, **manager_options: Any
+        self,
+        config: ControllerConfig,
+        fresh_database: bool = False,
+        remove_unknown_jobs: bool = False,
+        **manager_options: Any,
     ) -> None:
+        """`fresh_database`: start with no jobs (an existing file is kept aside); with it or
+        `remove_unknown_jobs`, jobs a switch holds that the database does not know are
+        removed, else the controller refuses to manage the switch (`refusal`, `refused`)."""
         self.config = config
         self.store = Store(config.database, fresh=fresh_database)
         try:
-            self.manager = JobManager(config, self.store, **manager_options)
+            self.manager = JobManager(
+                config,
+                self.store,
+                remove_unknown_jobs=fresh_database or remove_unknown_jobs,
+                **manager_options,
+            )
         except BaseException:
             self.store.close()
             raise
@@ -369,6 +404,12 @@ class ControllerServer:
             cfg.listen,
         )
         return server.add_insecure_port(cfg.listen)
+
+    @property
+    def refusal(self) -> str:
+        """Why the controller must stop ("" while nothing is wrong): a switch holds jobs the
+        database does not know (controller/restore.py)."""
+        return self.manager.refusal
 
     def stop(self, grace: float = 1.0) -> None:
         """Stop serving, then the supervisors; the switches keep every entry."""

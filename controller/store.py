@@ -240,6 +240,16 @@ class Store:
         found = self._jobs("job_id = ?", (job_id,))
         return found[0] if found else None
 
+    def recorded(self, job_ids: Iterable[int]) -> set[int]:
+        """The ids among `job_ids` that have a row (running or ended)."""
+        ids = sorted(set(job_ids))
+        if not ids:
+            return set()
+        marks = ",".join("?" * len(ids))
+        with self._lock:
+            rows = self._db.execute(f"SELECT job_id FROM jobs WHERE job_id IN ({marks})", ids)
+            return {r[0] for r in rows.fetchall()}
+
     def save_owner(self, job_id: int, owner: str) -> None:
         """Record which operator credential created a job (its quotas count it)."""
         with self._lock, self._tx() as db:

@@ -41,6 +41,12 @@ __all__ = [
 log = logging.getLogger(__name__)
 Update = p4runtime_pb2.Update
 PIPELINE_TIMEOUT = 60.0  # BMv2 may take a while to load a large JSON
+# Updates per WriteRequest. A failing Write's per-update codes (which the install and the
+# removal act on: ALREADY_EXISTS is retried as a modify, NOT_FOUND is already gone) come
+# back in a trailer; the reference switch bounds it for stock clients and keeps every code
+# up to ~150 failures, beyond that only a summary (refswitch/p4runtime_write.py). So no
+# Write carries more updates than that: every failure keeps its code, whatever the batch.
+MAX_UPDATES_PER_WRITE = 100
 
 
 class SwitchError(Exception):
@@ -319,12 +325,24 @@ class SwitchConnection:
         return WriteBatch(self.p4info)
 
     def write_batch(self, updates: WriteBatch | Iterable[p4runtime_pb2.Update]) -> None:
-        """Send the updates in one WriteRequest; P4RuntimeWriteError lists the ones that failed."""
-        request = p4runtime_pb2.WriteRequest(device_id=self.device_id)
-        self._set_election_id(request.election_id)
-        request.updates.extend(updates)
-        if request.updates:
-            self._call("Write", request)
+        """Send the updates in order, in WriteRequests of at most MAX_UPDATES_PER_WRITE, every
+        one of them even when one fails (as one Write would: CONTINUE_ON_ERROR);
+        P4RuntimeWriteError lists the updates that failed by their index in `updates`, each
+        with its code. Any other failure (the link) stops at once."""
+        updates = list(updates)
+        errors: list[UpdateError] = []
+        code = None
+        for start in range(0, len(updates), MAX_UPDATES_PER_WRITE):
+            request = p4runtime_pb2.WriteRequest(device_id=self.device_id)
+            self._set_election_id(request.election_id)
+            request.updates.extend(updates[start : start + MAX_UPDATES_PER_WRITE])
+            try:
+                self._call("Write", request)
+            except P4RuntimeWriteError as exc:
+                errors += [UpdateError(start + e.index, e.code, e.message) for e in exc.errors]
+                code = exc.code
+        if errors:
+            raise P4RuntimeWriteError(errors, len(updates), code)
 
     def insert_entry(
         self,

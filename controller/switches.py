@@ -46,6 +46,11 @@ class SwitchRejected(Exception):
     value...)."""
 
 
+class UnknownJobs(Exception):
+    """The switch holds job entries the database has no record of: the controller refuses
+    to manage it (and to start) rather than remove running jobs (controller/jobs.py)."""
+
+
 class SwitchListener(Protocol):
     """What a ManagedSwitch asks of the job manager. desired_jobs, switch_synced and
     switch_lost are called with the manager's lock held; settle with the switch's io lock
@@ -58,6 +63,8 @@ class SwitchListener(Protocol):
     def switch_lost(self, switch: str) -> None: ...
 
     def job_ids_held(self, switch: str, job_ids: Sequence[int]) -> None: ...
+
+    def vet_stale_jobs(self, switch: str, job_ids: Sequence[int]) -> None: ...
 
     def settle(self, switch: str) -> None: ...
 
@@ -205,6 +212,10 @@ class ManagedSwitch:
             try:
                 self._sync()
                 backoff = self.poll_interval
+            except UnknownJobs as exc:  # nothing was written: the switch is left as it is
+                self.last_error = str(exc)
+                self._drop()
+                return
             except Exception as exc:  # the supervisor must outlive any failure
                 self.last_error = str(exc)
                 if isinstance(exc, (SwitchError, SwitchRejected)):
@@ -315,7 +326,12 @@ class ManagedSwitch:
             *self.forwarding_entries(),
             *(s for job in jobs for s in job_specs(job)),
         ]
-        done = reconcile(conn, desired, read_back=not pushed)
+        done = reconcile(
+            conn,
+            desired,
+            read_back=not pushed,
+            vet=lambda ids: self.listener.vet_stale_jobs(self.name, ids),
+        )
         if done.stale_job_ids:
             self.listener.job_ids_held(self.name, done.stale_job_ids)
         summary = (

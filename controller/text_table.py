@@ -109,25 +109,26 @@ def render_jobs(jobs: Sequence[Any], ranks: bool) -> str:
         ),
         rows,
     )
-    if ranks:
-        rank_rows = [
-            (
-                j.job_id,
-                w.rank,
-                w.ip,
-                w.udp_port,
-                w.mac,
-                w.switch_port,
-                "left"
-                if w.left
-                else ("-" if j.state == "ended" else f"{w.lease_remaining_s:.1f}s"),
-            )
-            for j in jobs
-            for w in j.workers
-        ]
-        headers = ("JOB", "RANK", "IP", "UDP", "MAC", "SWITCH PORT", "LEASE LEFT")
-        out += "\n\n" + (table(headers, rank_rows) if rank_rows else "no ranks joined")
-    return out
+    return out + "\n\n" + _render_ranks(jobs) if ranks else out
+
+
+def _render_ranks(jobs: Sequence[Any]) -> str:
+    """A row per joined rank of `jobs`: its addresses and what is left of its lease."""
+    rank_rows = [
+        (
+            j.job_id,
+            w.rank,
+            w.ip,
+            w.udp_port,
+            w.mac,
+            w.switch_port,
+            "left" if w.left else ("-" if j.state == "ended" else f"{w.lease_remaining_s:.1f}s"),
+        )
+        for j in jobs
+        for w in j.workers
+    ]
+    headers = ("JOB", "RANK", "IP", "UDP", "MAC", "SWITCH PORT", "LEASE LEFT")
+    return table(headers, rank_rows) if rank_rows else "no ranks joined"
 
 
 def render_pools(ranges: Sequence[Any]) -> str:

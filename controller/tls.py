@@ -1,11 +1,19 @@
 """TLS of the controller's gRPC port: the server's certificate and key (read and checked to
-belong together) and the client's channel credentials. controller/pki.py makes them."""
+belong together), the client's channel credentials, and the client's choice between TLS
+and plaintext (explicit, never a fallback). controller/pki.py makes the files."""
 
 from __future__ import annotations
 
+import logging
+import os
+import threading
 from pathlib import Path
 
 import grpc
+
+from controller.credentials import CA_FILE_ENV, INSECURE_ENV, ca_file
+
+log = logging.getLogger(__name__)
 
 
 class TlsError(ValueError):
@@ -55,3 +63,58 @@ def _check_pair(cert: Path, cert_pem: bytes, key: Path, key_pem: bytes) -> None:
 def channel_credentials(ca: Path) -> grpc.ChannelCredentials:
     """A client's TLS: the controller's certificate must chain to this CA and name the host."""
     return grpc.ssl_channel_credentials(root_certificates=_read(ca, "CA file"))
+
+
+# -- the client's choice: TLS with a CA, or plaintext chosen explicitly ----------------------
+
+_plaintext_warned = threading.Event()
+
+
+def plaintext_chosen() -> bool:
+    """Whether $HOMAGG_INSECURE chooses plaintext: "1" yes, unset, "" or "0" no."""
+    value = os.environ.get(INSECURE_ENV, "")
+    if value in ("", "0"):
+        return False
+    if value == "1":
+        return True
+    raise TlsError(
+        f"${INSECURE_ENV}={value!r}: set it to 1 to talk plaintext to a controller without TLS "
+        "(tests and local use), or leave it unset"
+    )
+
+
+def client_ca(address: str, ca: Path | None = None, insecure: bool = False) -> Path | None:
+    """The CA a client verifies the controller at `address` with, or None for plaintext.
+
+    `ca`, else $HOMAGG_CA_FILE: TLS. Plaintext only when chosen: `insecure`, else
+    $HOMAGG_INSECURE=1. Neither: TlsError saying what to set, never a silent plaintext channel
+    (it would carry the job token and the operator credential readable)."""
+    if ca is not None:
+        if insecure:
+            raise TlsError("give a CA file or choose plaintext (insecure), not both")
+        return Path(ca)
+    if insecure:
+        return None
+    found = ca_file()
+    if found is not None:
+        return found
+    if plaintext_chosen():
+        return None
+    raise TlsError(
+        f"no CA to verify the controller at {address} with: set ${CA_FILE_ENV} to the CA that "
+        f"signed its certificate (ca_file=, --ca-file), or, for a controller without TLS "
+        f"(tests and local use), choose plaintext with ${INSECURE_ENV}=1 (insecure=True, "
+        "--insecure)"
+    )
+
+
+def warn_plaintext(address: str) -> None:
+    """Log once per process that a client talks plaintext (what crosses the network)."""
+    if not _plaintext_warned.is_set():
+        _plaintext_warned.set()
+        log.warning(
+            "INSECURE: plaintext to the controller at %s (chosen by %s=1, insecure=True or "
+            "--insecure): job tokens and the operator credential cross the network readable",
+            address,
+            INSECURE_ENV,
+        )

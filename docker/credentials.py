@@ -1,8 +1,10 @@
 """The secrets of the compose job, made once in its credentials volume as `make run` makes
 them (run/credentials.py): a CA, the controller's certificate for the name the workers dial
-("controller") and for the host's loopback (the published port), an operator credential
-(mode 0600), and the controller's configuration: docker/controller.toml with TLS and that
-operator. Usage: python docker/credentials.py DIRECTORY TEMPLATE"""
+("controller") and for the host's loopback (the published port), a tenant credential (rank
+0 creates the job with it) and an admin credential (aggctl on the host), mode 0600, and the
+controller's configuration: docker/controller.toml with TLS and those operators. The admin
+credential goes to a volume of the controller alone (the workers mount the other one).
+Usage: python docker/credentials.py DIRECTORY TEMPLATE ADMIN_DIRECTORY"""
 
 from __future__ import annotations
 
@@ -14,15 +16,15 @@ from run.credentials import make_run_credentials
 from testnet.controller_process import config_toml
 
 CONTROLLER_NAME = "controller"  # the compose service the workers dial
-OPERATOR = "compose"
 
 
-def make_credentials(directory: Path, template: Path) -> Path:
-    """Write the secrets and the secured configuration into `directory`; returns the latter."""
-    creds = make_run_credentials(directory, CONTROLLER_NAME)
+def make_credentials(directory: Path, template: Path, admin_directory: Path) -> Path:
+    """Write the secrets and the secured configuration into `directory`, the admin credential
+    into `admin_directory` (the controller's alone); returns the configuration."""
+    creds = make_run_credentials(directory, CONTROLLER_NAME, admin_directory)
     doc = tomllib.loads(template.read_text())
     doc["controller"].update(creds.controller_keys())
-    doc["operator"] = [{"name": OPERATOR, "token_sha256": creds.token_sha256, "max_jobs": 2}]
+    doc["operator"] = creds.operators()
     config = directory / "controller.toml"
     partial = config.with_suffix(".tmp")
     partial.write_text(config_toml(doc))
@@ -31,4 +33,4 @@ def make_credentials(directory: Path, template: Path) -> Path:
 
 
 if __name__ == "__main__":
-    print(make_credentials(Path(sys.argv[1]), Path(sys.argv[2])))
+    print(make_credentials(Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3])))

@@ -2,8 +2,8 @@
 # One rank of the docker-compose job: eth1 is this worker's link to the switch (its port
 # RANK+1), eth0 the control network (controller, torchrun rendezvous and gloo).
 # The controller serves TLS: every rank verifies it with the CA of the credentials volume, and
-# rank 0, which creates the job, alone uses the operator credential. The job token goes
-# through a file of the shared volume, never a command line.
+# rank 0, which creates the job, alone uses the (tenant) operator credential. The job token
+# goes through a file of the shared volume, never a command line.
 # Usage: worker.sh RANK WORLD
 set -eu
 RANK=$1
@@ -15,7 +15,7 @@ export HOMAGG_CA_FILE=/credentials/ca.crt
 if [ "$RANK" = 0 ]; then
   # retried (for a minute) until the controller serves and has read the switch back
   tries=0
-  until HOMAGG_OPERATOR_TOKEN_FILE=/credentials/operator.token python -m worker create \
+  until HOMAGG_OPERATOR_TOKEN_FILE=/credentials/tenant.token python -m worker create \
       --controller controller:50051 --name compose --world-size "$WORLD" \
       --codec "${CODEC:-lossless}" --pool-size 8 --token-file /shared/job.token \
       --json > /shared/job.json.tmp; do

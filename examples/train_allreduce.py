@@ -3,7 +3,8 @@ them with dist.all_reduce, and counts its samples with an integer all_reduce. Th
 group's backend is the only change for the switch: "homagg" instead of "gloo". Run it with
 torchrun:
 
-  HOMAGG_CONTROLLER=10.0.0.100:50051 torchrun --nnodes 2 --nproc-per-node 1 \\
+  HOMAGG_CONTROLLER=10.0.0.100:50051 HOMAGG_CA_FILE=ca.crt \\
+  HOMAGG_OPERATOR_TOKEN_FILE=operator.token torchrun --nnodes 2 --nproc-per-node 1 \\
     --node-rank 0 --master-addr 10.0.0.1 examples/train_allreduce.py --steps 20
 
 Float averages go through the switch's codec, the sample count exactly as integers; without

@@ -1,7 +1,8 @@
 """An ordinary DDP training script (a small recommender: sparse embeddings into a linear
 scorer), put on the switch by the two lines marked "homagg". Run it with torchrun:
 
-  HOMAGG_CONTROLLER=10.0.0.100:50051 torchrun --nnodes 2 --nproc-per-node 1 \\
+  HOMAGG_CONTROLLER=10.0.0.100:50051 HOMAGG_CA_FILE=ca.crt \\
+  HOMAGG_OPERATOR_TOKEN_FILE=operator.token torchrun --nnodes 2 --nproc-per-node 1 \\
     --node-rank 0 --master-addr 10.0.0.1 examples/train_ddp.py --steps 20
 
 Without a controller (HOMAGG_CONTROLLER unset) it warns once and trains over gloo.

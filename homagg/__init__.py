@@ -2,7 +2,8 @@
 job's gradients on the switch (worker/attach.py). Importing homagg also registers the
 torch.distributed backend "homagg" (worker/backend.py): `dist.init_process_group("homagg")`
 puts every all_reduce the switch can do on it, DDP without a hook included.
-`homagg-run -- torchrun ...` (python -m homagg.launch) creates the job around a torchrun."""
+`homagg-run -- torchrun ...` (worker/launch.py, python -m worker.launch) creates the job
+around a torchrun; it lives outside this package so that it starts without importing torch."""
 
 from worker.attach import CODEC_CHOICES, attach
 from worker.backend import BACKEND_NAME, SwitchProcessGroup, switch_group

@@ -19,7 +19,9 @@ __all__ = ["GRPC_OPTIONS", "p4data_pb2", "p4info_pb2", "p4runtime_pb2", "p4runti
 # PI's server accepts such messages too.
 # A failing Write's per-update errors come in a trailer: 300 failures make ~35 KB, over gRPC's
 # 16 KiB default metadata limit (the call would end "Stream removed"); the reference switch
-# keeps its trailers below 8 KiB (refswitch/p4runtime_write.py), PI's server never bounds them.
+# keeps its trailers below 8 KiB (refswitch/p4runtime_write.py), PI's server never bounds them:
+# the controller's Writes of at most 100 updates (controller/switch_connection.py) make up to
+# ~27 KB with PI's messages (tests/controller/test_switch_connection.py).
 GRPC_OPTIONS = (
     ("grpc.max_receive_message_length", 64 << 20),
     ("grpc.max_send_message_length", 64 << 20),

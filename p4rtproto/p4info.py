@@ -233,6 +233,16 @@ def _action(a: p4info_pb2.Action) -> ActionInfo:
     )
 
 
+def _counter(
+    c: p4info_pb2.Counter | p4info_pb2.DirectCounter, size: int = 0, direct_table_id: int = 0
+) -> CounterInfo:
+    """An indirect counter (its `size`) or a direct one (its table's id)."""
+    unit = COUNTER_UNITS.get(c.spec.unit, "unspecified")
+    return CounterInfo(
+        c.preamble.id, c.preamble.name, c.preamble.alias, unit, size, direct_table_id
+    )
+
+
 def _register_bitwidth(r: p4info_pb2.Register) -> int:
     bits = r.type_spec.bitstring
     for kind in ("bit", "int", "varbit"):
@@ -255,30 +265,11 @@ class P4InfoIndex:
             "action", [_action(a) for a in p4info.actions]
         )
         self.counters: _Entities[CounterInfo] = _Entities(
-            "counter",
-            [
-                CounterInfo(
-                    c.preamble.id,
-                    c.preamble.name,
-                    c.preamble.alias,
-                    COUNTER_UNITS.get(c.spec.unit, "unspecified"),
-                    size=c.size,
-                )
-                for c in p4info.counters
-            ],
+            "counter", [_counter(c, size=c.size) for c in p4info.counters]
         )
         self.direct_counters: _Entities[CounterInfo] = _Entities(
             "direct counter",
-            [
-                CounterInfo(
-                    c.preamble.id,
-                    c.preamble.name,
-                    c.preamble.alias,
-                    COUNTER_UNITS.get(c.spec.unit, "unspecified"),
-                    direct_table_id=c.direct_table_id,
-                )
-                for c in p4info.direct_counters
-            ],
+            [_counter(c, direct_table_id=c.direct_table_id) for c in p4info.direct_counters],
         )
         self.registers: _Entities[RegisterInfo] = _Entities(
             "register",

@@ -123,7 +123,7 @@ control Aggregation(inout headers_t hdr, inout metadata_t meta,
         bit<8> exp = st[SLOT_STATE_EXP];
         chunk_t age = hdr.agg.chunk - st_chunk;
         bool other_job = st_job != hdr.agg.job_id;
-        bool older = age[31:31] == 1;
+        bool older = age[CHUNK_OLDER_BIT] == 1;
         bool fresh = other_job || (age != 0 && !older);
         bool combine = !fresh && !older && (seen & meta.worker_bit) == 0;
         meta.verdict = fresh ? VERDICT_FRESH
@@ -153,7 +153,7 @@ control Aggregation(inout headers_t hdr, inout metadata_t meta,
         if (!hdr.agg.isValid()) {
             /* Routed to the service address but not the aggregation protocol. */
             meta.drop_reason = DROP_BAD_HEADER;
-        } else if (hdr.agg.version != AGG_VERSION || hdr.agg.shadow > 1
+        } else if (hdr.agg.version != AGG_VERSION || hdr.agg.shadow >= SHADOW_COPIES
                 || (hdr.agg.flags & AGG_FLAG_RESULT) != 0) {
             meta.drop_reason = DROP_BAD_HEADER;
         } else if (hdr.agg.ncells == 0 || hdr.agg.ncells > CELLS_PER_PKT
@@ -171,8 +171,9 @@ control Aggregation(inout headers_t hdr, inout metadata_t meta,
                      * would wrap it round into another job's slots. */
                     meta.drop_reason = DROP_SLOT_OUT_OF_POOL;
                 } else {
-                    /* Below NUM_SLOT_COPIES: shifting by one is times SHADOW_COPIES (2). */
-                    meta.slot_index = ((meta.pool_base + (slot_index_t)hdr.agg.slot) << 1)
+                    /* Below NUM_SLOT_COPIES: the shift is times SHADOW_COPIES. */
+                    meta.slot_index =
+                        ((meta.pool_base + (slot_index_t)hdr.agg.slot) << SHADOW_BITS)
                         | (slot_index_t)hdr.agg.shadow;
                     update_slot();
                     if (meta.verdict == VERDICT_FRESH) {

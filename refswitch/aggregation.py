@@ -20,13 +20,15 @@ from aggwire.constants import (
     CHUNK_MASK,
     NUM_SLOT_COPIES,
     NUM_SLOTS,
+    SHADOW_BITS,
+    SHADOW_COPIES,
     DropReason,
     Event,
     Flag,
     Op,
 )
 from refswitch.device import Device
-from refswitch.packet import AggH, Headers, Metadata, StandardMetadata
+from refswitch.packet import AggH, Headers, Ipv4, Metadata, StandardMetadata, Udp
 
 VERDICT_FRESH = 1  # first of a newer round (or another job): overwrite
 VERDICT_COMBINE = 2  # same round, new worker: combine with op
@@ -94,59 +96,52 @@ def _combine_cells(
     return combined
 
 
-def aggregation(
-    device: Device, regs: AggregationRegisters, hdr: Headers, meta: Metadata, std: StandardMetadata
-) -> None:
-    """Aggregation.apply()."""
-    agg, cells, udp, ipv4 = hdr.agg, hdr.cells, hdr.udp, hdr.ipv4
-    # The parser extracts agg and its cells only under a valid ipv4 and udp: the other
-    # checks hold for every parsed packet and only name that invariant.
-    if agg is None or cells is None or udp is None or ipv4 is None:
-        meta.drop_reason = DropReason.BAD_HEADER
-        return
-    if agg.version != AGG_VERSION or agg.shadow > 1 or agg.flags & Flag.RESULT:
-        meta.drop_reason = DropReason.BAD_HEADER
-        return
+def _invalid(agg: AggH, udp: Udp, ipv4: Ipv4) -> DropReason | None:
+    """The header checks of Aggregation.apply(), before any table: the reason to drop a
+    contribution whose header, lengths or op the program cannot take, else None."""
+    if agg.version != AGG_VERSION or agg.shadow >= SHADOW_COPIES or agg.flags & Flag.RESULT:
+        return DropReason.BAD_HEADER
     if (
         agg.ncells == 0
         or agg.ncells > CELLS_PER_PKT
         or udp.length != AGG_UDP_LENGTH
         or ipv4.total_len != AGG_IPV4_LENGTH
     ):
-        meta.drop_reason = DropReason.BAD_LENGTH
-        return
+        return DropReason.BAD_LENGTH
     if agg.op < Op.ADD or agg.op > max(Op):
-        meta.drop_reason = DropReason.BAD_OP
-        return
+        return DropReason.BAD_OP
+    return None
+
+
+def _find_slot(
+    device: Device, agg: AggH, meta: Metadata, std: StandardMetadata
+) -> DropReason | None:
+    """job_table and worker_table applied, the ingress port and the slot checked, and
+    meta.slot_index set: the reason to drop, else None."""
     hit, _, params = device.table(p4names.JOB_TABLE).lookup((agg.job_id,), std.packet_length)
     if not hit:
-        meta.drop_reason = DropReason.UNKNOWN_JOB
-        return
+        return DropReason.UNKNOWN_JOB
     meta.pool_base, meta.pool_size = params["pool_base"], params["pool_size"]
     meta.num_workers, meta.mcast_grp = params["num_workers"], params["mcast_grp"]
     hit, _, params = device.table(p4names.WORKER_TABLE).lookup(
         (agg.job_id, agg.rank), std.packet_length
     )
     if not hit:
-        meta.drop_reason = DropReason.BAD_RANK
-        return
+        return DropReason.BAD_RANK
     meta.worker_port, meta.worker_bit = params["port"], params["worker_bit"]
     if meta.worker_port != std.ingress_port:
-        meta.drop_reason = DropReason.WRONG_PORT
-        return
+        return DropReason.WRONG_PORT
     if not slot_in_pool(meta.pool_base, meta.pool_size, agg.slot):
-        meta.drop_reason = DropReason.SLOT_OUT_OF_POOL
-        return
-    meta.slot_index = ((meta.pool_base + agg.slot) << 1) | agg.shadow  # < NUM_SLOT_COPIES
-    update_slot(regs, agg, meta)
-    events = device.counter(p4names.EVENT_COUNTER)
-    if meta.verdict == VERDICT_FRESH:
-        regs.cells[meta.slot_index] = cells
-    elif meta.verdict == VERDICT_COMBINE:
-        hdr.cells = _combine_cells(regs, agg.op, cells, meta)
-    elif meta.verdict == VERDICT_RESEND:
-        hdr.cells = regs.cells[meta.slot_index].copy()
+        return DropReason.SLOT_OUT_OF_POOL
+    # Below NUM_SLOT_COPIES: the shift is times SHADOW_COPIES.
+    meta.slot_index = ((meta.pool_base + agg.slot) << SHADOW_BITS) | agg.shadow
+    return None
 
+
+def _answer(device: Device, agg: AggH, meta: Metadata, std: StandardMetadata) -> None:
+    """After the cells: count the event, and send a completed round's result to the group,
+    a resent one back to its sender, or drop a duplicate or stale contribution."""
+    events = device.counter(p4names.EVENT_COUNTER)
     if meta.verdict in (VERDICT_FRESH, VERDICT_COMBINE):
         events.count(Event.CONTRIBUTION, std.packet_length)
         if meta.count == meta.num_workers:
@@ -163,3 +158,29 @@ def aggregation(
         meta.drop_reason = DropReason.DUPLICATE
     else:
         meta.drop_reason = DropReason.STALE
+
+
+def aggregation(
+    device: Device, regs: AggregationRegisters, hdr: Headers, meta: Metadata, std: StandardMetadata
+) -> None:
+    """Aggregation.apply()."""
+    agg, cells, udp, ipv4 = hdr.agg, hdr.cells, hdr.udp, hdr.ipv4
+    # The parser extracts agg and its cells only under a valid ipv4 and udp: the other
+    # checks hold for every parsed packet and only name that invariant.
+    if agg is None or cells is None or udp is None or ipv4 is None:
+        meta.drop_reason = DropReason.BAD_HEADER
+        return
+    reason = _invalid(agg, udp, ipv4)
+    if reason is None:
+        reason = _find_slot(device, agg, meta, std)
+    if reason is not None:
+        meta.drop_reason = reason
+        return
+    update_slot(regs, agg, meta)
+    if meta.verdict == VERDICT_FRESH:
+        regs.cells[meta.slot_index] = cells
+    elif meta.verdict == VERDICT_COMBINE:
+        hdr.cells = _combine_cells(regs, agg.op, cells, meta)
+    elif meta.verdict == VERDICT_RESEND:
+        hdr.cells = regs.cells[meta.slot_index].copy()
+    _answer(device, agg, meta, std)

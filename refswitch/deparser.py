@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from operator import attrgetter
 
+from aggwire.frame import ARP_STRUCT, ETH_STRUCT, UDP_STRUCT, ipv4_checksum, pack_ipv4
 from aggwire.header import FIELD_NAMES, HEADER_STRUCT
-from aggwire.packer import CELLS_DTYPE, ipv4_checksum
-from refswitch.packet import ARP_STRUCT, ETH_STRUCT, IPV4_STRUCT, UDP_STRUCT, Headers
+from aggwire.packer import CELLS_DTYPE
+from refswitch.packet import Headers
 
 _agg_fields = attrgetter(*FIELD_NAMES)  # agg_h's field values in wire order, as a tuple
 
@@ -15,17 +16,19 @@ _agg_fields = attrgetter(*FIELD_NAMES)  # agg_h's field values in wire order, as
 def _ipv4_bytes(hdr: Headers, checksum: int) -> bytes:
     ip = hdr.ipv4
     assert ip is not None
-    return IPV4_STRUCT.pack(
-        (ip.version << 4) | ip.ihl,
+    return pack_ipv4(
+        ip.version,
+        ip.ihl,
         ip.diffserv,
         ip.total_len,
         ip.identification,
-        (ip.flags << 13) | ip.frag_offset,
+        ip.flags,
+        ip.frag_offset,
         ip.ttl,
         ip.protocol,
         checksum,
-        ip.src_addr.to_bytes(4, "big"),
-        ip.dst_addr.to_bytes(4, "big"),
+        ip.src_addr,
+        ip.dst_addr,
     )
 
 

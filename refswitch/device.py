@@ -48,6 +48,13 @@ class Counter:
             self.packets[index] += 1
             self.bytes[index] += nbytes
 
+    def add(self, index: int, packets: int, nbytes: int = 0) -> None:
+        """Count `packets` packets (of `nbytes` bytes in all) at `index` at once (frames the
+        switch counted outside the pipeline); out of range ignored, as count()."""
+        if 0 <= index < self.size:
+            self.packets[index] += packets
+            self.bytes[index] += nbytes
+
     def read(self, index: int) -> tuple[int, int]:
         """(packets, bytes) of one cell; IndexError out of range."""
         self._check(index)

@@ -3,19 +3,14 @@ field for field as declared in p4src/include/headers.p4 and v1model."""
 
 from __future__ import annotations
 
-import struct
 from dataclasses import dataclass
 
 import numpy as np
 
 from aggwire.constants import DROP_PORT  # v1model: mark_to_drop sets egress_spec to it
 
-# Wire layouts of the headers (big-endian, as the P4 parser extracts them).
-ETH_STRUCT = struct.Struct("!6s6sH")
-ARP_STRUCT = struct.Struct("!HHBBH6s4s6s4s")
-IPV4_STRUCT = struct.Struct("!BBHHHBBH4s4s")
-UDP_STRUCT = struct.Struct("!HHHH")
-# agg_h and the cells: aggwire.header.HEADER_STRUCT and aggwire.packer.CELLS_DTYPE.
+# The headers' wire layouts: aggwire.frame (Ethernet .. UDP), aggwire.header.HEADER_STRUCT
+# (agg_h) and aggwire.packer.CELLS_DTYPE (the cells).
 
 
 @dataclass(slots=True)

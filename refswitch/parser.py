@@ -6,25 +6,18 @@ from __future__ import annotations
 
 import numpy as np
 
-from aggwire.constants import AGG_UDP_PORT, CELLS_PER_PKT
+from aggwire.constants import (
+    AGG_UDP_PORT,
+    CELLS_PER_PKT,
+    ETHERTYPE_ARP,
+    ETHERTYPE_IPV4,
+    IP_PROTO_UDP,
+)
+from aggwire.frame import ARP_STRUCT, ETH_STRUCT, IPV4_IHL, IPV4_STRUCT, UDP_STRUCT, unpack_ipv4
 from aggwire.header import HEADER_STRUCT
 from aggwire.packer import CELLS_DTYPE
-from refswitch.packet import (
-    ARP_STRUCT,
-    ETH_STRUCT,
-    IPV4_STRUCT,
-    UDP_STRUCT,
-    AggH,
-    Arp,
-    Ethernet,
-    Headers,
-    Ipv4,
-    Udp,
-)
+from refswitch.packet import AggH, Arp, Ethernet, Headers, Ipv4, Udp
 
-ETHERTYPE_IPV4 = 0x0800
-ETHERTYPE_ARP = 0x0806
-IP_PROTO_UDP = 17
 PACKET_TOO_SHORT = "PacketTooShort"
 
 _CELLS_BYTES = 4 * CELLS_PER_PKT
@@ -55,24 +48,10 @@ def parse(frame: bytes) -> tuple[Headers, str]:
         return hdr, "NoError"
     if n < off + IPV4_STRUCT.size:
         return hdr, PACKET_TOO_SHORT
-    f = IPV4_STRUCT.unpack_from(frame, off)
-    hdr.ipv4 = Ipv4(
-        f[0] >> 4,
-        f[0] & 0xF,
-        f[1],
-        f[2],
-        f[3],
-        f[4] >> 13,
-        f[4] & 0x1FFF,
-        f[5],
-        f[6],
-        f[7],
-        _int(f[8]),
-        _int(f[9]),
-    )
+    hdr.ipv4 = Ipv4(*unpack_ipv4(frame, off))
     off += IPV4_STRUCT.size
     ip = hdr.ipv4
-    if not (ip.ihl == 5 and ip.frag_offset == 0 and ip.protocol == IP_PROTO_UDP):
+    if not (ip.ihl == IPV4_IHL and ip.frag_offset == 0 and ip.protocol == IP_PROTO_UDP):
         hdr.payload = frame[off:]
         return hdr, "NoError"
     if n < off + UDP_STRUCT.size:

@@ -8,7 +8,7 @@ import threading
 import time
 
 from aggwire import p4names
-from aggwire.constants import CELL_BITS, CELLS_PER_PKT
+from aggwire.constants import CELL_BITS, CELLS_PER_PKT, DropReason
 from p4rtproto.api import p4info_pb2
 from refswitch.device import Device
 from refswitch.homagg import Pipeline
@@ -16,7 +16,7 @@ from refswitch.p4runtime_server import P4RuntimeServer
 from refswitch.ports import PortSet
 
 log = logging.getLogger(__name__)
-KERNEL_DROPS_REASON = "KERNEL_RX_OVERFLOW"  # frames lost before the pipeline, per socket stats
+KERNEL_DROPS_REASON = DropReason.KERNEL_RX_OVERFLOW  # frames lost before the pipeline
 KERNEL_DROPS_INTERVAL = 1.0  # seconds between reads of the sockets' drop counts
 
 
@@ -99,11 +99,16 @@ class ReferenceSwitch:
                     reported = drops
 
     def _count_kernel_drops(self) -> None:
-        """Frames the kernel dropped before the pipeline saw them: a drop reason of their own
-        (KERNEL_DROPS_REASON in the drop summary; per port in ports.kernel_drops)."""
+        """Frames the kernel dropped before the pipeline saw them: a drop reason of their own,
+        KERNEL_DROPS_REASON, in the drop summary and in the P4 ingress drop counter (so
+        `aggctl counters` shows them; per port in ports.kernel_drops)."""
         assert self.ports is not None
         for port, dropped in self.ports.update_kernel_drops().items():
-            self.pipeline.drops[KERNEL_DROPS_REASON] += dropped
+            self.pipeline.drops[KERNEL_DROPS_REASON.name] += dropped
+            with self.device.lock:
+                if self.device.p4info is not None:  # no pipeline: no counter to count them in
+                    drops = self.device.counter(p4names.INGRESS_DROPS)
+                    drops.add(KERNEL_DROPS_REASON, dropped)
             log.warning(
                 "port %d: the kernel dropped %d frames (socket receive buffer full)", port, dropped
             )

@@ -1,7 +1,9 @@
 """The secrets of one `make run`, made fresh in its directory: a CA and the controller's TLS
-certificate for its address (controller/pki.py), and an operator credential (a file only
-root reads; the controller's configuration keeps its SHA-256 only). Workers and aggctl get
-file names, never a secret, on their command lines."""
+certificate for its address (controller/pki.py), and two operator credentials (files only
+root reads; the controller's configuration keeps their SHA-256 only): a tenant's, with
+which rank 0 creates and releases the job, and an admin's, with which the run waits for the
+controller and reads the switch's counters. Workers and aggctl get file names, never a
+secret, on their command lines."""
 
 from __future__ import annotations
 
@@ -10,50 +12,70 @@ import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
-from controller.credentials import CA_FILE_ENV, OPERATOR_TOKEN_FILE_ENV, hash_token
+from controller.credentials import ADMIN, CA_FILE_ENV, OPERATOR_TOKEN_FILE_ENV, TENANT, hash_token
 from controller.pki import make_pki
 
-OPERATOR = "make-run"  # the operator name in the controller's configuration
+TENANT_NAME = "make-run"  # the operator names in the controller's configuration
+ADMIN_NAME = "make-run-admin"
 
 
 @dataclass(frozen=True)
 class RunCredentials:
-    """Where a run's CA, controller certificate and key, and operator credential are."""
+    """Where a run's CA, controller certificate and key, and operator credentials are."""
 
     ca: Path
     cert: Path
     key: Path
-    operator_token_file: Path
-    token_sha256: str
+    tenant_token_file: Path
+    admin_token_file: Path
 
     def controller_keys(self) -> dict[str, str]:
         """The [controller] keys that serve TLS."""
         return {"tls_cert": str(self.cert), "tls_key": str(self.key)}
 
     def operators(self) -> list[dict[str, object]]:
-        """The [[operator]] tables: this run's credential, for its job and one a crash left."""
-        return [{"name": OPERATOR, "token_sha256": self.token_sha256, "max_jobs": 2}]
+        """The [[operator]] tables: the tenant (room for this run's job and one a crash
+        left) and the admin."""
+        return [
+            {"name": TENANT_NAME, "token_sha256": _digest(self.tenant_token_file)}
+            | {"role": TENANT, "max_jobs": 2},
+            {"name": ADMIN_NAME, "token_sha256": _digest(self.admin_token_file), "role": ADMIN},
+        ]
 
     def client_env(self, operator: bool) -> dict[str, str]:
-        """The environment of a worker (the CA) or of rank 0 and aggctl (also the credential)."""
+        """The environment of a worker (the CA) or of rank 0 (also the tenant credential)."""
         env = {CA_FILE_ENV: str(self.ca)}
         if operator:
-            env[OPERATOR_TOKEN_FILE_ENV] = str(self.operator_token_file)
+            env[OPERATOR_TOKEN_FILE_ENV] = str(self.tenant_token_file)
         return env
 
     def aggctl_args(self) -> list[str]:
-        """aggctl's options naming the CA and the credential file."""
-        return ["--ca-file", str(self.ca), "--credential-file", str(self.operator_token_file)]
+        """aggctl's options naming the CA and the admin credential's file."""
+        return ["--ca-file", str(self.ca), "--credential-file", str(self.admin_token_file)]
 
 
-def make_run_credentials(directory: Path, controller_ip: str) -> RunCredentials:
-    """A new CA, a certificate for `controller_ip` and a new operator credential in
-    `directory` (replacing a previous run's)."""
-    pki = make_pki(directory, [controller_ip, "127.0.0.1"], days=2)
-    token_file = directory / "operator.token"
-    token = secrets.token_urlsafe(32)
-    token_file.unlink(missing_ok=True)
-    fd = os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+def _digest(token_file: Path) -> str:
+    return hash_token(token_file.read_text().rstrip("\n"))
+
+
+def _new_token(path: Path) -> Path:
+    """A new random token in a new file only its owner reads."""
+    path.unlink(missing_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as f:
-        f.write(token + "\n")
-    return RunCredentials(pki.ca, pki.cert, pki.key, token_file, hash_token(token))
+        f.write(secrets.token_urlsafe(32) + "\n")
+    return path
+
+
+def make_run_credentials(
+    directory: Path, controller_ip: str, admin_directory: Path | None = None
+) -> RunCredentials:
+    """A new CA, a certificate for `controller_ip` and new tenant and admin credentials in
+    `directory` (replacing a previous run's); the admin's in `admin_directory` when given (a
+    place the workers do not see)."""
+    pki = make_pki(directory, [controller_ip, "127.0.0.1"], days=2)
+    tenant = _new_token(directory / "tenant.token")
+    admin_directory = admin_directory or directory
+    admin_directory.mkdir(parents=True, exist_ok=True)
+    admin = _new_token(admin_directory / "admin.token")
+    return RunCredentials(pki.ca, pki.cert, pki.key, tenant, admin)

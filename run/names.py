@@ -7,13 +7,19 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from testnet.addresses import CONTROLLER_INDEX, PREFIX_LEN, host_ip, service_ip
+from testnet.addresses import (
+    CONTROLLER_INDEX,
+    MAX_HOSTS_WITH_CONTROLLER,
+    PREFIX_LEN,
+    host_ip,
+    service_ip,
+)
 
 STATE_DIR = Path(tempfile.gettempdir()) / "homagg-run"
 # Run k owns the subnet 10.0.k.0/24; interface names stay within Linux's 15 characters
 # ("hg254h99-eth0" is 13).
 MAX_RUNS = 254
-MAX_HOSTS = CONTROLLER_INDEX  # worker indexes 0..98; the controller takes 99
+DEFAULT_HOSTS = 4  # worker hosts of a run that names no number; at most MAX_HOSTS_WITH_CONTROLLER
 
 
 @dataclass(frozen=True)
@@ -39,8 +45,8 @@ class RunNames:
 
     def host(self, i: int) -> str:
         """Worker host i (0-based)."""
-        if not 0 <= i < MAX_HOSTS:
-            raise ValueError(f"host index {i} outside 0..{MAX_HOSTS - 1}")
+        if not 0 <= i < MAX_HOSTS_WITH_CONTROLLER:
+            raise ValueError(f"host index {i} outside 0..{MAX_HOSTS_WITH_CONTROLLER - 1}")
         return f"hg{self.number}h{i + 1}"
 
     def host_ip(self, i: int) -> str:

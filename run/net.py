@@ -13,18 +13,25 @@ from mininet.link import Link, TCLink
 from mininet.net import Mininet
 from mininet.node import Host, Switch
 
-from run.names import MAX_HOSTS, RunNames
-from testnet.addresses import CONTROLLER_INDEX, host_mac
+from run.names import DEFAULT_HOSTS, RunNames
+from testnet.addresses import (
+    CONTROLLER_INDEX,
+    MAX_HOSTS_WITH_CONTROLLER,
+    host_mac,
+    host_switch_port,
+)
+from testnet.namespace import in_namespace
 from testnet.rawsock import disable_offloads
 from testnet.switch_process import SwitchProcess
 
 
 @dataclass(frozen=True)
 class Topology:
-    """One switch, `hosts` workers on ports 1..hosts, the controller's host on port hosts+1;
-    `bw_mbit` > 0 shapes every link with htb (tc), 0 leaves them unshaped."""
+    """One switch, `hosts` worker hosts and the controller's host, on the switch ports of
+    testnet.addresses; `bw_mbit` > 0 shapes every link with htb (tc), 0 leaves them
+    unshaped."""
 
-    hosts: int = 4
+    hosts: int = DEFAULT_HOSTS
     bw_mbit: float = 0.0
 
     def describe_bw(self) -> str:
@@ -32,8 +39,8 @@ class Topology:
         return f"{self.bw_mbit:g} Mbit/s (htb)" if self.bw_mbit else "unshaped"
 
     def __post_init__(self) -> None:
-        if not 1 <= self.hosts <= MAX_HOSTS:
-            raise ValueError(f"hosts must be 1..{MAX_HOSTS}, not {self.hosts}")
+        if not 1 <= self.hosts <= MAX_HOSTS_WITH_CONTROLLER:
+            raise ValueError(f"hosts must be 1..{MAX_HOSTS_WITH_CONTROLLER}, not {self.hosts}")
 
     @staticmethod
     def load(path: Path, **overrides: Any) -> Topology:
@@ -43,26 +50,38 @@ class Topology:
         if unknown:
             raise ValueError(f"{path}: unknown key(s) in [topology]: {', '.join(sorted(unknown))}")
         data.update({k: v for k, v in overrides.items() if v is not None})
-        return Topology(hosts=int(data.get("hosts", 4)), bw_mbit=float(data.get("bw_mbit", 0.0)))
+        return Topology(
+            hosts=int(data.get("hosts", DEFAULT_HOSTS)), bw_mbit=float(data.get("bw_mbit", 0.0))
+        )
 
 
 class P4Switch(Switch):
-    """A Mininet switch backed by a P4Runtime switch process listening on 127.0.0.1; the
-    controller pushes the pipeline (no p4c, the committed artifacts)."""
+    """A Mininet switch backed by a P4Runtime switch process, in a network namespace of its
+    own with its ports (BMv2's Thrift port listens on every interface of it: nothing else
+    is there to reach it), P4Runtime on a Unix socket; the controller pushes the pipeline
+    (no p4c, the committed artifacts)."""
 
     def __init__(
         self, name: str, target: str = "refswitch", log_path: str = "/tmp/switch.log", **params: Any
     ) -> None:
-        super().__init__(name, **params)
+        super().__init__(name, **{**params, "inNamespace": True})
+        self.controlIntf = None  # no control network: Mininet's default interface is a port
         self.target, self.log_path = target, Path(log_path)
         self.process: SwitchProcess | None = None
+
+    @property
+    def netns(self) -> str:
+        """The switch's network namespace (its Mininet shell's)."""
+        return f"/proc/{self.pid}/ns/net"
 
     def start(self, controllers: list[Any]) -> None:
         """Start the switch process on every data interface (port = Mininet's port number)."""
         ports = {self.ports[i]: i.name for i in self.intfList() if i.name != "lo"}
-        for iface in ports.values():  # SwitchProcess turns their offloads off
-            Path(f"/proc/sys/net/ipv6/conf/{iface}/disable_ipv6").write_text("1")
-        self.process = SwitchProcess(self.target, ports, self.log_path)
+        self.cmd("ip link set lo up")  # as in a fabric's switch namespace (its own tools)
+        with in_namespace(self.netns):
+            for iface in ports.values():  # SwitchProcess turns their offloads off
+                Path(f"/proc/sys/net/ipv6/conf/{iface}/disable_ipv6").write_text("1")
+        self.process = SwitchProcess(self.target, ports, self.log_path, self.netns, self.name)
 
     def stop(self, deleteIntfs: bool = True) -> None:  # noqa: N803 (Mininet's name)
         """Stop the switch process by its PID, then remove the interfaces."""
@@ -96,7 +115,7 @@ def build(topo: Topology, target: str, log_dir: Path, names: RunNames) -> Minine
     for i in range(topo.hosts):
         ip = f"{names.host_ip(i)}/{names.prefix_len}"
         h = net.addHost(names.host(i), ip=ip, mac=host_mac(i))
-        net.addLink(h, sw, port2=i + 1, **link_opts)
+        net.addLink(h, sw, port2=host_switch_port(i), **link_opts)
     c = net.addHost(
         names.controller_host,
         cls=Host,
@@ -104,7 +123,7 @@ def build(topo: Topology, target: str, log_dir: Path, names: RunNames) -> Minine
         ip=f"{names.controller_ip}/{names.prefix_len}",
         mac=host_mac(CONTROLLER_INDEX),
     )
-    net.addLink(c, sw, port2=topo.hosts + 1, **link_opts)
+    net.addLink(c, sw, port2=host_switch_port(CONTROLLER_INDEX), **link_opts)
     net.build()
     return net
 

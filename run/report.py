@@ -1,15 +1,22 @@
-"""The end of `make run`: the summary table, the parameter comparison against the
-fixed-point bound, and the PNG plot of loss and iteration time of both runs."""
+"""The end of `make run` (print_report): the summary table, the switch counters, the
+parameter comparison against the fixed-point bound, and the PNG plot of loss and iteration
+time of the runs."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import statistics
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+from worker.codecs import is_exact
+
+if TYPE_CHECKING:
+    from run.net import Topology
 
 
 def read_steps(path: Path) -> list[dict[str, Any]]:
@@ -17,13 +24,13 @@ def read_steps(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def fixed_point_bound(steps: list[dict[str, Any]], world: int, lr: float) -> float:
+def fixed_point_bound(steps: list[dict[str, Any]], world_size: int, lr: float) -> float:
     """First-order bound on |switch - gloo| of any parameter after the run (docs/codecs.md):
     per step the averaged gradient is off by at most 2^(E-P-1) + ulp, with E the exponent of
     the largest |local gradient| and P = 31 - ceil(log2 W); SGD scales it by lr, plus one
     float32 rounding of the update. It ignores the feedback of parameter differences into
     later gradients (exact for the rows a step touches only once)."""
-    p = 31 - math.ceil(math.log2(world))
+    p = 31 - math.ceil(math.log2(world_size))
     total = 0.0
     for s in steps:
         e = math.frexp(s["grad_max"])[1] if s["grad_max"] > 0 else -126
@@ -31,6 +38,19 @@ def fixed_point_bound(steps: list[dict[str, Any]], world: int, lr: float) -> flo
             math.frexp(s["param_max"])[1] - 24
         )
     return total
+
+
+def verdict(diff: float, bound: float, steps: int) -> tuple[bool, str]:
+    """Whether the switch run's parameters agree with gloo's (max |difference| `diff`) within
+    the fixed-point bound, and the verdict to print: it names the bound first-order, a check
+    for short runs (the rounding differences' feedback through later gradients is left out,
+    so a long run may pass it without a fault: docs/run.md, "The parameter check")."""
+    ok = diff <= bound
+    what = "AGREE within the bound" if ok else "DIFFER beyond the bound"
+    return ok, (
+        f"first-order fixed-point bound {bound:.3g} (for short runs: {steps} steps here; "
+        f"docs/run.md): {what}"
+    )
 
 
 def compare(switch_pt: Path, gloo_pt: Path) -> float:
@@ -59,9 +79,11 @@ def _row(name: str, steps: list[dict[str, Any]]) -> list[str]:
     ]
 
 
-def overlap_summary(steps: list[dict[str, Any]]) -> str:
-    """codec="auto"'s choices (bucket-steps per codec, the same on every rank) and DeAR's
-    tuned bucket size, from the switch run's last record; empty when neither was used."""
+def overlap_summary(steps: list[dict[str, Any]], out: Path | None = None) -> str:
+    """codec="auto"'s choices (bucket-steps per codec) and whether every rank decided alike
+    (the ranks' auto-rank<r>.json in `out`), and DeAR's tuned bucket size with the agreed
+    iteration time of each size it tried, from the switch run's last record; empty when
+    neither was used."""
     last = steps[-1]
     lines = []
     if "auto_choices" in last:
@@ -71,9 +93,22 @@ def overlap_summary(steps: list[dict[str, Any]]) -> str:
             "auto codec choices (bucket-steps): "
             + ", ".join(f"{k} {v} ({100 * v / total:.0f}%)" for k, v in shares)
         )
+        histories = [p.read_text() for p in sorted(out.glob("auto-rank*.json"))] if out else []
+        if histories:
+            alike = all(h == histories[0] for h in histories)
+            lines.append(
+                f"auto decisions of {len(json.loads(histories[0]))} steps on "
+                f"{len(histories)} ranks: " + ("alike on every rank" if alike else "DIFFERENT")
+            )
     if "dear_bucket_bytes" in last:
         state = "tuned" if last.get("dear_tuned") else "still tuning"
-        lines.append(f"DeAR bucket size: {last['dear_bucket_bytes'] / 1024:.0f} KiB ({state})")
+        tried = last.get("dear_tuning", {})
+        sizes = ", ".join(f"{int(k) // 1024} KiB {v * 1e3:.0f} ms" for k, v in tried.items())
+        lines.append(
+            f"DeAR bucket size: {last['dear_bucket_bytes'] / 1024:.0f} KiB ({state}"
+            + (f"; iteration by size: {sizes}" if sizes else "")
+            + ")"
+        )
     return "\n".join(lines)
 
 
@@ -117,3 +152,42 @@ def plot(runs: dict[str, list[dict[str, Any]]], path: Path, title: str) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def print_report(args: argparse.Namespace, topo: Topology, target: str, counters: str) -> int:
+    """Print the summary table, the switch counters and the parameter check, and write the
+    plot; 0 when the switch and gloo runs' parameters agree (or were not compared)."""
+    switch_run = f"switch ({args.codec}, {args.overlap}, {target})"
+    runs = {switch_run: read_steps(args.out / "switch.jsonl")}
+    if not args.no_gloo:
+        runs["DDP over gloo"] = read_steps(args.out / "gloo.jsonl")
+    for peer in args.peer_list:
+        runs[peer] = read_steps(args.out / f"{peer}.jsonl")
+    print(
+        "\nsummary (wire = bytes each host sent per step, everything included; "
+        "dense = the model's float32 gradients)"
+    )
+    print(summary_table(runs))
+    overlap = overlap_summary(runs[switch_run], args.out)
+    if overlap:
+        print(overlap)
+    print("\nswitch counters (aggctl counters)\n" + counters.strip())
+    path = args.out / "make-run.png"
+    plot(runs, path, f"{topo.hosts} hosts, {target}, {topo.describe_bw()}")
+    ok = args.no_gloo or _parameters_agree(args, runs[switch_run], topo.hosts)
+    print(f"plot: {path}")
+    return 0 if ok else 1
+
+
+def _parameters_agree(args: argparse.Namespace, steps: list[dict[str, Any]], hosts: int) -> bool:
+    """Print the switch vs gloo parameter difference; an exact codec's must be within the
+    fixed-point bound (a lossy codec's has none: True)."""
+    diff = compare(args.out / "switch.pt", args.out / "gloo.pt")
+    head = f"\nfinal parameters, switch vs gloo: max |difference| {diff:.3g}"
+    if not is_exact(args.codec):
+        print(f"{head} ({args.codec} is lossy: no bound)")
+        return True
+    bound = fixed_point_bound(steps, hosts, args.lr)
+    ok, text = verdict(diff, bound, len(steps))
+    print(f"{head}, {text}")
+    return ok

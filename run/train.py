@@ -17,7 +17,9 @@ Rank 0 creates the job; each rank finds its address and the controller its switc
 
 import argparse
 import json
+import logging
 import math
+import os
 import time
 import warnings
 from datetime import timedelta
@@ -30,9 +32,10 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from run import peers
 from run.model import DEFAULT_LR, MODELS, JobShape, make_task
+from run.options import BLOCKING, DEAR, OVERLAP_MODES
 from worker.attach import attach
-from worker.codecs import DEFAULT_CODEC
-from worker.ddp_hook import AUTO, SwitchHookState
+from worker.codecs import AUTO_CODEC, DEFAULT_CODEC
+from worker.ddp_hook import SwitchHookState
 from worker.dear import DearDataParallel
 
 
@@ -61,14 +64,26 @@ def tx_bytes(iface: str) -> int:
     return int(Path(f"/sys/class/net/{iface}/statistics/tx_bytes").read_text())
 
 
+OVERLAP_BUCKET_MB = 0.25  # the asynchronous hook's DDP buckets (DeAR's smallest candidate)
+
+
+def _bucket_mb(overlap: bool) -> float | None:
+    """DDP's bucket size: its default (25 MiB, the first 1 MiB: one bucket for our models,
+    as DDP over gloo has them), or for the asynchronous hook with a fixed codec 256 KiB, so
+    that the first buckets aggregate while backward produces the others. codec="auto" keeps
+    the default: its host path then issues exactly gloo's all_reduces."""
+    return OVERLAP_BUCKET_MB if overlap else None
+
+
 def train(a: argparse.Namespace) -> None:
     """Run the job on this rank; rank 0 writes <out>/<mode>.jsonl and <out>/<mode>.pt."""
-    rank, world = dist.get_rank(), dist.get_world_size()
+    rank, world_size = dist.get_rank(), dist.get_world_size()
     shape = JobShape(users=a.users, items=a.items, dim=a.dim, batch=a.batch)
     task = make_task(a.model, shape)
     peers.prepare(a.mode, task.model)  # before DDP: it reads which gradients are sparse
-    dear = a.mode == "switch" and a.overlap == "dear"
-    model = task.model if dear else DDP(task.model)
+    dear = a.mode == "switch" and a.overlap == DEAR
+    overlap = a.mode == "switch" and a.overlap == "async" and a.codec != AUTO_CODEC
+    model = task.model if dear else DDP(task.model, bucket_cap_mb=_bucket_mb(overlap))
     state: SwitchHookState | None = None
     grad_max: LocalGradMax | None = None
     lr = a.lr if a.lr is not None else DEFAULT_LR[a.model]
@@ -87,7 +102,7 @@ def train(a: argparse.Namespace) -> None:
             values = _timed_step(a, task, model, opt, state, grad_max, step)
             t, local_max = _agreed(values, grad_max)
             if log is not None:
-                rec = _record(step, t, world, dense, local_max, model, state)
+                rec = _record(step, t, world_size, dense, local_max, model, state)
                 log.write(json.dumps(rec) + "\n")
                 log.flush()
                 print(_progress(a.mode, a.steps, rec), flush=True)
@@ -100,6 +115,9 @@ def train(a: argparse.Namespace) -> None:
         if log is not None:
             log.close()
         _close(model, state)
+    if state is not None and state.controller is not None:  # every rank: compared after
+        history = [{str(k): v for k, v in h.items()} for h in state.controller.history]
+        (out / f"auto-rank{rank}.json").write_text(json.dumps(history))
 
 
 def _attach_switch(
@@ -110,16 +128,16 @@ def _attach_switch(
     grad_max = LocalGradMax(task.model)
     # One support key per embedding row: the index phase shrinks dim-fold.
     opts: dict[str, Any] = {"support_block": a.dim} if task.sparse else {}
-    if a.codec == AUTO:  # per codec name; the sparse rows' key for lossless only
+    if a.codec == AUTO_CODEC:  # per codec name; the sparse rows' key for lossless only
         opts = {"lossless": opts}
     elif a.codec != "lossless":
         opts = {}
-    if a.codec != AUTO:
+    if a.codec != AUTO_CODEC:
         opts.update(codec_options(a.codec_option))
     state = attach(
         None if dear else model,  # DeAR takes the state itself
         a.codec,
-        asynchronous=a.overlap != "blocking",
+        asynchronous=a.overlap != BLOCKING,
         codec_options=opts,
         controller=a.controller or None,
         pool_size=a.pool_size,
@@ -179,7 +197,7 @@ def _agreed(values: list[float], grad_max: LocalGradMax | None) -> tuple[torch.T
 def _record(
     step: int,
     t: torch.Tensor,
-    world: int,
+    world_size: int,
     dense: int,
     grad_max: float,
     model: Any,
@@ -189,20 +207,20 @@ def _record(
     pmax = max(float(p.detach().abs().max()) for p in model.parameters())
     return {
         "step": step,
-        "loss": float(t[0]) / world,
-        "seconds": float(t[1]) / world,
-        "tx_bytes": float(t[2]) / world,
+        "loss": float(t[0]) / world_size,
+        "seconds": float(t[1]) / world_size,
+        "tx_bytes": float(t[2]) / world_size,
         "dense_bytes": dense,
-        "agg_wire": float(t[4]) / world,
-        "agg_dense": float(t[5]) / world,
+        "agg_wire": float(t[4]) / world_size,
+        "agg_dense": float(t[5]) / world_size,
         "retransmissions": int(t[6]),
         "fallback_buckets": int(t[7]),
-        "switch_seconds": float(t[8]) / world,
-        "agreement_seconds": float(t[9]) / world,
+        "switch_seconds": float(t[8]) / world_size,
+        "agreement_seconds": float(t[9]) / world_size,
         # the switch_seconds split (worker/transport.py): codec, exchanges
-        "encode_seconds": float(t[10]) / world,
-        "wait_seconds": float(t[11]) / world,
-        "decode_seconds": float(t[12]) / world,
+        "encode_seconds": float(t[10]) / world_size,
+        "wait_seconds": float(t[11]) / world_size,
+        "decode_seconds": float(t[12]) / world_size,
         "grad_max": grad_max,
         "param_max": pmax,
         **_overlap_report(model, state),
@@ -228,6 +246,8 @@ def _overlap_report(model: Any, state: SwitchHookState | None) -> dict[str, Any]
     if isinstance(model, DearDataParallel):
         rec["dear_bucket_bytes"] = model.bucket_bytes
         rec["dear_tuned"] = model.tuner.chosen is not None
+        if model.tuner.chosen is not None:
+            rec["dear_tuning"] = {str(k): v for k, v in model.tuner.report().items()}
     return rec
 
 
@@ -299,8 +319,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--codec-option", action="append", default=[], help="KEY=VALUE, for the codec")
     p.add_argument(
         "--overlap",
-        choices=["blocking", "async", "dear"],
-        default="blocking",
+        choices=OVERLAP_MODES,
+        default=BLOCKING,
         help="switch run: blocking hook, asynchronous hook, or DeAR mode (default blocking)",
     )
     p.add_argument("--model", choices=MODELS, default="ncf")
@@ -316,6 +336,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", required=True)
     a = p.parse_args(argv)
     warnings.simplefilter("default")
+    # HOMAGG_LOG=INFO: the hook's log in each rank's log (auto's per-step decisions)
+    logging.basicConfig(level=os.environ.get("HOMAGG_LOG", "WARNING").upper())
     dist.init_process_group("gloo", timeout=timedelta(seconds=120))
     try:
         train(a)

@@ -1,7 +1,8 @@
 """The one addressing scheme of the test fabric, `make run` and the tests: in subnet k
 (10.0.k.0/24; the test fabric uses 0, `make run` number k uses k), worker host i (0-based)
 has IP 10.0.k.<i+1>, MAC 02:00:00:00:01:<i+1> and sits on switch port i+1; the controller's
-host takes index CONTROLLER_INDEX; the switch answers as 10.0.k.254 with SWITCH_MAC."""
+host, when it is in the subnet (`make run`), is host CONTROLLER_INDEX (IP, MAC and port
+alike); the switch answers as 10.0.k.254 with SWITCH_MAC."""
 
 from __future__ import annotations
 
@@ -11,8 +12,10 @@ SWITCH_MAC = "02:00:00:00:00:fe"
 PREFIX_LEN = 24
 MAX_HOSTS = 253  # 10.0.k.1 .. 10.0.k.253; .254 is the switch's service address
 MAX_SUBNET = 254
-# The controller's host: an index no worker of a run uses (make run has at most 99 hosts).
+# The controller's host, when it is in the subnet: an index above every worker host's, so
+# a network with it has at most MAX_HOSTS_WITH_CONTROLLER worker hosts (0..98).
 CONTROLLER_INDEX = 99
+MAX_HOSTS_WITH_CONTROLLER = CONTROLLER_INDEX
 
 
 def _check(i: int) -> int:

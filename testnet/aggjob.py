@@ -19,16 +19,20 @@ from aggwire.constants import (
     Event,
     Op,
 )
+from aggwire.frame import FrameTemplate
 from aggwire.header import AggHeader
-from aggwire.packer import FrameTemplate, pack_payload
+from aggwire.packer import pack_payload
 from aggwire.scapy_layer import Agg
 from controller.aggregation import JobEntries, Worker
+from controller.delivery import mcast_grp_of_job
 from controller.install import install_job
 from testnet.fabric import SERVICE_IP, SWITCH_MAC, Fabric, FabricHost
 from testnet.namespace import in_namespace
 from worker.channel import UdpChannel
 
 _job_ids = itertools.count(1)
+# Slots between the pools of two consecutive jobs: pools up to this size never overlap.
+POOL_STRIDE = 64
 
 
 class Job:
@@ -41,9 +45,9 @@ class Job:
         # Pools of different jobs never overlap within a module's switch.
         self.entries = JobEntries(
             job_id=self.job_id,
-            pool_base=(self.job_id * 64) % (NUM_SLOTS - 64),
+            pool_base=(self.job_id * POOL_STRIDE) % (NUM_SLOTS - POOL_STRIDE),
             pool_size=pool_size,
-            mcast_grp=self.job_id,
+            mcast_grp=mcast_grp_of_job(self.job_id),
             workers=tuple(
                 Worker(
                     rank=r,
@@ -62,7 +66,7 @@ class Job:
         ]
 
     @property
-    def world(self) -> int:
+    def world_size(self) -> int:
         return len(self.hosts)
 
     def channel(self, rank: int, rcvbuf: int = 0) -> UdpChannel:
@@ -112,7 +116,7 @@ class Job:
     ) -> dict[int, list[Ether]]:
         """Frames arriving at the hosts of `ranks` (all ranks by default), parsed by Scapy."""
         out: dict[int, list[Ether]] = {}
-        for r in range(self.world) if ranks is None else ranks:
+        for r in range(self.world_size) if ranks is None else ranks:
             frames = self.hosts[r].raw.receive(timeout, count=per_rank)
             out[r] = [Ether(f) for f in frames]
         return out

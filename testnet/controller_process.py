@@ -11,8 +11,7 @@ import time
 from pathlib import Path
 
 from controller.client import ControllerClient
-
-ROOT = Path(__file__).resolve().parents[1]  # the repository: the child imports `controller`
+from testnet import REPO_ROOT
 
 
 def config_toml(doc: dict) -> str:
@@ -70,7 +69,7 @@ class ControllerProcess:
     def launch(self) -> int:
         """Start the process (not waiting for it); returns its PID, also its process group."""
         secure = [] if self.ca is not None else ["--insecure"]
-        path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+        path = os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p)
         with open(self.log, "ab") as log:  # the child keeps its own descriptor
             self.proc = subprocess.Popen(
                 [
@@ -95,7 +94,7 @@ class ControllerProcess:
         """A client once the controller serves and every switch is connected; RuntimeError
         with the log's tail if it exits or is not there within `timeout` s."""
         assert self.proc is not None, "launch() first"
-        client = ControllerClient(self.address, 2.0, self.ca, self.token)
+        client = ControllerClient(self.address, 2.0, self.ca, self.token, insecure=self.ca is None)
         deadline = time.monotonic() + timeout
         while True:
             try:

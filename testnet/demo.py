@@ -19,7 +19,7 @@ from aggwire.scapy_layer import Agg  # noqa: F401  (binds the layer for result p
 from testnet.aggjob import CounterDelta, Job, random_cells, result_cells, wrapped_sum
 from testnet.fabric import Fabric
 from testnet.namespace import have_privileges
-from testnet.switch_process import bmv2_available
+from testnet.switch_process import AUTO_TARGET, resolve_target
 
 
 def run(target: str, hosts: int, rounds: int, pool_size: int) -> int:
@@ -63,8 +63,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument(
         "--target",
-        choices=["auto", "refswitch", "bmv2"],
-        default="auto",
+        choices=[AUTO_TARGET, "refswitch", "bmv2"],
+        default=AUTO_TARGET,
         help="switch to run (auto: BMv2 when simple_switch_grpc is installed)",
     )
     p.add_argument("--hosts", type=int, default=4, help="workers, one per host (default 4)")
@@ -74,8 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     if not have_privileges():
         print("the demo needs root and iproute2 to create network namespaces", file=sys.stderr)
         return 2
-    target = args.target if args.target != "auto" else ("bmv2" if bmv2_available() else "refswitch")
-    return 1 if run(target, args.hosts, args.rounds, args.pool_size) else 0
+    return 1 if run(resolve_target(args.target), args.hosts, args.rounds, args.pool_size) else 0
 
 
 if __name__ == "__main__":

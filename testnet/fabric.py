@@ -20,7 +20,6 @@ from testnet.addresses import SERVICE_IP, SWITCH_MAC, host_ip, host_mac, host_sw
 from testnet.namespace import (
     add_namespace,
     add_veth,
-    delete_link,
     delete_namespace,
     in_namespace,
     ip,
@@ -30,7 +29,8 @@ from testnet.switch_process import SwitchProcess
 
 PID_DIR = Path(tempfile.gettempdir()) / "homagg-fabrics"  # switch PIDs, for `make stop`
 _fabric_ids = itertools.count()
-TAG_PATTERN = re.compile(r"^hg(\d+)x(\d+)[hs]\d+$")  # hg<owner pid>x<n>{h|s}<host>
+# hg<owner pid>x<n>{h|s}<host>: a host's namespace and link; hg<owner pid>x<n>sw: the switch's
+TAG_PATTERN = re.compile(r"^hg(\d+)x(\d+)(?:[hs]\d+|sw)$")
 
 
 def fabric_tag(owner_pid: int, n: int) -> str:
@@ -69,7 +69,9 @@ class FabricHost:
 
 class Fabric:
     """num_hosts hosts on ports 1..num_hosts of one switch of kind `target`, running the
-    program in `artifacts` (P4Info, BMv2 JSON)."""
+    program in `artifacts` (P4Info, BMv2 JSON). The switch and its ends of the links are in a
+    namespace of their own (`switch_namespace`; testnet/switch_process.py says why), its
+    P4Runtime on a Unix socket (`switch.address`)."""
 
     def __init__(
         self,
@@ -81,6 +83,7 @@ class Fabric:
         self.target = target
         self.artifacts = artifacts
         self.tag = fabric_tag(os.getpid(), next(_fabric_ids))
+        self.switch_namespace = f"{self.tag}sw"
         self.workdir = workdir or Path(tempfile.mkdtemp(prefix=f"{self.tag}-"))
         self.hosts: list[FabricHost] = []
         self._switch: SwitchProcess | None = None
@@ -93,6 +96,7 @@ class Fabric:
             raise
 
     def _build(self, num_hosts: int) -> None:
+        add_namespace(self.switch_namespace)
         for i in range(num_hosts):
             host = FabricHost(
                 index=i,
@@ -105,7 +109,7 @@ class Fabric:
             )
             self.hosts.append(host)
             add_namespace(host.namespace)
-            add_veth(host.switch_iface, host.iface, host.namespace)
+            add_veth(host.switch_iface, host.iface, host.namespace, self.switch_namespace)
             ip("link", "set", "dev", host.iface, "address", host.mac, netns=host.namespace)
             with in_namespace(host.namespace):
                 disable_offloads(host.iface)
@@ -114,6 +118,8 @@ class Fabric:
             self.target,
             {h.switch_port: h.switch_iface for h in self.hosts},
             self.workdir / "switch.log",
+            self.switch_namespace,
+            self.tag,
         )
         PID_DIR.mkdir(exist_ok=True)
         (PID_DIR / f"{self.tag}.pid").write_text(str(self.switch.proc.pid))
@@ -135,7 +141,8 @@ class Fabric:
             self.target,
             {h.switch_port: h.switch_iface for h in self.hosts},
             self.workdir / f"switch-{self._restarts}.log",
-            grpc_port=old.grpc_port,
+            self.switch_namespace,
+            self.tag,  # the same P4Runtime address
         )
         (PID_DIR / f"{self.tag}.pid").write_text(str(self.switch.proc.pid))
 
@@ -154,7 +161,7 @@ class Fabric:
             if h._raw is not None:
                 h._raw.close()
             delete_namespace(h.namespace)
-            delete_link(h.switch_iface)
+        delete_namespace(self.switch_namespace)  # with the switch's ends of the links
 
     @property
     def conn(self) -> SwitchConnection:

@@ -45,6 +45,12 @@ def _nullcontext() -> Iterator[None]:
     yield
 
 
+def netns_path(netns: str) -> str:
+    """The file of a network namespace given by name (ip netns) or as a path
+    (/proc/PID/ns/net: a Mininet node's)."""
+    return netns if netns.startswith("/") else f"/run/netns/{netns}"
+
+
 def _setns(path: str) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -57,10 +63,11 @@ def _setns(path: str) -> None:
 
 @contextmanager
 def in_namespace(name: str) -> Iterator[None]:
-    """Run the body with this thread in network namespace `name` (sockets made there stay)."""
+    """Run the body with this thread in network namespace `name` (a name or a path, see
+    netns_path; sockets made there stay)."""
     home = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
     try:
-        _setns(f"/run/netns/{name}")
+        _setns(netns_path(name))
         try:
             yield
         finally:
@@ -83,11 +90,13 @@ def delete_namespace(name: str) -> None:
     ip("netns", "delete", name, check=False)
 
 
-def add_veth(outside: str, inside: str, netns: str) -> None:
-    """A veth pair: `outside` in this namespace (IPv6 off, up), `inside` in netns (up)."""
-    ip("link", "add", outside, "type", "veth", "peer", "name", inside, "netns", netns)
-    sysctl(f"net.ipv6.conf.{outside}.disable_ipv6", "1")
-    ip("link", "set", outside, "up")
+def add_veth(outside: str, inside: str, netns: str, outside_netns: str | None = None) -> None:
+    """A veth pair: `outside` in this namespace, or in `outside_netns` when given (IPv6 off,
+    up), `inside` in netns (up)."""
+    where = ["netns", outside_netns] if outside_netns else []
+    ip("link", "add", outside, *where, "type", "veth", "peer", "name", inside, "netns", netns)
+    sysctl(f"net.ipv6.conf.{outside}.disable_ipv6", "1", netns=outside_netns)
+    ip("link", "set", outside, "up", netns=outside_netns)
     ip("link", "set", inside, "up", netns=netns)
 
 

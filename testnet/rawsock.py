@@ -8,7 +8,10 @@ import fcntl
 import select
 import socket
 import struct
+import sys
 import time
+
+from aggwire.frame import MAX_DATAGRAM_BYTES
 
 ETH_P_ALL = 0x0003
 PACKET_OUTGOING = 4
@@ -72,6 +75,27 @@ def offloads_on(iface: str) -> list[str]:
     return on
 
 
+def turn_offloads_off(ifaces: list[str]) -> None:
+    """Turn segmentation and receive offloads off on a switch's ports before the switch
+    opens them; RuntimeError naming the port if one stays on.
+
+    BMv2 captures each port with libpcap in immediate mode, whose ring (2 MiB, BMv2 sets no
+    size) is cut into frames sized for the largest packet the interface can hand it: MTU +
+    18 bytes with offloads off (about 1,300 frames), 64 KiB with TSO/GSO/GRO on (31 frames).
+    A veth has TSO and GSO on by default, so a burst of more than ~31 frames on one port
+    was lost in the kernel, before BMv2 saw it and before any counter (docs/bmv2.md).
+    """
+    for iface in ifaces:
+        disable_offloads(iface)
+        still_on = offloads_on(iface)
+        if still_on:
+            raise RuntimeError(
+                f"offloads {', '.join(still_on)} stay on at switch port {iface}: the switch "
+                "would lose bursts of more than ~31 frames there; turn them off "
+                f"(ethtool -K {iface} tso off gso off gro off lro off) and start it again"
+            )
+
+
 def open_raw(iface: str, rcvbuf: int = 4 << 20) -> socket.socket:
     """A non-blocking raw socket sending and receiving every frame on iface."""
     sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ETH_P_ALL))
@@ -91,7 +115,7 @@ def recv_frames(sock: socket.socket, limit: int = 256) -> list[bytes]:
     frames = []
     for _ in range(limit):
         try:
-            data, addr = sock.recvfrom(65535)
+            data, addr = sock.recvfrom(MAX_DATAGRAM_BYTES)
         except (BlockingIOError, InterruptedError):
             break
         if addr[2] != PACKET_OUTGOING:
@@ -130,3 +154,21 @@ class RawPort:
     def close(self) -> None:
         """Close the socket."""
         self.sock.close()
+
+
+def main(argv: list[str]) -> int:
+    """`python3 rawsock.py IFACE...`: turn_offloads_off for a switch started by other means
+    (the Docker example's BMv2 image has Python 3 but neither this package nor ethtool)."""
+    try:
+        for iface in argv:
+            socket.if_nametoindex(iface)  # OSError: no such interface (nothing to turn off)
+        turn_offloads_off(argv)
+    except (RuntimeError, OSError) as exc:
+        print(f"cannot prepare switch ports {' '.join(argv)}: {exc}", file=sys.stderr)
+        return 1
+    print(f"offloads off on {' '.join(argv)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,6 +1,13 @@
 """Start a switch process (BMv2's simple_switch_grpc or the reference switch) on given
 ports, wait until its P4Runtime server answers, and stop it by PID.
 
+The switch runs in a network namespace of its own, which holds its data ports and nothing
+else (no address on them, no route): BMv2's Thrift server (`--thrift-port`, table writes
+without any credential) binds every interface and cannot be told otherwise, so it must be
+where no packet from the data network or any other can reach it. The controller reaches
+P4Runtime through a Unix socket (`unix:PATH`, in a directory only root enters), which
+crosses namespaces and takes no TCP port at all (docs/controller.md, Security).
+
 Targets: "refswitch", "bmv2" (simple_switch_grpc on PATH) and "bmv2-opt": a second BMv2
 build installed under its own prefix (`-O3`, logging macros and the event logger off:
 docs/bmv2.md), named by the environment variable HOMAGG_BMV2_OPT=<prefix> and run as
@@ -15,14 +22,42 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
-from testnet.rawsock import disable_offloads, offloads_on
+from aggwire.constants import NUM_SLOTS
+from testnet.namespace import in_namespace, netns_path
+from testnet.rawsock import turn_offloads_off
 
 TARGETS = ("refswitch", "bmv2", "bmv2-opt")
 BMV2_TARGETS = ("bmv2", "bmv2-opt")
 BMV2_OPT_ENV = "HOMAGG_BMV2_OPT"  # the optimized BMv2 build's install prefix (no default)
+THRIFT_PORT = 9090  # BMv2's Thrift server, on every interface of the switch's own namespace
+SOCKET_DIR = Path(tempfile.gettempdir()) / "homagg-p4runtime"  # the switches' P4Runtime sockets
+
+
+def p4runtime_socket(name: str) -> str:
+    """The P4Runtime address of switch `name`: `unix:` a socket in SOCKET_DIR, which only
+    its owner (root) may enter, so no other local user reaches P4Runtime either."""
+    SOCKET_DIR.mkdir(mode=0o700, exist_ok=True)
+    SOCKET_DIR.chmod(0o700)
+    return f"unix:{SOCKET_DIR / f'{name}.sock'}"
+
+
+# BMv2's capture ring holds about 1,300 frames per port with offloads off (docs/bmv2.md): a
+# pool of 1024 chunks in flight per rank leaves room for resends, probes and ARP.
+BMV2_MAX_POOL_SIZE = 1024
+
+
+def max_pool_size(target: str) -> int:
+    """The controller's `max_pool_size` for a switch of this target: how many chunks a rank
+    may have in flight, which reach its port back to back (the reference switch reads its
+    ports into a socket buffer per port that the kernel counts drops of: no bound)."""
+    return BMV2_MAX_POOL_SIZE if target in BMV2_TARGETS else NUM_SLOTS
+
+
+AUTO_TARGET = "auto"  # not a target: a command line's choice of resolve_target()
 
 
 def bmv2_available() -> bool:
@@ -56,6 +91,20 @@ def available_targets() -> list[str]:
     return [t for t in TARGETS if not target_problem(t)]
 
 
+def resolve_target(target: str) -> str:
+    """`target`, with AUTO_TARGET resolved: BMv2 when simple_switch_grpc is installed, else
+    the reference switch."""
+    if target != AUTO_TARGET:
+        return target
+    return "bmv2" if bmv2_available() else "refswitch"
+
+
+def compared_targets() -> list[str]:
+    """The targets a benchmark compares when none are named: the reference switch, and
+    BMv2 when installed (bmv2-opt only when named: it is BMv2 built another way)."""
+    return ["refswitch"] + (["bmv2"] if bmv2_available() else [])
+
+
 def switch_env(target: str) -> dict[str, str] | None:
     """The environment of the switch process: bmv2-opt finds its own libraries (the
     default build's, on the system's path, would be loaded otherwise); None: inherited."""
@@ -76,14 +125,15 @@ def free_port() -> int:
 def switch_command(
     target: str,
     ports: dict[int, str],
-    grpc_port: int,
+    address: str,
     device_id: int = 0,
     log_level: str | None = None,
 ) -> list[str]:
-    """The command line that starts `target` with the given PORT -> interface map; the log
-    level defaults to info (reference switch) or warn (BMv2)."""
+    """The command line that starts `target` with the given PORT -> interface map and its
+    P4Runtime server on `address` (host:port or unix:PATH); the log level defaults to info
+    (reference switch) or warn (BMv2)."""
     ifaces = [arg for port, iface in sorted(ports.items()) for arg in ("-i", f"{port}@{iface}")]
-    addr = f"127.0.0.1:{grpc_port}"
+    addr = address
     if target == "refswitch":
         return [
             sys.executable,
@@ -115,8 +165,8 @@ def switch_command(
             "--log-console",
             "--log-level",
             log_level or "warn",
-            "--thrift-port",
-            str(free_port()),
+            "--thrift-port",  # no way to bind it to one address: the namespace confines it
+            str(THRIFT_PORT),
             "--",
             "--grpc-server-addr",
             addr,
@@ -126,54 +176,47 @@ def switch_command(
 
 def prepare_ports(ports: dict[int, str]) -> None:
     """Turn segmentation and receive offloads off on the switch's own interfaces before the
-    switch opens them, and fail if one stays on.
-
-    BMv2 captures each port with libpcap in immediate mode, whose ring (2 MiB, BMv2 sets no
-    size) is cut into frames sized for the largest packet the interface can hand it: MTU +
-    18 bytes with offloads off (about 1,300 frames), 64 KiB with TSO/GSO/GRO on (31 frames).
-    A veth has TSO and GSO on by default, so a burst of more than ~31 frames on one port
-    was lost in the kernel, before BMv2 saw it and before any counter (docs/bmv2.md).
-    """
-    for iface in ports.values():
-        disable_offloads(iface)
-        still_on = offloads_on(iface)
-        if still_on:
-            raise RuntimeError(
-                f"offloads {', '.join(still_on)} stay on at switch port {iface}: the switch "
-                "would lose bursts of more than ~31 frames there; turn them off "
-                f"(ethtool -K {iface} tso off gso off gro off lro off) and start it again"
-            )
+    switch opens them, and fail if one stays on (testnet/rawsock.py:turn_offloads_off:
+    with them on, BMv2's capture ring holds ~31 frames per port instead of ~1,300)."""
+    turn_offloads_off(list(ports.values()))
 
 
 class SwitchProcess:
-    """A running switch on ports made ready by prepare_ports(); stop() ends it (SIGTERM,
-    then SIGKILL) by its PID only."""
+    """A running switch in network namespace `netns` (a name, or /proc/PID/ns/net), which
+    holds its ports (made ready by prepare_ports() there) and nothing else reachable, with
+    P4Runtime on the Unix socket p4runtime_socket(name) (`address`); stop() ends it
+    (SIGTERM, then SIGKILL) by its PID only. A new one with the same name (a restart) takes
+    the same address."""
 
     def __init__(
         self,
         target: str,
         ports: dict[int, str],
         log_path: Path,
+        netns: str,
+        name: str,
         device_id: int = 0,
         startup_timeout: float = 20.0,
-        grpc_port: int | None = None,
     ) -> None:
-        self.target = target
-        self.grpc_port = grpc_port or free_port()
-        self.address = f"127.0.0.1:{self.grpc_port}"
+        self.target, self.netns = target, netns
+        self.address = p4runtime_socket(name)
+        self.socket = Path(self.address.removeprefix("unix:"))
         self.log_path = log_path
         problem = target_problem(target)
         if problem:
             raise RuntimeError(f"cannot start switch {target}: {problem}")
-        prepare_ports(ports)
+        with in_namespace(netns):
+            prepare_ports(ports)
+        self.socket.unlink(missing_ok=True)  # left by a switch that was killed
+        enter = [shutil.which("nsenter") or "nsenter", f"--net={netns_path(netns)}", "--"]
         # Kept open while the switch runs (it is the child's stdout); stop() closes it.
         self._log = open(log_path, "wb")  # noqa: SIM115
         self.proc = subprocess.Popen(
-            switch_command(target, ports, self.grpc_port, device_id),
+            [*enter, *switch_command(target, ports, self.address, device_id)],
             stdout=self._log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
-            start_new_session=True,
+            start_new_session=True,  # nsenter execs the switch: its PID leads the group
             env=switch_env(target),
         )
         try:
@@ -190,7 +233,9 @@ class SwitchProcess:
                     f"{self.target} exited with {self.proc.returncode}:\n{self.log_tail()}"
                 )
             try:
-                with socket.create_connection(("127.0.0.1", self.grpc_port), timeout=0.5):
+                with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+                    probe.settimeout(0.5)
+                    probe.connect(str(self.socket))
                     return
             except OSError:
                 time.sleep(0.1)
@@ -207,7 +252,7 @@ class SwitchProcess:
             return ""
 
     def stop(self, timeout: float = 5.0) -> None:
-        """Terminate the switch and reap it."""
+        """Terminate the switch and reap it; its socket goes too (a killed switch leaves it)."""
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
@@ -216,3 +261,4 @@ class SwitchProcess:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait(timeout)
         self._log.close()
+        self.socket.unlink(missing_ok=True)

@@ -14,7 +14,7 @@ CONSTANTS_P4 = P4SRC / "include" / "constants.p4"
 HEADERS_P4 = P4SRC / "include" / "headers.p4"
 AGGREGATION_P4 = P4SRC / "aggregation.p4"
 
-_ARITHMETIC = re.compile(r"^[\w\s()*+/-]+$")
+_ARITHMETIC = re.compile(r"^(?:[\w\s()*+/-]|<<)+$")
 
 
 def source(path: Path) -> str:

@@ -78,7 +78,10 @@ class AgentConfig:
     max_retries: int = 12
     dead_path_s: float = 3.0
     max_straggler_wait: float = 120.0
-    ca_file: Path | None = None  # verify the controller's TLS certificate (None: plaintext)
+    # The controller's TLS certificate is verified against ca_file (None: $HOMAGG_CA_FILE);
+    # plaintext only when chosen: insecure, or $HOMAGG_INSECURE=1 (controller/tls.py)
+    ca_file: Path | None = None
+    insecure: bool = False
 
 
 def interface_mac(iface: str) -> str:
@@ -148,6 +151,7 @@ class WorkerAgent:
         self.unhealthy_reason = "not started"
         self.heartbeats = 0
         self.heartbeat_failures = 0
+        self.proven_at = -math.inf  # monotonic time the controller last vouched for the job
         self.assignment: Assignment | None = None
         self.transport: SwitchTransport | None = None
         self._stop = threading.Event()
@@ -160,7 +164,10 @@ class WorkerAgent:
         self.udp_port = 0  # the port bound and registered (the configured one unless taken)
         try:
             self.client = ControllerClient(
-                config.controller, timeout=config.rpc_timeout, ca_file=config.ca_file
+                config.controller,
+                timeout=config.rpc_timeout,
+                ca_file=config.ca_file,
+                insecure=config.insecure,
             )
         except TlsError as exc:
             raise AgentError(f"no TLS to the controller {config.controller}: {exc}") from exc
@@ -235,6 +242,7 @@ class WorkerAgent:
             )
         self.assignment = assignment
         self.healthy, self.unhealthy_reason = True, ""
+        self.proven_at = time.monotonic()
         log.info(
             "rank %d in job %d from %s:%d (switch %s, pool %d, codec %s); %r",
             cfg.rank,
@@ -283,7 +291,9 @@ class WorkerAgent:
                 lane_ops=a.lane_ops,
                 cells_per_packet=a.cells_per_packet,
             )
-            self.transport = SwitchTransport(tcfg, channel, peers_problem=self.peers_problem)
+            self.transport = SwitchTransport(
+                tcfg, channel, peers_problem=self.peers_problem, peers_unproven=self.peers_unproven
+            )
         except ValueError as exc:  # a value the checks above missed: still a clear refusal
             channel.close()
             raise AgentError(f"cannot build the transport from the assignment: {exc}") from exc
@@ -291,12 +301,33 @@ class WorkerAgent:
     def peers_problem(self) -> str:
         """Why the peers are gone: "" while this rank's heartbeats are answered (the controller
         ends the job when any rank's lease expires, so an answer proves them), and also while
-        the controller cannot be reached: that is no evidence either way, the data plane sums
-        without it, and the straggler wait's own bound ends a wait that never completes. The
+        the controller cannot be reached: that is no evidence either way, and the data plane
+        sums without it (`peers_unproven` bounds a wait on peers nobody vouches for). The
         reason once the controller said the job is over (a fatal answer) or the agent closed."""
         if self.healthy or not (self._fatal or self._closed):
             return ""
         return self.unhealthy_reason or "the agent is unhealthy"
+
+    def peers_unproven(self) -> str:
+        """Why nothing proves the peers alive any more ("" while something does): no heartbeat
+        was answered for longer than the lease and a heartbeat interval. Had the controller
+        answered, a peer dead since its last answer would have been reported by then (its
+        lease expired, the job ended), so a rank waiting on a peer during a controller outage
+        waits no longer than the controller would have waited on a silent peer. A controller
+        that comes back restores the job with fresh leases (controller/restore.py): its
+        answers prove the peers again, and a dead peer is reported a lease later."""
+        a = self.assignment
+        if a is None:
+            return ""
+        silent = time.monotonic() - self.proven_at
+        bound = a.lease_s + a.heartbeat_interval_s
+        if silent <= bound:
+            return ""
+        why = f" ({self.unhealthy_reason})" if self.unhealthy_reason else ""
+        return (
+            f"no heartbeat answered for {silent:.1f} s{why}: nothing proves the peers alive "
+            f"(a dead peer's lease, {a.lease_s:g} s, would have been reported by now)"
+        )
 
     def _heartbeat_loop(self) -> None:
         assert self.assignment is not None
@@ -314,6 +345,7 @@ class WorkerAgent:
                 self.healthy, self.unhealthy_reason = False, str(err)
                 continue
             self.heartbeats += 1
+            self.proven_at = time.monotonic()
             if not self._fatal and not self.healthy:
                 log.info("rank %d healthy again (heartbeat answered)", cfg.rank)
                 self.healthy, self.unhealthy_reason = True, ""

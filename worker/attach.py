@@ -5,12 +5,13 @@ Everything comes from the environment: the controller from HOMAGG_CONTROLLER (or
 the launcher (HOMAGG_JOB_ID with HOMAGG_TOKEN_FILE or HOMAGG_TOKEN; its codec is then the
 job's) or created by rank 0 with the operator credential of HOMAGG_OPERATOR_TOKEN_FILE or
 HOMAGG_OPERATOR_TOKEN and shared through the process group's store (the token is never
-logged), the CA that signed the controller's TLS certificate from HOMAGG_CA_FILE (without
-it: plaintext), this worker's IP, interface and MAC from the route to the controller (or
-HOMAGG_IFACE when the switch is on another interface), and its switch port from the
-controller's topology. The ranks set the job up together (worker/job_setup.py): whatever
-fails, every rank gets the same message and the model trains over the process group
-instead (one warning), never hangs (docs/worker.md)."""
+logged), the CA that signed the controller's TLS certificate from HOMAGG_CA_FILE (a
+controller without TLS only with HOMAGG_INSECURE=1: plaintext is never a silent fallback),
+this worker's IP, interface and MAC from the route to the controller (or HOMAGG_IFACE when
+the switch is on another interface), and its switch port from the controller's topology.
+The ranks set the job up together (worker/job_setup.py): whatever fails, every rank gets
+the same message and the model trains over the process group instead (one warning), never
+hangs (docs/worker.md)."""
 
 from __future__ import annotations
 
@@ -18,11 +19,9 @@ from typing import Any
 
 import torch.distributed as dist
 
-from worker.codecs import CODECS, DEFAULT_CODEC
-from worker.ddp_hook import AUTO, SwitchHookState, switch_allreduce_hook
+from worker.codecs import AUTO_CODEC, CODEC_CHOICES, DEFAULT_CODEC
+from worker.ddp_hook import SwitchHookState, switch_allreduce_hook
 from worker.job_setup import Request, Setup, group_members, set_up
-
-CODEC_CHOICES = (*CODECS, AUTO)  # what attach's codec= takes: the registry's and "auto"
 
 
 def attach(
@@ -50,7 +49,7 @@ def attach(
     setup = set_up(
         Request(
             codec=codec or "",
-            also=(AUTO,),
+            also=(AUTO_CODEC,),
             controller=controller or "",
             pool_size=pool_size,
             name=name,
@@ -65,7 +64,8 @@ def attach(
         codec_options=codec_options,
         asynchronous=asynchronous,
         rank=members.rank,
-        world_size=members.world,
+        world_size=members.world_size,
+        lane_ops=setup.lane_ops,
     )
     state.warned = bool(setup.reason)  # set_up warned once already
     if setup.session is not None:

@@ -120,19 +120,19 @@ _NO_AUTO = " (codec 'auto' works with homagg.attach's hook only)"
 class SwitchProcessGroup(dist.ProcessGroup):
     """A process group whose all_reduce goes through the switch where it can (see module)."""
 
-    def __init__(self, store: dist.Store, rank: int, world: int, timeout: timedelta) -> None:
-        super().__init__(rank, world)  # type: ignore[call-arg]  # torch's Python-PG form
+    def __init__(self, store: dist.Store, rank: int, world_size: int, timeout: timedelta) -> None:
+        super().__init__(rank, world_size)  # type: ignore[call-arg]  # torch's Python-PG form
         self.gloo: Any = dist.ProcessGroupGloo(  # Any: its stub lacks the collectives
-            dist.PrefixStore("homagg/gloo", store), rank, world, timeout
+            dist.PrefixStore("homagg/gloo", store), rank, world_size, timeout
         )
         self.gloo_calls: Counter[str] = Counter()  # all_reduces sent to gloo, by reason
         request = Request(refusal_note=_NO_AUTO)
-        self.setup = set_up(request, Members(store, rank, world))
+        self.setup = set_up(request, Members(store, rank, world_size))
         self.state = _State(
             self.gloo,
             agent=self.setup.agent,
             codec=self.setup.codec or DEFAULT_CODEC,
-            world_size=world,
+            world_size=world_size,
             rank=rank,
             unavailable_reason=self.setup.reason,
         )
@@ -180,9 +180,9 @@ class SwitchProcessGroup(dist.ProcessGroup):
             return None, "not a switch operation"
         if not self.state.use_switch():
             return None, "fallback"
-        if t.is_sparse:  # indices and values, never densified; the rows' union as gloo's
+        if t.is_sparse:  # its rows, never densified; the rows' union as gloo's
             sparse = sparse_bucket.SparseBucket(t)
-            out = agreed_sum(self.state, t.numel(), sparse.grad, t.numel(), wrap=sparse.phases)
+            out = agreed_sum(self.state, t.numel(), None, t.numel(), via=sparse.phases)
             return (None, "fallback") if out is None else (sparse.result(out), "")
         cells = self._cells(t, kind)
         if cells is None:
@@ -207,7 +207,7 @@ class SwitchProcessGroup(dist.ProcessGroup):
         if t.is_floating_point():
             return float_order_key(x.to(torch.float32).numpy())
         wide = x.to(torch.int64).numpy()
-        # ADD: no partial sum of `world` values within the bound leaves int32 (no wrap).
+        # ADD: no partial sum of `world_size` values within the bound leaves int32 (no wrap).
         bound = _INT32_MAX // self.size() if kind == "add" else _INT32_MAX
         out_of_range = int(wide.max()) > bound or int(wide.min()) < -bound
         big = torch.tensor([int(out_of_range)], dtype=torch.int64)
@@ -250,8 +250,10 @@ for _name in DELEGATED:
     setattr(SwitchProcessGroup, _name, _delegate(_name))
 
 
-def _create(store: dist.Store, rank: int, world: int, timeout: timedelta) -> SwitchProcessGroup:
-    return SwitchProcessGroup(store, rank, world, timeout)
+def _create(
+    store: dist.Store, rank: int, world_size: int, timeout: timedelta
+) -> SwitchProcessGroup:
+    return SwitchProcessGroup(store, rank, world_size, timeout)
 
 
 def switch_group(group: dist.ProcessGroup | None = None) -> SwitchProcessGroup:

@@ -10,6 +10,8 @@ import time
 from collections import deque
 from typing import Protocol
 
+from aggwire.frame import MAX_DATAGRAM_BYTES
+
 
 class Channel(Protocol):
     """Sends aggregation payloads to the switch and receives results."""
@@ -51,7 +53,7 @@ class UdpChannel:
         deadline = time.monotonic() + timeout
         while True:
             try:
-                data, peer = self.sock.recvfrom(65535)
+                data, peer = self.sock.recvfrom(MAX_DATAGRAM_BYTES)
             except BlockingIOError:
                 left = deadline - time.monotonic()
                 if left <= 0 or not select.select([self.sock], [], [], left)[0]:

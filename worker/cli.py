@@ -4,8 +4,8 @@ synthetic aggregation rounds through the switch with a codec (no torch training)
 Secrets never go on the command line: the job token comes from --token-file,
 $HOMAGG_TOKEN_FILE or $HOMAGG_TOKEN, the operator credential (create) from
 --credential-file, $HOMAGG_OPERATOR_TOKEN_FILE or $HOMAGG_OPERATOR_TOKEN. The controller's
-TLS certificate is verified against --ca-file or $HOMAGG_CA_FILE; --insecure is plaintext
-(tests and local use)."""
+TLS certificate is verified against --ca-file or $HOMAGG_CA_FILE; --insecure (or
+$HOMAGG_INSECURE=1) is plaintext (tests and local use), and one of the two is required."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import grpc
 import numpy as np
@@ -27,6 +28,7 @@ from controller.client import ControllerClient
 from controller.config import DEFAULT_LISTEN
 from controller.credentials import (
     CA_FILE_ENV,
+    INSECURE_ENV,
     JOB_TOKEN_ENV,
     JOB_TOKEN_FILE_ENV,
     OPERATOR_TOKEN_ENV,
@@ -36,7 +38,7 @@ from controller.credentials import (
     job_token,
     operator_token,
 )
-from controller.tls import TlsError
+from controller.tls import TlsError, plaintext_chosen
 from worker.agent import AgentConfig, AgentError, WorkerAgent
 from worker.codecs import CODECS, DEFAULT_CODEC, make_codec
 
@@ -69,14 +71,40 @@ def _parser() -> argparse.ArgumentParser:
         epilog="examples:\n  " + "\n  ".join(EXAMPLES.values()),
     )
     sub = p.add_subparsers(dest="command", required=True)
+    _create_options(_command(sub, "create", "create a job; prints its id and token"))
+    join = _command(sub, "join", "join a job, wait until ready, print the assignment")
+    _rank_options(join)
+    join.add_argument(
+        "--hold",
+        type=float,
+        default=0.0,
+        help="stay joined (heartbeating) this many seconds",
+    )
+    bench = _command(sub, "bench", "synthetic aggregation rounds through the switch")
+    _rank_options(bench)
+    bench.add_argument("--codec", choices=CODECS, default=DEFAULT_CODEC)
+    bench.add_argument("--size", type=int, default=100_000, help="float32 elements per round")
+    bench.add_argument("--density", type=float, default=0.01, help="nonzero fraction (1: dense)")
+    bench.add_argument("--rounds", type=int, default=10)
+    bench.add_argument("--seed", type=int, default=0)
+    return p
+
+
+def _command(sub: Any, name: str, help_text: str) -> argparse.ArgumentParser:
+    """Subcommand `name` with its example and the controller's connection options."""
     c = sub.add_parser(
-        "create",
-        help="create a job; prints its id and token",
-        epilog="example:\n  " + EXAMPLES["create"],
+        name,
+        help=help_text,
+        epilog="example:\n  " + EXAMPLES[name],
         formatter_class=argparse.RawDescriptionHelpFormatter,
         allow_abbrev=False,
     )
     _connection(c)
+    return c
+
+
+def _create_options(c: argparse.ArgumentParser) -> None:
+    """`create`: the operator's credential and the new job."""
     c.add_argument(
         "--credential-file",
         type=Path,
@@ -100,59 +128,35 @@ def _parser() -> argparse.ArgumentParser:
         help="slots of the job's pool (0: the controller's default)",
     )
     c.add_argument("--json", action="store_true")
-    for name, help_text in (
-        ("join", "join a job, wait until ready, print the assignment"),
-        ("bench", "synthetic aggregation rounds through the switch"),
-    ):
-        s = sub.add_parser(
-            name,
-            help=help_text,
-            epilog="example:\n  " + EXAMPLES[name],
-            formatter_class=argparse.RawDescriptionHelpFormatter,
-            allow_abbrev=False,
-        )
-        _connection(s)
-        s.add_argument("--job-id", type=int, required=True)
-        s.add_argument(
-            "--token-file",
-            type=Path,
-            metavar="FILE",
-            help=f"the job token (default ${JOB_TOKEN_FILE_ENV}, else ${JOB_TOKEN_ENV})",
-        )
-        s.add_argument("--rank", type=int, required=True)
-        s.add_argument(
-            "--ip", required=True, help="this worker's IPv4 address (the UDP socket binds to it)"
-        )
-        s.add_argument("--udp-port", type=int, default=WORKER_UDP_BASE)
-        s.add_argument(
-            "--switch-port",
-            type=int,
-            required=True,
-            help="the switch port this host is attached to",
-        )
-        s.add_argument("--mac", default="", help="this worker's MAC (default: read from --iface)")
-        s.add_argument("--iface", default="")
-        s.add_argument(
-            "--netns", default="", help="open the UDP socket inside this network namespace (root)"
-        )
-        s.add_argument("--ready-timeout", type=float, default=30.0)
-        s.add_argument("--json", action="store_true")
-        if name == "join":
-            s.add_argument(
-                "--hold",
-                type=float,
-                default=0.0,
-                help="stay joined (heartbeating) this many seconds",
-            )
-        else:
-            s.add_argument("--codec", choices=CODECS, default=DEFAULT_CODEC)
-            s.add_argument("--size", type=int, default=100_000, help="float32 elements per round")
-            s.add_argument(
-                "--density", type=float, default=0.01, help="nonzero fraction (1: dense)"
-            )
-            s.add_argument("--rounds", type=int, default=10)
-            s.add_argument("--seed", type=int, default=0)
-    return p
+
+
+def _rank_options(s: argparse.ArgumentParser) -> None:
+    """`join` and `bench`: the job, its token, and this rank's addresses."""
+    s.add_argument("--job-id", type=int, required=True)
+    s.add_argument(
+        "--token-file",
+        type=Path,
+        metavar="FILE",
+        help=f"the job token (default ${JOB_TOKEN_FILE_ENV}, else ${JOB_TOKEN_ENV})",
+    )
+    s.add_argument("--rank", type=int, required=True)
+    s.add_argument(
+        "--ip", required=True, help="this worker's IPv4 address (the UDP socket binds to it)"
+    )
+    s.add_argument("--udp-port", type=int, default=WORKER_UDP_BASE)
+    s.add_argument(
+        "--switch-port",
+        type=int,
+        required=True,
+        help="the switch port this host is attached to",
+    )
+    s.add_argument("--mac", default="", help="this worker's MAC (default: read from --iface)")
+    s.add_argument("--iface", default="")
+    s.add_argument(
+        "--netns", default="", help="open the UDP socket inside this network namespace (root)"
+    )
+    s.add_argument("--ready-timeout", type=float, default=30.0)
+    s.add_argument("--json", action="store_true")
 
 
 def _connection(p: argparse.ArgumentParser) -> None:
@@ -176,14 +180,17 @@ class UsageError(Exception):
 
 
 def _ca(a: argparse.Namespace) -> Path | None:
-    """The CA to verify the controller with; None only with --insecure."""
-    if a.insecure:
-        return None
-    ca = ca_file(a.ca_file)
-    if ca is None:
+    """The CA to verify the controller with; None only when plaintext is chosen (--insecure
+    or $HOMAGG_INSECURE=1)."""
+    try:
+        plaintext = a.insecure or plaintext_chosen()
+    except TlsError as exc:
+        raise UsageError(str(exc)) from None
+    ca = None if a.insecure else ca_file(a.ca_file)
+    if ca is None and not plaintext:
         raise UsageError(
             f"no CA to verify the controller with: give --ca-file FILE (or set ${CA_FILE_ENV}), "
-            "or --insecure for a plaintext controller"
+            f"or --insecure (or ${INSECURE_ENV}=1) for a plaintext controller"
         )
     return ca
 
@@ -219,6 +226,7 @@ def _socket_factory(netns: str) -> Callable[[], socket.socket] | None:
 
 
 def _agent(a: argparse.Namespace) -> WorkerAgent:
+    ca = _ca(a)
     cfg = AgentConfig(
         controller=a.controller,
         job_id=a.job_id,
@@ -230,14 +238,17 @@ def _agent(a: argparse.Namespace) -> WorkerAgent:
         mac=a.mac,
         iface=a.iface,
         ready_timeout=a.ready_timeout,
-        ca_file=_ca(a),
+        ca_file=ca,
+        insecure=ca is None,
     )
     return WorkerAgent(cfg, _socket_factory(a.netns))
 
 
 def cmd_create(a: argparse.Namespace) -> int:
     """Create a job and print job_id, token (unless --token-file) and pool."""
-    with ControllerClient(a.controller, 10.0, _ca(a), operator_token(a.credential_file)) as c:
+    ca = _ca(a)
+    token = operator_token(a.credential_file)
+    with ControllerClient(a.controller, 10.0, ca, token, insecure=ca is None) as c:
         job = c.create_job(a.name, world_size=a.world_size, codec=a.codec, pool_size=a.pool_size)
     out = {"job_id": job.job_id, "token": job.token, "switch": job.switch}
     out["pool_size"] = job.pool_size

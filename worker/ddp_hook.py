@@ -7,7 +7,8 @@ when the switch cannot be used (docs/worker.md: the decision protocol and its co
 
 Blocking (the default) aggregates each bucket inside the hook; asynchronous returns a
 pending Future at once and aggregates on the rank's communication thread while backward
-goes on; codec="auto" (asynchronous) picks each bucket's codec per step (auto_control)."""
+goes on; codec="auto" (asynchronous) picks each bucket's path and codec per step
+(auto_control), the host all_reduce among them."""
 
 # No `from __future__ import annotations`: DDP checks the hook's annotations at runtime.
 import logging
@@ -24,8 +25,9 @@ import torch.distributed as dist
 
 from worker import sparse_bucket
 from worker.agent import WorkerAgent
-from worker.auto_control import HOST, AutoConfig, AutoController
+from worker.auto_control import HOST, AutoConfig, AutoController, Choice, auto_codecs
 from worker.codecs import (
+    AUTO_CODEC,
     DEFAULT_CODEC,
     Codec,
     CodecError,
@@ -39,10 +41,9 @@ from worker.transport import TransportError
 
 log = logging.getLogger(__name__)
 
-Wrap = Callable[
-    [Generator[Phase, np.ndarray, np.ndarray]], Generator[Phase, np.ndarray, np.ndarray]
-]  # phases around a codec's (a sparse bucket's row union: worker/sparse_bucket.py)
-AUTO = "auto"  # not a codec: the delay-aware choice among CODECS (worker/auto_control.py)
+Via = Callable[
+    [Codec], Generator[Phase, np.ndarray, np.ndarray]
+]  # a bucket that drives its codec itself (a sparse bucket: worker/sparse_bucket.py)
 
 # Failure kinds, exchanged as MAX over ranks: the highest one names the agreed reason.
 OK, UNHEALTHY, CODEC_FAILED, SWITCH_TIMEOUT, ERROR = 0, 1, 2, 3, 4
@@ -64,6 +65,7 @@ class HookStats:
     agreements: int = 0  # tiny all_reduces of the decision protocol
     dense_bytes: int = 0  # float32 bytes of the buckets sent through the switch
     wire_bytes: int = 0  # aggregation frames sent for them (retransmissions included)
+    wire_cells: int = 0  # the cells those frames carried
     retransmissions: int = 0
     switch_seconds: float = 0.0
     agreement_seconds: float = 0.0
@@ -90,8 +92,9 @@ class SwitchHookState:
         asynchronous: bool = False,
         auto: AutoConfig | None = None,
         rank: int | None = None,
+        lane_ops: bool = False,
     ) -> None:
-        check_codec(codec, also=(AUTO,))
+        check_codec(codec, also=(AUTO_CODEC,))
         self.agent = agent
         self.unavailable_reason = unavailable_reason or ("" if agent else "no worker agent")
         self.codec_name = codec
@@ -100,8 +103,10 @@ class SwitchHookState:
         self.world_size = world_size or dist.get_world_size(process_group)
         self.rank = dist.get_rank(process_group) if rank is None else rank
         self.cooldown_steps = cooldown_steps
-        # codec="auto": codec_options maps a codec name to its options
-        self.controller = AutoController(auto or AutoConfig()) if codec == AUTO else None
+        # codec="auto": codec_options maps a codec name to its options; the low-bit lanes
+        # join its codecs when the switch adds them (lane_ops, agreed at the set-up)
+        config = auto or AutoConfig(codecs=auto_codecs(lane_ops))
+        self.controller = AutoController(config) if codec == AUTO_CODEC else None
         self.asynchronous = asynchronous or self.controller is not None
         self.group = process_group  # collectives of the hook (its own group when asynchronous)
         self.comm: CommThread | None = None
@@ -189,7 +194,7 @@ class SwitchHookState:
     def hand_over(self, index: int, last: bool) -> dict[int, float] | None:
         """Note bucket `index` handed over now (main thread); at the step's last bucket, each
         bucket's budget: the backward compute after its hand-over, plus a tolerated share
-        of the iteration time (auto_control's rule)."""
+        of the iteration time (auto_control's rule; none known in the first step)."""
         now = time.perf_counter()
         if not self._handovers:
             if self._step_start is not None:
@@ -197,9 +202,6 @@ class SwitchHookState:
             self._step_start = now
         self._handovers.append((index, now))
         if not last:
-            return None
-        if self.iteration_seconds == 0.0:  # the first step: nothing to budget from yet
-            self._handovers = []
             return None
         tol = self.controller.config.tolerance if self.controller is not None else 0.0
         budgets = {i: now - t + tol * self.iteration_seconds for i, t in self._handovers}
@@ -231,6 +233,10 @@ class SwitchHookState:
     def reduce_max(self, t: torch.Tensor) -> None:
         """MAX over ranks in place, through the hook's group (a backend overrides it)."""
         dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group)
+
+    def host_all_reduce(self, buf: torch.Tensor) -> None:
+        """The host path's SUM over ranks in place, through the hook's group."""
+        dist.all_reduce(buf, group=self.group)
 
     def _realign(self, chunk: int) -> None:
         # Every rank resumes at the largest counter any rank reached: each new chunk is newer
@@ -272,7 +278,9 @@ class SwitchHookState:
 
     def end_step(self, budgets: dict[int, float] | None = None) -> None:
         """After a step's last bucket: count down the cool-down (whole steps after the one
-        that fell back), then agree again; codec="auto" decides the next step's codecs."""
+        that fell back), then agree again; codec="auto" decides the next step's paths (a
+        job of its own on the communication thread, after the last bucket's Future is
+        complete: its agreement is not in the step's critical path)."""
         if self._use_switch is False:
             if self._fell_back_in_step != self.steps:
                 self._cooldown_left -= 1
@@ -283,13 +291,13 @@ class SwitchHookState:
         self.steps += 1
 
     def auto_decide(self, budgets: dict[int, float]) -> dict[int, str]:
-        """One MAX all_reduce of this step's [delays, -budgets]; the controller decides the
-        next step's choices from it, the same on every rank."""
+        """One MAX all_reduce of this step's [-costs, -budgets, nonzero shares, wire
+        densities, the step before's iteration time]; the controller decides the next
+        step's choices from it, the same on every rank."""
         assert self.controller is not None
         indices = sorted(budgets)
-        for i, b in budgets.items():
-            self.controller.budgets[i] = b
-        t = torch.from_numpy(self.controller.measurements(indices))
+        measured = self.controller.measurements(indices, budgets, self.iteration_seconds)
+        t = torch.from_numpy(measured)
         start = time.perf_counter()
         self.reduce_max(t)
         self.stats.agreements += 1
@@ -300,13 +308,14 @@ class SwitchHookState:
 def _through_switch(
     state: SwitchHookState,
     index: int,
-    grad: GradInput,
+    grad: GradInput | None,
     length: int,
     phases: Generator[Phase, np.ndarray, np.ndarray] | None = None,
-    wrap: Wrap | None = None,
+    via: Via | None = None,
 ) -> tuple[np.ndarray | None, int, str]:
     """(decoded sum, OK, "") or (None, failure kind, reason) for one bucket on this rank;
-    `phases` replaces the bucket codec's (a raw switch operation); `wrap` adds to them."""
+    `phases` replace the bucket codec's (a raw switch operation); `via` drives the bucket's
+    codec instead of its `aggregate(grad)`."""
     agent = state.agent
     if agent is None or agent.transport is None or not agent.healthy:
         return None, UNHEALTHY, state.local_reason()
@@ -314,8 +323,10 @@ def _through_switch(
     before = (transport.stats.packets_sent, transport.stats.retransmissions)
     start = time.perf_counter()
     try:
-        gen = phases or state.codec_for(index, length).aggregate(grad)
-        out = transport.run(wrap(gen) if wrap is not None else gen)
+        if phases is None:
+            codec = state.codec_for(index, length)
+            phases = via(codec) if via is not None else codec.aggregate(_given(grad))
+        out = transport.run(phases)
     except TransportError as exc:
         return None, SWITCH_TIMEOUT, str(exc)
     except CodecError as exc:
@@ -325,11 +336,16 @@ def _through_switch(
         return None, ERROR, f"{type(exc).__name__}: {exc}"
     finally:
         state.stats.switch_seconds += time.perf_counter() - start
-        state.stats.wire_bytes += (
-            transport.stats.packets_sent - before[0]
-        ) * transport.config.frame_bytes
+        packets = transport.stats.packets_sent - before[0]
+        state.stats.wire_bytes += packets * transport.config.frame_bytes
+        state.stats.wire_cells += packets * transport.config.cells_per_packet
         state.stats.retransmissions += transport.stats.retransmissions - before[1]
     return out, OK, ""
+
+
+def _given(grad: GradInput | None) -> GradInput:
+    assert grad is not None, "a bucket's gradient, phases or via"
+    return grad
 
 
 def _into_bucket(buf: torch.Tensor, out: np.ndarray) -> torch.Tensor:
@@ -348,43 +364,48 @@ def _completed(tensor: torch.Tensor) -> torch.futures.Future[torch.Tensor]:
     return fut
 
 
-def aggregate_bucket(
-    state: SwitchHookState,
-    index: int,
-    buf: torch.Tensor,
-    last: bool,
-    budgets: dict[int, float] | None = None,
-) -> torch.Tensor:
+def aggregate_bucket(state: SwitchHookState, index: int, buf: torch.Tensor) -> torch.Tensor:
     """Bucket `index` summed (through the switch, or agreed by every rank by the hook
     group's all_reduce) and divided by the world size, in place, before returning: the
-    communication thread's job (and DeAR's)."""
-    start = time.perf_counter()
+    communication thread's job (and DeAR's). codec="auto": the controller's path, timed."""
+    start, sent = time.perf_counter(), state.stats.wire_cells
     choice = state.controller.choice(index) if state.controller is not None else None
     result: torch.Tensor | None = None
+    ran: Choice | None = choice
     if choice is not None and choice.method == HOST:
-        dist.all_reduce(buf, group=state.group)
+        state.host_all_reduce(buf)
         state.stats.host_buckets += 1
         result = buf
     elif state.use_switch():
         result = _switch_or_none(state, index, buf)
     if result is None:
+        ran = None  # the agreed fallback: not a measurement of the chosen path
         state.stats.fallback_buckets += 1
-        dist.all_reduce(buf, group=state.group)
+        state.host_all_reduce(buf)
         result = buf
     if state.controller is not None and choice is not None:
-        state.controller.record(index, time.perf_counter() - start)
+        nonzero = _nonzero_share(buf) if not state.controller.known(index) else 1.0
+        wire = (state.stats.wire_cells - sent) / max(
+            1, buf.numel()
+        )  # cells sent per dense cell (switch path)
+        state.controller.record(index, time.perf_counter() - start, ran, nonzero, wire)
         state.stats.auto_choices[choice.label] += 1
-    if last:
-        state.end_step(budgets)
     return result.div_(state.world_size)
+
+
+def _nonzero_share(buf: torch.Tensor) -> float:
+    """The share of a bucket's elements that are nonzero (a sparse bucket's rows)."""
+    if buf.is_sparse:
+        return min(1.0, buf._nnz() / max(1, buf.shape[0]))
+    return float(torch.count_nonzero(buf)) / max(1, buf.numel())
 
 
 def _switch_or_none(state: SwitchHookState, index: int, buf: torch.Tensor) -> torch.Tensor | None:
     """The bucket summed by the switch into `buf`, or None when the ranks agreed to fall
     back (the agreement all_reduce is issued on every rank either way)."""
-    if buf.is_sparse:  # a sparse parameter's bucket: indices and values, never densified
+    if buf.is_sparse:  # a sparse parameter's bucket: its rows, never densified
         sparse = sparse_bucket.SparseBucket(buf)
-        summed = agreed_sum(state, index, sparse.grad, sparse.grad.length, wrap=sparse.phases)
+        summed = agreed_sum(state, index, None, buf.numel(), via=sparse.phases)
         return None if summed is None else sparse.result(summed)
     grad = buf.detach().reshape(-1).to("cpu", torch.float32).numpy()
     out = agreed_sum(state, index, grad, grad.size)
@@ -394,14 +415,15 @@ def _switch_or_none(state: SwitchHookState, index: int, buf: torch.Tensor) -> to
 def agreed_sum(
     state: SwitchHookState,
     index: int,
-    grad: GradInput,
+    grad: GradInput | None,
     length: int,
     phases: Generator[Phase, np.ndarray, np.ndarray] | None = None,
-    wrap: Wrap | None = None,
+    via: Via | None = None,
 ) -> np.ndarray | None:
-    """The switch's sum of `grad` (by bucket `index`'s codec, or by `phases`) when every
-    rank's succeeded, else None after the agreed fall-back; one agreement either way."""
-    out, failure, reason = _through_switch(state, index, grad, length, phases, wrap)
+    """The switch's sum of `grad` (by bucket `index`'s codec, or by `phases`, or by what
+    `via` makes of the codec) when every rank's succeeded, else None after the agreed
+    fall-back; one agreement either way."""
+    out, failure, reason = _through_switch(state, index, grad, length, phases, via)
     failed, health, chunk = state.agree(failure, state.local_health())
     if failed != OK:
         state.fall_back(failed, reason, chunk)
@@ -425,7 +447,10 @@ def switch_allreduce_hook(
         comm = state.start_comm()
         index, last = bucket.index(), bucket.is_last()
         budgets = state.hand_over(index, last)
-        return comm.submit(lambda: aggregate_bucket(state, index, buf, last, budgets))
+        fut = comm.submit(lambda: aggregate_bucket(state, index, buf))
+        if last:  # after the last bucket's Future completes, on the same thread
+            comm.submit(lambda: state.end_step(budgets))
+        return fut
     result = _switch_or_none(state, bucket.index(), buf) if state.use_switch() else None
     if bucket.is_last():
         state.end_step()
@@ -433,5 +458,5 @@ def switch_allreduce_hook(
         return _completed(result.div_(state.world_size))
     state.stats.fallback_buckets += 1
     work = dist.all_reduce(buf, group=state.process_group, async_op=True)
-    world = state.world_size
-    return work.get_future().then(lambda fut: fut.value()[0].div_(world))
+    world_size = state.world_size
+    return work.get_future().then(lambda fut: fut.value()[0].div_(world_size))

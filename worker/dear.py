@@ -30,7 +30,7 @@ from worker.ddp_hook import SwitchHookState, aggregate_bucket
 
 log = logging.getLogger(__name__)
 
-Aggregate = Callable[[int, torch.Tensor, bool], torch.Tensor]
+Aggregate = Callable[[int, torch.Tensor], torch.Tensor]
 
 
 @dataclass
@@ -53,13 +53,19 @@ class HostAggregate:
     def __init__(self, process_group: dist.ProcessGroup | None = None) -> None:
         ranks = None if process_group is None else dist.get_process_group_ranks(process_group)
         self.group = dist.new_group(ranks=ranks, backend="gloo")
-        self.world = dist.get_world_size(self.group)
+        self.world_size = dist.get_world_size(self.group)
         self.comm = CommThread(f"homagg-comm-{dist.get_rank()}")
 
-    def __call__(self, index: int, buf: torch.Tensor, last: bool) -> torch.Tensor:
+    def __call__(self, index: int, buf: torch.Tensor) -> torch.Tensor:
         """Sum over ranks, divided by the world size, in place."""
         dist.all_reduce(buf, group=self.group)
-        return buf.div_(self.world)
+        return buf.div_(self.world_size)
+
+    def hand_over(self, index: int, last: bool) -> None:
+        """Nothing to budget."""
+
+    def end_step(self, budgets: dict[int, float] | None = None) -> None:
+        """Nothing to decide after a step."""
 
 
 class SwitchAggregate:
@@ -70,9 +76,18 @@ class SwitchAggregate:
         self.comm = state.start_comm()
         self.group = state.group
 
-    def __call__(self, index: int, buf: torch.Tensor, last: bool) -> torch.Tensor:
+    def __call__(self, index: int, buf: torch.Tensor) -> torch.Tensor:
         """Bucket `index` averaged through the switch (or the agreed fallback)."""
-        return aggregate_bucket(self.state, index, buf, last)
+        return aggregate_bucket(self.state, index, buf)
+
+    def hand_over(self, index: int, last: bool) -> dict[int, float] | None:
+        """Bucket `index` handed over now (codec="auto": its budget, at the last bucket)."""
+        return self.state.hand_over(index, last) if self.state.controller is not None else None
+
+    def end_step(self, budgets: dict[int, float] | None = None) -> None:
+        """After the step's last bucket: the hook state's cool-down count; codec="auto"
+        decides the next step's paths."""
+        self.state.end_step(budgets)
 
 
 class DearDataParallel(nn.Module):
@@ -91,11 +106,6 @@ class DearDataParallel(nn.Module):
         tune_steps: int = 3,
         process_group: dist.ProcessGroup | None = None,
     ) -> None:
-        if state is not None and state.controller is not None:
-            raise ValueError(
-                'DeAR mode takes a fixed codec: codec="auto" budgets from the DDP hook\'s '
-                "hand-over times (use the asynchronous hook for auto)"
-            )
         super().__init__()
         self.module, self.optimizer = module, optimizer
         for p in module.parameters():  # every rank starts from rank 0's parameters
@@ -109,6 +119,9 @@ class DearDataParallel(nn.Module):
             [bucket_bytes] if bucket_bytes else list(candidates), total, tune_steps
         )
         self.bucket_bytes = self.tuner.current
+        self.auto = state.controller if state is not None else None  # codec="auto"
+        if self.auto is not None and self.tuner.chosen is None:
+            self.auto.hold()  # the sizes are compared on the exact codec; auto starts after
         self.buckets: list[Bucket] = []
         self._order: list[nn.Parameter] = []  # in the order of their owners' first forward
         self._ran: list[nn.Module] = []  # modules whose forward ran, first iteration, in order
@@ -128,7 +141,10 @@ class DearDataParallel(nn.Module):
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         """The module's forward; first iteration: learn the order of use; while tuning:
         measure, and switch bucket sizes at iteration boundaries."""
+        tuning = self.tuner.chosen is None
         new_size = self.tuner.on_iteration(time.perf_counter(), self._agree_times)
+        if tuning and self.tuner.chosen is not None and self.auto is not None:
+            self.agg.comm.submit(self.auto.release)  # after the last step's jobs
         if new_size is not None and self.buckets:
             self.flush()
             self.bucket_bytes = new_size
@@ -245,7 +261,10 @@ class DearDataParallel(nn.Module):
                 b.flat[lo:hi].copy_(p.grad.detach().reshape(-1))
         last = b.index == len(self.buckets) - 1
         flat, agg, index = b.flat, self.agg, b.index
-        b.future = agg.comm.submit(lambda: agg(index, flat, last))
+        budgets = agg.hand_over(index, last)
+        b.future = agg.comm.submit(lambda: agg(index, flat))
+        if last:  # after the last bucket, on the same thread
+            agg.comm.submit(lambda: agg.end_step(budgets))
         b.ready = 0
         self._next_submit += 1
 

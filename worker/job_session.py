@@ -13,35 +13,16 @@ import atexit
 import functools
 import logging
 import threading
-from collections.abc import Callable
 from typing import Any
 
-import grpc
 import torch.distributed as dist
+
+from controller.client import Release, release_job
 
 log = logging.getLogger(__name__)
 
-Release = Callable[[int], None]
-"""Ends job `job_id` at the controller (raises grpc.RpcError when it refuses)."""
-
 _sessions: list[JobSession] = []
 _lock = threading.Lock()
-
-
-def release_job(release: Release, job_id: int) -> str:
-    """Release `job_id` through `release`: "" when the job is ended now (a job that already
-    ended, e.g. when every rank left before, counts as released), else why not."""
-    try:
-        release(job_id)
-    except grpc.RpcError as exc:
-        code = exc.code() if isinstance(exc, grpc.Call) else None
-        if code == grpc.StatusCode.FAILED_PRECONDITION:  # "job N has already ended: ..."
-            return ""
-        details = exc.details() if isinstance(exc, grpc.Call) else str(exc)
-        return f"{code.name if code else 'UNKNOWN'}: {details}"
-    except Exception as exc:  # no credential, no TLS: the lease ends the job anyway
-        return str(exc)
-    return ""
 
 
 class JobSession:

@@ -26,27 +26,21 @@ import torch.distributed as dist
 
 from aggwire.constants import MAX_WORKERS_PER_JOB, WORKER_UDP_BASE
 from controller.credentials import (
-    JOB_TOKEN_ENV,
     JOB_TOKEN_FILE_ENV,
     SecretError,
     ca_file,
     job_token,
     operator_token,
 )
+from controller.tls import TlsError, client_ca
 from worker.agent import AgentConfig, AgentError, WorkerAgent, open_agent
 from worker.codecs import DEFAULT_CODEC, check_codec, uses_lanes
-from worker.job_session import JobSession, release_job
+from worker.job_env import ENV_CODEC, ENV_CONTROLLER, ENV_IFACE, ENV_JOB_ID, ENV_READY_TIMEOUT
+from worker.job_session import JobSession
 from worker.route import Route, route_of, route_to
 from worker.setup_round import SetupRound
 
-ENV_CONTROLLER = "HOMAGG_CONTROLLER"
-ENV_JOB_ID = "HOMAGG_JOB_ID"
-ENV_TOKEN = JOB_TOKEN_ENV
-ENV_TOKEN_FILE = JOB_TOKEN_FILE_ENV
-ENV_CODEC = "HOMAGG_CODEC"
-ENV_IFACE = "HOMAGG_IFACE"  # the data-plane interface, when not the route to the controller
-ENV_READY_TIMEOUT = "HOMAGG_READY_TIMEOUT"  # s: the wait for every rank (join, WaitReady)
-DEFAULT_READY_TIMEOUT = 60.0
+DEFAULT_READY_TIMEOUT = 60.0  # s, when $HOMAGG_READY_TIMEOUT is unset
 CREATE_TIMEOUT = 10.0  # CreateJob, and a margin of every wait for rank 0's answer
 RPC_TIMEOUT = 5.0
 
@@ -71,7 +65,7 @@ class Members:
 
     store: dist.Store
     rank: int
-    world: int
+    world_size: int
     group: dist.ProcessGroup | None = None
 
 
@@ -109,6 +103,7 @@ class Setup:
     reason: str
     complete: bool = True
     session: JobSession | None = None
+    lane_ops: bool = False  # every rank's switch adds ADD16 / ADD8 lanes (codec="auto" uses them)
 
 
 def set_up(request: Request, members: Members) -> Setup:
@@ -116,14 +111,14 @@ def set_up(request: Request, members: Members) -> Setup:
     once with the same reason and returns it; raises the same ValueError on every member
     when the codecs asked for contradict each other or the job's."""
     here = _Local(request)
-    rnd = SetupRound(members.store, members.rank, members.world, "homagg/setup")
+    rnd = SetupRound(members.store, members.rank, members.world_size, "homagg/setup")
     timeout = here.timeout
     answer = rnd.exchange(
         "job",
         here.view(),
         timeout,
         timeout + 2 * CREATE_TIMEOUT,
-        lambda views: _decide_job(views, request, members.world, timeout),
+        lambda views: _decide_job(views, request, members.world_size, timeout),
     )
     if answer is None:
         return _fail(members, f"rank 0 did not share the job within {timeout:g} s", False)
@@ -140,13 +135,16 @@ def set_up(request: Request, members: Members) -> Setup:
         _joined(agent, reason),
         wait,
         wait + CREATE_TIMEOUT,
-        lambda outcomes: _decide_codec(outcomes, answer["asked"], request, members.world, job_id),
+        lambda outcomes: _decide_codec(
+            outcomes, answer["asked"], request, members.world_size, job_id
+        ),
     )
     rnd.forget("job")  # the token leaves the store: every rank has read it
     release = here.release if ticket.created_here else None
     session = JobSession(agent, ticket.job_id, release, members.group)
     if final is not None and "codec" in final:
-        return Setup(agent, str(final["codec"]), "", True, session)
+        lanes = bool(final.get("lane_ops", False))
+        return Setup(agent, str(final["codec"]), "", True, session, lanes)
     session.close("the set-up failed")
     if final is None:
         return _fail(members, f"rank 0 did not confirm the job within {wait:g} s", False)
@@ -198,9 +196,10 @@ class _Local:
         self.route: Route | None = None
         if self.address and not self.problem:
             try:
+                client_ca(self.address)  # TLS, or plaintext chosen: never silently plaintext
                 iface = os.environ.get(ENV_IFACE, "")
                 self.route = route_of(iface) if iface else route_to(self.address)
-            except AgentError as exc:
+            except (AgentError, TlsError) as exc:
                 self.problem = str(exc)
 
     def view(self) -> dict[str, Any]:
@@ -238,10 +237,10 @@ class _Local:
 
 
 def _decide_job(
-    views: dict[int, dict[str, Any]], request: Request, world: int, timeout: float
+    views: dict[int, dict[str, Any]], request: Request, world_size: int, timeout: float
 ) -> dict[str, Any]:
     """Rank 0: the job every rank uses, or why there is none (see module)."""
-    missing = [r for r in range(world) if r not in views]
+    missing = [r for r in range(world_size) if r not in views]
     if missing:
         return {
             "reason": f"rank(s) {missing} did not start the homagg set-up within {timeout:g} s "
@@ -258,10 +257,10 @@ def _decide_job(
         said = ", ".join(f"rank {r} {c!r} ({s})" for r, (c, s) in sorted(asked.items()))
         return {"error": f"the ranks ask for different codecs: {said}; give every rank the same"}
     codec = next(iter(asked.values()), ("", ""))
-    reason = _environment_problem(views, world)
+    reason = _environment_problem(views, world_size)
     if not reason:
         try:
-            ticket = _make_job(views[0]["controller"], world, codec[0], request)
+            ticket = _make_job(views[0]["controller"], world_size, codec[0], request)
         except (AgentError, ValueError, OSError) as exc:
             reason = str(exc)
         else:
@@ -270,13 +269,13 @@ def _decide_job(
     return {"reason": reason, "complete": True}
 
 
-def _environment_problem(views: dict[int, dict[str, Any]], world: int) -> str:
+def _environment_problem(views: dict[int, dict[str, Any]], world_size: int) -> str:
     """Why the ranks' environments do not allow a job ("" when they do)."""
     have = [r for r, v in sorted(views.items()) if v["controller"]]
     if not have:
         return f"no controller: set {ENV_CONTROLLER}=host:port or pass controller="
-    if len(have) < world:
-        lack = [r for r in range(world) if r not in have]
+    if len(have) < world_size:
+        lack = [r for r in range(world_size) if r not in have]
         return (
             f"{ENV_CONTROLLER} (or controller=) is set on rank(s) {have} but not on rank(s) "
             f"{lack}: give every rank the controller"
@@ -284,9 +283,9 @@ def _environment_problem(views: dict[int, dict[str, Any]], world: int) -> str:
     problems = [f"rank {r}: {v['problem']}" for r, v in sorted(views.items()) if v["problem"]]
     if problems:
         return "; ".join(problems)
-    if world > MAX_WORKERS_PER_JOB:
+    if world_size > MAX_WORKERS_PER_JOB:
         return (
-            f"world size {world} is above the {MAX_WORKERS_PER_JOB} workers a job can have "
+            f"world size {world_size} is above the {MAX_WORKERS_PER_JOB} workers a job can have "
             "on the switch"
         )
     return ""
@@ -296,13 +295,13 @@ def _decide_codec(
     outcomes: dict[int, dict[str, Any]],
     asked: list[str],
     request: Request,
-    world: int,
+    world_size: int,
     job_id: int,
 ) -> dict[str, Any]:
     """Rank 0: every rank joined and the job's codec is one the ranks can run, the one
     they asked for (a job made outside the script decides the codec) and, when it adds
     lanes, one their switch adds (the assignment's lane_ops), or why not."""
-    missing = [r for r in range(world) if r not in outcomes]
+    missing = [r for r in range(world_size) if r not in outcomes]
     if missing:
         return {"reason": f"rank(s) {missing} did not report their join", "complete": False}
     failed = [f"rank {r}: {o['reason']}" for r, o in sorted(outcomes.items()) if o["reason"]]
@@ -332,20 +331,19 @@ def _decide_codec(
             "them: docs/tofino.md): use a codec without lanes",
             "complete": True,
         }
-    return {"codec": job_codec}
+    return {"codec": job_codec, "lane_ops": not lacking}
 
 
 def _token_from_env() -> str:
     try:
         return job_token() or ""
     except SecretError as exc:
-        raise AgentError(f"the job token ({ENV_TOKEN_FILE}): {exc}") from exc
+        raise AgentError(f"the job token ({JOB_TOKEN_FILE_ENV}): {exc}") from exc
 
 
 def _client(controller: str, timeout: float) -> Any:
     """A client of the controller with this process's CA and operator credential."""
     from controller.client import ControllerClient
-    from controller.tls import TlsError
 
     try:
         return ControllerClient(controller, timeout, ca_file(), operator_token())
@@ -353,7 +351,7 @@ def _client(controller: str, timeout: float) -> Any:
         raise AgentError(f"cannot reach the controller {controller} securely: {exc}") from exc
 
 
-def _make_job(controller: str, world: int, codec: str, request: Request) -> JobTicket:
+def _make_job(controller: str, world_size: int, codec: str, request: Request) -> JobTicket:
     """Rank 0's part: the launcher's job from the environment, or a new one."""
     if os.environ.get(ENV_JOB_ID):
         return JobTicket(int(os.environ[ENV_JOB_ID]), _token_from_env(), False)
@@ -361,7 +359,7 @@ def _make_job(controller: str, world: int, codec: str, request: Request) -> JobT
         with _client(controller, CREATE_TIMEOUT) as client:
             made = client.create_job(
                 request.name,
-                world_size=world,
+                world_size=world_size,
                 codec=codec or DEFAULT_CODEC,
                 pool_size=request.pool_size,
             )
@@ -372,4 +370,4 @@ def _make_job(controller: str, world: int, codec: str, request: Request) -> JobT
     return JobTicket(made.job_id, made.token, True)
 
 
-__all__ = ["JobTicket", "Members", "Request", "Setup", "group_members", "release_job", "set_up"]
+__all__ = ["JobTicket", "Members", "Request", "Setup", "group_members", "set_up"]

@@ -23,11 +23,11 @@ Decide = Callable[[dict[int, Any]], Any]
 
 
 class SetupRound:
-    """One numbered round of exchanges among `world` ranks of one store (see module)."""
+    """One numbered round of exchanges among `world_size` ranks of one store (see module)."""
 
-    def __init__(self, store: dist.Store, rank: int, world: int, prefix: str) -> None:
+    def __init__(self, store: dist.Store, rank: int, world_size: int, prefix: str) -> None:
         self.store = dist.PrefixStore(prefix, store)
-        self.rank, self.world = rank, world
+        self.rank, self.world_size = rank, world_size
         self.number = int(self.store.add(f"round/{rank}", 1))
 
     def _key(self, step: str, rank: int | None = None) -> str:
@@ -52,7 +52,7 @@ class SetupRound:
         return json.loads(self.store.get(self._key(step)))
 
     def _gather(self, step: str, timeout_s: float) -> dict[int, Any]:
-        keys = [self._key(step, r) for r in range(self.world)]
+        keys = [self._key(step, r) for r in range(self.world_size)]
         with contextlib.suppress(RuntimeError):  # a rank missing: the others still count
             self.store.wait(keys, timedelta(seconds=timeout_s))
         got = {}

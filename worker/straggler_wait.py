@@ -11,7 +11,11 @@ the rank waits on, ranks send in order and no rank sends d + 2S before chunk j c
 the path. The peers are proven by the agent: its heartbeats are answered only while
 the controller holds every rank's lease (an expired lease ends the job). The rank keeps
 waiting while both hold, up to `max_wait` (a rank that left cleanly is not reported to its
-peers), and gives up at once when either fails.
+peers), and gives up at once when either fails. While the controller cannot be reached
+nothing proves or disproves the peers: the wait goes on only as long as the controller
+would have waited on a silent peer (`peers_unproven`, the agent's: a lease and a heartbeat
+interval since its last answer), so a peer that dies during a controller outage stalls the
+step for about a lease, not for `max_wait`.
 """
 
 from __future__ import annotations
@@ -29,11 +33,14 @@ PeersProblem = Callable[[], str]  # "" while every peer is believed alive, else 
 @dataclass
 class StragglerWait:
     """The probe and the evidence of one transport; `peers_problem` None: no evidence of the
-    peers, so a spent retry budget ends the wait at once (the former behaviour)."""
+    peers, so a spent retry budget ends the wait at once (the former behaviour);
+    `peers_unproven` ("" while something still vouches for the peers) None: the peers count
+    as proven for as long as `peers_problem` says nothing."""
 
     dead_path_s: float = 3.0  # probing without any datagram from the switch this long: dead
     max_wait: float = 120.0  # the longest wait for one chunk (from its first send)
     peers_problem: PeersProblem | None = None
+    peers_unproven: PeersProblem | None = None
     probe_index: int = -1  # stream index of the newest completed chunk (-1: none yet)
     probe_row: np.ndarray | None = None  # this rank's contribution to it (payload bytes)
     last_heard: float = float("-inf")  # when the switch last sent this rank anything
@@ -79,6 +86,9 @@ class StragglerWait:
         gone = self.peers_gone()
         if gone:
             return gone
+        unproven = self.peers_unproven() if self.peers_unproven is not None else ""
+        if unproven:
+            return f"the controller is unreachable: {unproven}"
         if waited > self.max_wait:
             return f"waited {waited:.1f} s for a slow peer (at most {self.max_wait:g} s)"
         if self.probing_since is None:

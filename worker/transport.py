@@ -12,11 +12,12 @@ answer restarts the timers of the chunks behind it and an expiry resends only th
 chunk and restarts the others (`_Flight`): a pool that is late (queued in the switch, or
 waiting for a slower rank) costs one resend per doubling, not the whole pool per expiry; the
 resend's answer, which the switch sends after every chunk sent before it, proves those
-still unanswered lost, and they go at once. Duplicate, stray, late and reordered results
-are recognised by job and chunk and ignored. A chunk that spent
-its retry budget keeps waiting while the switch path and the peers are proven alive (a
-slow rank is not a dead path, worker/straggler_wait.py). A local send error (a link down:
-ENETUNREACH) is the switch path failing: a TransportError that names the cause.
+still unanswered lost, and they go at once. A chunk sent once that three later chunks
+overtook was lost too and goes at once, without waiting for its timeout (fast retransmit).
+Duplicate, stray, late and reordered results are recognised by job and chunk and ignored.
+A chunk that spent its retry budget keeps waiting while the switch path and the peers are
+proven alive (a slow rank is not a dead path, worker/straggler_wait.py). A local send error
+(a link down: ENETUNREACH) is the switch path failing: a TransportError that names the cause.
 """
 
 from __future__ import annotations
@@ -70,6 +71,10 @@ class TransportConfig:
     min_timeout: float = 0.005  # the measured timeout's floor
     adaptive_timeout: bool = True  # False: initial_timeout always (the former behaviour)
     max_retries: int = 12
+    # A chunk sent once is resent as soon as this many chunks sent after it were answered
+    # (the switch answers in order: it was lost; RFC 5681's fast retransmit); 0: timeouts only.
+    # With the measured timer only (adaptive_timeout).
+    fast_resend_after: int = 3
     dead_path_s: float = 3.0  # once the budget is spent: silence of the switch that ends a wait
     max_straggler_wait: float = 120.0  # once the budget is spent: the longest wait for a peer
     lane_ops: bool = True  # the switch adds ADD16 / ADD8 lanes (Assignment.lane_ops)
@@ -114,9 +119,12 @@ class SwitchTransport:
         channel: Channel,
         first_chunk: int = 0,
         peers_problem: PeersProblem | None = None,
+        peers_unproven: PeersProblem | None = None,
     ) -> None:
         """`peers_problem` ("" while every peer is alive, else why not; the agent's) lets a
-        chunk that spent its retry budget wait for a slow peer; None: it fails at once."""
+        chunk that spent its retry budget wait for a slow peer; None: it fails at once.
+        `peers_unproven` (the agent's: "" while the controller vouched for the peers
+        recently enough) bounds that wait during a controller outage."""
         self.period = chunk_period(config.pool_size)  # raises on a pool size out of range
         if config.cells_per_packet not in CELLS_CHOICES:
             raise ValueError(
@@ -137,7 +145,10 @@ class SwitchTransport:
             adaptive=config.adaptive_timeout,
         )
         self.wait = StragglerWait(
-            config.dead_path_s, config.max_straggler_wait, peers_problem=peers_problem
+            config.dead_path_s,
+            config.max_straggler_wait,
+            peers_problem=peers_problem,
+            peers_unproven=peers_unproven,
         )
 
     def allreduce(self, op: Op, cells: np.ndarray) -> np.ndarray:
@@ -262,6 +273,10 @@ class SwitchTransport:
         self.wait.progressed(first + i, payloads[i])
         if resent and flight.restarts and flight.tries[i]:
             for j in flight.lost_before(i):
+                self._resend(payloads, flight, int(j), now)
+        after = self.config.fast_resend_after
+        if flight.restarts and after and i > flight.oldest:  # an open chunk before this one
+            for j in flight.passed_over(i, after):
                 self._resend(payloads, flight, int(j), now)
         return True
 
@@ -415,6 +430,18 @@ class _Flight:
             return expired
         self.restarted_at[inflight[silent]] = now
         return np.sort(np.append(expired[~silent[expired]], expired[silent[expired]][0]))
+
+    def passed_over(self, i: int, answers: int) -> np.ndarray:
+        """The chunks before chunk i (just answered) that were sent once and have at least
+        `answers` chunks sent after them answered: the switch answers a rank's chunks in
+        order, so each was lost, or its round waits for a peer whose contribution was lost
+        (its resend is then dropped as a duplicate). More than one answer is asked for so
+        that a datagram merely overtaken is not resent (TCP's three duplicate ACKs)."""
+        window = np.arange(self.oldest, i)
+        done = self.done[self.oldest : self.next_to_send]
+        later = (np.cumsum(done[::-1])[::-1] - done)[: i - self.oldest]  # answered after each
+        picked = ~done[: i - self.oldest] & (self.tries[window] == 0) & (later >= answers)
+        return window[picked]
 
     def lost_before(self, i: int) -> np.ndarray:
         """Chunk i's result answered a resend of it: the chunks still open that were last

@@ -13,10 +13,12 @@
 #define LANES_PER_GROUP 8
 #define CELL_GROUPS (CELLS_PER_PKT / LANES_PER_GROUP)
 
-/* Aggregation slots of the whole switch; each has two copies (shadow sets), so a slot
- * copy's index is slot * SHADOW_COPIES + shadow. */
+/* Aggregation slots of the whole switch; each has two copies (shadow sets), chosen by
+ * the header's shadow, so a slot copy's index is slot * SHADOW_COPIES + shadow, i.e.
+ * (slot << SHADOW_BITS) | shadow. */
 #define NUM_SLOTS 4096
-#define SHADOW_COPIES 2
+#define SHADOW_BITS 1
+#define SHADOW_COPIES (1 << SHADOW_BITS)
 #define NUM_SLOT_COPIES (SHADOW_COPIES * NUM_SLOTS)
 #define MAX_JOBS 256
 #define MAX_WORKERS 1024
@@ -28,6 +30,8 @@ typedef bit<48> mac_addr_t;
 typedef bit<32> ipv4_addr_t;
 typedef bit<16> job_id_t;      /* wire: a job, 1..65535 (aggwire JOB_ID_BITS) */
 typedef bit<32> chunk_t;       /* wire: a chunk number, a serial number (aggwire CHUNK_BITS) */
+/* The top bit of a chunk_t difference a - b: set when chunk a is older than b (RFC 1982). */
+#define CHUNK_OLDER_BIT 31:31
 typedef bit<32> slot_index_t;  /* a slot or slot copy of the whole switch (register index) */
 
 const bit<16> ETHERTYPE_IPV4 = 0x0800;
@@ -76,6 +80,9 @@ const bit<8> DROP_NO_ROUTE         = 11;
 const bit<8> DROP_TTL_EXPIRED      = 12;
 const bit<8> DROP_UNSUPPORTED      = 13;
 const bit<8> DROP_NO_RECIPIENT     = 14;
+/* Never set by this program: the reference switch counts in this ingress cell the frames its
+ * sockets dropped before its pipeline (aggwire.constants.DropReason.KERNEL_RX_OVERFLOW). */
+const bit<8> DROP_KERNEL_RX_OVERFLOW = 15;
 #define NUM_DROP_REASONS 16
 
 /* Aggregation events (wire: index of the event_counter cell). */

@@ -12,7 +12,8 @@ def test_wire_constants_match_the_p4_program():
     p4 = constant_values()
     assert p4["CELLS_PER_PKT"] == c.CELLS_PER_PKT
     assert p4["NUM_SLOTS"] == c.NUM_SLOTS
-    assert p4["SHADOW_COPIES"] == c.SHADOW_COPIES
+    assert p4["SHADOW_BITS"] == c.SHADOW_BITS
+    assert p4["SHADOW_COPIES"] == c.SHADOW_COPIES == 2
     assert p4["NUM_SLOT_COPIES"] == c.NUM_SLOT_COPIES == c.SHADOW_COPIES * c.NUM_SLOTS
     assert p4["AGG_UDP_PORT"] == c.AGG_UDP_PORT
     assert p4["AGG_VERSION"] == c.AGG_VERSION
@@ -20,6 +21,9 @@ def test_wire_constants_match_the_p4_program():
     assert p4["AGG_UDP_LENGTH"] == c.AGG_UDP_LENGTH
     assert p4["AGG_IPV4_LENGTH"] == c.AGG_IPV4_LENGTH
     assert p4["RESULT_TTL"] == c.RESULT_TTL
+    for code in ("ETHERTYPE_IPV4", "ETHERTYPE_ARP", "IP_PROTO_UDP", "ARP_HTYPE_ETHERNET"):
+        assert p4[code] == getattr(c, code)
+    assert (p4["ARP_OPER_REQUEST"], p4["ARP_OPER_REPLY"]) == (c.ARP_OPER_REQUEST, c.ARP_OPER_REPLY)
     assert p4["NUM_DROP_REASONS"] == c.NUM_DROP_REASONS
     assert p4["NUM_EVENTS"] == c.NUM_EVENTS
     for flag in c.Flag:

@@ -12,6 +12,7 @@ from p4source import header_fields
 from scapy.layers.inet import IP
 
 from aggwire.constants import AGG_HEADER_BYTES, CELLS_PER_PKT, Flag
+from aggwire.frame import ipv4_checksum
 from aggwire.header import (
     AGG_HEADER_FIELDS,
     FIELD_NAMES,
@@ -22,7 +23,7 @@ from aggwire.header import (
     header_view,
     marked_retx,
 )
-from aggwire.packer import PAYLOAD_BYTES, ipv4_checksum, pack_payload, pack_payloads
+from aggwire.packer import PAYLOAD_BYTES, pack_payload, pack_payloads
 from aggwire.scapy_layer import Agg
 
 

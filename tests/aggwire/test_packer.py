@@ -8,10 +8,10 @@ from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import Ether
 
 from aggwire.constants import AGG_FRAME_BYTES, AGG_UDP_PORT, CELLS_PER_PKT
+from aggwire.frame import FrameTemplate
 from aggwire.header import HEADER_DTYPE, AggHeader
 from aggwire.packer import (
     PAYLOAD_BYTES,
-    FrameTemplate,
     pack_payload,
     pack_payloads,
     parse_payload,

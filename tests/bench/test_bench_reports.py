@@ -4,6 +4,7 @@ from them, and `make bench`'s one-line summary reads what the parts wrote."""
 from __future__ import annotations
 
 from argparse import Namespace
+from typing import Any
 
 import pytest
 
@@ -12,7 +13,7 @@ from bench import aggregation, summary
 
 def _record(fixed_s: float, lossless_s: float) -> dict:
     rec = {}
-    for w in aggregation.WORLDS:
+    for w in aggregation.WORLD_SIZES:
         rec[("refswitch", 1000, w, "gloo", None)] = {"secs": [0.001, 0.002, 0.003], "retx": 0}
         rec[("refswitch", 1000, w, "fixed_point", None)] = {
             "secs": [fixed_s, fixed_s * 2, fixed_s / 2],
@@ -55,24 +56,67 @@ def test_summary_line_reads_the_parts(tmp_path, monkeypatch, capsys):
     assert "ncf: lossless 4.50x" in out
 
 
+def _overlap_steps(ms: float, n: int, agg_ms: float = 100.0, **extra: Any) -> list[dict]:
+    half = agg_ms / 2e3
+    return [
+        {"seconds": ms / 1e3, "switch_seconds": half, "agreement_seconds": half, "loss": 1.0}
+        | extra
+        for _ in range(n)
+    ]
+
+
+def _overlap_tally(setting: Any, auto_ms: float, block_ms: float, agg_ms: float) -> Any:
+    from bench import overlap
+
+    t = overlap.Tally(targets={"refswitch"})
+    t.add(setting, overlap.GLOO, _overlap_steps(100.0, 6))
+    t.add(setting, "switch, blocking", _overlap_steps(block_ms, 6, agg_ms))
+    t.add(setting, "switch, async", _overlap_steps(block_ms - agg_ms / 4, 6))
+    dear = _overlap_steps(500.0, 3, dear_bucket_bytes=1, dear_tuned=False)
+    dear += _overlap_steps(block_ms - agg_ms * 0.6, 4, dear_bucket_bytes=1, dear_tuned=True)
+    t.add(setting, "DeAR", dear)  # its tuning steps are not timed
+    t.add(setting, "auto", _overlap_steps(auto_ms, 6))
+    t.add(setting, "auto, DeAR", _overlap_steps(auto_ms * 2, 5, dear_bucket_bytes=1))
+    return t
+
+
+def test_overlap_report_judges_the_targets_from_the_medians():
+    from bench import overlap
+
+    heavy = overlap.Setting("lm", 5.0, 1024)
+    t = _overlap_tally(heavy, auto_ms=95.0, block_ms=400.0, agg_ms=200.0)
+    assert t.split(heavy) == (200.0, 200.0)  # compute = aggregation: the target applies
+    assert t.hidden(heavy, "DeAR") == pytest.approx(0.6)  # tuning steps left out
+    lines = overlap.judge(heavy, t)
+    assert "auto 1.05x gloo (never slower: MET" in lines[0]
+    assert "0.95 x the best fixed choice, DDP over gloo (within 10%: MET)" in lines[0]
+    assert "auto, DeAR 0.53x gloo (never slower: MISSED" in lines[1]  # not tuned: all timed
+    assert "switch, async hides 25% (compute 200 ms, aggregation 200 ms; >= 50% where " in lines[2]
+    assert lines[2].endswith("MISSED)") and lines[3].endswith("MET)")
+    slow = overlap.Setting("ncf")
+    t = _overlap_tally(slow, auto_ms=120.0, block_ms=150.0, agg_ms=140.0)
+    lines = overlap.judge(slow, t)
+    assert "(never slower: MISSED" in lines[0] and "(within 10%: MISSED)" in lines[0]
+    assert "NCF 1.52x gloo (DeAR; >= 6x: MISSED)" in lines[2]
+    assert lines[3].endswith("not applicable)")  # compute 10 ms < aggregation 140 ms
+    table = "\n".join(overlap.table([slow], t))
+    assert "| ncf, unshaped | auto | 120 [120, 120] | 120 | 0.83x | 21% | 1.0000 |" in table
+    assert "overlap (refswitch): ncf, unshaped: auto 0.83x gloo, 1.82 x best, auto, DeAR" in (
+        overlap.summary_of([slow], t)
+    )
+
+
 def test_overlap_table_reports_a_run_that_stopped_early():
     from bench import overlap
 
-    def steps(ms: float, n: int) -> list[dict]:
-        return [
-            {"seconds": ms / 1e3, "switch_seconds": 0.05, "agreement_seconds": 0.05}
-            for _ in range(n)
-        ]
-
-    r = {name: steps(200.0, 6) for name in overlap.RUNS}
-    r["DDP over gloo"] = steps(100.0, 6)
-    r["DeAR"] = steps(150.0, 1)  # only the untimed first step: it stopped early
-    rows = overlap.table({(100.0, "lm"): r}, ["lm"], [100.0], 4)
-    dear = next(x for x in rows if "| DeAR |" in x)
-    blocking = next(x for x in rows if "| switch, blocking |" in x)
-    assert "stopped after 1 steps" in dear
-    assert "| 200 | 0.50x |" in blocking
-    assert overlap.median_ms([]) != overlap.median_ms([])  # NaN for no steps at all
+    s = overlap.Setting("lm", 100.0)
+    t = _overlap_tally(s, 90.0, 300.0, 100.0)
+    t.runs[(s, "DeAR")] = [_overlap_steps(150.0, 1)]  # only the untimed first step
+    rows = overlap.table([s], t)
+    assert any("| DeAR | stopped after 1 steps |" in x for x in rows)
+    assert "not every mode was timed" in overlap.judge(s, t)[0]
+    assert overlap.Setting.parse("lm:1024:5") == overlap.Setting("lm", 5.0, 1024)
+    assert overlap.Setting.parse("mlp") == overlap.Setting("mlp")
 
 
 def test_summary_reads_the_packet_rate_ratios_and_the_full_results_first(tmp_path, monkeypatch):

@@ -27,10 +27,11 @@ def shared_switch(
 
 @pytest.fixture
 def switch(shared_switch: SwitchUnderTest) -> SwitchUnderTest:
-    """The module's switch, running. It may hold what an earlier test's controller installed:
-    every new controller (with a new database) reconciles it away, as after a lost database."""
+    """The module's switch, running and emptied of what an earlier test's controller installed
+    (a new controller's new database would refuse a switch holding jobs it has no record of)."""
     if not shared_switch.running:
         shared_switch.start()
+    shared_switch.clear()
     return shared_switch
 
 

@@ -5,9 +5,9 @@ what a switch really holds."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
-import subprocess
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -19,14 +19,19 @@ import pytest
 from aggwire import p4names
 from controller.client import ControllerClient
 from controller.config import ControllerConfig, parse_config
+from controller.install import reconcile
 from controller.service import ControllerServer
-from controller.switch_connection import SwitchConnection
+from controller.switch_connection import SwitchConnection, SwitchError
 from refswitch.switch import ReferenceSwitch
 from testnet.addresses import SERVICE_IP, SWITCH_MAC, host_entry
+from testnet.fabric import fabric_tag
+from testnet.namespace import add_namespace, delete_namespace
 from testnet.poll import wait_for
-from testnet.switch_process import bmv2_available, free_port, switch_command
+from testnet.switch_process import SwitchProcess, bmv2_available, free_port, p4runtime_socket
 
 HOSTS = [host_entry(i) for i in range(4)]
+_switch_ids = itertools.count()
+CLEARING_ELECTION_ID = 100  # above every controller's (10) and reader's (1..9)
 TIMING = {"heartbeat_interval": 0.5, "lease": 3.0, "join_timeout": 10.0}
 TARGETS = [
     pytest.param("refswitch", id="refswitch"),
@@ -43,15 +48,20 @@ TARGETS = [
 
 
 class SwitchUnderTest:
-    """A switch on a fixed P4Runtime port that can be stopped and started again (losing its
-    state)."""
+    """A switch on a fixed P4Runtime address that can be stopped and started again (losing
+    its state): the reference switch in this process (TCP on 127.0.0.1), BMv2 in a network
+    namespace of its own (its Thrift port with it) with P4Runtime on a Unix socket."""
 
     def __init__(self, target: str, workdir: Path) -> None:
         self.target, self.workdir = target, workdir
-        self.port = free_port()
-        self.address = f"127.0.0.1:{self.port}"
+        self.name = fabric_tag(os.getpid(), next(_switch_ids) + 1000)
+        self.netns = f"{self.name}sw"
+        if target == "refswitch":
+            self.address = f"127.0.0.1:{free_port()}"
+        else:
+            self.address = p4runtime_socket(self.name)
         self.refswitch: ReferenceSwitch | None = None
-        self.proc: subprocess.Popen | None = None
+        self.process: SwitchProcess | None = None
         self.starts = 0
         self.start()
 
@@ -62,45 +72,46 @@ class SwitchUnderTest:
             self.refswitch = ReferenceSwitch({}, self.address)
             self.refswitch.start()
             return
-        with open(self.workdir / f"bmv2-{self.starts}.log", "wb") as log:
-            self.proc = subprocess.Popen(
-                switch_command("bmv2", {}, self.port),
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-            )
-
-        def listening() -> bool:
-            assert self.proc is not None and self.proc.poll() is None, "simple_switch_grpc exited"
-            try:
-                grpc.channel_ready_future(grpc.insecure_channel(self.address)).result(timeout=0.2)
-                return True
-            except grpc.FutureTimeoutError:
-                return False
-
-        wait_for(listening, 20, "simple_switch_grpc to listen")
+        add_namespace(self.netns)
+        log = self.workdir / f"bmv2-{self.starts}.log"
+        self.process = SwitchProcess("bmv2", {}, log, self.netns, self.name)
 
     @property
     def running(self) -> bool:
         """True while the switch process (or in-process server) runs."""
-        return self.refswitch is not None or (self.proc is not None and self.proc.poll() is None)
+        proc = self.process.proc if self.process is not None else None
+        return self.refswitch is not None or (proc is not None and proc.poll() is None)
 
     def stop(self) -> None:
-        """Stop the switch (by PID for BMv2)."""
+        """Stop the switch (by PID for BMv2, its namespace removed)."""
         if self.refswitch is not None:
             self.refswitch.close()
             self.refswitch = None
-        if self.proc is not None:
-            if self.proc.poll() is None:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(10)
-            self.proc = None
+        if self.process is not None:
+            if self.process.proc.poll() is None:
+                os.killpg(self.process.proc.pid, signal.SIGKILL)
+            self.process.stop()
+            self.process = None
+            delete_namespace(self.netns)
 
     def restart(self) -> None:
         """A switch reboot: same address, no pipeline, no entries."""
         self.stop()
         self.start()
+
+    def clear(self) -> None:
+        """Remove every entry and multicast group (the pipeline stays), in a short primary
+        session above the controllers' election id."""
+        conn = SwitchConnection(self.address, election_id=CLEARING_ELECTION_ID, timeout=3.0)
+        try:
+            conn.connect()
+            try:
+                conn.get_p4info()
+            except SwitchError:
+                return  # no pipeline yet: nothing to remove
+            reconcile(conn, [])
+        finally:
+            conn.close()
 
 
 def config_dict(
@@ -150,7 +161,9 @@ class RunningController:
         self.server = ControllerServer(config, poll_interval=0.05, max_backoff=0.3, **options)
         self.port = self.server.start()
         self.address = f"127.0.0.1:{self.port}"
-        self.client = ControllerClient(self.address, 5.0, ca_file, operator_token)
+        self.client = ControllerClient(
+            self.address, 5.0, ca_file, operator_token, insecure=ca_file is None
+        )
         self.manager = self.server.manager
 
     def wait_synced(self, timeout: float = 10.0) -> None:

@@ -228,11 +228,32 @@ def test_job_commands(refswitch, tmp_path, start_controller, capsys):
     assert code == 0 and "ops" in out and h["ip"] in out  # the table lists the ranks
     [listed] = run_json(capsys, ctl, "job", "list")["jobs"]
     assert listed["job_id"] == made["job_id"]
+    code, out, _ = run(capsys, "--controller", ctl.address, "job", "list", "--ranks")
+    [head, row, *ranks] = out.splitlines()
+    assert code == 0 and head.split()[:5] == ["JOB", "NAME", "STATE", "SWITCH", "RANKS"]
+    want = [str(made["job_id"]), "ops", "waiting", "s1", "1/2", "fixed_point", "0..7", "8"]
+    assert row.split()[:8] == want
+    assert h["ip"] in "\n".join(ranks)
     code, out, _ = run(
         capsys, "--controller", ctl.address, "job", "create", "t", "--world-size", "1"
     )
     assert code == 0 and "token " in out
-    released = run_json(capsys, ctl, "job", "release", str(made["job_id"]))
+    other = int(out.split("created job ")[1].split()[0])
+    code, out, _ = run(capsys, "--controller", ctl.address, "job", "release", str(made["job_id"]))
+    assert code == 0 and out.strip() == (
+        f"released job {made['job_id']} (ops): entries removed, 8 slots freed on s1"
+    )
+    code, out, _ = run(capsys, "--controller", ctl.address, "job", "list")
+    assert code == 0 and [line.split()[0] for line in out.splitlines()[1:]] == [str(other)]
+    code, out, _ = run(capsys, "--controller", ctl.address, "job", "list", "--all")
+    [row] = [line for line in out.splitlines() if line.split()[0] == str(made["job_id"])]
+    assert " ended " in row and row.endswith("released by the operator")
+    code, _, err = run(capsys, "--controller", ctl.address, "job", "release", str(made["job_id"]))
+    assert code == 1 and err.strip() == (
+        f"aggctl: FAILED_PRECONDITION: job {made['job_id']} has already ended: released by "
+        "the operator"
+    )
+    released = run_json(capsys, ctl, "job", "release", str(other))
     assert released["state"] == "ended"
     code, out, err = run(capsys, "--controller", ctl.address, "job", "show", "999")
     assert code == 1 and out == "" and err.strip() == "aggctl: NOT_FOUND: no job 999"

@@ -32,6 +32,7 @@ def test_example_parses():
         sw.host_by_ip("10.0.0.2").mac == "02:00:00:00:01:02" and sw.host_by_ip("10.0.0.3") is None
     )
     assert cfg.switch("s1") is sw and cfg.switch("s2") is None
+    assert sw.max_pool_size == 4096  # every slot: no per-port limit (BMv2's: docs/bmv2.md)
 
 
 def test_the_examples_secured_lines_parse(tmp_path):
@@ -39,8 +40,14 @@ def test_the_examples_secured_lines_parse(tmp_path):
     text = re.sub(r"(?m)^#(\w|\[\[)", r"\1", EXAMPLE.read_text())
     cfg = parse_config(tomllib.loads(text), EXAMPLE.parent)
     assert cfg.tls_cert == EXAMPLE.parent / "tls" / "server.crt" and cfg.tls_key is not None
-    [op] = cfg.operators
-    assert (op.name, op.max_jobs, op.max_slots) == ("ops", 8, 1024)
+    admin, tenant = cfg.operators
+    assert (admin.name, admin.role, admin.max_jobs, admin.max_slots) == ("ops", "admin", 0, 0)
+    assert (tenant.name, tenant.role, tenant.max_jobs, tenant.max_slots) == (
+        "team-a",
+        "tenant",
+        8,
+        1024,
+    )
 
 
 def test_docs_show_the_example():
@@ -97,6 +104,11 @@ BAD = {
     "service ip is a host": (_set("switch.0.service_ip", "10.0.0.2"), "also a host's address"),
     "bad address": (_set("switch.0.address", "localhost"), "expected HOST:PORT"),
     "port 0 for a switch": (_set("switch.0.address", "127.0.0.1:0"), "expected HOST:PORT"),
+    "relative unix socket": (_set("switch.0.address", "unix:s.sock"), "unix:/ABSOLUTE/PATH"),
+    "unix socket path too long": (
+        _set("switch.0.address", "unix:/" + "x" * 108),
+        "at most 107 characters",
+    ),
     "bad name": (_set("switch.0.name", "s 1"), "is not 1..32"),
     "wrong type": (_set("controller.lease", "10"), "controller.lease: expected int or float"),
     "bool is not a number": (_set("switch.0.device_id", True), "device_id: expected int"),
@@ -107,6 +119,11 @@ BAD = {
         "default_pool_size: 5000 outside 1..4096",
     ),
     "election id 0": (_set("switch.0.election_id", 0), "election_id: 0 outside"),
+    "no pool at all": (_set("switch.0.max_pool_size", 0), "max_pool_size: 0 outside 1..4096"),
+    "more pool than slots": (
+        _set("switch.0.max_pool_size", 4097),
+        "max_pool_size: 4097 outside 1..4096",
+    ),
 }
 
 
@@ -118,6 +135,14 @@ def test_mistakes_name_the_key(case, tmp_path):
     with pytest.raises(ConfigError) as info:
         parse_config(doc, tmp_path)
     assert fragment in str(info.value)
+
+
+def test_a_switch_may_serve_p4runtime_on_a_unix_socket(tmp_path):
+    """testnet and make run reach the switch's P4Runtime through a Unix socket (its switch
+    runs in a namespace of its own: testnet/switch_process.py)."""
+    doc = tomllib.loads(EXAMPLE.read_text())
+    doc["switch"][0]["address"] = "unix:/tmp/homagg-p4runtime/s1.sock"
+    assert parse_config(doc, tmp_path).switches[0].address == "unix:/tmp/homagg-p4runtime/s1.sock"
 
 
 def test_two_switches_need_distinct_names_and_addresses(tmp_path):

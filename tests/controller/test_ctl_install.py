@@ -11,6 +11,7 @@ import grpc
 import pytest
 
 from aggwire import p4names
+from aggwire.constants import WORKER_UDP_BASE
 from controller.aggregation import JobEntries, Worker
 from controller.artifacts import BMV2_JSON_PATH, P4INFO_PATH
 from controller.config import SwitchConfig
@@ -31,6 +32,7 @@ from controller.switch_connection import P4RuntimeWriteError, SwitchError, Updat
 from controller.switches import ManagedSwitch, SwitchRejected
 from p4rtproto.api import p4runtime_pb2
 from p4rtproto.p4info import P4InfoIndex
+from testnet.addresses import host_ip, host_mac, host_switch_port
 
 P4INFO = P4InfoIndex.from_text_file(P4INFO_PATH)
 Update = p4runtime_pb2.Update
@@ -42,10 +44,10 @@ JOB = JobEntries(
     workers=tuple(
         Worker(
             rank=r,
-            switch_port=r + 1,
-            mac=f"02:00:00:00:01:0{r + 1}",
-            ip=f"10.0.0.{r + 1}",
-            udp_port=41000,
+            switch_port=host_switch_port(r),
+            mac=host_mac(r),
+            ip=host_ip(r),
+            udp_port=WORKER_UDP_BASE,
         )
         for r in range(3)
     ),
@@ -297,3 +299,31 @@ def test_a_switch_with_its_own_program_pushes_it(tmp_path):
         Listener(),
     )
     assert plain.artifacts == (P4INFO_PATH, BMV2_JSON_PATH)
+
+
+def test_a_large_stage_of_existing_entries_is_rewritten_on_the_reference_switch(refswitch):
+    """The install acts on each failed update's code (ALREADY_EXISTS: retried as a modify).
+    A stage of 300 entries that all exist is 300 failures, past what one Write's status can
+    list on the reference switch (a summary without codes): they still come back with their
+    codes (Writes of at most MAX_UPDATES_PER_WRITE), so every entry is rewritten and
+    recorded as written, none mistaken for a refusal."""
+    from controller.install import _upsert
+    from controller.switch_connection import SwitchConnection
+
+    hosts = [Host(f"10.1.{i // 250}.{i % 250 + 1}", "02:00:00:00:01:01", 1) for i in range(300)]
+    conn = SwitchConnection(refswitch.address, election_id=10, timeout=5.0)
+    conn.connect()
+    try:
+        conn.set_pipeline(P4INFO_PATH, BMV2_JSON_PATH)
+        first = forwarding_entries(hosts, "10.9.0.254", "02:00:00:00:00:fe")
+        arp = [s for s in first if s.kind == p4names.ARP_RESPONDER]
+        assert len(arp) == 301
+        _upsert(conn, arp, written := [])
+        again = forwarding_entries(hosts, "10.9.0.254", "02:00:00:00:00:aa")  # a new switch MAC
+        arp = [s for s in again if s.kind == p4names.ARP_RESPONDER]
+        _upsert(conn, arp, written := [])
+        assert len(written) == 301
+        held = conn.read_entries(p4names.ARP_RESPONDER)
+        assert len(held) == 301 and {e.params["mac"] for e in held} == {0x0200000000AA}
+    finally:
+        conn.close()

@@ -163,9 +163,13 @@ def test_lease_expiry_reclaims_everything(switch, reader, tmp_path, start_contro
     c = start_controller(
         make_config(switch.address, tmp_path, lease=1.0, heartbeat_interval=0.2)
     ).client
+    t0 = time.monotonic()
     job = c.create_job("short", 2, "dense", pool_size=8)
+    t1 = time.monotonic()
     join_all(c, job, HOSTS[:2])
+    t2 = time.monotonic()
     assert job_state(reader())["jobs"]
+    print("TIMING", t1 - t0, t2 - t1, time.monotonic() - t2)
     deadline = time.monotonic() + 0.9
     while time.monotonic() < deadline:  # rank 1 keeps beating, rank 0 went silent after joining
         c.heartbeat(job.job_id, job.token, 1)

@@ -79,6 +79,38 @@ def test_each_switch_hands_out_its_cells_per_packet(two):
     assert got == {"s1": CELLS_PER_PKT, "s2": S2_CELLS}
 
 
+def test_each_switch_grants_pools_up_to_its_own_limit(tmp_path, start_controller):
+    """A switch's max_pool_size (BMv2's ports buffer ~1,300 frames: docs/bmv2.md) caps the
+    pool a job gets there, whether the switch is named at creation or chosen at the first
+    join; the workers' assignment carries the pool granted; smaller requests are kept."""
+    switches = [SwitchUnderTest("refswitch", tmp_path), SwitchUnderTest("refswitch", tmp_path)]
+    doc = config_dict(
+        [("s1", switches[0].address, S1_HOSTS), ("s2", switches[1].address, S2_HOSTS)], tmp_path
+    )
+    doc["switch"][1]["max_pool_size"] = 16
+    try:
+        c = start_controller(parse_config(doc, tmp_path)).client
+        pinned = c.create_job("pinned", 1, "dense", pool_size=64, switch="s2")
+        small = c.create_job("small", 1, "dense", pool_size=8, switch="s2")
+        on_s1 = c.create_job("on-s1", 1, "dense", pool_size=64, switch="s1")
+        assert (pinned.pool_size, small.pool_size, on_s1.pool_size) == (16, 8, 64)
+        later = c.create_job("later", 1, "dense", pool_size=4096)
+        assert later.switch == "" and later.pool_size == 4096  # not placed yet
+        join(c, later, 0, S2_HOSTS[0])
+        ready = c.wait_ready(later.job_id, later.token, 0, timeout_s=10)
+        assert ready.pool_size == 16
+        assert {(j.name, j.pool_size) for j in c.list_jobs().jobs} == {
+            ("pinned", 16),
+            ("small", 8),
+            ("on-s1", 64),
+            ("later", 16),
+        }
+        assert {(s.name, s.slots_used) for s in c.status().switches} == {("s1", 64), ("s2", 40)}
+    finally:
+        for sw in switches:
+            sw.stop()
+
+
 def test_workers_on_two_switches_are_refused(two):
     ctl, (_r1, _r2) = two
     c = ctl.client

@@ -1,6 +1,7 @@
 """`aggctl serve` as a real process, killed with SIGKILL and started again on the same database:
 the running job survives (listed, entries intact, heartbeats accepted), the data plane is not
-disturbed (no pipeline re-push), and whatever the switch lost or gained meanwhile is repaired."""
+disturbed (no pipeline re-push), and whatever the switch lost or gained meanwhile is repaired
+(a job the database has no record of only with --remove-unknown-jobs)."""
 
 from __future__ import annotations
 
@@ -77,26 +78,44 @@ def test_controller_restart_keeps_the_live_job(setup):
     )
     conn.close()
 
-    client = proc.start()
-    [listed] = client.list_jobs().jobs
-    assert (listed.job_id, listed.state, listed.pool_size, listed.joined) == (
-        job.job_id,
-        "ready",
-        64,
-        2,
-    )
-    assert client.heartbeat(job.job_id, job.token, 0).state == "ready"
-    assert client.heartbeat(job.job_id, job.token, 1).state == "ready"
-    status = client.status().switches[0]
-    assert status.pipeline_pushes == 0 and status.slots_used == 64
-    if generation is not None:
-        assert switch.refswitch.device.config_generation == generation  # slots kept aggregating
+    # Job 777 is in no row of the database: the restart refuses rather than remove it (it
+    # could be a running job of a database that was lost) and writes nothing.
+    with pytest.raises(RuntimeError, match="exited"):
+        proc.start()
+    assert proc.proc is not None and proc.proc.returncode == 2
+    assert "switch s1 holds entries of job(s) 777" in proc.log.read_text()
     reader = SwitchConnection(switch.address, election_id=2, timeout=3.0)
     reader.connect(require_primary=False)
-    assert job_state(reader) == installed  # the lost entry is back, the stray job gone
+    held = job_state(reader)
     reader.close()
-    assert client.create_job("next", 1, "dense").job_id > job.job_id  # ids are never reused early
-    client.close()
+    assert 777 in held["jobs"] and len(held["workers"]) == len(installed["workers"]) - 1
+
+    again = ControllerProcess(proc.config, proc.address, proc.log, "--remove-unknown-jobs")
+    try:
+        client = again.start()
+        [listed] = client.list_jobs().jobs
+        assert (listed.job_id, listed.state, listed.pool_size, listed.joined) == (
+            job.job_id,
+            "ready",
+            64,
+            2,
+        )
+        assert client.heartbeat(job.job_id, job.token, 0).state == "ready"
+        assert client.heartbeat(job.job_id, job.token, 1).state == "ready"
+        status = client.status().switches[0]
+        assert status.pipeline_pushes == 0 and status.slots_used == 64
+        if generation is not None:
+            assert switch.refswitch.device.config_generation == generation  # slots kept aggregating
+        reader = SwitchConnection(switch.address, election_id=2, timeout=3.0)
+        reader.connect(require_primary=False)
+        assert job_state(reader) == installed  # the lost entry is back, the stray job gone
+        reader.close()
+        assert (
+            client.create_job("next", 1, "dense").job_id > job.job_id
+        )  # ids are never reused early
+        client.close()
+    finally:
+        again.kill()
 
 
 def test_switch_restarted_while_controller_was_down(setup):

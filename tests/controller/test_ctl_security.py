@@ -18,6 +18,7 @@ from controller.client import ControllerClient
 from controller.config import ConfigError, parse_config
 from controller.credentials import (
     CA_FILE_ENV,
+    INSECURE_ENV,
     JOB_TOKEN_ENV,
     JOB_TOKEN_FILE_ENV,
     OPERATOR_TOKEN_ENV,
@@ -39,10 +40,11 @@ UNAUTH, EXHAUSTED = grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.RESOURCE_EX
 
 
 def operators(**alice_quota: int) -> list[dict]:
-    """Two operator tables: alice (with the given quotas) and bob (unlimited)."""
+    """Two admin operator tables: alice (with the given quotas) and bob (unlimited). Tenants:
+    test_ctl_roles.py."""
     return [
-        {"name": "alice", "token_sha256": hash_token(ALICE), **alice_quota},
-        {"name": "bob", "token_sha256": hash_token(BOB)},
+        {"name": "alice", "token_sha256": hash_token(ALICE), "role": "admin", **alice_quota},
+        {"name": "bob", "token_sha256": hash_token(BOB), "role": "admin"},
     ]
 
 
@@ -61,6 +63,7 @@ def secured_config(address: str, tmp_path: Path, tls: bool = True, **controller)
 def clean_env(monkeypatch):
     for name in (
         CA_FILE_ENV,
+        INSECURE_ENV,
         JOB_TOKEN_ENV,
         JOB_TOKEN_FILE_ENV,
         OPERATOR_TOKEN_ENV,
@@ -165,12 +168,12 @@ def test_every_operator_call_needs_the_credential(refswitch, tmp_path, start_con
     )
     job = ctl.client.create_job("mine", 1, "dense", pool_size=4)
     for presented in (None, "wrong", ALICE[1:]):
-        with ControllerClient(ctl.address, 5.0, operator_token=presented) as other:
+        with ControllerClient(ctl.address, 5.0, operator_token=presented, insecure=True) as other:
             for rpc, call in OPERATOR_CALLS.items():
                 code, details = rpc_code(lambda: call(other))  # noqa: B023
                 assert code == UNAUTH, (rpc, presented)
                 assert rpc in details and "operator credential" in details
-    with ControllerClient(ctl.address, 5.0, operator_token=BOB) as bob:
+    with ControllerClient(ctl.address, 5.0, operator_token=BOB, insecure=True) as bob:
         assert bob.status().active_jobs == 1
         # worker calls need the job token, not an operator credential
         h = HOSTS[0]
@@ -210,7 +213,7 @@ def test_quotas_per_job_and_per_credential(refswitch, tmp_path, start_controller
     alice.create_job("a2", 1, "dense", pool_size=10)
     code, details = rpc_code(lambda: alice.create_job("a3", 1, "dense", pool_size=0))
     assert code == EXHAUSTED and "quota max_jobs of operator 'alice' is 2" in details
-    with ControllerClient(ctl.address, 5.0, operator_token=BOB) as bob:
+    with ControllerClient(ctl.address, 5.0, operator_token=BOB, insecure=True) as bob:
         assert bob.create_job("b1", 1, "dense", pool_size=256).pool_size == 256  # own quota
         assert bob.create_job("b2", 1, "dense").pool_size == 16
         bob.release(first.job_id)  # any operator may release: alice's count drops
@@ -232,7 +235,7 @@ def test_tls_is_verified_against_the_ca(refswitch, tmp_path, start_controller):
     assert ctl.client.status().switches[0].connected
     job = ctl.client.create_job("tls", 1, "dense", pool_size=4)
     join_all(ctl.client, job, HOSTS[:1])
-    with ControllerClient(ctl.address, 2.0, operator_token=ALICE) as plain:
+    with ControllerClient(ctl.address, 2.0, operator_token=ALICE, insecure=True) as plain:
         code, _ = rpc_code(plain.status)
         assert code == grpc.StatusCode.UNAVAILABLE  # a plaintext client gets no answer
     stranger = make_pki(tmp_path / "other", ["127.0.0.1"])

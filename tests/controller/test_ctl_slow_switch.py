@@ -108,7 +108,7 @@ def test_slow_writes_delay_only_their_job(refswitch, tmp_path, start_controller,
     slow = SlowWrites(monkeypatch)
     ctl = start_controller(_config(refswitch.address, tmp_path, switch_timeout=8.0))
     c = ctl.client
-    patient = ControllerClient(ctl.address, timeout=30.0)
+    patient = ControllerClient(ctl.address, timeout=30.0, insecure=True)
     victim = c.create_job("victim", 1, "dense", pool_size=4)
     assert _join(c, victim, 0, host=0).ready
     delayed = c.create_job("delayed", 2, "dense", pool_size=4)
@@ -165,7 +165,7 @@ def test_writes_past_the_timeout_fail_cleanly(refswitch, tmp_path, start_control
     try:
         slow.delay = 1.5
         t0 = time.monotonic()
-        last = _join(ControllerClient(ctl.address, timeout=30.0), delayed, 1, host=2)
+        last = _join(ControllerClient(ctl.address, timeout=30.0, insecure=True), delayed, 1, host=2)
         assert not last.ready and last.joined == 2
         assert time.monotonic() - t0 < 10  # bounded by the switch's timeout
         time.sleep(3 * 2.0)  # three leases with the switch unusable
@@ -201,7 +201,7 @@ def test_a_job_ended_during_its_install_is_removed_after_it(
     job = c.create_job("doomed", 2, "dense", pool_size=4)
     _join(c, job, 0, host=0)
     slow.delay = 1.5
-    patient = ControllerClient(ctl.address, timeout=30.0)
+    patient = ControllerClient(ctl.address, timeout=30.0, insecure=True)
     try:
         joining, joined = _in_thread(lambda: _join(patient, job, 1, host=1))
 

@@ -117,7 +117,7 @@ def test_clients_over_their_limit_are_refused(refswitch, tmp_path, start_control
             else {"mac": f"02:00:00:00:02:{rank:02x}", "ip": f"10.0.1.{rank}", "switch_port": 9}
         )
         _join(c, job, rank, host, 41000 + rank)
-    other = ControllerClient(f"[::1]:{ctl.port}", timeout=5.0)
+    other = ControllerClient(f"[::1]:{ctl.port}", timeout=5.0, insecure=True)
     futures = []
     try:
         for rank in range(8):

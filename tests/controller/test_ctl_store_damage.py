@@ -1,6 +1,8 @@
 """A damaged or replaced database is refused with a clear message, never taken as a new one
-(a controller with no jobs would remove every running job from its switches), and
---fresh-database starts over explicitly without reusing a job id a switch still holds."""
+(a controller with no jobs would remove every running job from its switches); a missing or
+older database, which does not know jobs a switch holds, is refused at the switch's first
+read-back; --fresh-database and --remove-unknown-jobs start over explicitly, without reusing
+a job id a switch still holds."""
 
 from __future__ import annotations
 
@@ -26,6 +28,8 @@ from controller.config import parse_config
 from controller.model import Job, JobWorker
 from controller.service import ControllerServer
 from controller.store import Store, StoreError
+from testnet.addresses import SERVICE_IP
+from testnet.controller_process import config_toml
 from testnet.poll import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -218,21 +222,19 @@ def test_serve_refuses_bad_rows_without_a_traceback(tmp_path):
     assert "--fresh-database" in done.stderr and "Traceback" not in done.stderr
 
 
-def test_an_older_database_never_reuses_an_id_the_switch_holds(
-    switch, tmp_path, start_controller, reader
-):
-    """Jobs 1..3 run; an older but sound copy of the database (job 1 only) is swapped in.
-    Every start is gated on reading the switches back, not only --fresh-database: while a
-    configured switch has not been read back CreateJob answers UNAVAILABLE naming it, and
-    after the read-back the switch's jobs 2 and 3 are removed and the next id is 4."""
+def _three_running_jobs(switch, tmp_path, start_controller, reader, copy_after: int = 0):
+    """Jobs 1..3 ready on the switch (one rank each); with copy_after, a copy of the database
+    taken after that many jobs (tmp_path/older.db). Returns the (stopped) database's path and
+    the jobs."""
     first = start_controller(make_config(switch.address, tmp_path))
-    older = tmp_path / "older.db"
+    jobs = []
     for n in range(3):
         job = first.client.create_job("run", 1, "dense", pool_size=4)
+        jobs.append(job)
         join_all(first.client, job, HOSTS[n : n + 1])
-        if n == 0:
+        if n + 1 == copy_after:
             src = sqlite3.connect(first.config.database)
-            src.backup(dst := sqlite3.connect(older))
+            src.backup(dst := sqlite3.connect(tmp_path / "older.db"))
             src.close()
             dst.close()
     assert set(job_state(reader())["jobs"]) == {1, 2, 3}
@@ -240,12 +242,70 @@ def test_an_older_database_never_reuses_an_id_the_switch_holds(
     db = first.config.database
     for suffix in ("", "-wal", "-shm"):
         Path(f"{db}{suffix}").unlink(missing_ok=True)
-    older.rename(db)
+    return db, jobs
+
+
+def _refused(ctl: RunningController) -> str:
+    """The controller's refusal, once its switch was read back."""
+    wait_for(lambda: ctl.server.refusal, 10, "the controller to refuse the switch")
+    return ctl.server.refusal
+
+
+def test_a_missing_database_never_removes_running_jobs(switch, tmp_path, start_controller, reader):
+    """Jobs 1..3 run; the database file is gone (deleted, a wrong path): the new, empty
+    database does not know them, so the controller refuses the switch instead of removing
+    them (they keep aggregating) and no job can be created; --fresh-database removes them
+    and the next id is 4; then a new database on a switch without jobs starts as usual."""
+    db, jobs = _three_running_jobs(switch, tmp_path, start_controller, reader)
+    ctl = start_controller(make_config(switch.address, tmp_path), sync=False)
+    refusal = _refused(ctl)
+    assert "switch s1 holds entries of job(s) 1, 2, 3" in refusal
+    assert f"the database {db} has no record of" in refusal
+    assert "created at this start: a missing file, or a wrong path?" in refusal
+    assert "--fresh-database" in refusal and "--remove-unknown-jobs" in refusal
+    code, _ = rpc_code(lambda: ctl.client.create_job("x", 1, "dense", pool_size=4))
+    assert code == grpc.StatusCode.UNAVAILABLE
+    # the jobs' workers are told to retry (NOT_FOUND would make them give the job up)
+    code, details = rpc_code(lambda: ctl.client.heartbeat(jobs[0].job_id, jobs[0].token, 0))
+    assert code == grpc.StatusCode.UNAVAILABLE and "refuses to start" in details
+    state = job_state(reader())
+    assert set(state["jobs"]) == {1, 2, 3} and len(state["workers"]) == 3
+    assert not ctl.server.manager.switches["s1"].connected
+    ctl.stop()
+
+    fresh = start_controller(make_config(switch.address, tmp_path), fresh_database=True)
+    assert job_state(reader())["jobs"] == {} and not fresh.server.refusal
+    assert fresh.client.create_job("after", 1, "dense", pool_size=4).job_id == 4
+    fresh.client.release(4)
+    fresh.stop()
+    for suffix in ("", "-wal", "-shm"):
+        Path(f"{db}{suffix}").unlink(missing_ok=True)
+    plain = start_controller(make_config(switch.address, tmp_path))  # forwarding entries only
+    assert not plain.server.refusal and plain.client.status().switches[0].connected
+
+
+def test_an_older_database_is_refused_unless_its_unknown_jobs_may_go(
+    switch, tmp_path, start_controller, reader
+):
+    """Jobs 1..3 run; an older but sound copy of the database (job 1 only) is put back: it
+    cannot serve jobs 2 and 3 (their tokens are not in it), and removing them silently would
+    end two running jobs, so the controller refuses naming them. --remove-unknown-jobs keeps
+    the copy's job 1 and removes 2 and 3. Every start is gated on reading the switches back:
+    while a configured switch has not been read back CreateJob answers UNAVAILABLE naming
+    it, and the next id is 4, never one the switch held."""
+    db, _ = _three_running_jobs(switch, tmp_path, start_controller, reader, copy_after=1)
+    (tmp_path / "older.db").rename(db)
+    refused = start_controller(make_config(switch.address, tmp_path), sync=False)
+    refusal = _refused(refused)
+    assert "holds entries of job(s) 2, 3 that the database" in refusal
+    assert "an older copy of the database, or another controller's?" in refusal
+    assert set(job_state(reader())["jobs"]) == {1, 2, 3}
+    refused.stop()
 
     doc = config_dict(
         [("s1", switch.address, HOSTS), ("s2", "127.0.0.1:1", [])], tmp_path, lease=30.0
     )
-    gated = start_controller(parse_config(doc, tmp_path), sync=False)
+    gated = start_controller(parse_config(doc, tmp_path), sync=False, remove_unknown_jobs=True)
     wait_for(lambda: gated.client.status().switches[0].connected, 10, "s1 to be read back")
     code, details = rpc_code(lambda: gated.client.create_job("early", 1, "dense", pool_size=4))
     assert code == grpc.StatusCode.UNAVAILABLE
@@ -256,3 +316,37 @@ def test_an_older_database_never_reuses_an_id_the_switch_holds(
     ctl = start_controller(make_config(switch.address, tmp_path))
     assert [j.job_id for j in ctl.client.list_jobs().jobs] == [1]
     assert ctl.client.create_job("after", 1, "dense", pool_size=4).job_id == 4
+
+
+def test_jobs_the_database_knows_as_ended_are_removed_without_a_refusal(
+    switch, tmp_path, start_controller, reader
+):
+    """The entries of a job whose row says it ended (its removal had not happened when the
+    controller stopped) are the ordinary leftovers of the reconciliation, not unknown."""
+    first = start_controller(make_config(switch.address, tmp_path))
+    job = first.client.create_job("done", 1, "dense", pool_size=4)
+    join_all(first.client, job, HOSTS[:1])
+    first.stop()
+    store = Store(first.config.database)
+    [row] = store.active_jobs()
+    row.ended, row.end_reason = 2000.0, "released by the operator"
+    store.save_job(row)
+    store.close()
+    assert set(job_state(reader())["jobs"]) == {job.job_id}
+    ctl = start_controller(make_config(switch.address, tmp_path))
+    assert not ctl.server.refusal and job_state(reader())["jobs"] == {}
+
+
+def test_serve_refuses_unknown_jobs_with_status_2(switch, tmp_path, start_controller, reader):
+    """`aggctl serve` on a database that lost the switch's jobs: status 2, the reason, no
+    traceback, and the jobs still on the switch."""
+    _three_running_jobs(switch, tmp_path, start_controller, reader)
+    doc = config_dict([("s1", switch.address, HOSTS)], tmp_path)
+    doc["switch"][0]["service_ip"] = SERVICE_IP
+    config = tmp_path / "c.toml"
+    config.write_text(config_toml(doc))
+    done = _serve(config, "--insecure")
+    assert done.returncode == 2, done.stderr
+    assert "aggctl: switch s1 holds entries of job(s) 1, 2, 3" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert set(job_state(reader())["jobs"]) == {1, 2, 3}

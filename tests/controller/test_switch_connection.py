@@ -5,11 +5,13 @@ from __future__ import annotations
 import socket
 import time
 from collections.abc import Callable, Iterator
+from concurrent import futures
 from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
+from google.rpc import code_pb2, status_pb2
 
 from controller.switch_connection import (
     ArbitrationError,
@@ -18,7 +20,7 @@ from controller.switch_connection import (
     SwitchError,
     TableEntry,
 )
-from p4rtproto.api import p4runtime_pb2
+from p4rtproto.api import p4runtime_pb2, p4runtime_pb2_grpc
 from p4rtproto.bytestrings import ipv4_to_int, mac_to_int
 from p4rtproto.p4info import P4InfoIndex
 
@@ -344,3 +346,74 @@ def test_direct_counters(conn: SwitchConnection, p4rt_switch: Any) -> None:
     assert got == {1: (0, 0), 2: (3, 1500)}
     conn.write_batch(conn.batch().write_direct_counter(JOB, {"hdr.agg.job_id": 2}))
     assert [c[1:] for c in conn.read_direct_counters(JOB)] == [(0, 0), (0, 0)]
+
+
+def test_every_failure_of_a_large_batch_keeps_its_code(conn: SwitchConnection) -> None:
+    """1000 updates in one batch: one Write's trailer could list the codes of ~150 failures
+    (the reference switch then sends a summary without them, and the caller could not tell
+    ALREADY_EXISTS from NOT_FOUND); write_batch sends Writes of at most
+    MAX_UPDATES_PER_WRITE, so each failure comes back with its index in the batch and its
+    code, and the updates that could be applied are."""
+    batch = conn.batch()
+    for i in range(1000):
+        if i == 500:
+            batch.insert_entry(ARP, {"hdr.arp.tpa": 7}, "arp_reply", {"mac": 1})  # applied
+        elif i == 501:
+            batch.insert_entry(ARP, {"hdr.arp.tpa": 7}, "arp_reply", {"mac": 2})  # duplicate
+        else:
+            batch.delete_entry(ARP, {"hdr.arp.tpa": 10_000 + i})  # missing
+    with pytest.raises(P4RuntimeWriteError) as info:
+        conn.write_batch(batch)
+    expected = [(i, "NOT_FOUND") for i in range(1000) if i not in (500, 501)]
+    expected.insert(500, (501, "ALREADY_EXISTS"))
+    assert [(e.index, e.code) for e in info.value.errors] == expected
+    assert str(info.value).startswith("999 of 1000 P4Runtime updates failed")
+    [entry] = conn.read_entries(ARP)
+    assert entry.match == {"hdr.arp.tpa": 7} and entry.params == {"mac": 1}
+
+
+class _UnboundedStatusSwitch(p4runtime_pb2_grpc.P4RuntimeServicer):
+    """A P4Runtime server that, like PI (BMv2), fails every Write with one p4.v1.Error per
+    update and full messages, however large the trailer grows (about 250 bytes per update)."""
+
+    def StreamChannel(self, requests: Any, context: grpc.ServicerContext) -> Any:
+        for request in requests:
+            if request.HasField("arbitration"):
+                reply = p4runtime_pb2.StreamMessageResponse()
+                reply.arbitration.CopyFrom(request.arbitration)
+                reply.arbitration.status.code = 0  # primary
+                yield reply
+
+    def Write(self, request: Any, context: grpc.ServicerContext) -> Any:
+        status = status_pb2.Status(code=code_pb2.UNKNOWN, message="Write failure.")
+        for _ in request.updates:
+            error = p4runtime_pb2.Error(
+                canonical_code=code_pb2.NOT_FOUND, message="Cannot find match entry " + "x" * 200
+            )
+            status.details.add().Pack(error)
+        context.set_trailing_metadata((("grpc-status-details-bin", status.SerializeToString()),))
+        context.set_code(grpc.StatusCode.UNKNOWN)
+        context.set_details(status.message)
+        return p4runtime_pb2.WriteResponse()
+
+
+def test_the_client_reads_per_update_errors_beyond_grpcs_default_metadata_limit() -> None:
+    """PI never bounds a failing Write's trailer: 100 failures with its messages make ~25 KB,
+    over gRPC's default 16 KiB metadata limit (the call would end without its errors). The
+    controller's channel takes up to 1 MiB (p4rtproto.api.GRPC_OPTIONS): every error
+    arrives with its code."""
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+    p4runtime_pb2_grpc.add_P4RuntimeServicer_to_server(_UnboundedStatusSwitch(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    conn = SwitchConnection(f"127.0.0.1:{port}", 0, 1, TIMEOUT)
+    try:
+        conn.connect()
+        batch = [p4runtime_pb2.Update(type=p4runtime_pb2.Update.DELETE) for _ in range(100)]
+        with pytest.raises(P4RuntimeWriteError) as info:
+            conn.write_batch(batch)
+        assert [e.index for e in info.value.errors] == list(range(100))
+        assert {e.code for e in info.value.errors} == {"NOT_FOUND"}
+    finally:
+        conn.close()
+        server.stop(0)

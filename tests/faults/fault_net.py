@@ -96,7 +96,7 @@ class InProcessController:
 
         self.server = ControllerServer(parse_config(doc, tmp), poll_interval=0.05, max_backoff=0.3)
         self.address = f"127.0.0.1:{self.server.start()}"
-        self.client = ControllerClient(self.address, timeout=5.0)
+        self.client = ControllerClient(self.address, timeout=5.0, insecure=True)
         wait_for(lambda: synced(self.client), 20, "the controller to sync its switch")
 
     def stop(self) -> None:
@@ -120,6 +120,7 @@ def agent_config(
         mac=h.mac,
         ready_timeout=20.0,
         rpc_timeout=2.0,
+        insecure=True,  # the fault tests' controllers serve plaintext on loopback
     )
     fields.update(kw)
     return AgentConfig(**fields)

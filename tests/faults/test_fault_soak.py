@@ -37,7 +37,7 @@ def fabric(request, tmp_path_factory):
 def faulty_transports(fabric: Fabric, faults: dict, seed: int) -> list[SwitchTransport]:
     job = Job(fabric, fabric.hosts, pool_size=POOL_SIZE)
     out = []
-    for r in range(job.world):
+    for r in range(job.world_size):
         chan = FaultyChannel(job.channel(r), seed=seed * 100 + r, **faults)
         cfg = TransportConfig(job_id=job.job_id, rank=r, world_size=WORLD, pool_size=POOL_SIZE)
         out.append(SwitchTransport(cfg, chan))

@@ -42,6 +42,7 @@ def test_every_name_the_controller_uses_exists():
     shutil.which("p4c") is None,
     reason="p4c is not installed: the committed artifacts are used as they are",
 )
+@pytest.mark.timeout(900)  # ~15 s of CPU, minutes of wall time on a loaded machine
 def test_committed_artifacts_match_a_fresh_compile(tmp_path):
     out = tmp_path / "build"
     subprocess.run(

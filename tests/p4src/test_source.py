@@ -58,3 +58,15 @@ def test_update_slot_reads_by_name_and_writes_back_in_the_same_order():
     assert write, "update_slot does not write slot_state"
     parts = [p.strip() for p in write.group(1).split("++")]
     assert parts == [f"new_{n.lower()}" for n in SLOT_STATE_ORDER]
+
+
+def test_slot_copies_and_chunk_order_are_computed_by_name():
+    """The slot copy index shifts by SHADOW_BITS and the older test reads the top bit of a
+    chunk_t difference, both named in constants.p4 (no bare bit positions)."""
+    assert named_slices("CHUNK_") == {"OLDER_BIT": (31, 31)}
+    assert typedef_widths()["chunk_t"] - 1 == 31
+    assert not re.findall(r"\[\d+:\d+\]", update_slot_body()), "a bare slice in update_slot"
+    text = source(AGGREGATION_P4)
+    assert "<< SHADOW_BITS" in text and not re.search(r"<<\s*\d", text)
+    values = constant_values()
+    assert values["SHADOW_COPIES"] == 1 << values["SHADOW_BITS"]

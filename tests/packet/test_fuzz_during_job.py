@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 
 from aggwire.constants import AGG_FRAME_BYTES, CELLS_PER_PKT, DropReason, Flag, Op
+from aggwire.frame import ipv4_checksum
 from aggwire.header import HEADER_DTYPE
-from aggwire.packer import ipv4_checksum, pack_payloads
+from aggwire.packer import pack_payloads
 from testnet.aggjob import CounterDelta, Job, random_cells, result_cells, wrapped_sum
 from testnet.fabric import Fabric
 

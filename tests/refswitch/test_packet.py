@@ -8,8 +8,9 @@ import dataclasses
 import numpy as np
 
 from aggwire.constants import CELLS_PER_PKT
+from aggwire.frame import FrameTemplate
 from aggwire.header import FIELD_NAMES, AggHeader
-from aggwire.packer import FrameTemplate, pack_payload
+from aggwire.packer import pack_payload
 from refswitch.deparser import compute_checksum, deparse
 from refswitch.packet import AggH
 from refswitch.parser import parse

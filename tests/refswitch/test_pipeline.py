@@ -9,8 +9,9 @@ from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import ARP, Ether
 
 from aggwire.constants import AGG_UDP_PORT, CELLS_PER_PKT, DropReason, Flag, Op
+from aggwire.frame import FrameTemplate
 from aggwire.header import AggHeader
-from aggwire.packer import FrameTemplate, pack_payload
+from aggwire.packer import pack_payload
 from aggwire.scapy_layer import Agg
 from controller.aggregation import JobEntries, Worker
 from controller.artifacts import BMV2_JSON_PATH, P4INFO_PATH

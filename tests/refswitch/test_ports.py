@@ -6,10 +6,16 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import socket
 
 import pytest
 
+from controller.artifacts import BMV2_JSON_PATH, P4INFO_PATH
+from controller.counters import read_counters
+from controller.service import switch_counters
+from controller.switch_connection import SwitchConnection
+from controller.text_table import render_counters
 from refswitch.ports import parse_port_spec, socket_drops
 from refswitch.switch import KERNEL_DROPS_REASON, ReferenceSwitch
 from testnet.namespace import (
@@ -22,6 +28,7 @@ from testnet.namespace import (
     sysctl,
 )
 from testnet.rawsock import open_raw, recv_frames
+from testnet.switch_process import free_port
 
 pytestmark = pytest.mark.skipif(
     not have_privileges(), reason="needs root and iproute2 (a veth pair in a namespace)"
@@ -70,10 +77,17 @@ def test_socket_drops_reads_and_resets(link):
         sock.close()
 
 
-def test_port_set_counts_kernel_drops_per_port(link):
+def test_port_set_counts_kernel_drops_per_port_and_in_the_drop_counter(link):
+    """The kernel drops are counted per port, in the drop summary, and in the P4 ingress drop
+    counter's KERNEL_RX_OVERFLOW cell, so `aggctl counters` lists them."""
     outside, ns, inside = link
-    switch = ReferenceSwitch({parse_port_spec(f"3@{outside}")[0]: outside}, "127.0.0.1:0")
+    address = f"127.0.0.1:{free_port()}"
+    switch = ReferenceSwitch({parse_port_spec(f"3@{outside}")[0]: outside}, address)
+    switch.start()
+    conn = SwitchConnection(address, election_id=1, timeout=5.0)
     try:
+        conn.connect()
+        conn.set_pipeline(P4INFO_PATH, BMV2_JSON_PATH)
         assert switch.ports is not None and switch.ports.kernel_drops == {3: 0}
         for sock in switch.ports._socks.values():
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 << 10)
@@ -82,6 +96,12 @@ def test_port_set_counts_kernel_drops_per_port(link):
         switch._count_kernel_drops()
         dropped = switch.ports.kernel_drops[3]
         assert dropped > 0 and read + dropped >= 2900
-        assert switch.pipeline.drops[KERNEL_DROPS_REASON] == dropped
+        assert switch.pipeline.drops[KERNEL_DROPS_REASON.name] == dropped
+        counted = read_counters(conn, "s1", {})
+        cell = next(v for v in counted.ingress_drops if v.name == "KERNEL_RX_OVERFLOW")
+        assert (cell.index, cell.packets) == (KERNEL_DROPS_REASON, dropped)
+        shown = render_counters([switch_counters(counted)], False)
+        assert re.search(rf"KERNEL_RX_OVERFLOW\s+{dropped}\b", shown), shown
     finally:
+        conn.close()
         switch.close()

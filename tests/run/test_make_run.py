@@ -80,6 +80,7 @@ def test_shortened_make_run_trains_exactly_and_cleans_up(tmp_path):
         env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "first-order fixed-point bound" in done.stdout, done.stdout[-2000:]
     assert "AGREE within the bound" in done.stdout, done.stdout[-2000:]
     assert "[switch] step   40/40" in done.stdout and "[gloo  ] step   40/40" in done.stdout
     assert (out / "make-run.png").stat().st_size > 10_000

@@ -96,11 +96,11 @@ def test_compression_hooks_train_close_to_gloo(mode: str, tmp_path: Path) -> Non
 
 def test_make_run_takes_known_peers_and_refuses_others() -> None:
     """`python -m run --peers` keeps the order given and names the valid ones on a typo."""
-    from run.__main__ import _parser, _settle
+    from run.options import parser, settle
 
-    args = _parser().parse_args(["--peers", "gloo-fp16,gloo-powersgd4", "--target", "refswitch"])
-    _settle(args)
+    args = parser().parse_args(["--peers", "gloo-fp16,gloo-powersgd4", "--target", "refswitch"])
+    settle(args)
     assert args.peer_list == ["gloo-fp16", "gloo-powersgd4"]
-    bad = _parser().parse_args(["--peers", "gloo-fp16,gloo-fp8", "--target", "refswitch"])
+    bad = parser().parse_args(["--peers", "gloo-fp16,gloo-fp8", "--target", "refswitch"])
     with pytest.raises(ValueError, match="gloo-fp8: expected some of gloo-dense"):
-        _settle(bad)
+        settle(bad)

@@ -14,8 +14,9 @@ import pytest
 import torch
 
 from run import report
-from run.names import MAX_HOSTS, MAX_RUNS, RunNames
+from run.names import MAX_RUNS, RunNames
 from run.state import RunState, alive, cleanup, recorded_runs
+from testnet.addresses import CONTROLLER_INDEX, MAX_HOSTS_WITH_CONTROLLER, host_switch_port
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -59,6 +60,14 @@ def test_summary_bound_and_plot(tmp_path):
     assert report.compare(tmp_path / "a.pt", tmp_path / "b.pt") == pytest.approx(1e-6, rel=0.2)
 
 
+def test_the_verdict_names_the_bound_first_order_for_short_runs():
+    ok, text = report.verdict(3e-7, 7.6e-6, 120)
+    assert ok and text.endswith("AGREE within the bound")
+    assert "first-order fixed-point bound 7.6e-06 (for short runs: 120 steps here" in text
+    ok, text = report.verdict(1e-5, 7.6e-6, 120)
+    assert not ok and "first-order" in text and text.endswith("DIFFER beyond the bound")
+
+
 @pytest.fixture
 def state_dir(tmp_path, monkeypatch):
     """Run directories under tmp_path, and no interface of ours on this machine."""
@@ -72,21 +81,30 @@ def test_two_runs_names_addresses_and_directories_never_collide():
     runs = [RunNames(n) for n in (1, 2, 12, 21, 121, MAX_RUNS)]
     for a, b in itertools.combinations(runs, 2):
         mine = {a.switch, a.controller_host, a.controller_ip, a.service_ip, a.directory}
-        mine |= {a.host(i) for i in range(MAX_HOSTS)} | {a.host_ip(i) for i in range(4)}
+        mine |= {a.host(i) for i in range(MAX_HOSTS_WITH_CONTROLLER)} | {
+            a.host_ip(i) for i in range(4)
+        }
         theirs = {b.switch, b.controller_host, b.controller_ip, b.service_ip, b.directory}
-        theirs |= {b.host(i) for i in range(MAX_HOSTS)} | {b.host_ip(i) for i in range(4)}
+        theirs |= {b.host(i) for i in range(MAX_HOSTS_WITH_CONTROLLER)} | {
+            b.host_ip(i) for i in range(4)
+        }
         assert not mine & theirs
         # make stop deletes interfaces by prefix: one run's prefixes never match the other's
-        for link in (f"{b.switch}-eth{MAX_HOSTS + 1}", f"{b.controller_host}-eth0"):
+        for link in (
+            f"{b.switch}-eth{host_switch_port(CONTROLLER_INDEX)}",
+            f"{b.controller_host}-eth0",
+        ):
             assert not link.startswith(a.link_prefixes)
     last = RunNames(MAX_RUNS)
-    assert len(f"{last.host(MAX_HOSTS - 1)}-eth0") <= 15  # Linux's interface name limit
-    assert len(f"{last.switch}-eth{MAX_HOSTS + 1}") <= 15
+    assert (
+        len(f"{last.host(MAX_HOSTS_WITH_CONTROLLER - 1)}-eth0") <= 15
+    )  # Linux's interface name limit
+    assert len(f"{last.switch}-eth{host_switch_port(CONTROLLER_INDEX)}") <= 15
     for bad in (0, MAX_RUNS + 1):
         with pytest.raises(ValueError, match="run number"):
             RunNames(bad)
     with pytest.raises(ValueError, match="host index"):
-        last.host(MAX_HOSTS)
+        last.host(MAX_HOSTS_WITH_CONTROLLER)
 
 
 def test_runs_claim_distinct_numbers_and_skip_an_interrupted_one(state_dir):
@@ -142,20 +160,22 @@ def test_grad_max_of_dense_and_sparse_gradients():
 
 
 def test_rank_commands_name_the_master_and_only_the_switch_run_has_the_controller(tmp_path):
-    from run.__main__ import _controller_address, _parser, _rank_command
+    from run.control import controller_address
+    from run.jobs import rank_command
+    from run.options import parser
 
-    args = _parser().parse_args(["--hosts", "2", "--pool-size", "16", "--out", str(tmp_path)])
+    args = parser().parse_args(["--hosts", "2", "--pool-size", "16", "--out", str(tmp_path)])
     args.lr = 0.5
     names = RunNames(3)
-    cmd = _rank_command("switch", args, names, 1, 2, 29500, "hg3h2-eth0")
+    cmd = rank_command("switch", args, names, 1, 2, 29500, "hg3h2-eth0")
     assert cmd[cmd.index("--node-rank") + 1] == "1" and cmd[cmd.index("--nnodes") + 1] == "2"
     assert cmd[cmd.index("--master-addr") + 1] == names.host_ip(0)
     at = cmd.index("run.train")
     opts = dict(zip(cmd[at + 1 :: 2], cmd[at + 2 :: 2], strict=True))
     assert opts["--mode"] == "switch" and opts["--iface"] == "hg3h2-eth0"
-    assert opts["--controller"] == _controller_address(names) and opts["--pool-size"] == "16"
+    assert opts["--controller"] == controller_address(names) and opts["--pool-size"] == "16"
     assert (opts["--lr"], opts["--out"], opts["--codec"]) == ("0.5", str(tmp_path), "lossless")
-    gloo = _rank_command("gloo", args, names, 0, 2, 29501, "hg3h1-eth0")
+    gloo = rank_command("gloo", args, names, 0, 2, 29501, "hg3h1-eth0")
     assert "--controller" not in gloo and "--pool-size" not in gloo
 
 
@@ -187,16 +207,17 @@ def test_lowbit8_and_its_codec_options_reach_every_rank():
     carry both, the switch rank also the controller, and run.train reads the option as a
     number (lowbit8 without error feedback)."""
     pytest.importorskip("mininet.net", reason="Debian's mininet is not installed")
-    from run.__main__ import _parser, _rank_command, _settle
+    from run.jobs import rank_command
+    from run.options import parser, settle
     from run.train import codec_options
 
-    args = _parser().parse_args(
+    args = parser().parse_args(
         ["--codec", "lowbit8", "--codec-option", "gamma=0", "--model", "mlp", "--out", "o"]
     )
-    _settle(args)
+    settle(args)
     names = RunNames(3)
-    switch = _rank_command("switch", args, names, 1, 4, 29500, "eth0")
-    gloo = _rank_command("gloo", args, names, 1, 4, 29501, "eth0")
+    switch = rank_command("switch", args, names, 1, 4, 29500, "eth0")
+    gloo = rank_command("gloo", args, names, 1, 4, 29501, "eth0")
     for cmd in (switch, gloo):
         assert cmd[cmd.index("--codec") + 1] == "lowbit8"
         assert cmd[cmd.index("--codec-option") + 1] == "gamma=0"
@@ -210,44 +231,44 @@ def test_lowbit8_and_its_codec_options_reach_every_rank():
     }
     with pytest.raises(ValueError, match="KEY=VALUE"):
         codec_options(["gamma"])
-    bad = _parser().parse_args(["--codec", "lowbit8", "--codec-option", "=0"])
+    bad = parser().parse_args(["--codec", "lowbit8", "--codec-option", "=0"])
     with pytest.raises(ValueError, match="KEY=VALUE"):
-        _settle(bad)
+        settle(bad)
     with pytest.raises(SystemExit):  # not a codec
-        _parser().parse_args(["--codec", "lowbit4"])
+        parser().parse_args(["--codec", "lowbit4"])
 
 
 def test_peers_first_runs_gloo_and_the_peers_before_the_switch(monkeypatch):
     pytest.importorskip("mininet.net", reason="Debian's mininet is not installed")
-    import run.__main__ as run_main
+    from run import jobs, options
 
     order: list[tuple[str, int]] = []
     monkeypatch.setattr(
-        run_main, "_run_job", lambda mode, net, a, st, port, c=None: order.append((mode, port))
+        jobs, "run_job", lambda mode, net, a, st, port, c=None: order.append((mode, port))
     )
-    monkeypatch.setattr(run_main, "_counters", lambda names, creds: "counters")
-    session = run_main._Session(state=type("S", (), {"names": RunNames(1)})(), net=1, creds=1)
+    monkeypatch.setattr(jobs, "counters", lambda names, creds: "counters")
+    state = type("S", (), {"names": RunNames(1)})()
     for first, expected in (
         (False, ["switch", "gloo", "gloo-fp16"]),
         (True, ["gloo", "gloo-fp16", "switch"]),
     ):
         order.clear()
-        args = run_main._parser().parse_args(
+        args = options.parser().parse_args(
             ["--model", "mlp", "--peers", "gloo-fp16"] + (["--peers-first"] if first else [])
         )
-        run_main._settle(args)
-        assert run_main._train(session, args) == "counters"
+        options.settle(args)
+        assert jobs.run_all(1, args, state, 1) == "counters"
         assert [m for m, _ in order] == expected
         assert len({p for _, p in order}) == 3  # every job its own rendezvous port
 
 
 def test_a_target_that_cannot_start_is_refused_with_its_reason(monkeypatch):
     pytest.importorskip("mininet.net", reason="Debian's mininet is not installed")
-    from run.__main__ import _parser, _settle
+    from run.options import parser, settle
 
     monkeypatch.delenv("HOMAGG_BMV2_OPT", raising=False)
     with pytest.raises(ValueError, match="--target bmv2-opt: bmv2-opt needs HOMAGG_BMV2_OPT"):
-        _settle(_parser().parse_args(["--target", "bmv2-opt"]))
+        settle(parser().parse_args(["--target", "bmv2-opt"]))
 
 
 def test_codec_options_are_refused_with_codec_auto(capsys):

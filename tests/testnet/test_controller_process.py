@@ -36,7 +36,7 @@ def test_tls_controller_with_an_operator_credential(tmp_path):
     d = doc(tmp_path, switch_address, listen)
     d["controller"].update(creds.controller_keys())
     d["operator"] = creds.operators()
-    token = operator_token(creds.operator_token_file)
+    token = operator_token(creds.admin_token_file)  # it polls Status: an admin call
     ctl = ControllerProcess(
         write_toml(d, tmp_path / "c.toml"), listen, tmp_path / "c.log", ca=creds.ca, token=token
     )
@@ -44,7 +44,7 @@ def test_tls_controller_with_an_operator_credential(tmp_path):
         with ctl.start(30) as client:
             assert client.secure and [s.connected for s in client.status().switches] == [True]
             assert client.create_job("tls", 1, "lossless").job_id >= 1  # the credential works
-        with ControllerClient(listen, 2.0) as plain, pytest.raises(grpc.RpcError):
+        with ControllerClient(listen, 2.0, insecure=True) as plain, pytest.raises(grpc.RpcError):
             plain.status()  # no TLS: refused
     finally:
         ctl.stop()

@@ -19,7 +19,7 @@ import pytest
 from aggwire.constants import WORKER_UDP_BASE
 from controller.client import ControllerClient
 from controller.config import ControllerConfig, parse_config
-from controller.credentials import Operator, hash_token
+from controller.credentials import ADMIN, Operator, hash_token
 from controller.pki import make_pki
 from controller.service import ControllerServer
 from refswitch.switch import ReferenceSwitch
@@ -49,8 +49,10 @@ def hosts(n: int) -> list[dict[str, Any]]:
     return [host_entry(i) for i in range(n)]
 
 
-def controller_config(switch_address: str, tmp_path: Path, n: int) -> ControllerConfig:
-    """One switch s1 with n hosts, short heartbeats."""
+def controller_config(
+    switch_address: str, tmp_path: Path, n: int, **switch_keys: Any
+) -> ControllerConfig:
+    """One switch s1 with n hosts (and `switch_keys`, e.g. max_pool_size), short heartbeats."""
     doc = {
         "controller": {
             "listen": "127.0.0.1:0",
@@ -65,6 +67,7 @@ def controller_config(switch_address: str, tmp_path: Path, n: int) -> Controller
                 "service_ip": SERVICE_IP,
                 "timeout": 1.0,
                 "hosts": hosts(n),
+                **switch_keys,
             }
         ],
     }
@@ -89,10 +92,11 @@ class Controlled:
         listen: str = "",
         tls: bool = False,
         target: str = "refswitch",
+        **switch_keys: Any,
     ) -> None:
         """listen "unix:PATH" serves on a Unix socket, reachable from every namespace; `tls`
         serves TLS (a fresh CA in tmp_path/pki) and requires OPERATOR_TOKEN for operator calls;
-        target "bmv2" runs the fabric's switch on BMv2."""
+        target "bmv2" runs the fabric's switch on BMv2; `switch_keys` go to its [[switch]]."""
         self.ca_file: Path | None = None
         self.fabric: Fabric | None = None
         self.refswitch: ReferenceSwitch | None = None
@@ -109,13 +113,13 @@ class Controlled:
                 address = f"127.0.0.1:{free_port()}"
                 self.refswitch = ReferenceSwitch({}, address)
                 self.refswitch.start()
-            config = controller_config(address, tmp_path, n)
+            config = controller_config(address, tmp_path, n, **switch_keys)
             if listen:
                 config = dataclasses.replace(config, listen=listen)
             if tls:
                 pki = make_pki(tmp_path / "pki", ["127.0.0.1"])
                 self.ca_file = pki.ca
-                operator = Operator("test", hash_token(OPERATOR_TOKEN))
+                operator = Operator("test", hash_token(OPERATOR_TOKEN), role=ADMIN)
                 config = dataclasses.replace(
                     config, tls_cert=pki.cert, tls_key=pki.key, operators=(operator,)
                 )
@@ -123,7 +127,11 @@ class Controlled:
             port = self.server.start()
             self.address = listen or f"127.0.0.1:{port}"
             self.client = ControllerClient(
-                self.address, 5.0, self.ca_file, OPERATOR_TOKEN if tls else None
+                self.address,
+                5.0,
+                self.ca_file,
+                OPERATOR_TOKEN if tls else None,
+                insecure=self.ca_file is None,
             )
             wait_for(
                 lambda: all(s.connected for s in self.client.status().switches),
@@ -152,6 +160,7 @@ class Controlled:
             mac=h["mac"],
             ready_timeout=15.0,
             ca_file=self.ca_file,
+            insecure=self.ca_file is None,
         )
         if self.fabric is None:  # no namespaces: a loopback socket (the data plane is not used)
             fields.update(ip="127.0.0.1", udp_port=free_port_udp())
@@ -186,8 +195,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def rank_env(c: Controlled, rank: int, world: int, port: int, **homagg: str) -> dict[str, str]:
     """What torchrun gives `rank` of a job on the fabric's hosts (rank 0's host is the
-    master), its host's interface for gloo and the agent, plus HOMAGG_* variables given as
-    keywords (controller="..." is HOMAGG_CONTROLLER; an empty value is left out)."""
+    master), its host's interface for gloo and the agent, the controller's CA (or
+    HOMAGG_INSECURE=1 without TLS), plus HOMAGG_* variables given as keywords
+    (controller="..." is HOMAGG_CONTROLLER; an empty value is left out)."""
     assert c.fabric is not None
     host = c.fabric.hosts[rank]
     env = {
@@ -202,6 +212,8 @@ def rank_env(c: Controlled, rank: int, world: int, port: int, **homagg: str) -> 
         "HOMAGG_IFACE": host.iface,  # the controller is on a Unix socket, not routed
         "OMP_NUM_THREADS": "1",
     }
+    # the controller's CA, or plaintext chosen (a test controller without TLS)
+    env.update({"HOMAGG_CA_FILE": str(c.ca_file)} if c.ca_file else {"HOMAGG_INSECURE": "1"})
     env.update({f"HOMAGG_{k.upper()}": v for k, v in homagg.items()})
     return {k: v for k, v in env.items() if v}
 

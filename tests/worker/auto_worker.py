@@ -91,6 +91,13 @@ def main() -> None:
         Agent(switch), codec="auto", auto=AutoConfig(tolerance=0.5, decrease=0.1)
     )
     model.register_comm_hook(state, switch_allreduce_hook)
+    host_all_reduce = state.host_all_reduce
+
+    def slow_host(buf: torch.Tensor) -> None:  # the slow link slows the host path alike
+        time.sleep(switch.delay_per_cell * buf.numel())
+        host_all_reduce(buf)
+
+    state.host_all_reduce = slow_host  # type: ignore[method-assign]
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     first, end = (int(v) for v in a.slow.split(":"))
     gen = torch.Generator().manual_seed(a.rank)

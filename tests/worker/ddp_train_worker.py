@@ -127,6 +127,7 @@ def main() -> None:
             mac=host_mac(a.rank),
             max_retries=4,
             ready_timeout=30,
+            insecure=True,  # the test's controller serves plaintext
         )
         with WorkerAgent(cfg, sock) as agent, warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")

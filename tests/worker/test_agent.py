@@ -4,6 +4,7 @@ built from the assignment."""
 
 from __future__ import annotations
 
+import re
 import threading
 
 import grpc
@@ -11,7 +12,8 @@ import numpy as np
 import pytest
 from agent_fabric import Controlled, wait_for
 
-from aggwire.constants import AGG_UDP_PORT, Op
+from aggwire.constants import AGG_UDP_PORT, CELLS_PER_PKT, Flag, Op
+from aggwire.header import header_view
 from testnet.namespace import have_privileges
 from worker.agent import AgentConfig, AgentError, WorkerAgent, open_agent
 
@@ -83,6 +85,50 @@ def test_join_assignment_heartbeat_and_leave(ctl):
     assert all(not a.healthy for a in agents)
 
 
+class CountingSwitch:
+    """A one-rank switch that answers each contribution at the next look at the socket and
+    records the most chunks the rank had in flight at once."""
+
+    def __init__(self) -> None:
+        self.waiting: list[bytes] = []
+        self.most_in_flight = 0
+
+    def send(self, payload: bytes) -> None:
+        self.waiting.append(payload)
+        self.most_in_flight = max(self.most_in_flight, len(self.waiting))
+
+    def recv(self, timeout: float) -> bytes | None:
+        if not self.waiting:
+            return None
+        reply = np.frombuffer(self.waiting.pop(0), np.uint8).copy()
+        header_view(reply)["flags"] = int(Flag.RESULT)
+        return reply.tobytes()
+
+    def close(self) -> None:
+        pass
+
+
+def test_the_worker_keeps_to_the_pool_its_switch_grants(tmp_path):
+    """A switch whose ports buffer few frames (max_pool_size, docs/bmv2.md) grants a smaller
+    pool than the job asked for; the agent's transport keeps that many chunks in flight."""
+    c = Controlled(tmp_path, 1, fabric=False, max_pool_size=8)
+    try:
+        job = c.create(1, pool_size=64)
+        assert job.pool_size == 8
+        with WorkerAgent(c.agent_config(job, 0)) as agent:
+            assert agent.assignment.pool_size == agent.transport.config.pool_size == 8
+            switch, udp = CountingSwitch(), agent.transport.channel
+            agent.transport.channel = switch
+            try:
+                cells = np.arange(40 * CELLS_PER_PKT, dtype=np.int32)
+                np.testing.assert_array_equal(agent.transport.allreduce(Op.ADD, cells), cells)
+            finally:
+                agent.transport.channel = udp
+            assert switch.most_in_flight == 8
+    finally:
+        c.close()
+
+
 def test_released_job_marks_the_agent_unhealthy_without_crashing(ctl):
     job = ctl.create(1, pool_size=4)
     with WorkerAgent(ctl.agent_config(job, 0)) as agent:
@@ -124,8 +170,14 @@ def test_an_unreachable_controller_is_no_evidence_that_the_peers_are_gone(ctl):
         agent.client = Down()
         wait_for(lambda: not agent.healthy, 5, "the agent to notice the controller is gone")
         assert "UNAVAILABLE" in agent.unhealthy_reason and agent.peers_problem() == ""
+        assert agent.peers_unproven() == ""  # within a lease of the last answer
+        # a lease and a heartbeat interval without an answer: nobody vouches for the peers
+        asg = agent.assignment
+        agent.proven_at -= asg.lease_s + asg.heartbeat_interval_s
+        assert re.search(r"no heartbeat answered for \d.*UNAVAILABLE", agent.peers_unproven())
         agent.client = real
         wait_for(lambda: agent.healthy, 5, "heartbeats to be answered again")
+        assert agent.peers_unproven() == ""
     assert agent.peers_problem() == "closed"
 
 
@@ -149,6 +201,7 @@ def test_unreachable_controller_is_a_clear_error():
         switch_port=1,
         mac="02:00:00:00:01:01",
         rpc_timeout=2.0,
+        insecure=True,
     )
     agent, reason = open_agent(cfg)
     assert agent is None and ("UNAVAILABLE" in reason or "DEADLINE_EXCEEDED" in reason)

@@ -82,6 +82,7 @@ def _config(address: str) -> AgentConfig:
         mac="02:00:00:00:01:02",
         ready_timeout=5.0,
         rpc_timeout=2.0,
+        insecure=True,
     )
 
 

@@ -14,8 +14,10 @@ import torch.distributed as dist
 from agent_fabric import Controlled
 from test_agent_assignment import GOOD
 
+from controller.client import release_job
+from controller.credentials import CA_FILE_ENV, INSECURE_ENV, JOB_TOKEN_ENV, JOB_TOKEN_FILE_ENV
 from testnet.switch_process import free_port
-from worker import attach, job_session, job_setup
+from worker import attach, job_env, job_session, job_setup
 from worker.agent import AgentConfig, AgentError
 from worker.route import route_of, route_to
 
@@ -38,15 +40,17 @@ def controlled(tmp_path_factory):
 @pytest.fixture(autouse=True)
 def clean_env(monkeypatch):
     for name in (
-        job_setup.ENV_CONTROLLER,
-        job_setup.ENV_JOB_ID,
-        job_setup.ENV_TOKEN,
-        job_setup.ENV_TOKEN_FILE,
-        job_setup.ENV_IFACE,
-        job_setup.ENV_CODEC,
-        job_setup.ENV_READY_TIMEOUT,
+        job_env.ENV_CONTROLLER,
+        job_env.ENV_JOB_ID,
+        JOB_TOKEN_ENV,
+        JOB_TOKEN_FILE_ENV,
+        job_env.ENV_IFACE,
+        job_env.ENV_CODEC,
+        job_env.ENV_READY_TIMEOUT,
+        CA_FILE_ENV,
     ):
         monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv(INSECURE_ENV, "1")  # the test controller serves plaintext
 
 
 def fallback(**kw) -> str:
@@ -60,6 +64,19 @@ def fallback(**kw) -> str:
 
 def test_missing_controller_says_what_to_set():
     assert "set HOMAGG_CONTROLLER" in fallback()
+
+
+def test_plaintext_is_never_a_silent_fallback(monkeypatch, controlled):
+    """Without a CA and without HOMAGG_INSECURE=1 no rank sends a token: every rank falls
+    back with a reason that says what to set, and no job is created."""
+    monkeypatch.delenv(INSECURE_ENV)
+    before = len(controlled.client.list_jobs(include_ended=True).jobs)
+    reason = fallback(controller=controlled.address)
+    assert f"no CA to verify the controller at {controlled.address}" in reason
+    assert CA_FILE_ENV in reason and f"{INSECURE_ENV}=1" in reason
+    assert len(controlled.client.list_jobs(include_ended=True).jobs) == before
+    monkeypatch.setenv(INSECURE_ENV, "yes")
+    assert f"{INSECURE_ENV}='yes': set it to 1" in fallback(controller=controlled.address)
 
 
 def test_unreachable_controller_fails_within_the_rpc_timeout():
@@ -78,9 +95,9 @@ def test_refused_token_from_the_launcher(monkeypatch, controlled, tmp_path):
     job = controlled.create(1)
     token_file = tmp_path / "token"
     token_file.write_text("not-the-token\n")
-    monkeypatch.setenv(job_setup.ENV_JOB_ID, str(job.job_id))
-    monkeypatch.setenv(job_setup.ENV_TOKEN_FILE, str(token_file))
-    monkeypatch.setenv(job_setup.ENV_IFACE, "lo")
+    monkeypatch.setenv(job_env.ENV_JOB_ID, str(job.job_id))
+    monkeypatch.setenv(JOB_TOKEN_FILE_ENV, str(token_file))
+    monkeypatch.setenv(job_env.ENV_IFACE, "lo")
     reason = fallback(controller=controlled.address)
     assert "JoinJob failed" in reason and "UNAUTHENTICATED" in reason
     assert "not-the-token" not in reason
@@ -95,14 +112,14 @@ def test_host_outside_the_topology_is_told_to_name_its_port(controlled):
 
 
 def test_a_bad_ready_timeout_is_a_reason(monkeypatch, controlled):
-    monkeypatch.setenv(job_setup.ENV_READY_TIMEOUT, "soon")
+    monkeypatch.setenv(job_env.ENV_READY_TIMEOUT, "soon")
     assert "HOMAGG_READY_TIMEOUT='soon' is not a positive number" in fallback(
         controller=controlled.address
     )
 
 
 def test_an_unknown_codec_is_an_error(monkeypatch):
-    monkeypatch.setenv(job_setup.ENV_CODEC, "nope")
+    monkeypatch.setenv(job_env.ENV_CODEC, "nope")
     with pytest.raises(
         ValueError,
         match=r"HOMAGG_CODEC on rank 0: unknown codec 'nope'; expected one of lossless, .*auto",
@@ -126,7 +143,7 @@ def test_lane_codecs_are_refused_when_the_switchs_program_has_no_lanes(monkeypat
         def close(self) -> None:
             closed.append(self.assignment.switch)
 
-    monkeypatch.setenv(job_setup.ENV_IFACE, "lo")
+    monkeypatch.setenv(job_env.ENV_IFACE, "lo")
     for codec, lanes, refused in [
         ("lowbit8", False, True),
         ("lowbit16", False, True),
@@ -165,14 +182,14 @@ def test_route_ticket_and_config_keep_the_token_out():
 
 def test_release_counts_an_ended_job_as_released(controlled):
     job = controlled.create(1)
-    assert job_session.release_job(controlled.client.release, job.job_id) == ""
-    assert job_session.release_job(controlled.client.release, job.job_id) == ""  # ended
-    assert job_session.release_job(controlled.client.release, 4000).startswith("NOT_FOUND")
+    assert release_job(controlled.client.release, job.job_id) == ""
+    assert release_job(controlled.client.release, job.job_id) == ""  # ended
+    assert release_job(controlled.client.release, 4000).startswith("NOT_FOUND")
 
     def refuses(job_id: int) -> None:
         raise grpc.RpcError("boom")
 
-    assert "boom" in job_session.release_job(refuses, 1)
+    assert "boom" in release_job(refuses, 1)
 
 
 def test_destroy_process_group_is_wrapped_once():

@@ -25,6 +25,7 @@ import homagg
 from aggwire.constants import WORKER_UDP_BASE
 from testnet.namespace import have_privileges
 from testnet.switch_process import bmv2_available
+from worker import job_setup
 from worker.backend import SwitchProcessGroup, float_from_key, float_order_key, switch_kind
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -90,6 +91,34 @@ def test_backend_codec_is_checked_at_init(monkeypatch):
         pg = SwitchProcessGroup(dist.HashStore(), 0, 1, timedelta(seconds=10))
     assert pg.state.agent is None and pg.getBackendName() == "homagg"
     pg.shutdown()
+
+
+def test_a_world_above_the_switch_limit_runs_over_gloo(monkeypatch, tmp_path):
+    """Under the backend as under the hook: a world above what the data plane takes is one
+    warning, no job, and all_reduce (SUM, AVG) over the backend's gloo group, still right
+    (the limit lowered to 0 for one rank; the real limit: test_job_setup.py)."""
+    c = Controlled(tmp_path, 2, fabric=False)
+    try:
+        for name in ("HOMAGG_CODEC", "HOMAGG_JOB_ID", "HOMAGG_TOKEN", "HOMAGG_TOKEN_FILE"):
+            monkeypatch.delenv(name, raising=False)
+        monkeypatch.setenv("HOMAGG_CONTROLLER", c.address)
+        monkeypatch.setenv("HOMAGG_INSECURE", "1")  # the test controller serves plaintext
+        monkeypatch.setenv("HOMAGG_IFACE", "lo")
+        monkeypatch.setattr(job_setup, "MAX_WORKERS_PER_JOB", 0)
+        with pytest.warns(RuntimeWarning, match="world size 1 is above the 0 workers") as caught:
+            pg = SwitchProcessGroup(dist.HashStore(), 0, 1, timedelta(seconds=10))
+        assert len(caught) == 1 and pg.state.agent is None and pg.setup.session is None
+        t = torch.arange(4.0)
+        pg.allreduce([t]).wait()
+        opts = dist.AllreduceOptions()
+        opts.reduceOp = dist.ReduceOp(dist.ReduceOp.AVG)
+        pg.allreduce([t], opts).wait()
+        assert t.tolist() == [0.0, 1.0, 2.0, 3.0] and pg.gloo_calls == {"fallback": 2}
+        assert pg.state.stats.switch_buckets == 0
+        pg.shutdown()
+        assert c.client.list_jobs(include_ended=True).jobs == []
+    finally:
+        c.close()
 
 
 def test_registered_on_import():

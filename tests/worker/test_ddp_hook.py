@@ -354,6 +354,7 @@ def test_async_hook_returns_pending_futures_completed_in_order_by_one_thread():
     assert agent.transport.order == [0, 1, 2, 3]
     assert agent.transport.threads == {f"homagg-comm-{state.rank}"}
     assert state.group is not None and state.group != dist.group.WORLD  # its own group
+    assert state.wait_idle(10)  # the step's end is a job of its own, after the last bucket
     assert state.steps == 1 and state.stats.switch_buckets == 4
     state.close()
 

@@ -7,19 +7,18 @@ from __future__ import annotations
 
 import threading
 import time
+import warnings
 from typing import Any
 
 import pytest
 import torch.distributed as dist
+from agent_fabric import OPERATOR_TOKEN, Controlled
 
-from worker.ddp_hook import AUTO
-from worker.job_setup import (
-    ENV_READY_TIMEOUT,
-    Members,
-    Request,
-    _decide_codec,
-    set_up,
-)
+from aggwire.constants import MAX_WORKERS_PER_JOB
+from controller.credentials import CA_FILE_ENV, INSECURE_ENV, OPERATOR_TOKEN_ENV
+from worker.codecs import AUTO_CODEC
+from worker.job_env import ENV_READY_TIMEOUT
+from worker.job_setup import Members, Request, _decide_codec, set_up
 from worker.setup_round import SetupRound
 
 pytestmark = pytest.mark.filterwarnings("ignore:homagg. rank:RuntimeWarning")
@@ -54,7 +53,7 @@ def ranks(requests: list[Request | None], store: dist.Store | None = None) -> li
 
 
 def req(**kw: Any) -> Request:
-    return Request(also=(AUTO,), **kw)
+    return Request(also=(AUTO_CODEC,), **kw)
 
 
 def test_no_controller_anywhere_is_one_reason_on_every_rank():
@@ -77,6 +76,47 @@ def test_codecs_that_differ_stop_every_rank():
     a, b = ranks([req(), req(codec="lowbit3")])
     said = "codec= on rank 1: unknown codec 'lowbit3'"
     assert all(isinstance(e, ValueError) and said in str(e) for e in (a, b))
+
+
+def test_a_world_above_the_data_plane_limit_is_every_ranks_reason(monkeypatch):
+    """MAX_WORKERS_PER_JOB + 1 ranks, the real limit: one reason on every rank, decided
+    before any job is made (the controller's address leads nowhere and is never asked;
+    plaintext is chosen, so the missing CA is not the reason)."""
+    monkeypatch.setenv(INSECURE_ENV, "1")
+    world = MAX_WORKERS_PER_JOB + 1
+    got = ranks([req(controller="127.0.0.1:1")] * world)
+    assert all(s.agent is None and s.complete for s in got)
+    limit = f"above the {MAX_WORKERS_PER_JOB} workers a job can have on the switch"
+    assert {s.reason for s in got} == {f"world size {world} is {limit}"}
+
+
+def test_a_refused_operator_credential_is_one_warning_per_rank(monkeypatch, tmp_path):
+    """Rank 0 creates the job with an operator credential the controller refuses (a wrong
+    one, or none): every rank warns once with rank 0's CreateJob error, which names no
+    credential, and no job is made."""
+    c = Controlled(tmp_path, 2, fabric=False, tls=True)
+    try:
+        monkeypatch.setenv(CA_FILE_ENV, str(c.ca_file))
+        monkeypatch.setenv("HOMAGG_IFACE", "lo")
+        for token in ("-not-the-operator-token", None):
+            if token is None:
+                monkeypatch.delenv(OPERATOR_TOKEN_ENV, raising=False)
+            else:
+                monkeypatch.setenv(OPERATOR_TOKEN_ENV, token)
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                got = ranks([req(controller=c.address)] * 2)
+            said = [str(w.message) for w in caught if "falls back" in str(w.message)]
+            assert sorted(said) == sorted(
+                f"homagg: rank {r} falls back to the process group's all_reduce: {got[r].reason}"
+                for r in range(2)
+            )
+            assert got[0].reason == got[1].reason and got[0].agent is None, got[0].reason
+            assert f"CreateJob failed at controller {c.address}: UNAUTHENTICATED" in got[0].reason
+            assert OPERATOR_TOKEN not in got[0].reason and "not-the" not in got[0].reason
+        assert c.client.list_jobs(include_ended=True).jobs == []
+    finally:
+        c.close()
 
 
 def test_a_rank_that_never_comes_costs_one_bounded_wait():
@@ -111,7 +151,7 @@ def outcome(reason: str = "", codec: str = "fixed_point", lane_ops: bool = True)
 
 def test_the_jobs_codec_decides_and_a_contradiction_is_an_error():
     two = {0: outcome(), 1: outcome()}
-    assert _decide_codec(two, ["", ""], req(), 2, 7) == {"codec": "fixed_point"}
+    assert _decide_codec(two, ["", ""], req(), 2, 7) == {"codec": "fixed_point", "lane_ops": True}
     err = _decide_codec(two, ["lossless", "HOMAGG_CODEC"], req(), 2, 7)["error"]
     assert "job 7 runs codec 'fixed_point'" in err and "HOMAGG_CODEC asks for 'lossless'" in err
     dense = {0: outcome(codec="dense"), 1: outcome(codec="dense")}
@@ -143,6 +183,12 @@ def test_a_lane_codec_on_a_switch_without_lanes_is_every_ranks_reason():
         assert f"codec {codec} adds 16/8-bit lanes" in got["reason"]
         assert "switch s1" in got["reason"] and "TNA" in got["reason"]
         lanes = {0: outcome(codec=codec), 1: outcome(codec=codec)}
-        assert _decide_codec(lanes, [codec, "codec="], req(), 2, 7) == {"codec": codec}
-    plain = {0: outcome(lane_ops=False), 1: outcome(lane_ops=False)}
-    assert _decide_codec(plain, ["", ""], req(), 2, 7) == {"codec": "fixed_point"}
+        assert _decide_codec(lanes, [codec, "codec="], req(), 2, 7) == {
+            "codec": codec,
+            "lane_ops": True,
+        }
+    plain = {0: outcome(lane_ops=False), 1: outcome(lane_ops=True)}  # auto: no lanes then
+    assert _decide_codec(plain, ["", ""], req(), 2, 7) == {
+        "codec": "fixed_point",
+        "lane_ops": False,
+    }

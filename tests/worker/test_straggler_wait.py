@@ -66,9 +66,9 @@ class PeerSwitch:
         pass
 
 
-def transport(channel, peers_problem=lambda: "", **kw) -> SwitchTransport:
+def transport(channel, peers_problem=lambda: "", peers_unproven=None, **kw) -> SwitchTransport:
     cfg = TransportConfig(job_id=7, rank=0, world_size=2, pool_size=4, **{**FAST, **kw})
-    return SwitchTransport(cfg, channel, peers_problem=peers_problem)
+    return SwitchTransport(cfg, channel, peers_problem=peers_problem, peers_unproven=peers_unproven)
 
 
 CELLS = np.arange(6 * CELLS_PER_PKT, dtype=np.int32)  # 6 chunks per call
@@ -109,6 +109,35 @@ def test_a_gone_peer_ends_the_wait():
     with pytest.raises(TransportError, match="lease of rank 1 expired"):
         t.allreduce(Op.ADD, CELLS)
     assert time.monotonic() - start < 1.0
+
+
+def test_peers_nobody_vouches_for_end_the_wait_but_not_a_resend():
+    """A controller outage (the agent's peers_unproven says so) ends a wait on a peer that
+    spent the budget, with that reason; while it lasts, a chunk that is merely lost is still
+    resent and completes (the data plane sums without the controller)."""
+    outage = {"why": ""}
+    switch = PeerSwitch(lambda k: 0.0 if k < 6 else None)
+    t = transport(switch, peers_unproven=lambda: outage["why"], max_straggler_wait=30.0)
+    t.allreduce(Op.ADD, CELLS)
+    outage["why"] = "no heartbeat answered for 3.3 s (Heartbeat failed: UNAVAILABLE)"
+    lossy = PeerSwitch(lambda k: 0.0)
+    dropped: set[int] = set()
+    real_send = lossy.send
+
+    def lose_first_try(payload: bytes) -> None:  # every chunk's first send is lost
+        chunk = int(parse_payloads(payload)[0][0]["chunk"])
+        if chunk not in dropped:
+            dropped.add(chunk)
+            return
+        real_send(payload)
+
+    lossy.send = lose_first_try  # type: ignore[method-assign]
+    t2 = transport(lossy, peers_unproven=lambda: outage["why"])
+    np.testing.assert_array_equal(t2.allreduce(Op.ADD, CELLS), CELLS)
+    start = time.monotonic()
+    with pytest.raises(TransportError, match="controller is unreachable: no heartbeat answered"):
+        t.allreduce(Op.ADD, CELLS)
+    assert time.monotonic() - start < 2.0  # the budget (about 0.4 s) and a timeout
 
 
 def test_the_wait_is_bounded():

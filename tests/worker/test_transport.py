@@ -32,7 +32,7 @@ def fabric(tmp_path_factory):
 
 
 def open_channels(job: Job) -> list[UdpChannel]:
-    return [job.channel(r) for r in range(job.world)]
+    return [job.channel(r) for r in range(job.world_size)]
 
 
 def run_workers(transports, work) -> list:

@@ -1,6 +1,11 @@
 """A slow rank is not a dead path, through the switch (both targets) with a controller: a
-rank that pauses 10 s is waited for (no fallback, no retransmission storm), and a rank that
-dies (no heartbeat, no packets) ends the step within its lease."""
+rank that pauses 10 s is waited for (no fallback, no retransmission storm), a rank that
+dies (no heartbeat, no packets) ends the step within its lease, and one that dies while the
+controller is down ends it within about a lease too (not after `max_straggler_wait`).
+
+The bounds come from the mechanism and the configuration (worker/transport.py,
+worker/straggler_wait.py, controller/jobs.py), not from measurements; what is left for a
+loaded machine is SLACK, the scheduling delay of one timer check or RPC."""
 
 from __future__ import annotations
 
@@ -8,19 +13,21 @@ import time
 
 import numpy as np
 import pytest
-from agent_fabric import TARGETS, TIMING, Controlled
+from agent_fabric import TARGETS, Controlled
 from test_agent import open_all
 
 from aggwire.constants import CELLS_PER_PKT, Op
+from controller.jobs import reap_interval
 from testnet.namespace import have_privileges
 from testnet.threads import run_threads
-from worker.transport import TransportError
+from worker.transport import TransportConfig, TransportError
 
 pytestmark = pytest.mark.skipif(
     not have_privileges(), reason="needs root and iproute2 (network namespaces)"
 )
 POOL = 8
 CELLS = np.arange(4 * POOL * CELLS_PER_PKT, dtype=np.int32)
+SLACK = 0.5  # s: a timer check or an RPC late on a loaded machine
 
 
 @pytest.fixture(scope="module", params=TARGETS)
@@ -44,19 +51,27 @@ def both(agents, work) -> list:
     return run_threads([lambda r=r: timed(r) for r in range(2)], 60)[1]
 
 
-def retransmission_bound(cfg, pause: float) -> float:
-    """What a waiting rank may resend while its peer pauses, at most: as if each chunk in
-    flight spent its budget (max_retries resends, after doubling timeouts of about the
-    budget's duration) and then resent once per max_timeout for the rest of the pause, plus
-    one for the timeout under way when the peer comes back (the budget's duration is taken
-    from the floor of the timeout, so the bound errs high). Pool 8, pause 10 s: 214. Measured
-    176 on both targets while every chunk was resent at each of its timeouts; 24-25 since an
-    expiry resends the oldest chunk only and restarts the others (RFC 6298's one timer). A
-    storm is far above: resending at every probe (twice per max_timeout) would be 315, the
-    whole pool at every chunk's timeout thousands."""
-    budget_s = sum(min(cfg.max_timeout, cfg.min_timeout * 2**k) for k in range(cfg.max_retries))
-    per_chunk = cfg.max_retries + max(0.0, pause - budget_s) / cfg.max_timeout + 1
-    return POOL * per_chunk
+def timeouts(cfg: TransportConfig, first: float, count: int) -> list[float]:
+    """The first `count` timeouts of a pool that waits in silence, from a first try's timeout
+    `first`: each expiry resends the oldest chunk and backs the timeout off (RFC 6298's one
+    timer), so they double up to max_timeout and stay there (the straggler wait resends
+    once per max_timeout too)."""
+    out = [min(cfg.max_timeout, first)]
+    while len(out) < count:
+        out.append(min(cfg.max_timeout, 2 * out[-1]))
+    return out
+
+
+def expiries_within(cfg: TransportConfig, seconds: float) -> int:
+    """The most expiry events of a silent pool in `seconds`: the timeouts from the smallest
+    first-try timeout there is (min_timeout) add up fastest, and none is shorter."""
+    total, n = 0.0, 0
+    for t in timeouts(cfg, cfg.min_timeout, int(seconds / cfg.min_timeout) + 1):
+        total += t
+        if total > seconds:
+            break
+        n += 1
+    return n
 
 
 def test_a_rank_that_pauses_10_s_is_waited_for(fab):
@@ -82,9 +97,21 @@ def test_a_rank_that_pauses_10_s_is_waited_for(fab):
     assert waited >= pause - 0.5
     cfg = agents[0].transport.config
     retx = agents[0].transport.stats.retransmissions - retx0
-    print(f"{fab.fabric.target}: {retx} retransmissions while waiting {waited:.1f} s")
-    assert retx <= retransmission_bound(cfg, waited)
+    # One resend per expiry event while the pool waits, plus one for a timer that expires
+    # while the peer's contributions are on their way: about 26 in 10 s (measured 23-25).
+    # Resending every chunk in flight at each of its timeouts (the former behaviour) was
+    # 176, resending at every probe (twice per max_timeout) would be about 40.
+    bound = expiries_within(cfg, waited) + 1
+    print(f"{fab.fabric.target}: {retx} retransmissions while waiting {waited:.1f} s (<= {bound})")
+    assert retx <= bound
     assert agents[0].transport.wait.probes > 0
+
+
+def detection_s(asg, cfg: TransportConfig) -> float:
+    """From a rank's death to its peer's TransportError: its lease runs out (its last
+    heartbeat was before the step), the controller's next lease check ends the job, the
+    peer's next heartbeat is refused, and its transport sees that at its next timeout."""
+    return asg.lease_s + reap_interval(asg.lease_s) + asg.heartbeat_interval_s + cfg.max_timeout
 
 
 def test_a_dead_rank_ends_the_step_within_its_lease(fab):
@@ -96,10 +123,52 @@ def test_a_dead_rank_ends_the_step_within_its_lease(fab):
         agents[1]._stop.set()
         agents[1]._thread.join(5)
         start = time.monotonic()
-        with pytest.raises(TransportError, match=r"peer is gone|switch path is gone"):
+        with pytest.raises(TransportError, match=r"peer is gone.*lease of rank 1 expired"):
             agents[0].transport.allreduce(Op.ADD, CELLS)
         ended = time.monotonic() - start
     finally:
         for a in agents:
             a.close()
-    assert ended <= TIMING["lease"] + TIMING["heartbeat_interval"] + 2.0
+    bound = detection_s(agents[0].assignment, agents[0].transport.config) + SLACK
+    print(f"{fab.fabric.target}: the step ended {ended:.2f} s after the death (<= {bound:.2f})")
+    assert ended <= bound
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_a_rank_that_dies_while_the_controller_is_down_ends_the_step(target, tmp_path):
+    """No heartbeat can be answered, so nothing proves or disproves the peers: the waiting
+    rank gives up once its budget is spent and a lease and a heartbeat interval passed since
+    the controller last answered (as long as the controller would have waited on a silent
+    peer), with that reason; not after max_straggler_wait (30 s here)."""
+    c = Controlled(tmp_path, 2, fabric=True, target=target)
+    agents = []
+    try:
+        job = c.create(2, pool_size=POOL)
+        agents = open_all(c, job, 2, max_straggler_wait=30.0)
+        both(agents, lambda r, t: t.allreduce(Op.ADD, CELLS))
+        agents[1]._stop.set()  # rank 1 dies ...
+        agents[1]._thread.join(5)
+        assert c.server is not None
+        c.server.stop(0)  # ... while the controller is down (the switch keeps its entries)
+        c.client.close()
+        c.server = None
+        transport = agents[0].transport
+        first = transport.timer.rto  # no round trip is sampled while nothing is answered
+        start = time.monotonic()
+        with pytest.raises(
+            TransportError, match=r"controller is unreachable: no heartbeat answered"
+        ):
+            transport.allreduce(Op.ADD, CELLS)
+        ended = time.monotonic() - start
+    finally:
+        for a in agents:
+            a.close()
+        c.close()
+    cfg, asg = agents[0].transport.config, agents[0].assignment
+    budget = sum(timeouts(cfg, first, cfg.max_retries + 1))  # then the wait is judged
+    bound = max(budget, asg.lease_s + asg.heartbeat_interval_s) + cfg.max_timeout + SLACK
+    print(
+        f"{target}: the step ended {ended:.2f} s after the death "
+        f"(<= {bound:.2f}, budget {budget:.2f})"
+    )
+    assert ended <= bound

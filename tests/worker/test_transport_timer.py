@@ -4,15 +4,21 @@ that answers in order but slower than the timeout is waited for; a pool lost who
 resent at once when the first resend's answer proves it lost. The first two fail with the
 former policy (every chunk's timer from its own send, every expired chunk resent), the third
 without the last rule (one resend per doubling timeout). A chunk that a later answer proves
-skipped is resent at its own timeout, whatever else expires."""
+skipped is resent at its own timeout, whatever else expires; one that three later answers
+passed over is resent at once (fails without fast retransmit).
+
+The queueing switch runs on a virtual clock that the transport reads too: waiting for an
+answer advances it, nothing sleeps, so the timings are exact on a loaded machine."""
 
 from __future__ import annotations
 
 import heapq
-import time
+import types
 
 import numpy as np
+import pytest
 
+import worker.transport
 from aggwire.constants import CELLS_PER_PKT, Flag, Op
 from aggwire.header import header_view
 from aggwire.packer import parse_payloads
@@ -21,6 +27,26 @@ from tests.worker.test_transport_header import LoseFirstSend
 from worker.transport import SwitchTransport, TransportConfig, _Flight
 
 PRIMING = 20  # one-chunk calls: the estimate forgets a slow first one
+
+
+class VirtualClock:
+    """Monotonic seconds that move only when the switch is waited on."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> VirtualClock:
+    """The transport's clock replaced by a virtual one (its stats' perf_counter too)."""
+    c = VirtualClock()
+    monkeypatch.setattr(
+        worker.transport, "time", types.SimpleNamespace(monotonic=c, perf_counter=c)
+    )
+    return c
 
 
 class QueuedSwitch:
@@ -32,8 +58,9 @@ class QueuedSwitch:
     duplicate. The first send of each chunk in `lose_first` is lost on the way. Keeps
     (monotonic time, chunk, resent?) of every datagram sent."""
 
-    def __init__(self, service: float) -> None:
+    def __init__(self, service: float, clock: VirtualClock) -> None:
         self.service = service
+        self.clock = clock
         self.free_at = 0.0
         self.complete_at: dict[int, float] = {}
         self.peer_at: dict[int, float] = {}
@@ -45,7 +72,7 @@ class QueuedSwitch:
         self.free_at = max(self.free_at, when)
 
     def send(self, payload: bytes) -> None:
-        now = time.monotonic()
+        now = self.clock()
         header = parse_payloads(payload)[0][0]
         chunk, resent = int(header["chunk"]), bool(int(header["flags"]) & Flag.RETX)
         self.sent.append((now, chunk, resent))
@@ -65,15 +92,13 @@ class QueuedSwitch:
         heapq.heappush(self.pending, (at, len(self.sent), reply.tobytes()))
 
     def recv(self, timeout: float) -> bytes | None:
-        end = time.monotonic() + timeout
-        while True:
-            now = time.monotonic()
-            if self.pending and self.pending[0][0] <= now:
-                return heapq.heappop(self.pending)[2]
-            if now >= end:
-                return None
-            ready = self.pending[0][0] if self.pending else end
-            time.sleep(max(0.0, min(end, ready) - now))
+        end = self.clock() + timeout
+        if self.pending and self.pending[0][0] <= end:
+            at, _, reply = heapq.heappop(self.pending)
+            self.clock.now = max(self.clock.now, at)
+            return reply
+        self.clock.now = end
+        return None
 
     def close(self) -> None:
         pass
@@ -99,40 +124,40 @@ def primed(switch, pool_size: int, timeout: float) -> SwitchTransport:
     return t
 
 
-def test_a_late_pool_costs_the_oldest_chunks_resends_only():
+def test_a_late_pool_costs_the_oldest_chunks_resends_only(clock: VirtualClock):
     """The peers' contributions come 0.3 s after this rank's 16 (a rank that computes longer):
     only the oldest chunk is resent, once per doubling of its 20 ms timeout (4 times by
     0.3 s: 20 + 40 + 80 + 160 ms), not the whole pool at each expiry (formerly 32)."""
-    switch = QueuedSwitch(service=0.0005)
+    switch = QueuedSwitch(0.0005, clock)
     t = primed(switch, 16, 0.02)
-    switch.open_at(time.monotonic() + 0.3)
+    switch.open_at(clock() + 0.3)
     cells = np.arange(16 * CELLS_PER_PKT, dtype=np.int32)
     np.testing.assert_array_equal(t.allreduce(Op.ADD, cells), cells)
     assert set(switch.resent_chunks()) == {PRIMING}  # the call's first chunk
     assert t.stats.retransmissions <= 5
 
 
-def test_a_switch_slower_than_the_timeout_is_waited_for_while_it_answers():
+def test_a_switch_slower_than_the_timeout_is_waited_for_while_it_answers(clock: VirtualClock):
     """The switch answers a chunk every 30 ms in order, the timeout is 40 ms: the last of 8
     chunks comes back after 240 ms, yet each one within 40 ms of the one ahead of it (RFC
     6298 5.3: an answer restarts the timer), so none is resent (formerly the 7 not
     answered at 40 ms were)."""
-    switch = QueuedSwitch(service=0.0005)
+    switch = QueuedSwitch(0.0005, clock)
     t = primed(switch, 8, 0.04)
     switch.service = 0.03
     cells = np.arange(8 * CELLS_PER_PKT, dtype=np.int32)
     np.testing.assert_array_equal(t.allreduce(Op.ADD, cells), cells)
-    assert t.stats.retransmissions <= 1  # 1: a stall of this process between two answers
+    assert t.stats.retransmissions == 0
 
 
-def test_a_skipped_chunk_is_resent_at_its_own_timeout():
+def test_a_skipped_chunk_is_resent_at_its_own_timeout(clock: VirtualClock):
     """Chunk 2 waits 0.3 s for the peer (whose contribution was lost), chunk 5's own
     contribution is lost, the others are answered at once: chunk 5 is resent at its own
     timeout (a later chunk was answered since its timer started: it was skipped), not held
     back by chunk 2's expiry (that restarting every timer would cost 2 x 50 ms more)."""
-    switch = QueuedSwitch(service=0.0005)
+    switch = QueuedSwitch(0.0005, clock)
     t = primed(switch, 8, 0.05)
-    start = time.monotonic()
+    start = clock()
     switch.peer_at[PRIMING + 2] = start + 0.3
     switch.lose_first.add(PRIMING + 5)
     cells = np.arange(8 * CELLS_PER_PKT, dtype=np.int32)
@@ -141,18 +166,64 @@ def test_a_skipped_chunk_is_resent_at_its_own_timeout():
     assert resent_5 and resent_5[0] - start < 0.09
 
 
-def test_a_pool_lost_whole_is_resent_at_once_after_the_first_answer():
+def test_a_lost_chunk_is_resent_once_three_later_ones_are_answered(clock: VirtualClock):
+    """Chunk 1's contribution is lost and the timeout is 300 ms: once the switch answered
+    chunks 2, 3 and 4 (it answers in order, so chunk 1 was lost) chunk 1 is resent at once
+    (fast retransmit) and the call ends far sooner than the timeout (it waited for it)."""
+    switch = QueuedSwitch(0.0005, clock)
+    t = primed(switch, 8, 0.3)
+    switch.lose_first.add(PRIMING + 1)
+    start = clock()
+    cells = np.arange(8 * CELLS_PER_PKT, dtype=np.int32)
+    np.testing.assert_array_equal(t.allreduce(Op.ADD, cells), cells)
+    assert clock() - start < 0.15
+    assert switch.resent_chunks() == [PRIMING + 1] and t.stats.retransmissions == 1
+
+
+def test_which_chunks_were_passed_over():
+    """_Flight.passed_over: a chunk sent once with at least `answers` later chunks answered;
+    not one overtaken by fewer (a reordered datagram), nor one already resent."""
+    flight = _Flight(8, restarts=True)
+    for i in range(8):
+        flight.sent(i, float(i))
+    flight.next_to_send = 8
+    for i in (2, 3, 5, 6):
+        flight.answered(i, 10.0 + i)
+    # 0 and 1: four later answers; 4: two (5, 6); 7: none
+    np.testing.assert_array_equal(flight.passed_over(6, 3), [0, 1])
+    np.testing.assert_array_equal(flight.passed_over(6, 2), [0, 1, 4])
+    flight.resent(0, 20.0)
+    np.testing.assert_array_equal(flight.passed_over(6, 3), [1])
+    flight.answered(1, 21.0)
+    np.testing.assert_array_equal(flight.passed_over(3, 3), [])  # 0 was resent, 1 and 2 done
+
+
+class LoseFirstSendOnClock(LoseFirstSend):
+    """LoseFirstSend whose silence lasts the whole wait on the virtual clock."""
+
+    def __init__(self, clock: VirtualClock) -> None:
+        super().__init__()
+        self.clock = clock
+
+    def recv(self, timeout: float) -> bytes | None:
+        reply = super().recv(timeout)
+        if reply is None:
+            self.clock.now += timeout
+        return reply
+
+
+def test_a_pool_lost_whole_is_resent_at_once_after_the_first_answer(clock: VirtualClock):
     """Every first send of 16 chunks is lost: the oldest chunk is resent at its timeout, and
     its resent result (the switch answers in order) proves the other 15 lost: they go at
     once, not one per doubling timeout (which would take seconds)."""
     transport = SwitchTransport(
         TransportConfig(job_id=1, rank=0, world_size=1, pool_size=16, initial_timeout=0.05),
-        LoseFirstSend(),
+        LoseFirstSendOnClock(clock),
     )
-    start = time.monotonic()
+    start = clock()
     cells = np.arange(16 * CELLS_PER_PKT, dtype=np.int32)
     np.testing.assert_array_equal(transport.allreduce(Op.ADD, cells), cells)
-    assert time.monotonic() - start < 0.5
+    assert clock() - start < 0.5
     assert transport.stats.retransmissions == 16 and transport.timer.backoff == 1
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Generator
 from dataclasses import dataclass
-from typing import NamedTuple, Protocol
+from typing import NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -51,6 +51,28 @@ class SparseGrad(NamedTuple):
 
 
 GradInput = np.ndarray | SparseGrad | tuple[np.ndarray, np.ndarray, int]
+
+
+class SparseRows(NamedTuple):
+    """Rows of an (nrows, width) table, as an embedding's sparse gradient holds them:
+    `values` (len(rows), width) float32 at the sorted unique row numbers `rows`. The rows
+    are the support: a row whose values are all zero (looked up, its gradient zero) is
+    still one of them."""
+
+    rows: np.ndarray
+    values: np.ndarray
+    nrows: int
+
+
+@runtime_checkable
+class RowCodec(Codec, Protocol):
+    """A codec that also sums rows in their own terms, in time proportional to the rows
+    (worker/sparse_bucket.py uses it for sparse gradients when the bucket's codec has it)."""
+
+    def aggregate_rows(self, x: SparseRows) -> Generator[Phase, np.ndarray, SparseRows]:
+        """Yield phases like `aggregate`; return the sum over workers as rows: the union of
+        every worker's rows (a row whose sum is zero kept) and their summed values."""
+        ...
 
 
 class CodecError(ValueError):

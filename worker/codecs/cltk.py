@@ -33,27 +33,27 @@ def top_k_indices(values: np.ndarray, k: int) -> np.ndarray:
 
 
 class CLTK:
-    """CLT-k for one tensor on worker `rank` of `world`; k = round(ratio * n) agreed by all.
+    """CLT-k for one tensor on worker `rank` of `world_size`; k = round(ratio * n) agreed by all.
 
     Phases: MAX of [the leader's k sorted indices (others send -1)] + [block exponents of
     memory + gradient]; ADD of the k quantized values at those indices and a status cell."""
 
     def __init__(
         self,
-        world: int,
+        world_size: int,
         rank: int,
         *,
         ratio: float = 0.01,
         beta: float = 0.1,
         block: int = DEFAULT_BLOCK,
     ):
-        if not 0 <= rank < world:
-            raise ValueError(f"rank {rank} outside a world of {world}")
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} outside a world of {world_size}")
         if not 0 < ratio <= 1 or not 0 <= beta <= 1:
             raise ValueError("ratio must be in (0, 1] and beta in [0, 1]")
-        self.world, self.rank = world, rank
+        self.world_size, self.rank = world_size, rank
         self.ratio, self.beta, self.block = ratio, beta, block
-        self.p = headroom_bits(world)
+        self.p = headroom_bits(world_size)
         self.step = 0
         self.memory: np.ndarray | None = None
 
@@ -63,7 +63,7 @@ class CLTK:
 
     def leader(self, step: int) -> int:
         """The rank that selects the indices at `step` (ScaleCom: step mod W)."""
-        return step % self.world
+        return step % self.world_size
 
     def aggregate(self, x: GradInput) -> Generator[Phase, np.ndarray, np.ndarray]:
         """Sum over workers at the leader's top-k of (memory + gradient); then the memory

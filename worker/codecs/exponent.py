@@ -21,14 +21,14 @@ EXP_NONFINITE = 1 << 30  # a worker saw inf or nan in this block
 _EXP_LIMIT = 128  # frexp exponent of the largest finite float32 (~2^128)
 
 
-def headroom_bits(world: int, bits: int = 32) -> int:
+def headroom_bits(world_size: int, bits: int = 32) -> int:
     """P, the magnitude bits of one worker's quantized value, so that W of them summed
     fit `bits`-bit signed lanes (31 - ceil(log2 W) for int32 cells)."""
-    if world < 1:
-        raise ValueError(f"world size must be >= 1, not {world}")
-    p = bits - 1 - (world - 1).bit_length()  # (W - 1).bit_length() == ceil(log2 W)
+    if world_size < 1:
+        raise ValueError(f"world size must be >= 1, not {world_size}")
+    p = bits - 1 - (world_size - 1).bit_length()  # (W - 1).bit_length() == ceil(log2 W)
     if p < 1:
-        raise ValueError(f"{bits}-bit lanes leave no magnitude bits for {world} workers")
+        raise ValueError(f"{bits}-bit lanes leave no magnitude bits for {world_size} workers")
     return p
 
 

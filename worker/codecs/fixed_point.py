@@ -38,14 +38,14 @@ def pack_lanes(q: np.ndarray, bits: int, p: int) -> np.ndarray:
     return cells.astype(np.uint32).view(np.int32)
 
 
-def unpack_lanes(cells: np.ndarray, length: int, bits: int, p: int, world: int) -> np.ndarray:
+def unpack_lanes(cells: np.ndarray, length: int, bits: int, p: int, world_size: int) -> np.ndarray:
     """Lane sums of combined cells back to per-element int64 sums of q."""
     if bits == CELL_BITS:
         return cells
     lanes = CELL_BITS // bits
     shifts = bits * np.arange(lanes, dtype=np.uint32)
     u = (cells.view(np.uint32)[:, None] >> shifts) & np.uint32((1 << bits) - 1)
-    return u.reshape(-1)[:length].astype(np.int64) - world * (1 << p)
+    return u.reshape(-1)[:length].astype(np.int64) - world_size * (1 << p)
 
 
 class FixedPoint:
@@ -53,13 +53,13 @@ class FixedPoint:
     of every element's quantized value plus a status cell (bits < 32 packs several lanes
     per cell: lossy)."""
 
-    def __init__(self, world: int, *, bits: int = 32, block: int | None = DEFAULT_BLOCK):
+    def __init__(self, world_size: int, *, bits: int = 32, block: int | None = DEFAULT_BLOCK):
         if bits not in LANE_BITS:
             raise ValueError(f"bits must be one of {LANE_BITS}, not {bits}")
-        self.world = world
+        self.world_size = world_size
         self.bits = bits
         self.block = block
-        self.p = headroom_bits(world, bits)
+        self.p = headroom_bits(world_size, bits)
 
     def _block_of(self, length: int) -> int:
         return max(1, length) if self.block is None else self.block
@@ -88,7 +88,7 @@ class FixedPoint:
         if summed.size != cells.size:
             raise CorruptResultError(f"{summed.size} cells received, {cells.size} sent")
         raise_on_status(summed[-1])
-        sums = unpack_lanes(summed[:-1], flat.size, self.bits, self.p, self.world)
+        sums = unpack_lanes(summed[:-1], flat.size, self.bits, self.p, self.world_size)
         total = dequantize_dense(sums, agreed, block, self.p)
         mine = dequantize_dense(q, agreed, block, self.p).reshape(shape) if own_too else None
         return total.reshape(shape), mine

@@ -55,11 +55,11 @@ def stochastic_quantize(
     return scaled.astype(np.int32)
 
 
-def error_bound(world: int, exps: np.ndarray, bits: int) -> np.ndarray:
+def error_bound(world_size: int, exps: np.ndarray, bits: int) -> np.ndarray:
     """Per-block bound on |decoded sum - sum over workers of the inputs|: <= W * 2^(E-P)
     (0 for all-zero blocks)."""
-    p = headroom_bits(world, bits)
-    return np.where(exps == EXP_ZERO, 0.0, world * np.ldexp(1.0, exps - p))
+    p = headroom_bits(world_size, bits)
+    return np.where(exps == EXP_ZERO, 0.0, world_size * np.ldexp(1.0, exps - p))
 
 
 class LowBit:
@@ -73,7 +73,7 @@ class LowBit:
 
     def __init__(
         self,
-        world: int,
+        world_size: int,
         *,
         bits: int = 16,
         block: int = DEFAULT_LOWBIT_BLOCK,
@@ -87,11 +87,11 @@ class LowBit:
             raise ValueError(f"lowbit lanes are 16 or 8 bits, not {bits}")
         if block < 1:
             raise ValueError(f"block must be >= 1, not {block}")
-        self.world = world
+        self.world_size = world_size
         self.bits = bits
         self.op = LOWBIT_OPS[bits]
         self.block = block
-        self.p = headroom_bits(world, bits)
+        self.p = headroom_bits(world_size, bits)
         self.rng = np.random.default_rng(seed) if rounding == "stochastic" else None
         self.rotate = rotate
         self.calls = 0  # rotation signs change per call, alike on every worker (lockstep)

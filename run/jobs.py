@@ -1,0 +1,136 @@
+"""The training jobs of a `make run`: one torchrun per worker host (rank = host index,
+rank 0's host the rendezvous), rank 0's step lines followed, and the order of the runs:
+the switch run (then the switch counters), DDP over gloo and the peer methods."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from run.control import controller_address, counters
+from run.credentials import RunCredentials
+from run.names import RunNames
+from run.state import RunState
+from testnet import REPO_ROOT
+
+if TYPE_CHECKING:
+    from mininet.net import Mininet
+
+# torchrun's rendezvous port on rank 0's host: its default for the switch run, the ports
+# after it for the others (each job its own, so a late socket of one never meets the next).
+SWITCH_RENDEZVOUS_PORT = 29500
+LOG_TAIL_CHARS = 2500  # of a failed rank's log, in the error
+
+
+def rank_command(
+    mode: str,
+    args: argparse.Namespace,
+    names: RunNames,
+    rank: int,
+    world_size: int,
+    port: int,
+    iface: str,
+) -> list[str]:
+    """torchrun of run.train for host `rank` of `world_size` (rank 0's host is the master),
+    counting the bytes sent on `iface`."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(world_size)]
+    cmd += ["--nproc-per-node", "1", "--node-rank", str(rank), "--master-addr", names.host_ip(0)]
+    cmd += ["--master-port", str(port), "-m", "run.train", "--mode", mode]
+    cmd += ["--codec", args.codec, "--overlap", args.overlap, "--model", args.model]
+    cmd += [arg for kv in args.codec_option for arg in ("--codec-option", kv)]
+    cmd += ["--steps", str(args.steps), "--users", str(args.users), "--items", str(args.items)]
+    cmd += ["--batch", str(args.batch), "--lr", str(args.lr), "--iface", iface]
+    cmd += ["--out", str(args.out)]
+    if mode == "switch":
+        cmd += ["--controller", controller_address(names)]
+        cmd += ["--pool-size", str(args.pool_size)]
+    return cmd
+
+
+def run_job(
+    mode: str,
+    net: Mininet,
+    args: argparse.Namespace,
+    state: RunState,
+    port: int,
+    creds: RunCredentials | None = None,
+) -> None:
+    """One torchrun per host (rank = host index), rank 0's output streamed here. With `creds`
+    every rank verifies the controller against the run's CA and rank 0, which creates the job,
+    reads the tenant credential from its file (the environment names the files)."""
+    hosts = [h for h in net.hosts if h.inNamespace]
+    procs, logs = [], []
+    for i, h in enumerate(hosts):
+        iface = h.defaultIntf().name
+        cmd = rank_command(mode, args, state.names, i, len(hosts), port, iface)
+        env = {
+            **os.environ,
+            "PYTHONPATH": str(REPO_ROOT),
+            "GLOO_SOCKET_IFNAME": iface,
+            "OMP_NUM_THREADS": "1",
+            "PYTHONUNBUFFERED": "1",
+            **(creds.client_env(operator=i == 0) if creds is not None else {}),
+        }
+        logs.append(args.out / f"{mode}-rank{i}.log")
+        with open(logs[-1], "wb") as rank_log:  # the rank keeps its own descriptor
+            procs.append(
+                h.popen(cmd, env=env, stdout=rank_log, stderr=subprocess.STDOUT, cwd=str(REPO_ROOT))
+            )
+        state.add("pgids", procs[-1].pid)
+    try:
+        follow(mode, procs, logs, args.timeout)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait(10)
+
+
+def follow(mode: str, procs: list[subprocess.Popen], logs: list[Path], timeout: float) -> None:
+    """Stream rank 0's step lines until every rank ended (or one failed, or `timeout` s
+    passed: TimeoutError); RuntimeError with the log tails of the ranks that failed."""
+    deadline, shown = time.monotonic() + timeout, 0
+    while True:
+        text = logs[0].read_text(errors="replace")
+        for line in text[shown:].splitlines(keepends=True):
+            if not line.endswith("\n"):
+                break
+            shown += len(line)
+            if line.startswith(("[switch]", "[gloo")):
+                print(line, end="", flush=True)
+        codes = [p.poll() for p in procs]
+        if all(c is not None for c in codes) or any(c not in (None, 0) for c in codes):
+            break
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the {mode} run did not finish within {timeout:.0f} s")
+        time.sleep(0.2)
+    bad = [i for i, p in enumerate(procs) if p.wait(30) != 0]
+    if bad:
+        tails = "\n".join(
+            f"--- rank {i} ({logs[i]}):\n" + logs[i].read_text(errors="replace")[-LOG_TAIL_CHARS:]
+            for i in bad
+        )
+        raise RuntimeError(f"the {mode} run failed on rank(s) {bad}:\n{tails}")
+
+
+def run_all(net: Mininet, args: argparse.Namespace, state: RunState, creds: RunCredentials) -> str:
+    """The switch run (then the switch's counters) and the gloo run and the peer runs, in
+    that order or (--peers-first) the other way round; returns the counters."""
+    others = ([] if args.no_gloo else ["gloo"]) + args.peer_list
+    ports = {mode: SWITCH_RENDEZVOUS_PORT + 1 + i for i, mode in enumerate(others)}
+    if args.peers_first:
+        for mode in others:
+            run_job(mode, net, args, state, ports[mode])
+    # rank 0 creates the job
+    run_job("switch", net, args, state, SWITCH_RENDEZVOUS_PORT, creds)
+    switch_counters = counters(state.names, creds)
+    if not args.peers_first:
+        for mode in others:
+            run_job(mode, net, args, state, ports[mode])
+    return switch_counters

@@ -1,0 +1,202 @@
+"""The command line of `make run` (`python -m run`): its options, grouped by what they set
+(the network, the switch run, the training job, the comparison runs, the output), and the
+rules between them: codec "auto" and the overlap modes, defaults that depend on other
+options, the switch target that can start here."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from run.model import DEFAULT_LR, MODELS
+from run.names import DEFAULT_HOSTS
+from run.peers import PEERS
+from testnet.switch_process import (
+    AUTO_TARGET,
+    BMV2_OPT_ENV,
+    TARGETS,
+    resolve_target,
+    target_problem,
+)
+from worker.codecs import AUTO_CODEC, CODEC_CHOICES, DEFAULT_CODEC
+
+if TYPE_CHECKING:
+    from run.net import Topology
+
+# How the switch run's communication overlaps the computation: the DDP hook blocks, runs
+# on a communication thread, or DeAR (updates in the next forward).
+BLOCKING, ASYNC, DEAR = "blocking", "async", "dear"
+OVERLAP_MODES = (BLOCKING, ASYNC, DEAR)
+
+
+def parser(description: str = "", epilog: str = "") -> argparse.ArgumentParser:
+    """The argument parser of `python -m run`; its help opens with `description` and ends
+    with `epilog` (run/__main__.py's docstring)."""
+    p = argparse.ArgumentParser(
+        prog="python -m run",
+        description=description,
+        epilog=epilog,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _network_options(p.add_argument_group("network"))
+    _switch_options(p.add_argument_group("switch run"))
+    _training_options(p.add_argument_group("training (every run)"))
+    _comparison_options(p.add_argument_group("comparison runs"))
+    p.add_argument_group("output").add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="logs, results and the plot (default: the run's directory/out, printed at start)",
+    )
+    return p
+
+
+def _network_options(g: argparse._ArgumentGroup) -> None:
+    g.add_argument(
+        "--hosts",
+        type=int,
+        default=None,
+        help=f"worker hosts, one rank each (default {DEFAULT_HOSTS})",
+    )
+    g.add_argument(
+        "--target",
+        choices=[AUTO_TARGET, *TARGETS],
+        default=AUTO_TARGET,
+        help="switch (auto: BMv2 when simple_switch_grpc is installed; bmv2-opt: the "
+        "optimized BMv2 build under --bmv2-opt, docs/bmv2.md)",
+    )
+    g.add_argument(
+        "--bmv2-opt",
+        type=Path,
+        default=None,
+        metavar="PREFIX",
+        help=f"install prefix of the optimized BMv2 build (--target bmv2-opt; default: "
+        f"${BMV2_OPT_ENV})",
+    )
+    g.add_argument(
+        "--bw",
+        type=float,
+        default=None,
+        help="link bandwidth in Mbit/s, htb shaping (default: unshaped)",
+    )
+    g.add_argument(
+        "--topo", type=Path, default=None, help="topology TOML file ([topology] hosts, bw_mbit)"
+    )
+
+
+def _switch_options(g: argparse._ArgumentGroup) -> None:
+    g.add_argument(
+        "--codec",
+        default=DEFAULT_CODEC,
+        choices=CODEC_CHOICES,
+        help=f"homomorphic codec of the switch run (default {DEFAULT_CODEC}); {AUTO_CODEC}: "
+        "the path and codec chosen per bucket and step from measured costs (asynchronous hook "
+        "or DeAR)",
+    )
+    g.add_argument(
+        "--codec-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an option of the switch run's codec, repeatable (e.g. gamma=0: lowbit8 "
+        "without error feedback; docs/codecs.md)",
+    )
+    g.add_argument(
+        "--overlap",
+        choices=OVERLAP_MODES,
+        default=BLOCKING,
+        help="switch run: the DDP hook blocks (default), runs on a communication thread "
+        "(async), or DeAR mode (dear: updates in the next forward, bucket size tuned)",
+    )
+    g.add_argument(
+        "--pool-size",
+        type=int,
+        default=8,
+        help="switch slots of the job's pool: packets in flight per rank (default 8)",
+    )
+
+
+def _training_options(g: argparse._ArgumentGroup) -> None:
+    g.add_argument(
+        "--model",
+        choices=MODELS,
+        default="ncf",
+        help="ncf: sparse embedding gradients (default); mlp: a small dense classifier; "
+        "lm: a small transformer language model",
+    )
+    g.add_argument("--steps", type=int, default=120, help="training steps per run (default 120)")
+    g.add_argument("--batch", type=int, default=64, help="positives per rank and step (default 64)")
+    g.add_argument(
+        "--users", type=int, default=20000, help="rows of the user embedding table (default 20000)"
+    )
+    g.add_argument(
+        "--items", type=int, default=4000, help="rows of the item embedding table (default 4000)"
+    )
+    g.add_argument(
+        "--lr",
+        type=float,
+        default=None,
+        help="SGD learning rate (default: "
+        + ", ".join(f"{m} {lr:g}" for m, lr in DEFAULT_LR.items())
+        + ")",
+    )
+    g.add_argument(
+        "--timeout", type=float, default=900, help="seconds per training run (default 900)"
+    )
+
+
+def _comparison_options(g: argparse._ArgumentGroup) -> None:
+    g.add_argument("--no-gloo", action="store_true", help="skip the gloo comparison run")
+    g.add_argument(
+        "--peers-first",
+        action="store_true",
+        help="run gloo and the peers before the switch run (default: after it)",
+    )
+    g.add_argument(
+        "--peers",
+        default="",
+        help="comma-separated DDP-over-gloo variants to run after gloo, in the same network: "
+        + ", ".join(PEERS)
+        + " (run/peers.py)",
+    )
+
+
+def check_codec_rules(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Codec "auto" chooses per bucket beside backward (asynchronous hook or DeAR): no codec
+    options; it makes the default blocking hook asynchronous. A conflict exits through `p`."""
+    if args.codec != AUTO_CODEC:
+        return
+    if args.codec_option:
+        p.error("--codec-option needs a fixed --codec (auto chooses codecs per bucket)")
+    if args.overlap == BLOCKING:
+        args.overlap = ASYNC  # auto measures the delay beside backward
+
+
+def settle(args: argparse.Namespace) -> tuple[str, Topology]:
+    """Defaults that depend on other options (learning rate, switch target, topology) and
+    the checks argparse cannot make; ValueError names the option at fault."""
+    from run.net import Topology
+
+    if args.lr is None:
+        args.lr = DEFAULT_LR[args.model]
+    args.peer_list = [x for x in args.peers.split(",") if x]
+    bad = [x for x in args.peer_list if x not in PEERS]
+    if bad:
+        raise ValueError(f"--peers {','.join(bad)}: expected some of {', '.join(PEERS)}")
+    for kv in args.codec_option:
+        if "=" not in kv or not kv.split("=", 1)[0]:
+            raise ValueError(f"--codec-option {kv!r}: expected KEY=VALUE")
+    if args.bmv2_opt is not None:
+        os.environ[BMV2_OPT_ENV] = str(args.bmv2_opt)  # the switch process reads it
+    target = resolve_target(args.target)
+    problem = target_problem(target)
+    if problem:
+        raise ValueError(f"--target {target}: {problem}")
+    topo = (
+        Topology.load(args.topo, hosts=args.hosts, bw_mbit=args.bw)
+        if args.topo
+        else Topology(hosts=args.hosts or DEFAULT_HOSTS, bw_mbit=args.bw or 0.0)
+    )
+    return target, topo

@@ -1,0 +1,91 @@
+"""`make run`'s switch runs in a network namespace of its own (run/net.py P4Switch): a server
+on every interface of the switch process's namespace, as BMv2's Thrift server is (table
+writes without a credential, no option to bind one address), is out of every host's reach,
+while the hosts still reach the controller's host through the switch. Before, the switch ran
+in the root namespace, where the controller's host has its address: any worker could
+connect to BMv2's Thrift port there."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import sys
+
+import pytest
+from test_make_run import _mininet_reason
+
+from controller.artifacts import BMV2_JSON_PATH, P4INFO_PATH
+from controller.forwarding import Host, forwarding_entries
+from controller.install import reconcile
+from controller.switch_connection import SwitchConnection
+from testnet.addresses import CONTROLLER_INDEX, SWITCH_MAC, host_entry
+from testnet.namespace import in_namespace
+from testnet.switch_process import THRIFT_PORT, free_port
+
+pytestmark = pytest.mark.skipif(bool(_mininet_reason()), reason=_mininet_reason() or "-")
+
+
+def _connects(netns: str | None, host: str, port: int) -> bool:
+    """Whether a TCP connection from `netns` (a path; None: this one) succeeds within 1 s."""
+    with in_namespace(netns) if netns else contextlib.nullcontext():
+        sock = socket.socket()
+    try:
+        sock.settimeout(1.0)
+        sock.connect((host, port))
+        return True
+    except OSError:
+        return False
+    finally:
+        sock.close()
+
+
+def _install_forwarding(net, topo_hosts: int, names) -> None:
+    """What the controller installs first (run/control.py's hosts): the pipeline and the
+    routes to every host and to the controller's host (so the hosts reach each other and it
+    through the switch)."""
+    entries = [host_entry(i, names.number) for i in range(topo_hosts)]
+    entries.append(host_entry(CONTROLLER_INDEX, names.number))
+    hosts = [Host(e["ip"], e["mac"], e["switch_port"]) for e in entries]
+    conn = SwitchConnection(net.switches[0].process.address, election_id=10, timeout=5.0)
+    conn.connect()
+    try:
+        conn.set_pipeline(P4INFO_PATH, BMV2_JSON_PATH)
+        entries = forwarding_entries(hosts, names.service_ip, SWITCH_MAC)
+        reconcile(conn, entries, read_back=False)
+    finally:
+        conn.close()
+
+
+@pytest.mark.timeout(180)
+def test_no_host_reaches_a_server_in_the_switchs_namespace(tmp_path):
+    from run.net import Topology, build, prepare_hosts
+    from run.state import RunState
+
+    state = RunState.claim()
+    net = None
+    try:
+        net = build(Topology(hosts=2), "refswitch", tmp_path, state.names)
+        net.start()
+        prepare_hosts(net, sys.executable)
+        names, sw = state.names, net.switches[0]
+        assert sw.process.address.startswith("unix:/")
+        _install_forwarding(net, 2, names)
+        switch_ns = f"/proc/{sw.process.proc.pid}/ns/net"
+        with in_namespace(switch_ns):
+            thrift = socket.create_server(("0.0.0.0", THRIFT_PORT))  # BMv2's Thrift, in effect
+        reachable = socket.create_server((names.controller_ip, free_port()))  # the controller's
+        try:
+            h0, h1 = (f"/proc/{h.pid}/ns/net" for h in net.hosts if h.inNamespace)
+            assert _connects(h0, names.controller_ip, reachable.getsockname()[1])
+            assert _connects(switch_ns, "127.0.0.1", THRIFT_PORT)  # it does listen
+            for target in (names.controller_ip, names.service_ip, names.host_ip(1)):
+                assert not _connects(h0, target, THRIFT_PORT), target
+            assert not _connects(h1, names.controller_ip, THRIFT_PORT)
+            assert not _connects(None, names.controller_ip, THRIFT_PORT)
+        finally:
+            thrift.close()
+            reachable.close()
+    finally:
+        if net is not None:
+            net.stop()
+        state.clear()
