@@ -123,6 +123,7 @@ $(P4_BUILD)/homagg.json: $(wildcard p4src/*.p4 p4src/include/*.p4)
 # (here into out/device_config.pb) for a Stratum switch. Counters come out as P4Runtime's
 # standard counters (--p4runtime-force-std-externs), as Stratum and the controller read them.
 define TOFINO_COMPILE
+	@command -v $(BF_P4C) >/dev/null || { echo "$(BF_P4C) not found: build p4c with its Tofino back end (-DENABLE_TOFINO=ON, docs/tofino.md) or set BF_P4C="; exit 2; }
 	rm -rf $(2)/out && mkdir -p $(2)
 	$(BF_P4C) --target $(1) --arch $(3) -g -DTNA_CELLS=$(TNA_CELLS) \
 	  --p4runtime-force-std-externs --p4runtime-files $(2)/homagg_tna.p4info.txtpb \
