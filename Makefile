@@ -8,7 +8,7 @@ CELLS ?= 256
 P4C ?= p4c
 P4_BUILD ?= p4src/build
 BF_P4C ?= bf-p4c
-TNA_CELLS ?= 32
+TNA_CELLS ?= 64
 TOFINO_BUILD ?= p4src/tofino/build
 PYTEST_ARGS ?=
 TYPED_PACKAGES := aggwire p4rtproto refswitch controller worker testnet run homagg bench examples
@@ -28,7 +28,7 @@ RUN_OPTS := $(if $(HOSTS),--hosts $(HOSTS)) $(if $(MODEL),--model $(MODEL)) $(if
 # Debian packages make run needs: Mininet (no Open vSwitch: our own switch class), venv, tc, ifconfig
 RUN_DEBS := mininet python3-venv iproute2 net-tools
 
-.PHONY: help venv test lint run run-deps demo bench stop p4 p4-tofino clean
+.PHONY: help venv test lint run run-deps demo bench stop p4 p4-tofino p4-tofino2 clean
 
 help:  ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -118,13 +118,25 @@ $(P4_BUILD)/homagg.json: $(wildcard p4src/*.p4 p4src/include/*.p4)
 	  open(p, "w").write(json.dumps(d, separators=(",", ":")) + "\n")' $(P4_BUILD)/homagg.json
 	rm -f $(P4_BUILD)/homagg.p4i
 
-p4-tofino:  ## compile the TNA program (needs bf-p4c): P4Info and resource summary in p4src/tofino/build
-	rm -rf $(TOFINO_BUILD)/out && mkdir -p $(TOFINO_BUILD)
-	$(BF_P4C) --target tofino --arch tna -g --verbose 2 -DTNA_CELLS=$(TNA_CELLS) \
-	  --p4runtime-files $(TOFINO_BUILD)/homagg_tna.p4info.txtpb -o $(TOFINO_BUILD)/out \
-	  p4src/tofino/homagg_tna.p4
-	$(SYSTEM_PYTHON) p4src/tofino/resources.py $(TOFINO_BUILD)/out > $(TOFINO_BUILD)/resources.txt
-	rm -rf $(TOFINO_BUILD)/out
+# bf-p4c's output (out/: tofino.bin, context.json, bfrt.json, logs) stays beside the committed
+# P4Info and resource summary, ignored by git: `python -m controller.tofino_pipeline` packs it
+# (here into out/device_config.pb) for a Stratum switch. Counters come out as P4Runtime's
+# standard counters (--p4runtime-force-std-externs), as Stratum and the controller read them.
+define TOFINO_COMPILE
+	@command -v $(BF_P4C) >/dev/null || { echo "$(BF_P4C) not found: build p4c with its Tofino back end (-DENABLE_TOFINO=ON, docs/tofino.md) or set BF_P4C="; exit 2; }
+	rm -rf $(2)/out && mkdir -p $(2)
+	$(BF_P4C) --target $(1) --arch $(3) -g -DTNA_CELLS=$(TNA_CELLS) \
+	  --p4runtime-force-std-externs --p4runtime-files $(2)/homagg_tna.p4info.txtpb \
+	  -o $(2)/out p4src/tofino/homagg_tna.p4
+	$(SYSTEM_PYTHON) p4src/tofino/resources.py $(2)/out > $(2)/resources.txt
+	$(PY) -m controller.tofino_pipeline $(2)/out -o $(2)/out/device_config.pb
+endef
+
+p4-tofino:  ## compile the TNA program for Tofino 1 (needs bf-p4c): P4Info and resource summary in p4src/tofino/build
+	$(call TOFINO_COMPILE,tofino,$(TOFINO_BUILD),tna)
+
+p4-tofino2:  ## the same for Tofino 2 (t2na), into p4src/tofino/build/tofino2
+	$(call TOFINO_COMPILE,tofino2,$(TOFINO_BUILD)/tofino2,t2na)
 
 clean:  ## remove the virtual environment and caches
 	rm -rf $(VENV) p4rtproto/gen controller/api/*_pb2.py controller/api/*_pb2_grpc.py .pytest_cache

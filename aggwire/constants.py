@@ -4,12 +4,16 @@ and tests/aggwire/test_constants.py checks that the two agree."""
 import os
 from enum import IntEnum
 
-# A compile-time constant of the P4 program (256 unless built with `make p4 CELLS=...`);
-# the environment variable only serves benchmarks that run a program built otherwise.
+# Cells per packet a program can be built for: the v1model program's 64, 128 or 256
+# (`make p4 CELLS=...`), the TNA program's 16, 32, 48 or 64 (`make p4-tofino TNA_CELLS=...`).
+CELLS_CHOICES = (16, 32, 48, 64, 128, 256)
+# The committed v1model build's (256); the reference switch and the tests use it. The
+# environment variable serves benchmarks that run a program built otherwise. A worker
+# takes its job's value from the assignment (the controller's per-switch cells_per_packet).
 CELLS_PER_PKT_ENV = "HOMAGG_CELLS_PER_PKT"
 CELLS_PER_PKT = int(os.environ.get(CELLS_PER_PKT_ENV, "256"))
-if CELLS_PER_PKT not in (16, 32, 64, 128, 256):  # 16 and 32: the TNA program (docs/tofino.md)
-    raise ValueError(f"{CELLS_PER_PKT_ENV} must be 16, 32, 64, 128 or 256, not {CELLS_PER_PKT}")
+if CELLS_PER_PKT not in CELLS_CHOICES:
+    raise ValueError(f"{CELLS_PER_PKT_ENV} must be one of {CELLS_CHOICES}, not {CELLS_PER_PKT}")
 AGG_UDP_PORT = 40700
 AGG_VERSION = 1
 AGG_HEADER_BYTES = 16  # aggwire/header.py checks that its fields add up to this
@@ -18,9 +22,21 @@ AGG_HEADER_BYTES = 16  # aggwire/header.py checks that its fields add up to this
 ETH_HEADER_BYTES = 14
 IPV4_HEADER_BYTES = 20
 UDP_HEADER_BYTES = 8
-AGG_UDP_LENGTH = UDP_HEADER_BYTES + AGG_HEADER_BYTES + 4 * CELLS_PER_PKT
+
+
+def agg_udp_length(cells_per_packet: int) -> int:
+    """The UDP length of an aggregation packet of that many cells (UDP header included)."""
+    return UDP_HEADER_BYTES + AGG_HEADER_BYTES + 4 * cells_per_packet
+
+
+def agg_frame_bytes(cells_per_packet: int) -> int:
+    """The Ethernet frame of an aggregation packet (no FCS): what it costs on the wire."""
+    return ETH_HEADER_BYTES + IPV4_HEADER_BYTES + agg_udp_length(cells_per_packet)
+
+
+AGG_UDP_LENGTH = agg_udp_length(CELLS_PER_PKT)
 AGG_IPV4_LENGTH = IPV4_HEADER_BYTES + AGG_UDP_LENGTH
-AGG_FRAME_BYTES = ETH_HEADER_BYTES + AGG_IPV4_LENGTH
+AGG_FRAME_BYTES = agg_frame_bytes(CELLS_PER_PKT)
 NUM_SLOTS = 4096
 SHADOW_BITS = 1  # the header's shadow chooses one of a slot's copies (shadow sets)
 SHADOW_COPIES = 1 << SHADOW_BITS

@@ -10,28 +10,37 @@ from __future__ import annotations
 
 import numpy as np
 
-from aggwire.constants import AGG_HEADER_BYTES, CELLS_PER_PKT
+from aggwire.constants import AGG_HEADER_BYTES, CELLS_CHOICES, CELLS_PER_PKT
 from aggwire.header import HEADER_DTYPE, AggHeader
 
-PAYLOAD_BYTES = AGG_HEADER_BYTES + 4 * CELLS_PER_PKT
 CELLS_DTYPE = np.dtype(">i4")
 
 
+def payload_bytes(cells_per_packet: int = CELLS_PER_PKT) -> int:
+    """The UDP payload of an aggregation packet: its header and cells."""
+    return AGG_HEADER_BYTES + 4 * cells_per_packet
+
+
+PAYLOAD_BYTES = payload_bytes()
+
+
 def pack_payloads(headers: np.ndarray, cells: np.ndarray) -> np.ndarray:
-    """Pack k headers (HEADER_DTYPE) and k x N int32 cells into a (k, PAYLOAD_BYTES) array."""
+    """Pack k headers (HEADER_DTYPE) and k x N int32 cells (N: the job's cells per packet,
+    one of CELLS_CHOICES) into a (k, 16 + 4N) array."""
     cells = np.asarray(cells)
-    if cells.ndim != 2 or cells.shape[1] != CELLS_PER_PKT or cells.shape[0] != len(headers):
-        raise ValueError(f"cells must be ({len(headers)}, {CELLS_PER_PKT}), got {cells.shape}")
-    out = np.empty((len(headers), PAYLOAD_BYTES), np.uint8)
+    if cells.ndim != 2 or cells.shape[0] != len(headers) or cells.shape[1] not in CELLS_CHOICES:
+        raise ValueError(
+            f"cells must be ({len(headers)}, N) for N in {CELLS_CHOICES}, got {cells.shape}"
+        )
+    n = cells.shape[1]
+    out = np.empty((len(headers), payload_bytes(n)), np.uint8)
     out[:, :AGG_HEADER_BYTES] = (
         np.ascontiguousarray(headers, HEADER_DTYPE)
         .view(np.uint8)
         .reshape(len(headers), AGG_HEADER_BYTES)
     )
     out[:, AGG_HEADER_BYTES:] = (
-        cells.astype(CELLS_DTYPE, copy=False)
-        .view(np.uint8)
-        .reshape(len(headers), 4 * CELLS_PER_PKT)
+        cells.astype(CELLS_DTYPE, copy=False).view(np.uint8).reshape(len(headers), 4 * n)
     )
     return out
 
@@ -45,13 +54,14 @@ def pack_payload(header: AggHeader, cells: np.ndarray) -> bytes:
 
 
 def parse_payloads(
-    buf: bytes | bytearray | memoryview | np.ndarray,
+    buf: bytes | bytearray | memoryview | np.ndarray, cells_per_packet: int = CELLS_PER_PKT
 ) -> tuple[np.ndarray, np.ndarray]:
     """Split k concatenated payloads into (headers as HEADER_DTYPE, cells as int32 (k, N))."""
     raw = np.frombuffer(buf, np.uint8) if not isinstance(buf, np.ndarray) else buf.reshape(-1)
-    if raw.size % PAYLOAD_BYTES:
-        raise ValueError(f"{raw.size} bytes is not a whole number of {PAYLOAD_BYTES}-byte payloads")
-    rows = raw.reshape(-1, PAYLOAD_BYTES)
+    size = payload_bytes(cells_per_packet)
+    if raw.size % size:
+        raise ValueError(f"{raw.size} bytes is not a whole number of {size}-byte payloads")
+    rows = raw.reshape(-1, size)
     headers = np.ascontiguousarray(rows[:, :AGG_HEADER_BYTES]).view(HEADER_DTYPE).reshape(-1)
     cells = np.ascontiguousarray(rows[:, AGG_HEADER_BYTES:]).view(CELLS_DTYPE).astype(np.int32)
     return headers, cells

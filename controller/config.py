@@ -15,7 +15,14 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from aggwire.constants import MAX_JOB_ID, MAX_L4_PORT, MAX_SWITCH_PORT, NUM_SLOTS
+from aggwire.constants import (
+    CELLS_CHOICES,
+    CELLS_PER_PKT,
+    MAX_JOB_ID,
+    MAX_L4_PORT,
+    MAX_SWITCH_PORT,
+    NUM_SLOTS,
+)
 from controller.credentials import ROLES, TENANT, TENANT_MAX_JOBS, TENANT_MAX_SLOTS, Operator
 from controller.forwarding import Host
 from p4rtproto.bytestrings import ipv4_to_int, mac_to_int
@@ -46,6 +53,10 @@ class SwitchConfig:
     # (docs/tofino.md). Both or neither.
     p4info: Path | None = None
     device_config: Path | None = None
+    # Cells per packet of the switch's program, handed to its jobs' workers in the
+    # assignment: the committed v1model build's by default; a switch that names its own
+    # program says its own (the TNA program's default build: 64).
+    cells_per_packet: int = CELLS_PER_PKT
     # The largest pool a job gets here: chunks in flight per rank, which reach its port back
     # to back. BMv2 buffers about 1,300 frames per port (docs/bmv2.md): 1024 there.
     max_pool_size: int = NUM_SLOTS
@@ -201,12 +212,27 @@ def _program_file(r: _Reader, key: str, base_dir: Path, where: str) -> Path | No
     return path
 
 
+def _cells_per_packet(r: _Reader, own_program: bool, where: str) -> int:
+    """A switch's cells per packet: required with its own program (the controller cannot
+    tell it from a P4Info), else the committed build's."""
+    if own_program and "cells_per_packet" not in r.data:
+        raise ConfigError(
+            f"{where}: a switch with its own p4info needs cells_per_packet (what its "
+            "program was built for: 64 for p4src/tofino's default build)"
+        )
+    cells = r.integer("cells_per_packet", CELLS_PER_PKT, min(CELLS_CHOICES), max(CELLS_CHOICES))
+    if cells not in CELLS_CHOICES:
+        raise ConfigError(f"{where}.cells_per_packet: {cells} is none of {CELLS_CHOICES}")
+    return cells
+
+
 def _switch(data: Any, where: str, base_dir: Path) -> SwitchConfig:
     r = _Reader(data, where)
     name = r.string("name")
     if not NAME_PATTERN.match(name):
         raise ConfigError(f"{where}.name: {name!r} is not 1..32 of [A-Za-z0-9_.-]")
     hosts = tuple(_host(h, f"{where}.hosts[{i}]") for i, h in enumerate(r.tables("hosts")))
+    p4info = _program_file(r, "p4info", base_dir, where)
     sw = SwitchConfig(
         name=name,
         address=check_address(r.string("address"), f"{where}.address", unix=True),
@@ -216,8 +242,9 @@ def _switch(data: Any, where: str, base_dir: Path) -> SwitchConfig:
         device_id=r.integer("device_id", 0, 0, 2**64 - 1),
         election_id=r.integer("election_id", 10, 1, 2**63 - 1),
         timeout=r.seconds("timeout", 5.0),
-        p4info=_program_file(r, "p4info", base_dir, where),
+        p4info=p4info,
         device_config=_program_file(r, "device_config", base_dir, where),
+        cells_per_packet=_cells_per_packet(r, p4info is not None, where),
         max_pool_size=r.integer("max_pool_size", NUM_SLOTS, 1, NUM_SLOTS),
     )
     r.finish()

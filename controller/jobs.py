@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from aggwire.constants import AGG_UDP_PORT, CELLS_PER_PKT, MAX_JOB_ID
+from aggwire.constants import AGG_UDP_PORT, MAX_JOB_ID
 from controller import validation as check
 from controller.aggregation import JobEntries
 from controller.artifacts import BMV2_JSON_PATH, P4INFO_PATH
@@ -458,7 +458,7 @@ class JobManager:
             AGG_UDP_PORT,
             sw.mac,
             job.pool_size,
-            CELLS_PER_PKT,
+            sw.cells_per_packet,
             job.codec,
             self.config.heartbeat_interval,
             self.config.lease,

@@ -19,7 +19,7 @@ from typing import Any
 
 import grpc
 
-from aggwire.constants import CELLS_PER_PKT
+from aggwire.constants import CELLS_CHOICES
 from controller.client import ControllerClient
 from controller.model import Assignment
 from controller.tls import TlsError
@@ -104,10 +104,10 @@ def _assignment_problem(a: Assignment, cfg: AgentConfig) -> str:
         return f"rank {a.rank} (world size {a.world_size}), but this worker is rank {cfg.rank}"
     if a.pool_size not in POOL_SIZES:
         return f"pool_size {a.pool_size} outside {span(POOL_SIZES)}"
-    if a.cells_per_packet != CELLS_PER_PKT:
+    if a.cells_per_packet not in CELLS_CHOICES:
         return (
-            f"cells_per_packet {a.cells_per_packet}, but this worker was built for "
-            f"{CELLS_PER_PKT} (aggwire.constants.CELLS_PER_PKT)"
+            f"cells_per_packet {a.cells_per_packet} is none of {CELLS_CHOICES} "
+            "(aggwire.constants.CELLS_CHOICES)"
         )
     if a.udp_port not in UDP_PORTS:
         return f"udp_port {a.udp_port} outside {span(UDP_PORTS)}"
@@ -289,6 +289,7 @@ class WorkerAgent:
                 dead_path_s=cfg.dead_path_s,
                 max_straggler_wait=cfg.max_straggler_wait,
                 lane_ops=a.lane_ops,
+                cells_per_packet=a.cells_per_packet,
             )
             self.transport = SwitchTransport(
                 tcfg, channel, peers_problem=self.peers_problem, peers_unproven=self.peers_unproven

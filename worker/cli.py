@@ -23,7 +23,7 @@ from typing import Any
 import grpc
 import numpy as np
 
-from aggwire.constants import AGG_FRAME_BYTES, WORKER_UDP_BASE
+from aggwire.constants import WORKER_UDP_BASE
 from controller.client import ControllerClient
 from controller.config import DEFAULT_LISTEN
 from controller.credentials import (
@@ -294,7 +294,7 @@ def cmd_bench(a: argparse.Namespace) -> int:
             start = time.perf_counter()
             transport.run(codec.aggregate(x))
             secs = time.perf_counter() - start
-            wire = (transport.stats.packets_sent - sent0) * AGG_FRAME_BYTES
+            wire = (transport.stats.packets_sent - sent0) * transport.config.frame_bytes
             rows.append(
                 {
                     "round": i,

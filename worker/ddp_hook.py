@@ -23,7 +23,6 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from aggwire.constants import AGG_FRAME_BYTES, CELLS_PER_PKT
 from worker import sparse_bucket
 from worker.agent import WorkerAgent
 from worker.auto_control import HOST, AutoConfig, AutoController, Choice, auto_codecs
@@ -66,6 +65,7 @@ class HookStats:
     agreements: int = 0  # tiny all_reduces of the decision protocol
     dense_bytes: int = 0  # float32 bytes of the buckets sent through the switch
     wire_bytes: int = 0  # aggregation frames sent for them (retransmissions included)
+    wire_cells: int = 0  # the cells those frames carried
     retransmissions: int = 0
     switch_seconds: float = 0.0
     agreement_seconds: float = 0.0
@@ -336,7 +336,9 @@ def _through_switch(
         return None, ERROR, f"{type(exc).__name__}: {exc}"
     finally:
         state.stats.switch_seconds += time.perf_counter() - start
-        state.stats.wire_bytes += (transport.stats.packets_sent - before[0]) * AGG_FRAME_BYTES
+        packets = transport.stats.packets_sent - before[0]
+        state.stats.wire_bytes += packets * transport.config.frame_bytes
+        state.stats.wire_cells += packets * transport.config.cells_per_packet
         state.stats.retransmissions += transport.stats.retransmissions - before[1]
     return out, OK, ""
 
@@ -366,7 +368,7 @@ def aggregate_bucket(state: SwitchHookState, index: int, buf: torch.Tensor) -> t
     """Bucket `index` summed (through the switch, or agreed by every rank by the hook
     group's all_reduce) and divided by the world size, in place, before returning: the
     communication thread's job (and DeAR's). codec="auto": the controller's path, timed."""
-    start, sent = time.perf_counter(), state.stats.wire_bytes
+    start, sent = time.perf_counter(), state.stats.wire_cells
     choice = state.controller.choice(index) if state.controller is not None else None
     result: torch.Tensor | None = None
     ran: Choice | None = choice
@@ -383,8 +385,9 @@ def aggregate_bucket(state: SwitchHookState, index: int, buf: torch.Tensor) -> t
         result = buf
     if state.controller is not None and choice is not None:
         nonzero = _nonzero_share(buf) if not state.controller.known(index) else 1.0
-        cells = (state.stats.wire_bytes - sent) / AGG_FRAME_BYTES * CELLS_PER_PKT
-        wire = cells / max(1, buf.numel())  # cells sent per dense cell (switch path)
+        wire = (state.stats.wire_cells - sent) / max(
+            1, buf.numel()
+        )  # cells sent per dense cell (switch path)
         state.controller.record(index, time.perf_counter() - start, ran, nonzero, wire)
         state.stats.auto_choices[choice.label] += 1
     return result.div_(state.world_size)

@@ -29,9 +29,16 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from aggwire.constants import AGG_VERSION, CELLS_PER_PKT, Flag, Op
+from aggwire.constants import (
+    AGG_VERSION,
+    CELLS_CHOICES,
+    CELLS_PER_PKT,
+    Flag,
+    Op,
+    agg_frame_bytes,
+)
 from aggwire.header import HEADER_DTYPE, marked_retx
-from aggwire.packer import PAYLOAD_BYTES, pack_payloads, parse_payloads
+from aggwire.packer import pack_payloads, parse_payloads, payload_bytes
 from worker.channel import Channel
 from worker.chunk_numbering import chunk_period, chunk_tags, shadow_of, slot_of, tag_offset
 from worker.codecs.base import CodecError, Phase
@@ -71,6 +78,12 @@ class TransportConfig:
     dead_path_s: float = 3.0  # once the budget is spent: silence of the switch that ends a wait
     max_straggler_wait: float = 120.0  # once the budget is spent: the longest wait for a peer
     lane_ops: bool = True  # the switch adds ADD16 / ADD8 lanes (Assignment.lane_ops)
+    cells_per_packet: int = CELLS_PER_PKT  # the switch's program's (Assignment.cells_per_packet)
+
+    @property
+    def frame_bytes(self) -> int:
+        """One aggregation packet on the wire (Ethernet frame, no FCS)."""
+        return agg_frame_bytes(self.cells_per_packet)
 
 
 @dataclass
@@ -113,6 +126,10 @@ class SwitchTransport:
         `peers_unproven` (the agent's: "" while the controller vouched for the peers
         recently enough) bounds that wait during a controller outage."""
         self.period = chunk_period(config.pool_size)  # raises on a pool size out of range
+        if config.cells_per_packet not in CELLS_CHOICES:
+            raise ValueError(
+                f"cells_per_packet {config.cells_per_packet} is none of {CELLS_CHOICES}"
+            )
         if first_chunk < 0:
             raise ValueError(f"first_chunk must be >= 0, not {first_chunk}")
         self.config = config
@@ -142,14 +159,14 @@ class SwitchTransport:
                 "16- and 8-bit lanes as BAD_OP): use a codec without lanes"
             )
         cells = np.ascontiguousarray(cells, np.int32).reshape(-1)
-        n = cells.size
-        count = max(1, -(-n // CELLS_PER_PKT))
+        n, per = cells.size, self.config.cells_per_packet
+        count = max(1, -(-n // per))
         first = self.next_chunk
         self.next_chunk += count
-        padded = np.zeros(count * CELLS_PER_PKT, np.int32)
+        padded = np.zeros(count * per, np.int32)
         padded[:n] = cells
-        payloads = self.pack_chunks(op, first, padded.reshape(count, CELLS_PER_PKT), n)
-        out = np.empty(count * CELLS_PER_PKT, np.int32)
+        payloads = self.pack_chunks(op, first, padded.reshape(count, per), n)
+        out = np.empty(count * per, np.int32)
         self._exchange(first, payloads, out)
         self.stats.chunks += count
         return out[:n]
@@ -173,7 +190,7 @@ class SwitchTransport:
     def pack_chunks(self, op: Op, first: int, cells: np.ndarray, n: int) -> np.ndarray:
         """The payloads of chunks first, first+1, ... carrying rows of `cells` (n valid in all)."""
         cfg = self.config
-        count = cells.shape[0]
+        count, per = cells.shape[0], cfg.cells_per_packet
         headers = np.zeros(count, HEADER_DTYPE)
         headers["version"] = AGG_VERSION
         headers["op"] = int(op)
@@ -183,8 +200,8 @@ class SwitchTransport:
         headers["chunk"] = tags
         headers["slot"] = slot_of(tags, cfg.pool_size)
         headers["shadow"] = shadow_of(tags, cfg.pool_size)
-        headers["ncells"] = CELLS_PER_PKT
-        headers["ncells"][-1] = n - (count - 1) * CELLS_PER_PKT if n else CELLS_PER_PKT
+        headers["ncells"] = per
+        headers["ncells"][-1] = n - (count - 1) * per if n else per
         return pack_payloads(headers, cells)
 
     def _exchange(self, first: int, payloads: np.ndarray, out: np.ndarray) -> None:
@@ -306,10 +323,11 @@ class SwitchTransport:
         """Place a result: (its index in this call, whether the switch marked it resent), or
         None for anything to ignore."""
         self.wait.heard(time.monotonic())
-        if len(data) != PAYLOAD_BYTES:
+        per = self.config.cells_per_packet
+        if len(data) != payload_bytes(per):
             self.stats.ignored += 1
             return None
-        headers, cells = parse_payloads(data)
+        headers, cells = parse_payloads(data, per)
         h = headers[0]
         tag = int(h["chunk"])
         i = tag_offset(tag, first % self.period, self.config.pool_size)
@@ -323,7 +341,7 @@ class SwitchTransport:
         ):
             self.stats.ignored += 1  # stray, late (an earlier call) or duplicate
             return None
-        out[i * CELLS_PER_PKT : (i + 1) * CELLS_PER_PKT] = cells[0]
+        out[i * per : (i + 1) * per] = cells[0]
         return i, bool(int(h["flags"]) & Flag.RETX)
 
 

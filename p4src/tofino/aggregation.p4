@@ -1,40 +1,15 @@
-/* Aggregation in TNA: the same classification and combination as p4src/aggregation.p4,
- * with the v1model program's 96-bit slot state split into registers that each take one
- * stateful-ALU access per packet, in dependency order:
- *   slot_owner, slot_chunk  -> verdict of the round (fresh, same round, older round)
- *   slot_seen               -> has this worker contributed (combine or not)
- *   slot_count, slot_exp, cells -> written, combined or read back.
- * The data plane resets itself as in v1model: a fresh round overwrites, so no register
- * ever needs a control-plane write. */
+/* Aggregation in TNA: the same checks, verdicts and combination as p4src/aggregation.p4,
+ * laid out for Tofino's stages (docs/tofino.md):
+ *   stage 0   the header checks, job_table and worker_table, beside forwarding's tables
+ *   stage 1   the admission (every check passed) and the round state (owner, chunk)
+ *   stage 2   the seen bitmap
+ *   stage 3+  the count and exponent, and the cell pairs; then the outcome.
+ * A completed round, or a resend, is recirculated once (twice for a resend) through the
+ * pipe's recirculation port to read the halves of the cell pairs the first pass did not
+ * return; the last of those passes sends the result. */
 #include "headers.p4"
-
-#define CELL_REGISTERS(i) \
-    Register<int<32>, slot_copy_t>(NUM_SLOT_COPIES, 0) cells_c##i; \
-    RegisterAction<int<32>, slot_copy_t, bit<32>>(cells_c##i) store_c##i = { \
-        void apply(inout int<32> v, out bit<32> rv) { \
-            v = (int<32>)hdr.cells.c##i; rv = (bit<32>)v; } }; \
-    RegisterAction<int<32>, slot_copy_t, bit<32>>(cells_c##i) add_c##i = { \
-        void apply(inout int<32> v, out bit<32> rv) { \
-            v = v + (int<32>)hdr.cells.c##i; rv = (bit<32>)v; } }; \
-    RegisterAction<int<32>, slot_copy_t, bit<32>>(cells_c##i) or_c##i = { \
-        void apply(inout int<32> v, out bit<32> rv) { \
-            v = v | (int<32>)hdr.cells.c##i; rv = (bit<32>)v; } }; \
-    RegisterAction<int<32>, slot_copy_t, bit<32>>(cells_c##i) max_c##i = { \
-        void apply(inout int<32> v, out bit<32> rv) { \
-            if ((int<32>)hdr.cells.c##i > v) { v = (int<32>)hdr.cells.c##i; } \
-            rv = (bit<32>)v; } };
-#define STORE_CELL(i) hdr.cells.c##i = store_c##i.execute(meta.slot_index);
-#define ADD_CELL(i) hdr.cells.c##i = add_c##i.execute(meta.slot_index);
-#define OR_CELL(i) hdr.cells.c##i = or_c##i.execute(meta.slot_index);
-#define MAX_CELL(i) hdr.cells.c##i = max_c##i.execute(meta.slot_index);
-/* A stateful ALU holds at most four register actions: a resend reads the cells back as
- * `v | 0` (the cells are zeroed first), so no fifth "read" action is needed. */
-#define ZERO_CELL(i) hdr.cells.c##i = 0;
-
-struct tag_t {
-    bit<32> chunk;
-    bit<32> job;
-}
+#include "slot_state.p4"
+#include "cell_pairs.p4"
 
 control Aggregation(inout ingress_headers_t hdr, inout ingress_metadata_t meta,
                     in ingress_intrinsic_metadata_t ig_intr_md,
@@ -42,19 +17,25 @@ control Aggregation(inout ingress_headers_t hdr, inout ingress_metadata_t meta,
     Counter<bit<64>, bit<2>>(NUM_EVENTS, CounterType_t.PACKETS) event_counter;
     DirectCounter<bit<64>>(CounterType_t.PACKETS_AND_BYTES) job_packets;
     DirectCounter<bit<64>>(CounterType_t.PACKETS_AND_BYTES) worker_packets;
+    RoundState() round_state;
+    SeenState() seen_state;
+    CountState() count_state;
+    CellPairs() cells;
 
+    /* pool_base + slot and pool_size - slot, computed here so that stage 1 only
+     * compares: both operands are below 2^12 once the slot's high bits are checked. */
     action set_job(bit<12> pool_base, bit<16> pool_size, bit<8> num_workers,
                    bit<16> mcast_grp) {
         job_packets.count();
-        meta.pool_base = pool_base;
-        meta.pool_size = pool_size;
+        meta.slot_sum = (bit<16>)pool_base + hdr.agg.slot;
+        meta.room = pool_size - hdr.agg.slot;
         meta.num_workers = num_workers;
         meta.mcast_grp = mcast_grp;
     }
 
     action unknown_job() {
         job_packets.count();
-        meta.drop_reason = DROP_UNKNOWN_JOB;
+        meta.job_miss = 1;
     }
 
     table job_table {
@@ -65,15 +46,15 @@ control Aggregation(inout ingress_headers_t hdr, inout ingress_metadata_t meta,
         size = MAX_JOBS;
     }
 
-    action set_worker(PortId_t port, bit<32> worker_bit) {
+    action set_worker(sdn_port_t port, bit<32> worker_bit) {
         worker_packets.count();
-        meta.worker_port = port;
+        meta.port_diff = (bit<9>)port ^ ig_intr_md.ingress_port;
         meta.worker_bit = worker_bit;
     }
 
     action unknown_rank() {
         worker_packets.count();
-        meta.drop_reason = DROP_BAD_RANK;
+        meta.rank_miss = 1;
     }
 
     table worker_table {
@@ -84,157 +65,105 @@ control Aggregation(inout ingress_headers_t hdr, inout ingress_metadata_t meta,
         size = MAX_WORKERS;
     }
 
-    /* The owner is written on every access: a packet of another job makes the round
-     * fresh and takes the slot copy; one of the same job writes what is there. */
-    Register<bit<32>, slot_copy_t>(NUM_SLOT_COPIES, 0) slot_owner;
-    RegisterAction<bit<32>, slot_copy_t, bit<32>>(slot_owner) swap_owner = {
-        void apply(inout bit<32> v, out bit<32> rv) { rv = v; v = meta.job; }
-    };
-
-    /* The round's chunk, tagged with the job so the write below knows a fresh round
-     * (another job, or a newer chunk in serial order) without a second access. */
-    Register<tag_t, slot_copy_t>(NUM_SLOT_COPIES, {0, 0}) slot_chunk;
-    RegisterAction<tag_t, slot_copy_t, bit<32>>(slot_chunk) advance_chunk = {
-        void apply(inout tag_t v, out bit<32> rv) {
-            rv = v.chunk;
-            if (v.job != meta.job || (int<32>)(hdr.agg.chunk - v.chunk) > 0) {
-                v.chunk = hdr.agg.chunk;
-                v.job = meta.job;
-            }
-        }
-    };
-
-    Register<bit<32>, slot_copy_t>(NUM_SLOT_COPIES, 0) slot_seen;
-    RegisterAction<bit<32>, slot_copy_t, bit<32>>(slot_seen) first_seen = {
-        void apply(inout bit<32> v, out bit<32> rv) { rv = 0; v = meta.worker_bit; }
-    };
-    RegisterAction<bit<32>, slot_copy_t, bit<32>>(slot_seen) add_seen = {
-        void apply(inout bit<32> v, out bit<32> rv) { rv = v; v = v | meta.worker_bit; }
-    };
-
-    Register<bit<8>, slot_copy_t>(NUM_SLOT_COPIES, 0) slot_count;
-    RegisterAction<bit<8>, slot_copy_t, bit<8>>(slot_count) first_count = {
-        void apply(inout bit<8> v, out bit<8> rv) { v = 1; rv = v; }
-    };
-    RegisterAction<bit<8>, slot_copy_t, bit<8>>(slot_count) add_count = {
-        void apply(inout bit<8> v, out bit<8> rv) { v = v + 1; rv = v; }
-    };
-    RegisterAction<bit<8>, slot_copy_t, bit<8>>(slot_count) read_count = {
-        void apply(inout bit<8> v, out bit<8> rv) { rv = v; }
-    };
-
-    Register<bit<8>, slot_copy_t>(NUM_SLOT_COPIES, 0) slot_exp;
-    RegisterAction<bit<8>, slot_copy_t, bit<8>>(slot_exp) store_exp = {
-        void apply(inout bit<8> v, out bit<8> rv) { v = hdr.agg.exp; rv = v; }
-    };
-    RegisterAction<bit<8>, slot_copy_t, bit<8>>(slot_exp) max_exp = {
-        void apply(inout bit<8> v, out bit<8> rv) {
-            if (hdr.agg.exp > v) { v = hdr.agg.exp; }
-            rv = v;
-        }
-    };
-    RegisterAction<bit<8>, slot_copy_t, bit<8>>(slot_exp) read_exp = {
-        void apply(inout bit<8> v, out bit<8> rv) { rv = v; }
-    };
-
-    FOR_EACH_CELL(CELL_REGISTERS)
-
-    action index_slot() {
-        meta.slot_sum = (bit<16>)meta.pool_base + hdr.agg.slot;
-        meta.job = (bit<32>)hdr.agg.job_id;
+    action count_event(bit<2> event) {
+        meta.has_event = 1;
+        meta.event = event;
     }
 
-    action copy_index() {
-        meta.slot_index = (slot_copy_t)(meta.slot_sum << 1) | (slot_copy_t)hdr.agg.shadow;
+    /* Send the packet round through the pipe's recirculation port to read more cells. */
+    action recirculate(bit<8> step, bit<8> resend) {
+        hdr.harvest.setValid();
+        hdr.harvest.step = step;
+        hdr.harvest.resend = resend;
+        hdr.harvest.slot_sum = meta.slot_sum;
+        hdr.harvest.mcast_grp = meta.mcast_grp;
+        hdr.harvest.pad = 0;
+        hdr.harvest.port = ig_intr_md.ingress_port;
+        ig_tm_md.ucast_egress_port = ig_intr_md.ingress_port[8:7] ++ RECIRC_PORT_LOW;
+        ig_tm_md.bypass_egress = 1;
     }
-
-    action zero_cells() { FOR_EACH_CELL(ZERO_CELL) }
 
     apply {
-        if (!hdr.agg.isValid()) {
-            meta.drop_reason = DROP_BAD_HEADER;
+        /* The header's own checks, then the lookups: stage 0, beside forwarding. */
+        if (hdr.harvest.isValid()) {
+            /* A recirculated pass: only the reads below. */
+        } else if (!hdr.agg.isValid()) {
+            meta.hdr_drop = DROP_BAD_HEADER;
         } else if (hdr.agg.version != AGG_VERSION || hdr.agg.shadow > 1
                 || (hdr.agg.flags & AGG_FLAG_RESULT) != 0) {
-            meta.drop_reason = DROP_BAD_HEADER;
+            meta.hdr_drop = DROP_BAD_HEADER;
         } else if (hdr.agg.ncells == 0 || hdr.agg.ncells > CELLS_PER_PKT
                 || hdr.udp.length != AGG_UDP_LENGTH || hdr.ipv4.total_len != AGG_IPV4_LENGTH) {
-            meta.drop_reason = DROP_BAD_LENGTH;
+            meta.hdr_drop = DROP_BAD_LENGTH;
         } else if (hdr.agg.op < AGG_OP_ADD || hdr.agg.op > AGG_OP_MAX) {
-            meta.drop_reason = DROP_BAD_OP;
-        } else if (job_table.apply().hit) {
-            if (worker_table.apply().hit) {
-                index_slot();
-                if (meta.worker_port != ig_intr_md.ingress_port) {
-                    meta.drop_reason = DROP_WRONG_PORT;
-                } else if (hdr.agg.slot >= meta.pool_size || meta.slot_sum >= NUM_SLOTS) {
-                    /* pool_base < 2^12 and slot < 2^16: their sum cannot wrap 16 bits. */
-                    meta.drop_reason = DROP_SLOT_OUT_OF_POOL;
-                } else {
-                    copy_index();
-                    meta.old_owner = swap_owner.execute(meta.slot_index);
-                    meta.old_chunk = advance_chunk.execute(meta.slot_index);
-                    meta.age = hdr.agg.chunk - meta.old_chunk;
-                    if (meta.old_owner != meta.job
-                            || (meta.age != 0 && meta.age[31:31] == 0)) {
-                        meta.verdict = VERDICT_FRESH;
-                    } else if (meta.age != 0) {
-                        meta.verdict = VERDICT_STALE;
-                    } else {
-                        meta.verdict = VERDICT_COMBINE;  /* or a worker seen: below */
-                    }
-                    if (meta.verdict == VERDICT_FRESH) {
-                        first_seen.execute(meta.slot_index);
-                    } else if (meta.verdict == VERDICT_COMBINE) {
-                        meta.old_seen = add_seen.execute(meta.slot_index);
-                        meta.seen_before = meta.old_seen & meta.worker_bit;
-                        if (meta.seen_before != 0) {
-                            meta.verdict = VERDICT_DUPLICATE;  /* or a resend: below */
-                        }
-                    }
-                    if (meta.verdict == VERDICT_FRESH) {
-                        meta.count = first_count.execute(meta.slot_index);
-                        hdr.agg.exp = store_exp.execute(meta.slot_index);
-                        FOR_EACH_CELL(STORE_CELL)
-                    } else if (meta.verdict == VERDICT_COMBINE) {
-                        meta.count = add_count.execute(meta.slot_index);
-                        hdr.agg.exp = max_exp.execute(meta.slot_index);
-                        if (hdr.agg.op == AGG_OP_ADD) {
-                            FOR_EACH_CELL(ADD_CELL)
-                        } else if (hdr.agg.op == AGG_OP_OR) {
-                            FOR_EACH_CELL(OR_CELL)
-                        } else {
-                            FOR_EACH_CELL(MAX_CELL)
-                        }
-                    } else if (meta.verdict == VERDICT_DUPLICATE) {
-                        meta.count = read_count.execute(meta.slot_index);
-                        hdr.agg.exp = read_exp.execute(meta.slot_index);
-                        zero_cells();
-                        FOR_EACH_CELL(OR_CELL)
-                        if (meta.count == meta.num_workers) {
-                            meta.verdict = VERDICT_RESEND;
-                        }
-                    }
-
-                    if (meta.verdict == VERDICT_FRESH || meta.verdict == VERDICT_COMBINE) {
-                        event_counter.count((bit<2>)EVENT_CONTRIBUTION);
-                        if (meta.count == meta.num_workers) {
-                            hdr.agg.flags = AGG_FLAG_RESULT;
-                            ig_tm_md.mcast_grp_a = meta.mcast_grp;
-                            event_counter.count((bit<2>)EVENT_RESULT);
-                        } else {
-                            meta.absorbed = 1;
-                        }
-                    } else if (meta.verdict == VERDICT_RESEND) {
-                        hdr.agg.flags = AGG_FLAG_RESULT | AGG_FLAG_RETX;
-                        ig_tm_md.ucast_egress_port = ig_intr_md.ingress_port;
-                        event_counter.count((bit<2>)EVENT_RESENT);
-                    } else if (meta.verdict == VERDICT_DUPLICATE) {
-                        meta.drop_reason = DROP_DUPLICATE;
-                    } else {
-                        meta.drop_reason = DROP_STALE;
-                    }
-                }
+            meta.hdr_drop = DROP_BAD_OP;
+        } else {
+            if (hdr.agg.slot[15:12] != 0) {
+                meta.slot_high = 1;
             }
+            job_table.apply();
+            worker_table.apply();
+        }
+
+        if (meta.to_aggregation == 1 && meta.hdr_drop == DROP_NONE && meta.job_miss == 0
+                && meta.rank_miss == 0 && meta.port_diff == 0 && meta.slot_high == 0
+                && meta.slot_sum[15:12] == 0 && meta.room != 0 && meta.room[15:15] == 0) {
+            meta.admitted = 1;
+            round_state.apply(hdr, meta);
+        }
+        if (meta.admitted == 1) {
+            seen_state.apply(hdr, meta);
+        }
+        count_state.apply(hdr, meta);
+        cells.apply(hdr, meta);
+
+        if (meta.to_aggregation == 1) {
+            if (meta.hdr_drop != DROP_NONE) {
+                meta.drop_reason = meta.hdr_drop;
+            } else if (meta.job_miss == 1) {
+                meta.drop_reason = DROP_UNKNOWN_JOB;
+            } else if (meta.rank_miss == 1) {
+                meta.drop_reason = DROP_BAD_RANK;
+            } else if (meta.port_diff != 0) {
+                meta.drop_reason = DROP_WRONG_PORT;
+            } else if (meta.admitted == 0) {
+                meta.drop_reason = DROP_SLOT_OUT_OF_POOL;
+            } else if (meta.phase == VERDICT_STALE) {
+                meta.drop_reason = DROP_STALE;
+            } else if (meta.phase == VERDICT_FRESH
+                    || (meta.phase == VERDICT_COMBINE && meta.seen_before == 0)) {
+                count_event((bit<2>)EVENT_CONTRIBUTION);
+                if (meta.count != meta.num_workers) {
+                    meta.absorbed = 1;
+                } else if (meta.phase == VERDICT_COMBINE && hdr.agg.op == AGG_OP_MAX) {
+                    recirculate(HARVEST_HI_LAST, 0);
+                } else {
+                    recirculate(HARVEST_LO_LAST, 0);
+                }
+            } else if (meta.count == meta.num_workers) {
+                recirculate(HARVEST_LO_MORE, 1);
+            } else {
+                meta.drop_reason = DROP_DUPLICATE;
+            }
+        } else if (hdr.harvest.isValid()) {
+            if (meta.phase == HARVEST_LO_MORE) {
+                hdr.harvest.step = HARVEST_HI_LAST;
+                ig_tm_md.ucast_egress_port = ig_intr_md.ingress_port;
+                ig_tm_md.bypass_egress = 1;
+            } else if (hdr.harvest.resend == 1) {
+                hdr.agg.flags = AGG_FLAG_RESULT | AGG_FLAG_RETX;
+                ig_tm_md.ucast_egress_port = hdr.harvest.port;
+                count_event((bit<2>)EVENT_RESENT);
+                hdr.harvest.setInvalid();
+            } else {
+                hdr.agg.flags = AGG_FLAG_RESULT;
+                ig_tm_md.mcast_grp_a = hdr.harvest.mcast_grp;
+                count_event((bit<2>)EVENT_RESULT);
+                hdr.harvest.setInvalid();
+            }
+        }
+        if (meta.has_event == 1) {
+            event_counter.count(meta.event);
         }
     }
 }

@@ -1,13 +1,14 @@
 /* Forwarding in TNA: the same tables, keys and actions as p4src/forwarding.p4 (proxy
  * ARP, IPv4 LPM routing with static neighbor rewriting, the hand-off of aggregation
- * traffic); only the intrinsic metadata differ. */
+ * traffic). It writes only fields of its own (fwd_drop, to_aggregation), so its tables
+ * share stage 0 with the aggregation's job and worker lookups. */
 #include "headers.p4"
 
 control Forwarding(inout ingress_headers_t hdr, inout ingress_metadata_t meta,
                    in ingress_intrinsic_metadata_t ig_intr_md,
                    inout ingress_intrinsic_metadata_for_tm_t ig_tm_md) {
     action no_route() {
-        meta.drop_reason = DROP_NO_ROUTE;
+        meta.fwd_drop = DROP_NO_ROUTE;
     }
 
     action arp_reply(mac_addr_t mac) {
@@ -29,8 +30,8 @@ control Forwarding(inout ingress_headers_t hdr, inout ingress_metadata_t meta,
         size = ARP_TABLE_SIZE;
     }
 
-    action route(PortId_t port, mac_addr_t src_mac, mac_addr_t dst_mac) {
-        ig_tm_md.ucast_egress_port = port;
+    action route(sdn_port_t port, mac_addr_t src_mac, mac_addr_t dst_mac) {
+        ig_tm_md.ucast_egress_port = (PortId_t)(bit<9>)port;
         hdr.ethernet.src_addr = src_mac;
         hdr.ethernet.dst_addr = dst_mac;
         hdr.ipv4.ttl = hdr.ipv4.ttl - 1;
@@ -54,19 +55,19 @@ control Forwarding(inout ingress_headers_t hdr, inout ingress_metadata_t meta,
                     && hdr.arp.plen == 4) {
                 arp_responder.apply();
             } else {
-                meta.drop_reason = DROP_UNSUPPORTED;
+                meta.fwd_drop = DROP_UNSUPPORTED;
             }
         } else if (hdr.ipv4.isValid()) {
             /* Options would need a checksum over bytes the parser does not keep. */
             if (hdr.ipv4.ihl != 5) {
-                meta.drop_reason = DROP_UNSUPPORTED;
+                meta.fwd_drop = DROP_UNSUPPORTED;
             } else if (hdr.ipv4.ttl <= 1) {
-                meta.drop_reason = DROP_TTL_EXPIRED;
+                meta.fwd_drop = DROP_TTL_EXPIRED;
             } else {
                 ipv4_lpm.apply();
             }
         } else {
-            meta.drop_reason = DROP_UNSUPPORTED;
+            meta.fwd_drop = DROP_UNSUPPORTED;
         }
     }
 }

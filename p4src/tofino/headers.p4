@@ -1,19 +1,53 @@
 /* Headers and metadata of the TNA program. The wire headers (Ethernet to agg_h) and every
- * constant come from ../include, shared with the v1model program; only the cells differ:
- * one bit<32> field per cell, because a Tofino stateful ALU updates one 32-bit register
- * entry per packet and returns one 32-bit value. */
+ * constant come from ../include, shared with the v1model program; the cells are one
+ * bit<32> field each, and a harvest header rides in front of a packet the program
+ * recirculates to read the rest of a result (docs/tofino.md). */
 #ifndef HOMAGG_TNA_HEADERS_P4
 #define HOMAGG_TNA_HEADERS_P4
 
 #include "cells.p4"
 #include "../include/headers.p4"
 
-#define CELL_FIELD(i) bit<32> c##i;
+/* Ports as the control plane sees them: behind Stratum, P4Runtime carries its SDN port
+ * numbers (32 bits) and the switch translates them to the chip's, as for multicast
+ * replicas. */
+@p4runtime_translation("tna/PortId_t", 32)
+type bit<9> sdn_port_t;
+
+/* The pipe-local recirculation port (its low 7 bits; the pipe's bits come from the
+ * ingress port, so a result is read back in the pipe whose registers hold it): 68 on
+ * Tofino 1. A build option for other chips or a front-panel port in loopback. */
+#ifndef RECIRC_PORT
+#define RECIRC_PORT 68
+#endif
+const bit<7> RECIRC_PORT_LOW = RECIRC_PORT;
+
+#define CELL_FIELDS(p, a, b) bit<32> c##a; bit<32> c##b;
 header cells_h {
-    FOR_EACH_CELL(CELL_FIELD)
+    FOR_EACH_PAIR(CELL_FIELDS)
 }
 
+/* What a recirculated pass needs from the pass before it: which half of the pairs to
+ * read (step), and where the result goes. Never leaves the switch. */
+header harvest_h {
+    bit<8>  step;       /* HARVEST_* below */
+    bit<8>  resend;     /* 1: a resend to one worker, 0: a result to the multicast group */
+    bit<16> slot_sum;   /* pool_base + slot: with agg_h.shadow, the slot copy */
+    bit<16> mcast_grp;
+    bit<7>  pad;
+    PortId_t port;      /* the worker's port, for a resend */
+}
+
+/* Harvest steps: which register action reads the half the pass before did not. */
+const bit<8> HARVEST_LO_LAST = 16;  /* read the lo cells (MAX with neutral input), deliver */
+const bit<8> HARVEST_HI_LAST = 17;  /* read the hi cells (OR with neutral input), deliver */
+const bit<8> HARVEST_LO_MORE = 18;  /* read the lo cells, then HARVEST_HI_LAST */
+/* Neutral inputs: MAX with INT32_MIN and OR with 0 leave a register word as it is. */
+const bit<32> NEUTRAL_MAX = 0x80000000;
+const bit<32> NEUTRAL_OR = 0;
+
 struct ingress_headers_t {
+    harvest_h  harvest;
     ethernet_h ethernet;
     arp_h      arp;
     ipv4_h     ipv4;
@@ -22,30 +56,33 @@ struct ingress_headers_t {
     cells_h    cells;
 }
 
-/* The slot state of the v1model program (one 96-bit entry) split so that each register
- * is read and written once per packet by one stateful ALU (docs/tofino.md). */
-typedef bit<13> slot_copy_t;  /* a slot copy: (pool_base + slot) * SHADOW_COPIES + shadow */
+/* The slot state of the v1model program (one 96-bit entry) is split into registers that
+ * each take one stateful-ALU access per packet (docs/tofino.md). */
+typedef bit<13> slot_copy_t;  /* shadow * NUM_SLOTS + pool_base + slot */
 
 struct ingress_metadata_t {
-    bit<8>   drop_reason;
+    bit<8>   fwd_drop;      /* forwarding's drop reason */
+    bit<8>   hdr_drop;      /* the aggregation header's checks */
     bit<1>   to_aggregation;
+    bit<1>   job_miss;
+    bit<1>   rank_miss;
+    bit<1>   slot_high;     /* slot >= NUM_SLOTS */
+    bit<1>   admitted;      /* passed every check: the slot state is touched */
     bit<1>   absorbed;
-    bit<12>  pool_base;    /* below NUM_SLOTS by its width: P4Runtime refuses wider values */
-    bit<16>  pool_size;
+    bit<1>   has_event;
+    bit<2>   event;
+    bit<8>   drop_reason;
+    bit<16>  slot_sum;      /* pool_base + slot (both below 2^12 when admitted) */
+    bit<16>  room;          /* pool_size - slot: 1..2^15-1 when the slot is in the pool */
     bit<8>   num_workers;
-    bit<8>   count;        /* contributions in the round, after this packet's */
     bit<16>  mcast_grp;
-    PortId_t worker_port;
+    bit<9>   port_diff;     /* the worker's configured port XOR the ingress port */
     bit<32>  worker_bit;
-    bit<16>  slot_sum;     /* pool_base + slot, at most 4095 + 65535: no 16-bit wrap below */
-    slot_copy_t slot_index;
-    bit<32>  job;          /* hdr.agg.job_id widened to the tag register's width */
-    bit<32>  old_owner;
-    bit<32>  old_chunk;
-    bit<32>  age;          /* hdr.agg.chunk - old_chunk: serial-number order (RFC 1982) */
-    bit<32>  old_seen;
-    bit<32>  seen_before;  /* old_seen & worker_bit */
-    bit<8>   verdict;
+    bit<16>  owner_diff;    /* the slot copy's job before this packet XOR this job */
+    bit<32>  age;           /* chunk - the slot copy's chunk: serial order (RFC 1982) */
+    bit<32>  seen_before;   /* the slot copy's seen bitmap before this packet & worker_bit */
+    bit<8>   phase;         /* VERDICT_* of this pass, or the HARVEST_* step of a read */
+    bit<8>   count;         /* contributions in the round, after this packet's */
 }
 
 /* Egress parses no cells: they pass through as payload (Tofino's PHV is shared by the

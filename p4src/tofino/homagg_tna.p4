@@ -1,8 +1,13 @@
 /* homagg for Tofino (TNA): the v1model program's protocol, tables and drop reasons in one
- * ingress/egress pipeline. docs/protocol.md is the specification and docs/tofino.md maps
- * each part of p4src/homagg.p4 onto this program. */
+ * ingress/egress pipeline, a result read back over one recirculation (two for a resend).
+ * docs/protocol.md is the specification and docs/tofino.md maps each part of
+ * p4src/homagg.p4 onto this program. */
 #include <core.p4>
+#if __TARGET_TOFINO__ == 2
+#include <t2na.p4>
+#else
 #include <tna.p4>
+#endif
 
 #include "headers.p4"
 #include "parser.p4"
@@ -24,9 +29,15 @@ control SwitchIngress(inout ingress_headers_t hdr, inout ingress_metadata_t meta
         if (ig_prsr_md.parser_err != PARSER_ERROR_OK) {
             meta.drop_reason = DROP_TRUNCATED;
         } else {
-            forwarding.apply(hdr, meta, ig_intr_md, ig_tm_md);
-            if (meta.to_aggregation == 1) {
-                aggregation.apply(hdr, meta, ig_intr_md, ig_tm_md);
+            /* Forwarding and the aggregation's lookups run side by side; the aggregation
+             * acts on what forwarding decided (to_aggregation) from stage 1 on. A
+             * recirculated pass skips forwarding. */
+            if (!hdr.harvest.isValid()) {
+                forwarding.apply(hdr, meta, ig_intr_md, ig_tm_md);
+            }
+            aggregation.apply(hdr, meta, ig_intr_md, ig_tm_md);
+            if (meta.fwd_drop != DROP_NONE) {
+                meta.drop_reason = meta.fwd_drop;
             }
         }
         if (meta.drop_reason != DROP_NONE) {

@@ -1,5 +1,6 @@
 /* Parsers: the ingress parses what the v1model parser does (Ethernet, ARP or option-less
- * unfragmented IPv4/UDP, the aggregation header and cells); the egress parses up to the
+ * unfragmented IPv4/UDP, the aggregation header and cells), after a harvest header when
+ * the packet comes back from the pipe's recirculation port; the egress parses up to the
  * aggregation header and leaves the cells as payload. A packet too short for a header
  * reaches the ingress with parser_err set and is dropped as truncated, as on v1model. */
 #include "headers.p4"
@@ -11,11 +12,21 @@ parser SwitchIngressParser(packet_in pkt, out ingress_headers_t hdr,
         pkt.extract(ig_intr_md);
         pkt.advance(PORT_METADATA_SIZE);
         meta = {
-            drop_reason = DROP_NONE, to_aggregation = 0, absorbed = 0, pool_base = 0,
-            pool_size = 0, num_workers = 0, count = 0, mcast_grp = 0, worker_port = 0,
-            worker_bit = 0, slot_sum = 0, slot_index = 0, job = 0, old_owner = 0,
-            old_chunk = 0, age = 0, old_seen = 0, seen_before = 0, verdict = 0
+            fwd_drop = DROP_NONE, hdr_drop = DROP_NONE, to_aggregation = 0, job_miss = 0,
+            rank_miss = 0, slot_high = 0, admitted = 0, absorbed = 0, has_event = 0,
+            event = 0, drop_reason = DROP_NONE, slot_sum = 0, room = 0, num_workers = 0,
+            mcast_grp = 0, port_diff = 0, worker_bit = 0, owner_diff = 0, age = 0,
+            seen_before = 0, phase = 0, count = 0
         };
+        transition select(ig_intr_md.ingress_port) {
+            (bit<9>)RECIRC_PORT_LOW &&& 0x7f: parse_harvest;
+            default: parse_ethernet;
+        }
+    }
+    state parse_harvest {
+        pkt.extract(hdr.harvest);
+        meta.phase = hdr.harvest.step;
+        meta.slot_sum = hdr.harvest.slot_sum;
         transition parse_ethernet;
     }
     state parse_ethernet {
@@ -71,8 +82,8 @@ parser SwitchEgressParser(packet_in pkt, out egress_headers_t hdr, out egress_me
     }
     state parse_udp {
         pkt.extract(hdr.udp);
-        transition select(hdr.udp.src_port, hdr.udp.dst_port) {
-            (_, AGG_UDP_PORT): parse_agg;
+        transition select(hdr.udp.dst_port) {
+            AGG_UDP_PORT: parse_agg;
             default: accept;
         }
     }

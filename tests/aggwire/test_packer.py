@@ -75,6 +75,23 @@ def test_single_packet_round_trip_and_errors():
         pack_payload(header, cells[:-1])
 
 
+def test_payloads_of_a_switchs_own_cell_count_round_trip():
+    """A job on a switch whose program takes 64 cells (the TNA build) packs and parses 64,
+    whatever the default build is; a count no program has is refused."""
+    rng = np.random.default_rng(1)
+    headers = random_headers(rng, 3)
+    cells = rng.integers(-(1 << 31), 1 << 31, (3, 64), dtype=np.int64).astype(np.int32)
+    packed = pack_payloads(headers, cells)
+    assert packed.shape == (3, 16 + 4 * 64)
+    got_headers, got_cells = parse_payloads(packed.tobytes(), 64)
+    np.testing.assert_array_equal(got_headers, headers)
+    np.testing.assert_array_equal(got_cells, cells)
+    with pytest.raises(ValueError, match="for N in"):
+        pack_payloads(headers, np.zeros((3, 100), np.int32))
+    with pytest.raises(ValueError, match="not a whole number"):
+        parse_payloads(packed[:1].tobytes(), 256)
+
+
 def test_frame_template_matches_scapy():
     tpl = FrameTemplate("02:00:00:00:00:01", "02:00:00:00:00:fe", "10.0.0.1", "10.0.0.254", 41000)
     payload = pack_payload(

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from aggwire.constants import CELLS_PER_PKT
 from controller.config import ConfigError, load_config, parse_config
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "controller" / "example.toml"
@@ -171,7 +172,9 @@ def test_a_switch_may_name_its_own_program(tmp_path):
     [sw] = parse_config(doc, tmp_path).switches
     assert sw.p4info is None and sw.device_config is None  # the committed v1model build
     assert sw.lane_ops  # which adds 16- and 8-bit lanes
-    doc["switch"][0].update(p4info="tna/p4info.txtpb", device_config="tna/device_config.pb")
+    doc["switch"][0].update(
+        p4info="tna/p4info.txtpb", device_config="tna/device_config.pb", cells_per_packet=64
+    )
     [sw] = parse_config(doc, tmp_path).switches
     assert sw.p4info == tmp_path / "tna" / "p4info.txtpb"
     assert sw.device_config == tmp_path / "tna" / "device_config.pb"
@@ -182,3 +185,23 @@ def test_a_switch_may_name_its_own_program(tmp_path):
     doc["switch"][0]["device_config"] = "tna/missing.pb"
     with pytest.raises(ConfigError, match=r"switch\[0\]\.device_config: .* is not a file"):
         parse_config(doc, tmp_path)
+
+
+def test_cells_per_packet_is_the_switchs(tmp_path):
+    """Each switch's program has its own cells per packet: the committed build's by default,
+    required (and checked) for a switch that names its own program."""
+    doc = tomllib.loads(EXAMPLE.read_text())
+    (tmp_path / "p4info.txtpb").write_text("")
+    (tmp_path / "device_config.pb").write_bytes(b"")
+    tofino = dict(doc["switch"][0], name="tofino", address="10.9.9.9:9559")
+    tofino.update(p4info="p4info.txtpb", device_config="device_config.pb")
+    doc["switch"].append(tofino)
+    with pytest.raises(ConfigError, match=r"switch\[1\]: .* needs cells_per_packet"):
+        parse_config(doc, tmp_path)
+    tofino["cells_per_packet"] = 64
+    bmv2, tna = parse_config(doc, tmp_path).switches
+    assert (bmv2.cells_per_packet, tna.cells_per_packet) == (CELLS_PER_PKT, 64)
+    for bad in (100, 0, 512, "64"):
+        tofino["cells_per_packet"] = bad
+        with pytest.raises(ConfigError, match=r"switch\[1\]\.cells_per_packet"):
+            parse_config(doc, tmp_path)

@@ -9,10 +9,16 @@ import grpc
 import pytest
 from ctl_helpers import HOSTS, SwitchUnderTest, config_dict, job_state, rpc_code
 
+from aggwire.constants import CELLS_PER_PKT
 from controller.config import parse_config
 from controller.switch_connection import SwitchConnection
 
 S1_HOSTS, S2_HOSTS = HOSTS[:2], HOSTS[2:]
+
+
+# s2 says its program carries 64 cells per packet (as a Tofino switch's would): the
+# assignment of a job there says so; nothing in these tests sends a packet to s2 at 64.
+S2_CELLS = 64
 
 
 @pytest.fixture
@@ -21,6 +27,7 @@ def two(tmp_path: Path, start_controller):
     doc = config_dict(
         [("s1", switches[0].address, S1_HOSTS), ("s2", switches[1].address, S2_HOSTS)], tmp_path
     )
+    doc["switch"][1]["cells_per_packet"] = S2_CELLS
     ctl = start_controller(parse_config(doc, tmp_path))
     readers = []
     for _i, sw in enumerate(switches):
@@ -57,6 +64,19 @@ def test_job_goes_to_the_switch_of_its_workers(two):
         ("s1", 8, 1),
         ("s2", 32, 1),
     }
+
+
+def test_each_switch_hands_out_its_cells_per_packet(two):
+    """One controller, a switch per program: a job's workers pack as many cells as their
+    switch's program takes."""
+    ctl, _ = two
+    c = ctl.client
+    got = {}
+    for name, host in (("s1", S1_HOSTS[0]), ("s2", S2_HOSTS[0])):
+        job = c.create_job(f"on-{name}", 1, "dense", pool_size=4, switch=name)
+        join(c, job, 0, host)
+        got[name] = c.wait_ready(job.job_id, job.token, 0, 10).cells_per_packet
+    assert got == {"s1": CELLS_PER_PKT, "s2": S2_CELLS}
 
 
 def test_each_switch_grants_pools_up_to_its_own_limit(tmp_path, start_controller):

@@ -20,7 +20,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from aggwire.constants import Op
 from worker.auto_control import AutoConfig
 from worker.ddp_hook import SwitchHookState, switch_allreduce_hook
-from worker.transport import TransportStats
+from worker.transport import TransportConfig, TransportStats
 
 _OPS = {Op.ADD: dist.ReduceOp.SUM, Op.OR: dist.ReduceOp.BOR, Op.MAX: dist.ReduceOp.MAX}
 
@@ -33,6 +33,7 @@ class GlooSwitch:
         self.group = group
         self.next_chunk = 0
         self.stats = TransportStats()
+        self.config = TransportConfig(job_id=1, rank=0, world_size=1, pool_size=1)
         self.delay_per_cell = 0.0
 
     def run(self, gen):

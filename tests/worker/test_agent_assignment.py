@@ -126,6 +126,21 @@ def test_the_transport_takes_the_agents_timing(fake):
             agent.close()
 
 
+def test_the_transport_takes_the_switchs_cells_per_packet(fake):
+    """A job on a switch whose program takes 64 cells (a Tofino switch): the transport
+    packs 64, whatever this worker's default build is."""
+    servicer, address = fake
+    servicer.assignment = dataclasses.replace(GOOD, cells_per_packet=64, lane_ops=False)
+    agent, reason = open_agent(_config(address))
+    assert agent is not None, reason
+    try:
+        _, transport = agent.joined()
+        assert (transport.config.cells_per_packet, transport.config.lane_ops) == (64, False)
+        assert transport.config.frame_bytes == 14 + 20 + 8 + 16 + 4 * 64
+    finally:
+        agent.close()
+
+
 BAD = [
     ({"pool_size": 0}, "pool_size 0 outside 1..4096"),
     ({"pool_size": 5000}, "pool_size 5000 outside"),
@@ -142,8 +157,8 @@ BAD = [
     ({"service_ip": "224.0.0.1"}, "not a unicast address"),
     ({"service_ip": "0.0.0.0"}, "not a unicast address"),
     ({"udp_port": 0}, "udp_port 0 outside 1..65535"),
-    ({"cells_per_packet": 0}, f"cells_per_packet 0, but this worker was built for {CELLS_PER_PKT}"),
-    ({"cells_per_packet": CELLS_PER_PKT * 2}, "aggwire.constants.CELLS_PER_PKT"),
+    ({"cells_per_packet": 0}, "cells_per_packet 0 is none of (16, 32, 48, 64, 128, 256)"),
+    ({"cells_per_packet": 100}, "aggwire.constants.CELLS_CHOICES"),
 ]
 
 

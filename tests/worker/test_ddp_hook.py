@@ -20,7 +20,7 @@ from worker.codecs.exponent import dense_exponents
 from worker.codecs.lowbit import DEFAULT_LOWBIT_BLOCK, error_bound
 from worker.codecs.simulate import drive
 from worker.ddp_hook import SwitchHookState, switch_allreduce_hook
-from worker.transport import TransportError, TransportStats
+from worker.transport import TransportConfig, TransportError, TransportStats
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -43,6 +43,7 @@ class FakeTransport:
     def __init__(self) -> None:
         self.next_chunk = 0
         self.stats = TransportStats()
+        self.config = TransportConfig(job_id=1, rank=0, world_size=1, pool_size=1)
         self.broken = False
         self.runs = 0
 

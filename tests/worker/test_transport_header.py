@@ -9,15 +9,15 @@ import time
 import numpy as np
 import pytest
 
-from aggwire.constants import AGG_VERSION, CELLS_PER_PKT, Flag, Op
-from aggwire.header import FIELD_NAMES, header_view
+from aggwire.constants import AGG_HEADER_BYTES, AGG_VERSION, CELLS_PER_PKT, Flag, Op
+from aggwire.header import FIELD_NAMES, HEADER_DTYPE, header_view
 from aggwire.packer import parse_payloads
 from worker.codecs import CodecError, Phase
 from worker.transport import OpUnsupportedError, SwitchTransport, TransportConfig
 
 
 def chunk_of(payload: bytes) -> int:
-    return int(parse_payloads(payload)[0]["chunk"][0])
+    return int(np.frombuffer(payload[:AGG_HEADER_BYTES], HEADER_DTYPE)["chunk"][0])
 
 
 class LoseFirstSend:
@@ -99,3 +99,26 @@ def test_run_splits_its_time_into_encode_exchange_and_decode():
     s = transport.stats
     assert 0.04 <= s.encode_seconds < 0.2 and 0.03 <= s.decode_seconds < 0.2
     assert s.exchange_seconds > 0
+
+
+@pytest.mark.parametrize("per", [16, 64])
+def test_cells_per_packet_of_the_assignment(per):
+    """The transport packs as many cells as its config says (the switch's program's, from
+    the assignment), whatever the default build is, and reads results of that size only."""
+    channel = LoseFirstSend()
+    cfg = TransportConfig(job_id=5, rank=0, world_size=1, pool_size=4, cells_per_packet=per)
+    transport = SwitchTransport(cfg, channel)
+    cells = np.arange(2 * per + 3, dtype=np.int32) * 7 - 99
+    np.testing.assert_array_equal(transport.allreduce(Op.ADD, cells), cells)
+    headers, sent = parse_payloads(b"".join(channel.sent), per)
+    originals = headers[(headers["flags"] & Flag.RETX) == 0]
+    assert list(originals["ncells"]) == [per, per, 3] and sent.shape[1] == per
+    assert {len(p) for p in channel.sent} == {16 + 4 * per}
+
+
+def test_cells_per_packet_outside_the_choices_is_refused():
+    with pytest.raises(ValueError, match="cells_per_packet 100 is none of"):
+        SwitchTransport(
+            TransportConfig(job_id=5, rank=0, world_size=1, pool_size=4, cells_per_packet=100),
+            LoseFirstSend(),
+        )
