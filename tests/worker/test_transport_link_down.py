@@ -47,24 +47,16 @@ def gloo(tmp_path_factory):
     dist.destroy_process_group()
 
 
-def take_down(fab: Controlled, rank: int, how: str) -> None:
-    """Rank's link to the switch fails: its interface set down, or its address removed
-    (either takes the route to the switch's service address with it)."""
+def set_link(fab: Controlled, rank: int, how: str, up: bool) -> None:
+    """Rank's link to the switch fails (up=False) or comes back: its interface set down, or
+    its address removed (either takes the route to the switch's service address with it)."""
     assert fab.fabric is not None
     host = fab.fabric.hosts[rank]
     if how == "link down":
-        ip("link", "set", "dev", host.iface, "down", netns=host.namespace)
+        ip("link", "set", "dev", host.iface, "up" if up else "down", netns=host.namespace)
     else:
-        ip("addr", "del", f"{host.ip}/24", "dev", host.iface, netns=host.namespace)
-
-
-def bring_up(fab: Controlled, rank: int, how: str) -> None:
-    assert fab.fabric is not None
-    host = fab.fabric.hosts[rank]
-    if how == "link down":
-        ip("link", "set", "dev", host.iface, "up", netns=host.namespace)
-    else:
-        ip("addr", "replace", f"{host.ip}/24", "dev", host.iface, netns=host.namespace)
+        verb = "replace" if up else "del"
+        ip("addr", verb, f"{host.ip}/24", "dev", host.iface, netns=host.namespace)
 
 
 @pytest.mark.parametrize("how", ["link down", "address removed"])
@@ -75,13 +67,13 @@ def test_a_send_on_a_failed_link_names_its_errno(fab, how):
         transport = agents[0].transport
         steps = [lambda r=r: agents[r].transport.allreduce(Op.ADD, CELLS) for r in range(2)]
         run_threads(steps, 30)  # the link works
-        take_down(fab, 0, how)
+        set_link(fab, 0, how, up=False)
         start = time.monotonic()
         with pytest.raises(TransportError, match=rf"\({CAUSE}\): the switch path failed"):
             transport.allreduce(Op.ADD, CELLS)
         assert time.monotonic() - start < 1.0  # at the first send, not after a budget
     finally:
-        bring_up(fab, 0, how)
+        set_link(fab, 0, how, up=True)
         for a in agents:
             a.close()
 
@@ -92,7 +84,7 @@ def test_the_hook_falls_back_with_the_cause(fab):
     agents = open_all(fab, job, 2)
     try:
         state = SwitchHookState(agents[0], codec="lossless", world_size=1, rank=0)
-        take_down(fab, 0, "link down")
+        set_link(fab, 0, "link down", up=False)
         grad = torch.linspace(-1.0, 1.0, 3000)
         with pytest.warns(RuntimeWarning, match=rf"the switch path failed .*{CAUSE}") as warned:
             out = switch_allreduce_hook(state, Bucket(grad.clone())).wait()
@@ -100,6 +92,6 @@ def test_the_hook_falls_back_with_the_cause(fab):
         assert "unexpected" not in str(warned[0].message)
         assert state.stats.fallback_reasons == {"the switch path failed (TransportError)": 1}
     finally:
-        bring_up(fab, 0, "link down")
+        set_link(fab, 0, "link down", up=True)
         for a in agents:
             a.close()
