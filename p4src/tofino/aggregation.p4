@@ -23,11 +23,14 @@ control Aggregation(inout ingress_headers_t hdr, inout ingress_metadata_t meta,
     CellPairs() cells;
 
     /* pool_base + slot and pool_size - slot, computed here so that stage 1 only
-     * compares: both operands are below 2^12 once the slot's high bits are checked. */
-    action set_job(bit<12> pool_base, bit<16> pool_size, bit<8> num_workers,
+     * compares: with pool_base's and the slot's high bits checked to be 0 there, both
+     * operands are below 2^12 and the 16-bit sum cannot wrap. (A bit<12> pool_base,
+     * zero-extended in the sum, is an expression bf-p4c's action analysis rejects.) */
+    action set_job(bit<16> pool_base, bit<16> pool_size, bit<8> num_workers,
                    bit<16> mcast_grp) {
         job_packets.count();
-        meta.slot_sum = (bit<16>)pool_base + hdr.agg.slot;
+        meta.slot_sum = pool_base + hdr.agg.slot;
+        meta.base_high = pool_base[15:12];
         meta.room = pool_size - hdr.agg.slot;
         meta.num_workers = num_workers;
         meta.mcast_grp = mcast_grp;
@@ -107,6 +110,7 @@ control Aggregation(inout ingress_headers_t hdr, inout ingress_metadata_t meta,
 
         if (meta.to_aggregation == 1 && meta.hdr_drop == DROP_NONE && meta.job_miss == 0
                 && meta.rank_miss == 0 && meta.port_diff == 0 && meta.slot_high == 0
+                && meta.base_high == 0
                 && meta.slot_sum[15:12] == 0 && meta.room != 0 && meta.room[15:15] == 0) {
             meta.admitted = 1;
             round_state.apply(hdr, meta);

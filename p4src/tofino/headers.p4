@@ -73,6 +73,7 @@ struct ingress_metadata_t {
     bit<2>   event;
     bit<8>   drop_reason;
     bit<16>  slot_sum;      /* pool_base + slot (both below 2^12 when admitted) */
+    bit<4>   base_high;     /* pool_base's bits above NUM_SLOTS: 0 when admitted */
     bit<16>  room;          /* pool_size - slot: 1..2^15-1 when the slot is in the pool */
     bit<8>   num_workers;
     bit<16>  mcast_grp;
