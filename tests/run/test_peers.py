@@ -27,7 +27,9 @@ def _free_port() -> int:
 
 
 def _rank(rank: int, port: int, mode: str, model: str, out: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    # gloo on loopback, as the other in-process tests: without an interface gloo looks up
+    # the host name, which a sandbox's resolver may fail (c10d's "hostname cannot be retrieved")
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), GLOO_SOCKET_IFNAME="lo")
     dist.init_process_group("gloo", rank=rank, world_size=2, timeout=timedelta(seconds=60))
     try:
         task = make_task(model, SHAPE)
