@@ -129,6 +129,9 @@ define TOFINO_COMPILE
 	  --p4runtime-force-std-externs --p4runtime-files $(2)/homagg_tna.p4info.txtpb \
 	  -o $(2)/out p4src/tofino/homagg_tna.p4
 	$(SYSTEM_PYTHON) p4src/tofino/resources.py $(2)/out > $(2)/resources.txt
+	$(SYSTEM_PYTHON) p4src/tofino/sources.py $(1) $(TNA_CELLS) "$$($(BF_P4C) --version | head -1)" > $(2)/sources.txt
+	cd $(2)/out && find . -name bfrt.json -o -name context.json -o -name 'tofino*.bin' \
+	  | sed 's|^\./||' | LC_ALL=C sort > ../device_files.txt
 	$(PY) -m controller.tofino_pipeline $(2)/out -o $(2)/out/device_config.pb
 endef
 

@@ -68,6 +68,49 @@ control Aggregation(inout ingress_headers_t hdr, inout ingress_metadata_t meta,
         size = MAX_WORKERS;
     }
 
+    action header_ok(bit<1> slot_high) {
+        meta.hdr_drop = DROP_NONE;
+        meta.slot_high = slot_high;
+    }
+
+    action header_bad(bit<8> reason) {
+        meta.hdr_drop = reason;
+    }
+
+    /* The header's checks as one table, in v1model's order of precedence (the first
+     * entry that matches wins): a chain of if-statements costs a logical table per
+     * branch, and stage 0 has 16 for forwarding and the lookups. Every field a check
+     * reads is a key; the slot's bits above NUM_SLOTS are flagged for the admission. */
+    table header_check {
+        key = {
+            hdr.agg.isValid(): exact;
+            hdr.agg.version: ternary;
+            hdr.agg.shadow: ternary;
+            hdr.agg.flags: ternary;
+            hdr.agg.ncells: range;
+            hdr.udp.length: ternary;
+            hdr.ipv4.total_len: ternary;
+            hdr.agg.op: range;
+            hdr.agg.slot: ternary;
+        }
+        actions = { header_ok; header_bad; }
+        const entries = {
+            (true, AGG_VERSION, 0 &&& 0xfe, 0 &&& AGG_FLAG_RESULT, 1 .. CELLS_PER_PKT,
+             AGG_UDP_LENGTH, AGG_IPV4_LENGTH, AGG_OP_ADD .. AGG_OP_MAX, 0 &&& 0xf000):
+                header_ok(0);
+            (true, AGG_VERSION, 0 &&& 0xfe, 0 &&& AGG_FLAG_RESULT, 1 .. CELLS_PER_PKT,
+             AGG_UDP_LENGTH, AGG_IPV4_LENGTH, AGG_OP_ADD .. AGG_OP_MAX, _):
+                header_ok(1);
+            (true, AGG_VERSION, 0 &&& 0xfe, 0 &&& AGG_FLAG_RESULT, 1 .. CELLS_PER_PKT,
+             AGG_UDP_LENGTH, AGG_IPV4_LENGTH, _, _):
+                header_bad(DROP_BAD_OP);
+            (true, AGG_VERSION, 0 &&& 0xfe, 0 &&& AGG_FLAG_RESULT, _, _, _, _, _):
+                header_bad(DROP_BAD_LENGTH);
+        }
+        const default_action = header_bad(DROP_BAD_HEADER);
+        size = 4;
+    }
+
     action count_event(bit<2> event) {
         meta.has_event = 1;
         meta.event = event;
@@ -87,25 +130,14 @@ control Aggregation(inout ingress_headers_t hdr, inout ingress_metadata_t meta,
     }
 
     apply {
-        /* The header's own checks, then the lookups: stage 0, beside forwarding. */
-        if (hdr.harvest.isValid()) {
-            /* A recirculated pass: only the reads below. */
-        } else if (!hdr.agg.isValid()) {
-            meta.hdr_drop = DROP_BAD_HEADER;
-        } else if (hdr.agg.version != AGG_VERSION || hdr.agg.shadow > 1
-                || (hdr.agg.flags & AGG_FLAG_RESULT) != 0) {
-            meta.hdr_drop = DROP_BAD_HEADER;
-        } else if (hdr.agg.ncells == 0 || hdr.agg.ncells > CELLS_PER_PKT
-                || hdr.udp.length != AGG_UDP_LENGTH || hdr.ipv4.total_len != AGG_IPV4_LENGTH) {
-            meta.hdr_drop = DROP_BAD_LENGTH;
-        } else if (hdr.agg.op < AGG_OP_ADD || hdr.agg.op > AGG_OP_MAX) {
-            meta.hdr_drop = DROP_BAD_OP;
-        } else {
-            if (hdr.agg.slot[15:12] != 0) {
-                meta.slot_high = 1;
+        /* The header's own checks, then the lookups: stage 0, beside forwarding. A
+         * recirculated pass does only the reads below. */
+        if (!hdr.harvest.isValid()) {
+            header_check.apply();
+            if (hdr.agg.isValid()) {
+                job_table.apply();
+                worker_table.apply();
             }
-            job_table.apply();
-            worker_table.apply();
         }
 
         if (meta.to_aggregation == 1 && meta.hdr_drop == DROP_NONE && meta.job_miss == 0

@@ -50,12 +50,14 @@ control Forwarding(inout ingress_headers_t hdr, inout ingress_metadata_t meta,
 
     apply {
         if (hdr.arp.isValid()) {
-            if (hdr.arp.oper == ARP_OPER_REQUEST && hdr.arp.htype == ARP_HTYPE_ETHERNET
-                    && hdr.arp.ptype == ETHERTYPE_IPV4 && hdr.arp.hlen == 6
-                    && hdr.arp.plen == 4) {
-                arp_responder.apply();
-            } else {
+            /* Two conditions: a gateway compares at most 4 bytes and 12 bits of PHV. */
+            if (hdr.arp.oper != ARP_OPER_REQUEST || hdr.arp.htype != ARP_HTYPE_ETHERNET) {
                 meta.fwd_drop = DROP_UNSUPPORTED;
+            } else if (hdr.arp.ptype != ETHERTYPE_IPV4 || hdr.arp.hlen != 6
+                    || hdr.arp.plen != 4) {
+                meta.fwd_drop = DROP_UNSUPPORTED;
+            } else {
+                arp_responder.apply();
             }
         } else if (hdr.ipv4.isValid()) {
             /* Options would need a checksum over bytes the parser does not keep. */

@@ -79,8 +79,8 @@ struct ingress_metadata_t {
     bit<16>  mcast_grp;
     bit<9>   port_diff;     /* the worker's configured port XOR the ingress port */
     bit<32>  worker_bit;
-    bit<16>  owner_diff;    /* the slot copy's job before this packet XOR this job */
-    bit<32>  age;           /* chunk - the slot copy's chunk: serial order (RFC 1982) */
+    bit<8>   fresh;         /* 1: another job's slot copy, or a newer chunk (slot_round) */
+    bit<8>   stale;         /* 1: this job's slot copy, an older chunk (slot_round_twin) */
     bit<32>  seen_before;   /* the slot copy's seen bitmap before this packet & worker_bit */
     bit<8>   phase;         /* VERDICT_* of this pass, or the HARVEST_* step of a read */
     bit<8>   count;         /* contributions in the round, after this packet's */

@@ -1,7 +1,7 @@
 /* The slot state of a slot copy, in the dependency order of the stages (docs/tofino.md):
- *   slot_owner, slot_chunk -> how this packet's round relates to the copy's round
- *   slot_seen              -> whether this worker has contributed to it
- *   slot_count             -> contributions so far (and the exponent, its hi word).
+ *   slot_round, slot_round_twin -> how this packet's round relates to the copy's round
+ *   slot_seen                   -> whether this worker has contributed to it
+ *   slot_count                  -> contributions so far (and the exponent, its hi word).
  * Each register has one table whose actions pick its register action, so each is read
  * and written once per pass. The data plane resets itself as in v1model: a fresh round
  * overwrites, so no register ever needs a control-plane write. */
@@ -10,7 +10,8 @@
 /* The register index of the packet's slot copy: shadow * NUM_SLOTS + pool_base + slot. */
 #define SLOT_COPY(h) h.get({hdr.agg.shadow[0:0], meta.slot_sum[11:0]})
 
-struct chunk_tag_t {
+/* The round of a slot copy: the job that wrote it last and its chunk. */
+struct round_tag_t {
     bit<32> chunk;
     bit<32> job;
 }
@@ -20,57 +21,67 @@ struct count_exp_t {
     bit<8> exp;
 }
 
-/* First stage: the owner (the job that wrote the copy last) and the copy's chunk, side
- * by side. The chunk register keeps its own copy of the job, so it knows a fresh round
- * (another job, or a newer chunk in serial order) without reading slot_owner. */
+/* First stage: the round's verdict. It takes three comparisons with the copy's round
+ * (another job; a newer chunk; an older one), and a Tofino 1 stateful ALU has two, so
+ * two registers hold the same round tag side by side and each answers one question with
+ * a flag from its comparisons' predicate (bf-p4c cannot subtract an ALU's output in an
+ * action, so no age leaves the ALU). Both take the packet's tag when it is another job's
+ * or not older; for an equal chunk that rewrites what is there, so they never differ.
+ * Serial order of chunks as RFC 1982: a chunk exactly 2^31 ahead is older, as in v1model. */
 control RoundState(inout ingress_headers_t hdr, inout ingress_metadata_t meta) {
-    Hash<slot_copy_t>(HashAlgorithm_t.IDENTITY) owner_index;
-    Hash<slot_copy_t>(HashAlgorithm_t.IDENTITY) chunk_index;
+    Hash<slot_copy_t>(HashAlgorithm_t.IDENTITY) round_index;
+    Hash<slot_copy_t>(HashAlgorithm_t.IDENTITY) twin_index;
 
-    Register<bit<16>, slot_copy_t>(NUM_SLOT_COPIES, 0) slot_owner;
-    RegisterAction<bit<16>, slot_copy_t, bit<16>>(slot_owner) swap_owner = {
-        void apply(inout bit<16> v, out bit<16> rv) { rv = v; v = hdr.agg.job_id; }
-    };
-
-    Register<chunk_tag_t, slot_copy_t>(NUM_SLOT_COPIES, {0, 0}) slot_chunk;
-    RegisterAction<chunk_tag_t, slot_copy_t, bit<32>>(slot_chunk) advance_chunk = {
-        void apply(inout chunk_tag_t v, out bit<32> rv) {
-            rv = v.chunk;
+    Register<round_tag_t, slot_copy_t>(NUM_SLOT_COPIES, {0, 0}) slot_round;
+    /* 1 for a fresh round: another job's copy, or a newer chunk of this job. */
+    RegisterAction<round_tag_t, slot_copy_t, bit<8>>(slot_round) check_fresh = {
+        void apply(inout round_tag_t v, out bit<8> rv) {
+            rv = 0;
             if (v.job != (bit<32>)hdr.agg.job_id || (int<32>)(hdr.agg.chunk - v.chunk) > 0) {
                 v.chunk = hdr.agg.chunk;
                 v.job = (bit<32>)hdr.agg.job_id;
+                rv = 1;
             }
         }
     };
 
-    action take_owner() {
-        meta.owner_diff = swap_owner.execute(SLOT_COPY(owner_index)) ^ hdr.agg.job_id;
-    }
+    Register<round_tag_t, slot_copy_t>(NUM_SLOT_COPIES, {0, 0}) slot_round_twin;
+    /* 1 for an older round: this job's copy, and an older chunk. */
+    RegisterAction<round_tag_t, slot_copy_t, bit<8>>(slot_round_twin) check_stale = {
+        void apply(inout round_tag_t v, out bit<8> rv) {
+            if (v.job != (bit<32>)hdr.agg.job_id || (int<32>)(hdr.agg.chunk - v.chunk) >= 0) {
+                v.chunk = hdr.agg.chunk;
+                v.job = (bit<32>)hdr.agg.job_id;
+                rv = 0;
+            } else {
+                rv = 1;
+            }
+        }
+    };
 
-    action take_chunk() {
-        meta.age = hdr.agg.chunk - advance_chunk.execute(SLOT_COPY(chunk_index));
-    }
+    action take_round() { meta.fresh = check_fresh.execute(SLOT_COPY(round_index)); }
+    action take_twin() { meta.stale = check_stale.execute(SLOT_COPY(twin_index)); }
 
-    table owner_table {
-        actions = { take_owner; }
-        const default_action = take_owner();
+    table round_table {
+        actions = { take_round; }
+        const default_action = take_round();
         size = 1;
     }
 
-    table chunk_table {
-        actions = { take_chunk; }
-        const default_action = take_chunk();
+    table twin_table {
+        actions = { take_twin; }
+        const default_action = take_twin();
         size = 1;
     }
 
     apply {
-        owner_table.apply();
-        chunk_table.apply();
+        round_table.apply();
+        twin_table.apply();
     }
 }
 
-/* Second stage: the round's verdict (fresh, same round, older) from the owner and the
- * age, and the seen bitmap: set anew for a fresh round, or-ed for the same round (its
+/* Second stage: the round's verdict (fresh, same round, older) from the two flags, and
+ * the seen bitmap: set anew for a fresh round, or-ed for the same round (its
  * old bits & worker_bit: nonzero when this worker has contributed already). */
 control SeenState(inout ingress_headers_t hdr, inout ingress_metadata_t meta) {
     Hash<slot_copy_t>(HashAlgorithm_t.IDENTITY) seen_index;
@@ -100,20 +111,21 @@ control SeenState(inout ingress_headers_t hdr, inout ingress_metadata_t meta) {
         meta.phase = VERDICT_STALE;
     }
 
-    /* Fresh: another job (owner_diff != 0), or a newer chunk (age != 0, sign bit 0).
-     * A chunk exactly 2^31 ahead is older, as in v1model. */
     table seen_table {
         key = {
-            meta.owner_diff: ternary;
-            meta.age: ternary;
+            meta.fresh: exact;
+            meta.stale: exact;
         }
         actions = { fresh_round; same_round; older_round; }
+        /* Every action that touches a register is an entry: a miss cannot use the hash
+         * unit that indexes it. The two flags are never both 1. */
         const entries = {
+            (1, 0): fresh_round();
             (0, 0): same_round();
-            (0, 0x80000000 &&& 0x80000000): older_round();
+            (0, 1): older_round();
         }
-        const default_action = fresh_round();
-        size = 2;
+        const default_action = older_round();
+        size = 3;
     }
 
     apply {
