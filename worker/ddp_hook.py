@@ -26,6 +26,7 @@ import torch.distributed as dist
 from worker import sparse_bucket
 from worker.agent import WorkerAgent
 from worker.auto_control import HOST, AutoConfig, AutoController, Choice, auto_codecs
+from worker.auto_host import AutoHostPath, nonzero_share
 from worker.codecs import (
     AUTO_CODEC,
     DEFAULT_CODEC,
@@ -107,6 +108,8 @@ class SwitchHookState:
         # join its codecs when the switch adds them (lane_ops, agreed at the set-up)
         config = auto or AutoConfig(codecs=auto_codecs(lane_ops))
         self.controller = AutoController(config) if codec == AUTO_CODEC else None
+        # codec="auto": its host buckets are all-reduced from the hook, as DDP's own
+        self.auto_host = AutoHostPath() if self.controller is not None else None
         self.asynchronous = asynchronous or self.controller is not None
         self.group = process_group  # collectives of the hook (its own group when asynchronous)
         self.comm: CommThread | None = None
@@ -130,7 +133,7 @@ class SwitchHookState:
         state = {
             k: v
             for k, v in self.__dict__.items()
-            if k not in ("agent", "process_group", "codecs", "group", "comm")
+            if k not in ("agent", "process_group", "codecs", "group", "comm", "auto_host")
         }
         if self.process_group is not None:
             log.warning("SwitchHookState pickled without its non-default process group")
@@ -140,6 +143,7 @@ class SwitchHookState:
         self.__dict__.update(state)
         self.agent, self.process_group, self.codecs = None, None, {}
         self.group, self.comm = None, None
+        self.auto_host = AutoHostPath() if self.controller is not None else None
         self.unavailable_reason = "state was unpickled without its agent"
         self._use_switch = None
 
@@ -238,6 +242,13 @@ class SwitchHookState:
         """The host path's SUM over ranks in place, through the hook's group."""
         dist.all_reduce(buf, group=self.group)
 
+    def host_all_reduce_async(self, buf: torch.Tensor) -> dist.Work:
+        """The host path's SUM over ranks in place, started now through DDP's own process
+        group (codec="auto"'s host buckets, from the hook, as DDP without a hook does)."""
+        work = dist.all_reduce(buf, group=self.process_group, async_op=True)
+        assert work is not None
+        return work
+
     def _realign(self, chunk: int) -> None:
         # Every rank resumes at the largest counter any rank reached: each new chunk is newer
         # than whatever a failed round left in the slots, so the switch starts it FRESH.
@@ -281,14 +292,20 @@ class SwitchHookState:
         that fell back), then agree again; codec="auto" decides the next step's paths (a
         job of its own on the communication thread, after the last bucket's Future is
         complete: its agreement is not in the step's critical path)."""
-        if self._use_switch is False:
-            if self._fell_back_in_step != self.steps:
-                self._cooldown_left -= 1
-            if self._cooldown_left <= 0:
-                self._use_switch = None
-        if self.controller is not None and budgets:
-            self.auto_decide(budgets)
-        self.steps += 1
+        try:
+            if self._use_switch is False:
+                if self._fell_back_in_step != self.steps:
+                    self._cooldown_left -= 1
+                if self._cooldown_left <= 0:
+                    self._use_switch = None
+            if self.controller is not None and self.auto_host is not None:
+                self.auto_host.record(self.controller)
+            if self.controller is not None and budgets:
+                self.auto_decide(budgets)
+            self.steps += 1
+        finally:
+            if self.auto_host is not None:
+                self.auto_host.decided.set()  # the next step's choices may be read
 
     def auto_decide(self, budgets: dict[int, float]) -> dict[int, str]:
         """One MAX all_reduce of this step's [-costs, -budgets, nonzero shares, wire
@@ -384,20 +401,13 @@ def aggregate_bucket(state: SwitchHookState, index: int, buf: torch.Tensor) -> t
         state.host_all_reduce(buf)
         result = buf
     if state.controller is not None and choice is not None:
-        nonzero = _nonzero_share(buf) if not state.controller.known(index) else 1.0
+        nonzero = nonzero_share(buf) if not state.controller.known(index) else 1.0
         wire = (state.stats.wire_cells - sent) / max(
             1, buf.numel()
         )  # cells sent per dense cell (switch path)
         state.controller.record(index, time.perf_counter() - start, ran, nonzero, wire)
         state.stats.auto_choices[choice.label] += 1
     return result.div_(state.world_size)
-
-
-def _nonzero_share(buf: torch.Tensor) -> float:
-    """The share of a bucket's elements that are nonzero (a sparse bucket's rows)."""
-    if buf.is_sparse:
-        return min(1.0, buf._nnz() / max(1, buf.shape[0]))
-    return float(torch.count_nonzero(buf)) / max(1, buf.numel())
 
 
 def _switch_or_none(state: SwitchHookState, index: int, buf: torch.Tensor) -> torch.Tensor | None:
@@ -436,6 +446,21 @@ def agreed_sum(
     return out
 
 
+def _issue(
+    state: SwitchHookState, comm: CommThread, index: int, buf: torch.Tensor
+) -> torch.futures.Future[torch.Tensor]:
+    """Asynchronous mode: bucket `index` queued for the communication thread, or, when
+    codec="auto" sends it to the host this step, all-reduced from here as DDP's own."""
+    host, controller = state.auto_host, state.controller
+    if host is not None and controller is not None:
+        host.wait_decided()
+        if controller.choice(index).method == HOST:
+            state.stats.host_buckets += 1
+            state.stats.auto_choices[HOST] += 1
+            return host.issue(controller, index, buf, state.host_all_reduce_async, state.world_size)
+    return comm.submit(lambda: aggregate_bucket(state, index, buf))
+
+
 def switch_allreduce_hook(
     state: SwitchHookState, bucket: dist.GradBucket
 ) -> torch.futures.Future[torch.Tensor]:
@@ -447,8 +472,10 @@ def switch_allreduce_hook(
         comm = state.start_comm()
         index, last = bucket.index(), bucket.is_last()
         budgets = state.hand_over(index, last)
-        fut = comm.submit(lambda: aggregate_bucket(state, index, buf))
+        fut = _issue(state, comm, index, buf)
         if last:  # after the last bucket's Future completes, on the same thread
+            if state.auto_host is not None:
+                state.auto_host.deciding()
             comm.submit(lambda: state.end_step(budgets))
         return fut
     result = _switch_or_none(state, bucket.index(), buf) if state.use_switch() else None

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import threading
 import time
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -99,6 +100,16 @@ def main() -> None:
         host_all_reduce(buf)
 
     state.host_all_reduce = slow_host  # type: ignore[method-assign]
+    host_all_reduce_async = state.host_all_reduce_async
+
+    hook_threads: list[str] = []
+
+    def slow_host_async(buf: torch.Tensor) -> dist.Work:  # codec="auto"'s host buckets
+        hook_threads.append(threading.current_thread().name)
+        time.sleep(switch.delay_per_cell * buf.numel())
+        return host_all_reduce_async(buf)
+
+    state.host_all_reduce_async = slow_host_async  # type: ignore[method-assign]
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     first, end = (int(v) for v in a.slow.split(":"))
     gen = torch.Generator().manual_seed(a.rank)
@@ -115,6 +126,8 @@ def main() -> None:
         "history": [{str(k): v for k, v in h.items()} for h in state.controller.history],
         "choices": dict(state.stats.auto_choices),
         "host_buckets": state.stats.host_buckets,
+        "host_from": sorted(set(hook_threads)),  # the threads that issued them
+        "host_issued": len(hook_threads),
         "fallback_buckets": state.stats.fallback_buckets,
     }
     state.close()

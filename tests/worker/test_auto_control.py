@@ -207,6 +207,10 @@ def test_two_ranks_raise_compression_with_injected_delay_and_lower_it_after(tmp_
     assert out[0]["choices"] == out[1]["choices"]
     hist = out[0]["history"]
     assert len(hist) == 40  # a decision after every step
+    # every host bucket was all-reduced from the hook, on the thread that runs backward
+    for o in out:
+        assert o["host_issued"] == o["choices"]["host"] == o["host_buckets"] > 0
+        assert o["host_from"] == ["MainThread"]
 
     def mean_density(lo: int, hi: int) -> float:
         return float(np.mean([density(v) for h in hist[lo:hi] for v in h.values()]))
