@@ -37,11 +37,12 @@ def line(seconds: float, suffix: str = "") -> str:
     agg = _find(
         "aggregation",
         r"^Target [^:]*: lossless vs dense fixed point at 1% density, "
-        r"reference switch, n = [\d,]+: (.*)\.$",
+        r"reference switch, n = ([\d,]+: .*)\.$",
         suffix,
     )
-    if agg:
-        parts.append(f"lossless / fixed point at 1% (refswitch, 25M): {agg}")
+    if agg:  # "n: ratios"
+        n, ratios = agg.split(": ", 1)
+        parts.append(f"lossless / fixed point at 1% (refswitch, n = {n}): {ratios}")
     for a, b, text in (
         ("refswitch", "bmv2", "refswitch / BMv2"),
         ("bmv2-opt", "bmv2", "optimized / default BMv2"),
