@@ -118,8 +118,9 @@ def _largest_job() -> JobEntries:
     return job
 
 
-def test_every_entry_the_controller_writes_encodes_and_reads_back():
-    index = P4InfoIndex.from_text_file(P4INFO)
+@pytest.mark.parametrize("chip", CHIPS)
+def test_every_entry_the_controller_writes_encodes_and_reads_back(chip):
+    index = P4InfoIndex.from_text_file(CHIPS[chip][0] / P4INFO.name)
     hosts = [Host("10.0.0.1", "02:00:00:00:01:01", 1), Host("10.0.0.2", "02:00:00:00:01:02", 509)]
     specs = [
         *(s for s in job_specs(_largest_job()) if isinstance(s, EntrySpec)),
@@ -142,10 +143,11 @@ def test_every_entry_the_controller_writes_encodes_and_reads_back():
         assert index.counter(name).size == cells
 
 
-def test_ports_are_translated_for_stratum():
+@pytest.mark.parametrize("chip", CHIPS)
+def test_ports_are_translated_for_stratum(chip):
     """Behind Stratum, P4Runtime carries SDN port numbers (as in multicast replicas); the
     switch translates every value of the `tna/PortId_t` type to its own."""
-    p4info = load_p4info()
+    p4info = load_p4info(CHIPS[chip][0] / P4INFO.name)
     translated = p4info.type_info.new_types["sdn_port_t"].translated_type
     assert (translated.uri, translated.sdn_bitwidth) == ("tna/PortId_t", 32)
     index = P4InfoIndex(p4info)
@@ -176,10 +178,11 @@ def _fake_output(root: Path, files: list[str]) -> Path:
     return root
 
 
-def test_the_recorded_output_layout_packs(tmp_path):
+@pytest.mark.parametrize("chip", CHIPS)
+def test_the_recorded_output_layout_packs(chip, tmp_path):
     """The files bf-p4c writes (as the build records them) are what tofino_pipeline packs:
     bfrt.json and, per pipe, context.json and the binary."""
-    files = LAYOUT.read_text().split()
+    files = (CHIPS[chip][0] / LAYOUT.name).read_text().split()
     cfg = from_compiler_output(_fake_output(tmp_path / "out", files))
     pipes = sorted(Path(f).parent.as_posix() for f in files if f.endswith("/context.json"))
     assert pipes and [p.name for p in cfg.profiles] == pipes
