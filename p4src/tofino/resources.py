@@ -130,13 +130,15 @@ def _phv_lines(resources: dict, phv: dict) -> list[str]:
                 f"{kind} {width}-bit",
                 ig[0],
                 eg[0],
-                have if have is not None else "?",
+                have if have is not None else "-",
                 ig[1] + eg[1],
-                have * width if have is not None else "?",
+                have * width if have is not None else "-",
             )
         )
     head = ["PHV containers", "ingress", "egress", "of", "field bits", "of bits"]
-    return _table(head, rows)
+    unknown = any(r[3] == "-" for r in rows)
+    note = ["", "-: the compiler's resources.json gives no total for this kind"] if unknown else []
+    return _table(head, rows) + note
 
 
 def _parde_lines(resources: dict) -> list[str]:
