@@ -39,6 +39,7 @@ class AutoHostPath:
     """The buckets of this step that took the host path from the hook, and whether the
     controller's choices for the next bucket are final."""
 
+    controller: AutoController
     pending: list[_Pending] = field(default_factory=list)
     decided: threading.Event = field(default_factory=threading.Event)
 
@@ -57,9 +58,14 @@ class AutoHostPath:
         """The step's last bucket is handed over: choices wait for the decision."""
         self.decided.clear()
 
+    def is_host(self, index: int) -> bool:
+        """Whether bucket `index` takes the host path this step (once the step before's
+        decision is complete)."""
+        self.wait_decided()
+        return self.controller.choice(index).method == HOST
+
     def issue(
         self,
-        controller: AutoController,
         index: int,
         buf: torch.Tensor,
         all_reduce: Callable[[torch.Tensor], dist.Work],
@@ -69,19 +75,19 @@ class AutoHostPath:
         divided by the world size when it completes; its nonzero share is taken before
         (while the controller still needs it: this rank's gradient, MAX over ranks in the
         agreement)."""
-        nonzero = 1.0 if controller.known(index) else nonzero_share(buf)
+        nonzero = 1.0 if self.controller.known(index) else nonzero_share(buf)
         start = time.perf_counter()
         work = all_reduce(buf)
         stamped = work.get_future().then(lambda _: time.perf_counter())
         self.pending.append(_Pending(index, start, nonzero, stamped))
         return work.get_future().then(lambda fut: fut.value()[0].div_(world_size))
 
-    def record(self, controller: AutoController) -> None:
+    def record(self) -> None:
         """Wait for this step's host buckets and give the controller their costs (the
         communication thread, before the step's decision)."""
         for p in self.pending:
             done = float(p.done.wait())
-            controller.record(p.index, max(0.0, done - p.start), Choice(HOST), p.nonzero)
+            self.controller.record(p.index, max(0.0, done - p.start), Choice(HOST), p.nonzero)
         self.pending.clear()
 
 

@@ -109,7 +109,7 @@ class SwitchHookState:
         config = auto or AutoConfig(codecs=auto_codecs(lane_ops))
         self.controller = AutoController(config) if codec == AUTO_CODEC else None
         # codec="auto": its host buckets are all-reduced from the hook, as DDP's own
-        self.auto_host = AutoHostPath() if self.controller is not None else None
+        self.auto_host = AutoHostPath(self.controller) if self.controller is not None else None
         self.asynchronous = asynchronous or self.controller is not None
         self.group = process_group  # collectives of the hook (its own group when asynchronous)
         self.comm: CommThread | None = None
@@ -143,7 +143,7 @@ class SwitchHookState:
         self.__dict__.update(state)
         self.agent, self.process_group, self.codecs = None, None, {}
         self.group, self.comm = None, None
-        self.auto_host = AutoHostPath() if self.controller is not None else None
+        self.auto_host = AutoHostPath(self.controller) if self.controller is not None else None
         self.unavailable_reason = "state was unpickled without its agent"
         self._use_switch = None
 
@@ -298,8 +298,8 @@ class SwitchHookState:
                     self._cooldown_left -= 1
                 if self._cooldown_left <= 0:
                     self._use_switch = None
-            if self.controller is not None and self.auto_host is not None:
-                self.auto_host.record(self.controller)
+            if self.auto_host is not None:
+                self.auto_host.record()
             if self.controller is not None and budgets:
                 self.auto_decide(budgets)
             self.steps += 1
@@ -402,9 +402,7 @@ def aggregate_bucket(state: SwitchHookState, index: int, buf: torch.Tensor) -> t
         result = buf
     if state.controller is not None and choice is not None:
         nonzero = nonzero_share(buf) if not state.controller.known(index) else 1.0
-        wire = (state.stats.wire_cells - sent) / max(
-            1, buf.numel()
-        )  # cells sent per dense cell (switch path)
+        wire = (state.stats.wire_cells - sent) / max(1, buf.numel())  # per dense cell
         state.controller.record(index, time.perf_counter() - start, ran, nonzero, wire)
         state.stats.auto_choices[choice.label] += 1
     return result.div_(state.world_size)
@@ -451,13 +449,11 @@ def _issue(
 ) -> torch.futures.Future[torch.Tensor]:
     """Asynchronous mode: bucket `index` queued for the communication thread, or, when
     codec="auto" sends it to the host this step, all-reduced from here as DDP's own."""
-    host, controller = state.auto_host, state.controller
-    if host is not None and controller is not None:
-        host.wait_decided()
-        if controller.choice(index).method == HOST:
-            state.stats.host_buckets += 1
-            state.stats.auto_choices[HOST] += 1
-            return host.issue(controller, index, buf, state.host_all_reduce_async, state.world_size)
+    host = state.auto_host
+    if host is not None and host.is_host(index):
+        state.stats.host_buckets += 1
+        state.stats.auto_choices[HOST] += 1
+        return host.issue(index, buf, state.host_all_reduce_async, state.world_size)
     return comm.submit(lambda: aggregate_bucket(state, index, buf))
 
 

@@ -133,6 +133,7 @@ class SwitchTransport:
         if first_chunk < 0:
             raise ValueError(f"first_chunk must be >= 0, not {first_chunk}")
         self.config = config
+        self.payload_size = payload_bytes(config.cells_per_packet)  # a result's, exactly
         self.channel = channel
         # The job-wide stream index of this worker's next chunk (unbounded; the wire tag is
         # derived from it modulo the numbering period).
@@ -324,7 +325,7 @@ class SwitchTransport:
         None for anything to ignore."""
         self.wait.heard(time.monotonic())
         per = self.config.cells_per_packet
-        if len(data) != payload_bytes(per):
+        if len(data) != self.payload_size:
             self.stats.ignored += 1
             return None
         headers, cells = parse_payloads(data, per)

@@ -1,9 +1,10 @@
 /* Aggregation in TNA: the same checks, verdicts and combination as p4src/aggregation.p4,
  * laid out for Tofino's stages (docs/tofino.md):
  *   stage 0   the header checks, job_table and worker_table, beside forwarding's tables
- *   stage 1   the admission (every check passed) and the round state (owner, chunk)
- *   stage 2   the seen bitmap
- *   stage 3+  the count and exponent, and the cell pairs; then the outcome.
+ *   stage 1   the admission (every check passed) and the round (slot_round, its twin)
+ *   stage 2   the verdict and the seen bitmap
+ *   stage 3   the count and exponent; then the outcome
+ *   stage 4+  the cell pairs, four a stage.
  * A completed round, or a resend, is recirculated once (twice for a resend) through the
  * pipe's recirculation port to read the halves of the cell pairs the first pass did not
  * return; the last of those passes sends the result. */

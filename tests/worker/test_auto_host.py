@@ -33,7 +33,8 @@ class FakeWork:
 
 
 def test_a_host_bucket_is_summed_divided_and_its_cost_recorded():
-    ctl, path = AutoController(), AutoHostPath()
+    ctl = AutoController()
+    path = AutoHostPath(ctl)
     buf = torch.tensor([2.0, 0.0, 4.0, 0.0])
     issued: list[torch.Tensor] = []
 
@@ -41,25 +42,26 @@ def test_a_host_bucket_is_summed_divided_and_its_cost_recorded():
         issued.append(b)
         return FakeWork(b, torch.tensor([2.0, 0.0, 0.0, 0.0]), 0.05)
 
-    fut = path.issue(ctl, 3, buf, all_reduce, world_size=2)
+    fut = path.issue(3, buf, all_reduce, world_size=2)
     assert issued == [buf]
     assert fut.wait().tolist() == [2.0, 0.0, 2.0, 0.0]  # (mine + the other's) / 2
-    path.record(ctl)
+    path.record()
     assert path.pending == []
     assert ctl.costs[3] >= 0.05 and ctl.nonzero[3] == 0.5  # this rank's gradient, before
     assert ctl.bucket(3).ran is not None and ctl.bucket(3).ran.method == HOST
 
 
 def test_a_known_bucket_skips_its_nonzero_share():
-    ctl, path = AutoController(), AutoHostPath()
+    ctl = AutoController()
+    path = AutoHostPath(ctl)
     ctl.bucket(0).exact = "lossless"
-    path.issue(ctl, 0, torch.zeros(4), lambda b: FakeWork(b, torch.zeros(4), 0.0), 2).wait()
-    path.record(ctl)
+    path.issue(0, torch.zeros(4), lambda b: FakeWork(b, torch.zeros(4), 0.0), 2).wait()
+    path.record()
     assert ctl.nonzero[0] == 1.0
 
 
 def test_choices_wait_for_the_step_befores_decision(monkeypatch):
-    path = AutoHostPath()
+    path = AutoHostPath(AutoController())
     path.wait_decided()  # nothing to wait for before the first step
     path.deciding()
     threading.Timer(0.05, path.decided.set).start()
