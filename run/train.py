@@ -52,6 +52,11 @@ class LocalGradMax:
     def _see(self, grad: torch.Tensor) -> None:
         self.value = max(self.value, _grad_max(grad))
 
+    def take(self) -> float:
+        """This step's maximum; the next step starts from 0."""
+        value, self.value = self.value, 0.0
+        return value
+
 
 def _grad_max(grad: torch.Tensor) -> float:
     """Largest |element| of a gradient, dense or sparse (sparse embeddings: its values)."""
@@ -98,14 +103,24 @@ def train(a: argparse.Namespace) -> None:
         assert isinstance(model, DDP)  # the peer methods are DDP comm hooks
         peers.attach(a.mode, model, a.steps)  # DDP keeps the hook's state
     try:
+        rows: list[list[float]] = []
+        maxima: list[float] = []
+        snaps: list[dict[str, Any]] = []
         for step in range(a.steps):
-            values = _timed_step(a, task, model, opt, state, grad_max, step)
-            t, local_max = _agreed(values, grad_max)
-            if log is not None:
-                rec = _record(step, t, world_size, dense, local_max, model, state)
+            rows.append(_timed_step(a, task, model, opt, state, grad_max, step))
+            maxima.append(grad_max.take() if grad_max else 0.0)
+            if rank == 0:  # what rank 0 sees now; the agreed records are written at the end
+                snaps.append(_snapshot(model, state))
+                local = _record(step, torch.tensor(rows[-1]), 1, dense, maxima[-1], snaps[-1])
+                print(_progress(a.mode, a.steps, local), flush=True)
+        # Agreed once, after the last step: nothing runs between the timed steps, so no
+        # aggregation left running in the background (DeAR, the communication thread)
+        # finishes in untimed time.
+        records = _agreed(rows, maxima)
+        if log is not None:
+            for step, (t, m) in enumerate(records):
+                rec = _record(step, t, world_size, dense, m, snaps[step])
                 log.write(json.dumps(rec) + "\n")
-                log.flush()
-                print(_progress(a.mode, a.steps, rec), flush=True)
         if rank == 0:
             torch.save(
                 {k: v.detach().clone() for k, v in task.model.state_dict().items()},
@@ -179,32 +194,21 @@ def _timed_step(
     ]
 
 
-def _agreed(values: list[float], grad_max: LocalGradMax | None) -> tuple[torch.Tensor, float]:
-    """The step's numbers summed over the ranks, and the largest |local gradient| of any
-    rank (tiny all_reduces for the report, not part of the timed step); starts the next
-    step's local maximum."""
-    t = torch.tensor(values, dtype=torch.float64)
+def _agreed(rows: list[list[float]], maxima: list[float]) -> list[tuple[torch.Tensor, float]]:
+    """Every step's numbers summed over the ranks and the largest |local gradient| of any
+    rank, per step: two all_reduces for the whole run (after it, not between its steps)."""
+    t = torch.tensor(rows, dtype=torch.float64)
+    m = torch.tensor(maxima, dtype=torch.float64)
     dist.all_reduce(t)
-    local_max = values[3]
-    if grad_max:
-        grad_max.value = 0.0
-        m = torch.tensor([local_max], dtype=torch.float64)
-        dist.all_reduce(m, op=dist.ReduceOp.MAX)
-        local_max = float(m)
-    return t, local_max
+    dist.all_reduce(m, op=dist.ReduceOp.MAX)
+    return [(t[i], float(m[i])) for i in range(len(rows))]
 
 
 def _record(
-    step: int,
-    t: torch.Tensor,
-    world_size: int,
-    dense: int,
-    grad_max: float,
-    model: Any,
-    state: SwitchHookState | None,
+    step: int, t: torch.Tensor, world_size: int, dense: int, grad_max: float, snap: dict[str, Any]
 ) -> dict[str, Any]:
-    """Rank 0's JSON record of a step from the summed numbers `t` of _agreed."""
-    pmax = max(float(p.detach().abs().max()) for p in model.parameters())
+    """A step's JSON record from the numbers `t` summed over `world_size` ranks (_agreed's;
+    rank 0's own with world_size 1) and rank 0's snapshot of the model and the hook."""
     return {
         "step": step,
         "loss": float(t[0]) / world_size,
@@ -222,8 +226,7 @@ def _record(
         "wait_seconds": float(t[11]) / world_size,
         "decode_seconds": float(t[12]) / world_size,
         "grad_max": grad_max,
-        "param_max": pmax,
-        **_overlap_report(model, state),
+        **snap,
     }
 
 
@@ -236,10 +239,12 @@ def _close(model: Any, state: SwitchHookState | None) -> None:
         state.close()
 
 
-def _overlap_report(model: Any, state: SwitchHookState | None) -> dict[str, Any]:
-    """Rank 0's view of the overlap modes: codec="auto"'s choices so far (every rank makes
-    the same ones), DeAR's bucket size and its tuning measurements."""
-    rec: dict[str, Any] = {}
+def _snapshot(model: Any, state: SwitchHookState | None) -> dict[str, Any]:
+    """Rank 0's view after a step: the largest |parameter|, codec="auto"'s choices so far
+    (every rank makes the same ones), DeAR's bucket size and its tuning measurements."""
+    rec: dict[str, Any] = {
+        "param_max": max(float(p.detach().abs().max()) for p in model.parameters())
+    }
     if state is not None and state.controller is not None:
         rec["auto_choices"] = dict(state.stats.auto_choices)
         rec["host_buckets"] = state.stats.host_buckets

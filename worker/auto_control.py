@@ -281,7 +281,8 @@ class AutoController:
             if not b.on_host:
                 switch = self._predicted(b, b.density)
                 delta += max(0.0, switch - budget) - max(0.0, host.seconds - budget)
-        if self.ledger.plan(self.step + 1, proposed, delta, max(0.0, floor)) == HOST_PLAN:
+        config = tuple(sorted((i, self.choice(i).label) for i in buckets))
+        if self.ledger.plan(self.step + 1, proposed, delta, max(0.0, floor), config) == HOST_PLAN:
             for b in buckets.values():
                 b.on_host = True
 

@@ -7,6 +7,7 @@ exploration credit (worker/auto_control.py decides from these)."""
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Hashable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -19,15 +20,49 @@ def key_of(density: float) -> str:
     return f"{density:.6g}"
 
 
+# Samples kept per arm and per plan; a change of conditions (a slow link, a loaded switch)
+# is believed once CONFIRM samples in a row lie beyond a factor CHANGE of the others'
+# median on the same side: one outlier (a stalled rank, a noisy neighbour) moves a median
+# of five only a little and never replaces what was measured.
+WINDOW, CHANGE, CONFIRM = 5, 2.0, 2
+
+
+def add_sample(samples: deque[tuple[int, float]], step: int, x: float) -> None:
+    """Append (step, x) to a window of samples; CONFIRM samples in a row beyond a factor
+    CHANGE of the earlier ones' median, on the same side, drop the earlier ones."""
+    samples.append((step, x))
+    if len(samples) <= CONFIRM:
+        return
+    recent = [v for _, v in list(samples)[-CONFIRM:]]
+    median = float(np.median([v for _, v in list(samples)[:-CONFIRM]]))
+    if all(v > CHANGE * median for v in recent) or all(v * CHANGE < median for v in recent):
+        for _ in range(len(samples) - CONFIRM):
+            samples.popleft()
+
+
+def median_of(samples: deque[tuple[int, float]]) -> float:
+    """The median of a window's values."""
+    return float(np.median([v for _, v in samples]))
+
+
 @dataclass
 class Cost:
-    """An arm's agreed cost (seconds), the step it was last measured in, and the wire
-    density it sent (switch arms; a lossless codec on a sparse bucket sends far fewer
-    cells than its nominal density 1)."""
+    """An arm's recent agreed costs (seconds, by step; its cost is their median), and the
+    wire density it last sent (switch arms; a lossless codec on a sparse bucket sends far
+    fewer cells than its nominal density 1)."""
 
-    seconds: float
-    step: int
+    samples: deque[tuple[int, float]] = field(default_factory=lambda: deque(maxlen=WINDOW))
     wire: float = 0.0
+
+    @property
+    def seconds(self) -> float:
+        """The arm's cost: the median of its recent samples."""
+        return median_of(self.samples)
+
+    @property
+    def step(self) -> int:
+        """The step it was last measured in."""
+        return self.samples[-1][0]
 
 
 @dataclass
@@ -38,19 +73,26 @@ class ArmCosts:
     costs: dict[str, Cost] = field(default_factory=dict)
 
     def add(self, key: str, seconds: float, wire: float, step: int) -> None:
-        """A new agreed measurement: averaged with a fresh one of the same size (within a
-        factor 2), else it replaces it (conditions changed)."""
-        old = self.fresh(key, step)
-        steady = old is not None and 0.5 * old <= seconds <= 2.0 * old
-        value = 0.5 * (old + seconds) if steady and old is not None else seconds
-        self.costs[key] = Cost(value, step, wire)
+        """A new agreed measurement of arm `key` (add_sample's rule: older samples stay
+        until a change is confirmed, however long ago they were taken)."""
+        got = self.costs.setdefault(key, Cost())
+        add_sample(got.samples, step, seconds)
+        got.wire = wire
+
+    def cost(self, key: str) -> float:
+        """Arm `key`'s cost: its median, but a switch arm's latest sample at once when it
+        lies beyond a factor CHANGE above it (a rise not yet confirmed counts against the
+        switch, never for it: the host path is the safe side of a doubt)."""
+        got = self.costs[key]
+        last = got.samples[-1][1]
+        return last if key != HOST and last > CHANGE * got.seconds else got.seconds
 
     def fresh(self, key: str, step: int) -> float | None:
         """The arm's cost if measured within the last fresh_steps steps."""
         got = self.costs.get(key)
         if got is None or step - got.step >= self.fresh_steps:
             return None
-        return got.seconds
+        return self.cost(key)
 
     def best(self, step: int, switch_only: bool = False) -> tuple[str, float] | None:
         """(key, cost) of the cheapest arm with a fresh cost, if any."""
@@ -69,8 +111,8 @@ class ArmCosts:
 
     def model(self) -> tuple[float, float]:
         """(fixed, per unit of wire density) of the switch's cost, fitted by least squares
-        to every switch arm's last cost; one wire density known: proportional."""
-        pts = [(c.wire or float(k), c.seconds) for k, c in self.costs.items() if k != HOST]
+        to every switch arm's cost; one wire density known: proportional."""
+        pts = [(c.wire or float(k), self.cost(k)) for k, c in self.costs.items() if k != HOST]
         if not pts:
             return 0.0, 0.0
         xs = np.array([p[0] for p in pts])
@@ -81,10 +123,9 @@ class ArmCosts:
         return max(0.0, float(fixed)), max(0.0, float(slope))  # monotone, non-negative
 
     def predicted(self, key: str, wire: float) -> float:
-        """An arm's expected cost: its last agreed cost, else the model's at `wire`."""
-        got = self.costs.get(key)
-        if got is not None:
-            return got.seconds
+        """An arm's expected cost: its measured cost, else the model's at `wire`."""
+        if key in self.costs:
+            return self.cost(key)
         fixed, slope = self.model()
         return fixed + slope * wire
 
@@ -101,8 +142,10 @@ class JobLedger:
     **overhead**. A plan is expected to take (host plan's rest) + (overhead, if it uses
     the switch) + (its buckets' expected costs); one expected slower than the host plan
     runs only as an exploration, paid from a credit: every step earns `explore` of its
-    time, and a switch step slower than the host plan's median pays its excess; each
-    exploration in a row that lost doubles the credit the next one needs. The host
+    time, and an exploration slower than the host plan's median pays its excess; each
+    exploration in a row that lost doubles the credit the next one needs; the credit is
+    capped at what `refresh` host steps earn (or the price of the exploration declined
+    last, when more), so a long quiet spell buys no burst. The host
     plan's steps count while they are at most `refresh` steps old; a switch plan runs one
     host step to measure it again when they are not."""
 
@@ -112,6 +155,9 @@ class JobLedger:
     times: dict[str, deque[tuple[int, float]]] = field(default_factory=dict)  # (step, s)
     rests: dict[str, deque[tuple[int, float]]] = field(default_factory=dict)  # - buckets
     kinds: dict[int, str] = field(default_factory=dict)  # planned steps, time not known yet
+    configs: dict[int, Hashable] = field(default_factory=dict)  # their switch plans' choices
+    last_switch: tuple[Hashable, float] | None = None  # the latest switch step: choices, s
+    wanted: float = 0.0  # the price of the exploration declined last
     sums: dict[int, float] = field(default_factory=dict)  # their buckets' agreed costs
     exploring: int | None = None  # the step of the exploration not settled yet
     failed: int = 0  # explorations in a row that were slower than the host plan
@@ -123,7 +169,7 @@ class JobLedger:
         got = getattr(self, of).get(plan)
         if not got or (plan == HOST_PLAN and self.now - got[-1][0] > self.refresh):
             return None
-        return float(np.median([x for _, x in got]))
+        return median_of(got)
 
     def overhead(self) -> float:
         """The switch plan's rest minus the host plan's (0 until both are measured)."""
@@ -136,43 +182,53 @@ class JobLedger:
 
     def settle(self, step: int, seconds: float) -> None:
         """Step `step` took `seconds` (agreed; known one step later): it earns `explore` of
-        it; a switch step pays its excess over the host plan's median; its time and rest
-        join its plan's (the first step, a warm-up, does not)."""
+        it; an exploration pays its excess over the host plan's median (a switch step that
+        was expected to win pays nothing: when it lost, its choices run again only as an
+        exploration, `excess`); its time and rest join its plan's (the first step, a
+        warm-up, does not)."""
         plan, buckets = self.kinds.pop(step, None), self.sums.pop(step, 0.0)
+        config = self.configs.pop(step, None)
         host = self.median(HOST_PLAN)
-        if self.exploring == step:
+        explored = self.exploring == step
+        if explored:
             self.exploring = None
             lost = host is not None and seconds > host
             self.failed = self.failed + 1 if lost else 0
         if seconds <= 0.0 or plan is None:
             return
         self.credit += self.explore * seconds
-        if plan == SWITCH_PLAN and host is not None:
+        if explored and host is not None:
             self.credit -= max(0.0, seconds - host)
+        if host is not None:  # no burst after a quiet spell, but the next price is reachable
+            self.credit = min(self.credit, max(self.explore * self.refresh * host, self.wanted))
+        if plan == SWITCH_PLAN and step > 0:
+            self.last_switch = (config, seconds)
         if step > 0:
             self._add(self.times, plan, step, seconds)
             self._add(self.rests, plan, step, seconds - buckets)
 
     @staticmethod
     def _add(table: dict[str, deque[tuple[int, float]]], plan: str, step: int, x: float) -> None:
-        """A plan's new sample; one more than a factor 2 from their median replaces the
-        others (conditions changed: a slow link, a loaded switch)."""
-        got = table.setdefault(plan, deque(maxlen=5))
-        if got:
-            median = float(np.median([v for _, v in got]))
-            if not 0.5 * median <= x <= 2.0 * median:
-                got.clear()
-        got.append((step, x))
+        """A plan's new sample (add_sample's rule)."""
+        add_sample(table.setdefault(plan, deque(maxlen=WINDOW)), step, x)
 
-    def plan(self, step: int, proposed: str, delta: float, host_floor: float = 0.0) -> str:
+    def plan(
+        self,
+        step: int,
+        proposed: str,
+        delta: float,
+        host_floor: float = 0.0,
+        config: Hashable = None,
+    ) -> str:
         """The plan step `step` runs, given the buckets' proposal, its expected bucket
         costs minus the host path's (`delta`) and the host path's bucket costs together
         (`host_floor`: a host step takes at least that): the switch plan runs when
-        expected no slower than the host plan (overhead + delta <= 0), else as an
+        expected no slower than the host plan (`excess` <= 0), else as an
         exploration when the credit covers the excess (one unsettled exploration at a
         time), else the host plan does. Without a recent host step, once the switch plan
         ran, host steps run until one is measured, unless the switch plan's steps are
-        already faster than `host_floor` (the host plan cannot win)."""
+        already faster than `host_floor` (the host plan cannot win). `config`: the
+        proposed switch plan's choices (excess)."""
         self.now = step
         kind = proposed
         switch = self.median(SWITCH_PLAN)
@@ -180,14 +236,29 @@ class JobLedger:
             tried = SWITCH_PLAN in self.rests or SWITCH_PLAN in self.kinds.values()
             if tried and not (switch is not None and switch <= host_floor):
                 kind = HOST_PLAN  # measure the host plan's step first
-        elif proposed == SWITCH_PLAN and self.overhead() + delta > 0.0:
-            price = (self.overhead() + delta) * 2 ** min(self.failed, 6)  # backs off
+        elif proposed == SWITCH_PLAN and self.excess(delta, config) > 0.0:
+            price = self.excess(delta, config) * 2 ** min(self.failed, 6)  # backs off
             if self.exploring is None and self.credit >= price:
-                self.exploring = step
+                self.exploring, self.wanted = step, 0.0
             else:
-                kind = HOST_PLAN
+                kind, self.wanted = HOST_PLAN, price
         self.kinds[step] = kind
+        if kind == SWITCH_PLAN:
+            self.configs[step] = config
         return kind
+
+    def excess(self, delta: float, config: Hashable = None) -> float:
+        """What a switch step with choices `config` is expected to cost beyond a host
+        step: overhead + delta, or, when more and the latest switch step had the same
+        choices, what it took beyond the host plan's median or its latest step, whichever
+        is more (a whole step overrules the buckets' costs, one of which may be an
+        outlier)."""
+        expected = self.overhead() + delta
+        host = self.median(HOST_PLAN)
+        if self.last_switch is not None and self.last_switch[0] == config and host is not None:
+            host = max(host, self.times[HOST_PLAN][-1][1])  # a rise not confirmed yet counts
+            return max(expected, self.last_switch[1] - host)
+        return expected
 
     def affords(self, excess: float) -> bool:
         """Whether a bucket may try an arm expected to cost `excess` more: one expected to
