@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.publish import plot_path, publish, pyplot
-from bench.runs import RunSpec, run_once, smoothed
+from bench.runs import RunFailed, RunSpec, note_failure, run_once, smoothed
 from testnet.switch_process import AUTO_TARGET, TARGETS
 
 GLOO = "DDP over gloo"
@@ -103,7 +103,11 @@ def train(model: str, args: argparse.Namespace, tmp: Path, curves: dict, times: 
     for name, spec in specs(model, args):
         t0 = time.perf_counter()
         out = tmp / f"{model}-{len(curves.get((model, name), []))}-{name.replace(' ', '')}"
-        runs, target = run_once(spec, out)
+        try:
+            runs, target = run_once(spec, out)
+        except RunFailed as exc:
+            note_failure(args.failed, f"{model}, {name}", exc)
+            continue
         for run, steps in runs.items():
             row = name if run == spec.switch_run else run
             curves.setdefault((model, row), []).append([s["loss"] for s in steps])
@@ -169,7 +173,18 @@ def plot(models: list[str], curves: dict, path: Path, title: str) -> None:
 def write(
     models: list[str], args: argparse.Namespace, curves: dict, times: dict, **run: Any
 ) -> None:
-    """bench/results/<name>.md and .png."""
+    """bench/results/<name>.md and .png (the models whose every run succeeded; the
+    others' failed runs are listed under the table)."""
+    names = [GLOO, *(n for n, _, _ in RUNS)]
+    models = [m for m in models if all((m, n) in curves for n in names)]
+    if not models:
+        publish(
+            args.name,
+            ["# Convergence with low-bit lanes: no model's runs all ran"],
+            None,
+            args.failed,
+        )
+        return
     lines = [
         f"# Convergence with low-bit lanes ({platform.machine()}, {os.cpu_count()} cores, "
         f"{time.strftime('%Y-%m-%d')})",
@@ -214,7 +229,7 @@ def write(
     lines += ["", f"Summary: {summary}.", "", f"![training loss]({args.name}.png)", ""]
     title = f"W={args.hosts}, {run['target']}: loss per step, and its difference to gloo's"
     plot(models, curves, plot_path(f"{args.name}.png"), title)
-    publish(args.name, lines, summary)
+    publish(args.name, lines, summary, args.failed)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -232,6 +247,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--target", default=AUTO_TARGET, choices=[AUTO_TARGET, *TARGETS])
     p.add_argument("--name", default="lowbit", help="results file stem (default lowbit)")
     args = p.parse_args(argv)
+    args.failed = []  # runs that failed (note_failure), listed under the tables
     models = [m for m in args.models.split(",") if m]
     if not models or any(m not in REGIMES for m in models):
         p.error(f"--models takes a comma-separated list of {', '.join(REGIMES)}")

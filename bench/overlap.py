@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.publish import publish
-from bench.runs import RunSpec, pct, run_once
+from bench.runs import RunFailed, RunSpec, note_failure, pct, run_once
 from testnet.switch_process import AUTO_TARGET
 
 GLOO = "DDP over gloo"
@@ -152,9 +152,13 @@ def run_setting(setting: Setting, rnd: int, args: argparse.Namespace, tmp: Path,
             continue
         t0 = time.perf_counter()
         output: list[str] = []
-        runs, used = run_once(
-            spec, tmp / f"{setting.model}-{setting.bw:g}-{rnd}-{name[:6]}", output
-        )
+        try:
+            runs, used = run_once(
+                spec, tmp / f"{setting.model}-{setting.bw:g}-{rnd}-{name[:6]}", output
+            )
+        except RunFailed as exc:
+            note_failure(args.failed, f"{setting.text}, round {rnd + 1}, {name}", exc)
+            continue
         t.targets.add(used)
         t.add(setting, name, runs[spec.switch_run])
         if GLOO in runs:
@@ -273,7 +277,7 @@ def write(settings: list[Setting], args: argparse.Namespace, t: Tally, seconds: 
     lines += [f"- {x}" for s in settings for x in judge(s, t)]
     lines += ["", "Notes:", "", *[f"- {n}" for n in t.notes]]
     summary = summary_of(settings, t)
-    publish(args.name, [*lines, "", f"Summary: {summary}."], summary)
+    publish(args.name, [*lines, "", f"Summary: {summary}."], summary, args.failed)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -302,6 +306,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run the rounds, write bench/results/<name>.md after each setting."""
     p = _parser()
     args = p.parse_args(argv)
+    args.failed = []  # runs that failed (note_failure), listed under the tables
     args.command = " ".join(sys.argv[1:] if argv is None else argv)
     if args.quick:
         args.models, args.bw, args.rounds, args.steps = (

@@ -30,8 +30,10 @@ from typing import Any
 
 from bench.publish import plot_path, publish, pyplot
 from bench.runs import (
+    RunFailed,
     RunSpec,
     ms,
+    note_failure,
     pct,
     retransmissions,
     run_once,
@@ -112,7 +114,11 @@ def _one_round(model: str, rnd: int, args: argparse.Namespace, tmp: Path, tally:
             flush=True,
         )
         t0 = time.perf_counter()
-        runs, target_used = run_once(spec, tmp / f"{model}-{spec.codec}-{rnd}")
+        try:
+            runs, target_used = run_once(spec, tmp / f"{model}-{spec.codec}-{rnd}")
+        except RunFailed as exc:
+            note_failure(args.failed, f"{model}, round {rnd + 1}, {spec.codec}", exc)
+            continue
         got.update(runs)
         print(
             f"    {time.perf_counter() - t0:.0f} s: "
@@ -122,6 +128,8 @@ def _one_round(model: str, rnd: int, args: argparse.Namespace, tmp: Path, tally:
             ),
             flush=True,
         )
+    if "DDP over gloo" not in got:  # its run failed: this round has no reference
+        return target_used
     tally.add(model, got, target_of(got["DDP over gloo"]))
     return target_used
 
@@ -148,6 +156,13 @@ def _switch_cells(m: str, name: str, hosts: int, tally: Tally) -> str:
     )
 
 
+def present(m: str, tally: Tally) -> list[str]:
+    """Model m's methods that ran at least once (a failed run leaves its row out), gloo
+    first; none when gloo never ran (nothing to compare with)."""
+    names = [n for n in ("DDP over gloo", *PEERS_OF[m], *SWITCH) if (m, n) in tally.seconds]
+    return names if names and names[0] == "DDP over gloo" else []
+
+
 def table(models: list[str], tally: Tally, hosts: int = 4) -> list[str]:
     """The markdown rows: per model, gloo, the peers and the switch."""
     lines = [
@@ -157,9 +172,9 @@ def table(models: list[str], tally: Tally, hosts: int = 4) -> list[str]:
         "| retransmissions per step (share of packets) |",
         "|---|---|---:|---:|---:|---:|---|---:|---|---:|---:|",
     ]
-    for m in models:
+    for m in (m for m in models if present(m, tally)):
         gloo = statistics.median(tally.seconds[(m, "DDP over gloo")])
-        for name in ("DDP over gloo", *PEERS_OF[m], *SWITCH):
+        for name in present(m, tally):
             s = tally.seconds[(m, name)]
             lines.append(
                 f"| {DESCRIPTION[m]} | {name} | {ms(s)} | {gloo / statistics.median(s):.2f}x "
@@ -176,14 +191,17 @@ def plot(models: list[str], tally: Tally, title: str, path: Path) -> None:
     plt = pyplot()
     fig, axes = plt.subplots(1, len(models), figsize=(4.2 * len(models), 3.8), squeeze=False)
     for ax, m in zip(axes[0], models):
-        names = ["DDP over gloo", *PEERS_OF[m], *SWITCH]
+        names = present(m, tally)
         s = [tally.seconds[(m, n)] for n in names]
         med = [statistics.median(x) * 1e3 for x in s]
         err = [
             [med[i] - pct(x, 0.1) * 1e3 for i, x in enumerate(s)],
             [pct(x, 0.9) * 1e3 - med[i] for i, x in enumerate(s)],
         ]
-        colors = ["0.4"] + ["tab:olive"] * len(PEERS_OF[m]) + ["tab:green", "tab:blue"]
+        colors = [
+            "0.4" if n.startswith("DDP") else "tab:olive" if n in PEERS_OF[m] else "tab:green"
+            for n in names
+        ]
         ax.bar(range(len(names)), med, yerr=err, capsize=3, color=colors)
         ax.set_xticks(
             range(len(names)),
@@ -207,10 +225,13 @@ def summary_of(models: list[str], tally: Tally, hosts: int = 4) -> str:
     parts = []
     for m in models:
         times = {}
-        for name in ("DDP over gloo", *PEERS_OF[m], *SWITCH):
+        for name in present(m, tally):
             hit = [s[0] for s in tally.reach[(m, name)] if s is not None]
             if hit:
                 times[name] = statistics.median(hit)
+        if not times or (m, "switch, lossless") not in tally.seconds:
+            parts.append(f"{m}: no comparison (runs failed)")
+            continue
         best = min(times, key=lambda n: times[n])
         sw = times.get("switch, lossless")
         retx, _ = retransmissions(tally.timed[(m, "switch, lossless")], hosts)
@@ -238,6 +259,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--target", default=AUTO_TARGET, choices=[AUTO_TARGET, *TARGETS])
     p.add_argument("--name", default="peers", help="results file stem (default peers)")
     args = p.parse_args(argv)
+    args.failed = []  # runs that failed (note_failure), listed under the tables
     models = [m for m in args.models.split(",") if m]
     if not models or any(m not in PEERS_OF for m in models):
         p.error(f"--models takes a comma-separated list of {', '.join(PEERS_OF)}")
@@ -290,7 +312,7 @@ def write(
         models, tally, args.hosts
     )
     plot(models, tally, title, plot_path(f"{args.name}.png"))
-    publish(args.name, [*lines, f"Summary: {summary}.", ""], summary)
+    publish(args.name, [*lines, f"Summary: {summary}.", ""], summary, args.failed)
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@ printed, with the one-line SUMMARY that `make bench` collects) and PNG plots."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,8 +26,19 @@ def plot_path(name: str) -> Path:
     return RESULTS / name
 
 
-def publish(name: str, lines: list[str], summary: str | None = None) -> None:
-    """Write bench/results/<name>.md, print it, then `SUMMARY <summary>` if given."""
+def publish(
+    name: str, lines: list[str], summary: str | None = None, failed: Sequence[str] = ()
+) -> None:
+    """Write bench/results/<name>.md, print it, then `SUMMARY <summary>` if given; the
+    runs that `failed` (not in the tables) are listed at its end."""
+    if failed:
+        lines = [
+            *lines,
+            "",
+            "Runs that failed (not in the tables):",
+            "",
+            *(f"- {f}" for f in failed),
+        ]
     plot_path(f"{name}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     if summary is not None:

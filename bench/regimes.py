@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.publish import plot_path, publish, pyplot
-from bench.runs import RunSpec, ms, pct, run_once
+from bench.runs import RunFailed, RunSpec, ms, note_failure, pct, run_once
 from testnet.switch_process import AUTO_TARGET, TARGETS
 
 METHODS = ("DDP over gloo", "switch, lossless", "switch, fixed_point")
@@ -67,7 +67,13 @@ def regime(
     target = args.target
     for spec in specs:
         t0 = time.perf_counter()
-        runs, target = run_once(spec, tmp / f"{hosts}-{bw:g}-{spec.codec}-{rnd}")
+        try:
+            runs, target = run_once(spec, tmp / f"{hosts}-{bw:g}-{spec.codec}-{rnd}")
+        except RunFailed as exc:
+            note_failure(
+                args.failed, f"W={hosts}, {bw:g} Mbit/s, {spec.codec}, round {rnd + 1}", exc
+            )
+            continue
         got.add(hosts, bw, runs)
         print(
             f"  W={hosts} links {f'{bw:g} Mbit/s' if bw else 'unshaped'} {spec.codec}: "
@@ -164,6 +170,7 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Run the regimes, write bench/results/regimes.md and regimes.png."""
     args = _parser().parse_args(argv)
+    args.failed = []  # runs that failed (note_failure), listed under the tables
     hosts = sorted({int(x) for x in args.hosts.split(",") if x})
     bws = [float(x) for x in args.bws.split(",") if x]
     # the shaped links first (W = 4, beside unshaped), then the other W
@@ -206,7 +213,7 @@ def write(
     ]
     if hosts:
         plot(got, hosts, plot_path(f"{args.name}.png"), title)
-    publish(args.name, lines)
+    publish(args.name, lines, failed=args.failed)
 
 
 if __name__ == "__main__":

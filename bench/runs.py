@@ -83,6 +83,17 @@ def run_command(spec: RunSpec, out: Path) -> list[str]:
     return cmd
 
 
+class RunFailed(RuntimeError):
+    """A `python -m run` that did not produce its step records (a job failed or timed
+    out): the benchmarks note it and go on with the next run."""
+
+
+def note_failure(failed: list[str], what: str, exc: RunFailed) -> None:
+    """Print and keep a failed run (publish lists them under the tables)."""
+    failed.append(f"{what}: {exc}")
+    print(f"    FAILED: {what}: {exc}", flush=True)
+
+
 def run_once(
     spec: RunSpec, out: Path, output: list[str] | None = None
 ) -> tuple[dict[str, list[dict[str, Any]]], str]:
@@ -110,14 +121,18 @@ def run_once(
     for line in stdout.splitlines():
         if line.startswith("make run:"):
             target = line.split("switch ")[1].split(",")[0]
-    if proc.returncode not in (0, 1):  # 1: parameters differ beyond the bound (still timed)
+    files = {spec.switch_run: "switch", **({"DDP over gloo": "gloo"} if spec.gloo else {})}
+    files.update({peer: peer for peer in spec.peers})
+    missing = [f"{f}.jsonl" for f in files.values() if not (out / f"{f}.jsonl").is_file()]
+    if proc.returncode not in (0, 1) or missing:  # 1: parameters differ (still timed)
+        why = [x for x in stdout.splitlines() if x.startswith("make run failed")]
         print(stdout[-3000:])
-        raise RuntimeError(f"{' '.join(cmd[2:])} failed ({proc.returncode})")
-    runs = {spec.switch_run: read_steps(out / "switch.jsonl")}
-    if spec.gloo:
-        runs["DDP over gloo"] = read_steps(out / "gloo.jsonl")
-    for peer in spec.peers:
-        runs[peer] = read_steps(out / f"{peer}.jsonl")
+        raise RunFailed(
+            f"{' '.join(cmd[2:])}: exit {proc.returncode}"
+            + (f", no {', '.join(missing)}" if missing else "")
+            + (f" ({why[-1]})" if why else "")
+        )
+    runs = {name: read_steps(out / f"{f}.jsonl") for name, f in files.items()}
     fell_back = sum(s.get("fallback_buckets", 0) for s in runs[spec.switch_run])
     if fell_back:  # the switch rows would time the process group's all_reduce instead
         print(f"    WARNING: {fell_back} bucket(s) fell back to gloo in the switch run", flush=True)

@@ -30,7 +30,17 @@ from pathlib import Path
 from typing import Any
 
 from bench.publish import plot_path, publish, pyplot
-from bench.runs import RunSpec, ms, pct, retransmissions, run_once, split_cell, time_split
+from bench.runs import (
+    RunFailed,
+    RunSpec,
+    ms,
+    note_failure,
+    pct,
+    retransmissions,
+    run_once,
+    split_cell,
+    time_split,
+)
 from testnet.switch_process import AUTO_TARGET, BMV2_OPT_ENV, TARGETS
 
 GLOO = "DDP over gloo"
@@ -114,7 +124,11 @@ def run_round(model: str, rnd: int, args: argparse.Namespace, tmp: Path, tally: 
         )
         t0 = time.perf_counter()
         out = tmp / f"{model}-{spec.target}-{spec.codec}-{rnd}"
-        runs, used = run_once(spec, out)
+        try:
+            runs, used = run_once(spec, out)
+        except RunFailed as exc:
+            note_failure(args.failed, f"{model}, round {rnd + 1}, {name}", exc)
+            continue
         tally.targets.add(used)
         tally.add(model, name, runs[spec.switch_run])
         if GLOO in runs:
@@ -249,7 +263,7 @@ def write(models: list[str], args: argparse.Namespace, tally: Tally, seconds: fl
     lines += ["", f"Summary: {summary}.", "", f"![training iteration time]({args.name}.png)", ""]
     title = f"training, W={args.hosts}, {targets}"
     plot(models, [GLOO, *args.row_names], tally, title, plot_path(f"{args.name}.png"))
-    publish(args.name, lines, summary)
+    publish(args.name, lines, summary, args.failed)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -289,6 +303,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run the rounds, write bench/results/<name>.md and .png."""
     p = _parser()
     args = p.parse_args(argv)
+    args.failed = []  # runs that failed (note_failure), listed under the tables
     models = [m for m in args.models.split(",") if m]
     args.codec_list = [c for c in args.codecs.split(",") if c]
     args.target_list = [t for t in args.targets.split(",") if t]

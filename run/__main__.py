@@ -4,6 +4,9 @@ whose gradients the switch sums with a homomorphic codec, then the same job over
 summary table, the switch counters, a PNG plot, and the two runs' parameters compared.
 
 Run as root. Example: python -m run --hosts 2 --steps 20 --target refswitch --bw 100
+Exit status: 0 done (and the final parameters agree, or were not compared), 1 done but
+the parameters differ beyond the fixed-point bound, 2 bad options or not root, 3 a run
+failed (the reason is printed; nothing is left running), 130 interrupted.
 """
 
 from __future__ import annotations
@@ -137,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except (RuntimeError, TimeoutError, ValueError, OSError) as exc:
         print(f"make run failed: {exc}", file=sys.stderr)
-        return 1
+        return 3
 
 
 if __name__ == "__main__":

@@ -99,7 +99,7 @@ def test_summary_line_carries_the_peers_part(tmp_path, monkeypatch, capsys) -> N
             "switch, fixed_point": _steps([1.0] * 10, 0.4),
         }
         tally.add(m, runs, peers.target_of(runs["DDP over gloo"]))
-    args = Namespace(steps=10, rounds=1, hosts=4, bw=0.0, name="peers")
+    args = Namespace(steps=10, rounds=1, hosts=4, bw=0.0, name="peers", failed=[])
     peers.write(args, ["ncf", "mlp"], tally, "bmv2", 60.0, 1)
     assert summary.main(["60"]) == 0
     out = capsys.readouterr().out.splitlines()[-1]
