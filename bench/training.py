@@ -29,18 +29,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench import runs as bench_runs
 from bench.publish import plot_path, publish, pyplot
-from bench.runs import (
-    RunFailed,
-    RunSpec,
-    ms,
-    note_failure,
-    pct,
-    retransmissions,
-    run_once,
-    split_cell,
-    time_split,
-)
+from bench.runs import RunSpec, ms, pct, retransmissions, run_once, split_cell, time_split
 from testnet.switch_process import AUTO_TARGET, BMV2_OPT_ENV, TARGETS
 
 GLOO = "DDP over gloo"
@@ -126,8 +117,8 @@ def run_round(model: str, rnd: int, args: argparse.Namespace, tmp: Path, tally: 
         out = tmp / f"{model}-{spec.target}-{spec.codec}-{rnd}"
         try:
             runs, used = run_once(spec, out)
-        except RunFailed as exc:
-            note_failure(args.failed, f"{model}, round {rnd + 1}, {name}", exc)
+        except bench_runs.RunFailed as exc:
+            bench_runs.note_failure(args.failed, f"{model}, round {rnd + 1}, {name}", exc)
             continue
         tally.targets.add(used)
         tally.add(model, name, runs[spec.switch_run])
