@@ -104,19 +104,17 @@ def train(a: argparse.Namespace) -> None:
         peers.attach(a.mode, model, a.steps)  # DDP keeps the hook's state
     try:
         rows: list[list[float]] = []
-        maxima: list[float] = []
         snaps: list[dict[str, Any]] = []
         for step in range(a.steps):
             rows.append(_timed_step(a, task, model, opt, state, grad_max, step))
-            maxima.append(grad_max.take() if grad_max else 0.0)
             if rank == 0:  # what rank 0 sees now; the agreed records are written at the end
                 snaps.append(_snapshot(model, state))
-                local = _record(step, torch.tensor(rows[-1]), 1, dense, maxima[-1], snaps[-1])
+                local = _record(step, torch.tensor(rows[-1]), 1, dense, rows[-1][3], snaps[-1])
                 print(_progress(a.mode, a.steps, local), flush=True)
         # Agreed once, after the last step: nothing runs between the timed steps, so no
         # aggregation left running in the background (DeAR, the communication thread)
         # finishes in untimed time.
-        records = _agreed(rows, maxima)
+        records = _agreed(rows)
         if log is not None:
             for step, (t, m) in enumerate(records):
                 rec = _record(step, t, world_size, dense, m, snaps[step])
@@ -188,17 +186,18 @@ def _timed_step(
     seconds = time.perf_counter() - start
     wire = tx_bytes(a.iface) - sent
     after = _stats(state)
-    local_max = grad_max.value if grad_max else 0.0
+    local_max = grad_max.take() if grad_max else 0.0
     return [loss.item(), seconds, float(wire), local_max] + [
         float(x - y) for x, y in zip(after, before)
     ]
 
 
-def _agreed(rows: list[list[float]], maxima: list[float]) -> list[tuple[torch.Tensor, float]]:
-    """Every step's numbers summed over the ranks and the largest |local gradient| of any
-    rank, per step: two all_reduces for the whole run (after it, not between its steps)."""
+def _agreed(rows: list[list[float]]) -> list[tuple[torch.Tensor, float]]:
+    """Every step's numbers (_timed_step's rows) summed over the ranks, and the largest
+    |local gradient| of any rank (column 3), per step: two all_reduces for the whole run
+    (after it, not between its steps)."""
     t = torch.tensor(rows, dtype=torch.float64)
-    m = torch.tensor(maxima, dtype=torch.float64)
+    m = t[:, 3].clone() if rows else torch.zeros(0, dtype=torch.float64)
     dist.all_reduce(t)
     dist.all_reduce(m, op=dist.ReduceOp.MAX)
     return [(t[i], float(m[i])) for i in range(len(rows))]
