@@ -42,6 +42,8 @@ MODES = {
     "auto, DeAR": ("auto", "dear"),
 }
 FIXED_CODEC = {"ncf": "lossless", "mlp": "fixed_point", "lm": "fixed_point"}
+# optional runs (--extra): run name -> (codec, --overlap, codec options)
+EXTRA = {"auto, lag 0": ("auto", "async", ["lag=0"])}
 RUNS = (GLOO, *MODES)
 FIXED_RUNS = (GLOO, "switch, blocking", "switch, async", "DeAR")
 OVERLAPS = ("switch, async", "DeAR", "auto", "auto, DeAR")
@@ -123,10 +125,11 @@ class Tally:
 def specs(setting: Setting, rnd: int, args: argparse.Namespace) -> list[tuple[str, RunSpec]]:
     """(run name, spec) of one setting's round in the order they run; odd rounds reverse
     it and run gloo before the switch."""
-    names = list(MODES)[::-1] if rnd % 2 else list(MODES)
+    modes = {**{k: (*v, []) for k, v in MODES.items()}, **{k: EXTRA[k] for k in args.extra}}
+    names = list(modes)[::-1] if rnd % 2 else list(modes)
     out = []
     for name in names:
-        codec, overlap = MODES[name]
+        codec, overlap, options = modes[name]
         spec = RunSpec(
             setting.model,
             FIXED_CODEC[setting.model] if codec == "fixed" else codec,
@@ -139,6 +142,7 @@ def specs(setting: Setting, rnd: int, args: argparse.Namespace) -> list[tuple[st
             overlap=overlap,
             peers_first=bool(rnd % 2),
             batch=setting.batch,
+            codec_options=options,
         )
         out.append((name, spec))
     return out
@@ -184,7 +188,7 @@ def row(setting: Setting, name: str, t: Tally) -> str:
     secs = [s["seconds"] * 1e3 for s in steps]
     spread = f"{t.ms(setting, name):.0f} [{pct(secs, 0.1):.0f}, {pct(secs, 0.9):.0f}]"
     speed = t.ms(setting, GLOO) / t.ms(setting, name)
-    hidden = f"{t.hidden(setting, name):.0%}" if name in OVERLAPS else ""
+    hidden = f"{t.hidden(setting, name):.0%}" if name in (*OVERLAPS, *EXTRA) else ""
     return (
         f"| {setting.text} | {name} | {spread} | {t.mean_ms(setting, name):.0f} | "
         f"{speed:.2f}x | {hidden} | {t.loss(setting, name):.4f} |"
@@ -199,7 +203,7 @@ def table(settings: list[Setting], t: Tally) -> list[str]:
         "|---|---|---:|---:|---:|---:|---:|",
     ]
     for s in settings:
-        lines += [row(s, name, t) for name in RUNS if (s, name) in t.runs]
+        lines += [row(s, name, t) for name in (*RUNS, *EXTRA) if (s, name) in t.runs]
     return lines
 
 
@@ -298,6 +302,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--target", default=AUTO_TARGET, choices=[AUTO_TARGET, "bmv2", "refswitch"])
     p.add_argument("--timeout", type=float, default=0, help="seconds per job (0: from --steps)")
     p.add_argument("--budget", type=float, default=0, help="start no run after SECONDS (0: none)")
+    p.add_argument(
+        "--extra",
+        default="",
+        help="comma-separated optional runs beside the matrix (table rows, no verdicts): "
+        + "; ".join(f"{k} (codec {v[0]}, {v[1]}, {' '.join(v[2])})" for k, v in EXTRA.items()),
+    )
     p.add_argument("--name", default="overlap", help="results file stem (default overlap)")
     return p
 
@@ -326,6 +336,9 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"models are {', '.join(FIXED_CODEC)}")
     if args.steps < 3:
         p.error("--steps must be at least 3 (each run's first step is not timed)")
+    args.extra = [x.strip() for x in args.extra.split(",") if x.strip()]
+    if any(x not in EXTRA for x in args.extra):
+        p.error(f"--extra: expected some of {', '.join(EXTRA)}")
     start = time.perf_counter()
     args.deadline = time.monotonic() + (args.budget or math.inf)
     tally = Tally()

@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from run.model import DEFAULT_LR, MODELS
 from run.names import DEFAULT_HOSTS
@@ -20,6 +20,7 @@ from testnet.switch_process import (
     resolve_target,
     target_problem,
 )
+from worker.auto_control import auto_config
 from worker.codecs import AUTO_CODEC, CODEC_CHOICES, DEFAULT_CODEC
 
 if TYPE_CHECKING:
@@ -101,7 +102,8 @@ def _switch_options(g: argparse._ArgumentGroup) -> None:
         default=[],
         metavar="KEY=VALUE",
         help="an option of the switch run's codec, repeatable (e.g. gamma=0: lowbit8 "
-        "without error feedback; docs/codecs.md)",
+        "without error feedback; docs/codecs.md); with --codec auto, the controller's "
+        "settings (e.g. lag=0, min_density=0.25; docs/worker.md)",
     )
     g.add_argument(
         "--overlap",
@@ -163,13 +165,38 @@ def _comparison_options(g: argparse._ArgumentGroup) -> None:
     )
 
 
+def codec_options(pairs: list[str]) -> dict[str, Any]:
+    """KEY=VALUE strings as codec options: numbers as int or float, true/false as bool,
+    anything else as a string (gamma=0 -> {"gamma": 0})."""
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, text = pair.partition("=")
+        if not sep or not key:
+            raise ValueError(f"codec option {pair!r}: expected KEY=VALUE")
+        value: Any = text
+        if text.lower() in ("true", "false"):
+            value = text.lower() == "true"
+        else:
+            for kind in (int, float):
+                try:
+                    value = kind(text)
+                    break
+                except ValueError:
+                    pass
+        out[key] = value
+    return out
+
+
 def check_codec_rules(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """Codec "auto" chooses per bucket beside backward (asynchronous hook or DeAR): no codec
-    options; it makes the default blocking hook asynchronous. A conflict exits through `p`."""
+    """Codec "auto" chooses per bucket beside backward (asynchronous hook or DeAR); its
+    codec options are the controller's settings (lag=0, min_density=0.25, ...); it makes
+    the default blocking hook asynchronous. A conflict exits through `p`."""
     if args.codec != AUTO_CODEC:
         return
-    if args.codec_option:
-        p.error("--codec-option needs a fixed --codec (auto chooses codecs per bucket)")
+    try:
+        auto_config(codec_options(args.codec_option), lanes=False)
+    except (TypeError, ValueError) as exc:
+        p.error(f"--codec-option with --codec auto: {exc}")
     if args.overlap == BLOCKING:
         args.overlap = ASYNC  # auto measures the delay beside backward
 

@@ -32,7 +32,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from run import peers
 from run.model import DEFAULT_LR, MODELS, JobShape, make_task
-from run.options import BLOCKING, DEAR, OVERLAP_MODES
+from run.options import BLOCKING, DEAR, OVERLAP_MODES, codec_options
 from worker.attach import attach
 from worker.codecs import AUTO_CODEC, DEFAULT_CODEC
 from worker.ddp_hook import SwitchHookState
@@ -145,13 +145,15 @@ def _attach_switch(
         opts = {"lossless": opts}
     elif a.codec != "lossless":
         opts = {}
-    if a.codec != AUTO_CODEC:
+    auto = a.codec == AUTO_CODEC  # its options are the controller's settings
+    if not auto:
         opts.update(codec_options(a.codec_option))
     state = attach(
         None if dear else model,  # DeAR takes the state itself
         a.codec,
         asynchronous=a.overlap != BLOCKING,
         codec_options=opts,
+        auto_options=codec_options(a.codec_option) if auto else None,
         controller=a.controller or None,
         pool_size=a.pool_size,
         name="make-run",
@@ -273,28 +275,6 @@ def _stats(state: SwitchHookState | None) -> tuple[float, ...]:
         t.exchange_seconds if t else 0.0,
         t.decode_seconds if t else 0.0,
     )
-
-
-def codec_options(pairs: list[str]) -> dict[str, Any]:
-    """KEY=VALUE strings as codec options: numbers as int or float, true/false as bool,
-    anything else as a string (gamma=0 -> {"gamma": 0})."""
-    out: dict[str, Any] = {}
-    for pair in pairs:
-        key, sep, text = pair.partition("=")
-        if not sep or not key:
-            raise ValueError(f"codec option {pair!r}: expected KEY=VALUE")
-        value: Any = text
-        if text.lower() in ("true", "false"):
-            value = text.lower() == "true"
-        else:
-            for kind in (int, float):
-                try:
-                    value = kind(text)
-                    break
-                except ValueError:
-                    pass
-        out[key] = value
-    return out
 
 
 def _progress(mode: str, steps: int, r: dict[str, Any]) -> str:

@@ -19,6 +19,7 @@ from typing import Any
 
 import torch.distributed as dist
 
+from worker.auto_control import auto_config
 from worker.codecs import AUTO_CODEC, CODEC_CHOICES, DEFAULT_CODEC
 from worker.ddp_hook import SwitchHookState, switch_allreduce_hook
 from worker.job_setup import Request, Setup, group_members, set_up
@@ -30,6 +31,7 @@ def attach(
     *,
     asynchronous: bool = False,
     codec_options: dict[str, Any] | None = None,
+    auto_options: dict[str, Any] | None = None,
     controller: str | None = None,
     pool_size: int = 0,
     group: dist.ProcessGroup | None = None,
@@ -43,8 +45,12 @@ def attach(
     asynchronous); None: $HOMAGG_CODEC, else the launcher's job's, else DEFAULT_CODEC.
     asynchronous: aggregate on a communication thread while backward goes on.
     codec_options: the codec's options (for "auto": codec name -> options).
+    auto_options: the "auto" controller's settings (auto_control.AutoConfig's fields but
+    its codecs, e.g. {"lag": 0}; auto_option_names lists them).
     model None: set up and return the state without registering it (DeAR's
     DearDataParallel takes it). The job ends at destroy_process_group or exit."""
+    if auto_options:
+        auto_config(auto_options, lanes=False)  # a bad option fails before the job exists
     members = group_members(group)
     setup = set_up(
         Request(
@@ -56,9 +62,12 @@ def attach(
         ),
         members,
     )
+    chosen = setup.codec or codec or DEFAULT_CODEC
+    if auto_options and chosen != AUTO_CODEC:
+        raise ValueError(f"auto_options apply to codec {AUTO_CODEC!r}, not {chosen!r}")
     state = SwitchHookState(
         setup.agent,
-        codec=setup.codec or codec or DEFAULT_CODEC,
+        codec=chosen,
         process_group=group,
         unavailable_reason=setup.reason,
         codec_options=codec_options,
@@ -66,6 +75,7 @@ def attach(
         rank=members.rank,
         world_size=members.world_size,
         lane_ops=setup.lane_ops,
+        auto=auto_config(auto_options or {}, setup.lane_ops) if chosen == AUTO_CODEC else None,
     )
     state.warned = bool(setup.reason)  # set_up warned once already
     if setup.session is not None:

@@ -14,7 +14,8 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+from typing import Any
 
 import numpy as np
 
@@ -75,6 +76,10 @@ class AutoConfig:
     pays: float = 0.9  # compressing further pays when it cuts the cost below this share
     fresh_steps: int = 10  # a cost measured longer ago is stale (measured again first)
     sparse_below: float = 0.5  # nonzero share under which the exact codec is lossless
+    # steps between a measurement and the first step it decides: 1 takes the agreement off
+    # the critical path (step t's numbers, agreed while step t+1 runs, decide step t+2);
+    # 0 waits for it before the next step's first bucket
+    lag: int = 1
 
     def __post_init__(self) -> None:
         if not self.codecs or not is_exact(self.codecs[0]):
@@ -83,6 +88,8 @@ class AutoConfig:
             raise ValueError("auto: need 0 < min_density < 1, increase > 1, decrease > 0")
         if self.explore <= 0 or not 0 < self.pays <= 1 or self.fresh_steps < 2:
             raise ValueError("auto: need explore > 0, 0 < pays <= 1 and fresh_steps >= 2")
+        if self.lag not in (0, 1):
+            raise ValueError("auto: lag is 0 (decide before the next step) or 1 (pipelined)")
 
     @property
     def exact(self) -> list[str]:
@@ -121,6 +128,33 @@ def arm_key(choice: Choice) -> str:
     return HOST if choice.method == HOST else key_of(choice.density)
 
 
+def auto_option_names() -> list[str]:
+    """The rule's settings a user may give as codec options of "auto" (all but `codecs`)."""
+    return [f.name for f in fields(AutoConfig) if f.name != "codecs"]
+
+
+def auto_config(options: dict[str, Any], lanes: bool) -> AutoConfig:
+    """The controller's config from codec options (e.g. lag=0, min_density=0.25), over the
+    default codecs (the low-bit lanes when the switch adds them); ValueError names an
+    unknown option and lists the known ones."""
+    bad = sorted(set(options) - set(auto_option_names()))
+    if bad:
+        raise ValueError(
+            f"codec 'auto' has no option {', '.join(bad)}; its options: "
+            + ", ".join(auto_option_names())
+        )
+    return AutoConfig(codecs=auto_codecs(lanes), **options)
+
+
+@dataclass(frozen=True)
+class Taken:
+    """What each bucket ran in a measured step and at which rule density, kept until the
+    step's agreed numbers decide (a later step may run something else by then)."""
+
+    ran: dict[int, tuple[Choice, float]]  # the buckets that ran (not the fallback)
+    epoch: int  # the controller's epoch then: numbers from before a `release` teach nothing
+
+
 @dataclass
 class AutoController:
     """Per-bucket choices and the job's exploration ledger; `measurements` and `decide`
@@ -135,6 +169,7 @@ class AutoController:
     agreed: dict[int, tuple[float, float]] = field(default_factory=dict)  # last (cost, budget)
     step: int = 0
     held: bool = False  # every bucket on its exact switch codec, nothing learned (DeAR tuning)
+    epoch: int = 0  # releases so far
     ledger: JobLedger = field(default_factory=JobLedger)
 
     def __post_init__(self) -> None:
@@ -184,6 +219,7 @@ class AutoController:
         """Start learning afresh (the buckets may have changed while held) from the exact
         switch codecs that ran while held."""
         self.held = False
+        self.epoch += 1
         for index, b in self.buckets.items():
             fresh = BucketControl(ArmCosts(self.config.fresh_steps), b.exact, on_host=False)
             self.buckets[index] = fresh
@@ -218,10 +254,24 @@ class AutoController:
         w = [self.wires.get(i, 0.0) for i in indices]
         return np.array([*c, *b, *z, *w, iteration], dtype=np.float64)
 
-    def decide(self, indices: Sequence[int], agreed: np.ndarray) -> dict[int, str]:
-        """Next step's choices from the agreed vector (identical on every rank)."""
+    def taken(self) -> Taken:
+        """This step's paths and rule densities, for `decide` once its numbers are agreed
+        (with lag 1, after the next step's choices were made)."""
+        ran = {i: (b.ran, b.density) for i, b in self.buckets.items() if b.ran is not None}
+        for b in self.buckets.values():
+            b.ran = None
+        return Taken(ran, self.epoch)
+
+    def decide(
+        self, indices: Sequence[int], agreed: np.ndarray, taken: Taken | None = None
+    ) -> dict[int, str]:
+        """The choices of the step `config.lag` steps after the next one, from a measured
+        step's agreed vector and what it ran (`taken`; None: the buckets' own, lag 0);
+        identical on every rank."""
         n = len(indices)
-        if not self.held:
+        ran = taken.ran if taken is not None else self.taken().ran
+        learn = not self.held and (taken is None or taken.epoch == self.epoch)
+        if learn:
             self.ledger.settle(self.step - 1, float(agreed[4 * n]))
             self.ledger.costs(self.step, -float(np.sum(agreed[:n])))
         for j, index in enumerate(indices):
@@ -230,11 +280,11 @@ class AutoController:
             b = self.bucket(index)
             if not b.exact:
                 b.exact = self._exact_for(float(agreed[2 * n + j]))
-            if b.ran is not None and not self.held:
+            what, density = ran.get(index, (None, b.density))
+            if what is not None and learn:
                 b.wire = float(agreed[3 * n + j])
-                self._update(b, cost, budget)
-            b.ran = None
-        if not self.held:
+                self._update(b, what, density, cost, budget)
+        if learn:
             self._plan({i: self.bucket(i) for i in indices})
         out = {index: self.choice(index).label for index in indices}
         self.costs.clear()
@@ -282,7 +332,8 @@ class AutoController:
                 switch = self._predicted(b, b.density)
                 delta += max(0.0, switch - budget) - max(0.0, host.seconds - budget)
         config = tuple(sorted((i, self.choice(i).label) for i in buckets))
-        if self.ledger.plan(self.step + 1, proposed, delta, max(0.0, floor), config) == HOST_PLAN:
+        step = self.step + 1 + self.config.lag  # the step this plan runs in
+        if self.ledger.plan(step, proposed, delta, max(0.0, floor), config) == HOST_PLAN:
             for b in buckets.values():
                 b.on_host = True
 
@@ -294,14 +345,17 @@ class AutoController:
 
     # -- the rule ------------------------------------------------------------------------
 
-    def _update(self, b: BucketControl, cost: float, budget: float) -> None:
-        """Store what ran, then choose the next arm."""
-        assert b.ran is not None
-        b.costs.add(arm_key(b.ran), cost, b.wire, self.step)
-        if b.ran.method == HOST:
+    def _update(
+        self, b: BucketControl, ran: Choice, density: float, cost: float, budget: float
+    ) -> None:
+        """Store what ran (at rule density `density`), then choose the next arm: the rule
+        acts on the density measured, so with lag 1 an overrun measured twice at one
+        density compresses once (no overshoot from a decision already in flight)."""
+        b.costs.add(arm_key(ran), cost, b.wire, self.step)
+        if ran.method == HOST:
             self._after_host(b, cost, budget)
         else:
-            self._after_switch(b, b.density, cost, budget)
+            self._after_switch(b, density, cost, budget)
         b.incumbent = b.costs.best(self.step)
 
     def _after_host(self, b: BucketControl, host: float, budget: float) -> None:

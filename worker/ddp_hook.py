@@ -14,7 +14,7 @@ goes on; codec="auto" (asynchronous) picks each bucket's path and codec per step
 import logging
 import time
 import warnings
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,7 +25,7 @@ import torch.distributed as dist
 
 from worker import sparse_bucket
 from worker.agent import WorkerAgent
-from worker.auto_control import HOST, AutoConfig, AutoController, Choice, auto_codecs
+from worker.auto_control import HOST, AutoConfig, AutoController, Choice, Taken, auto_codecs
 from worker.auto_host import AutoHostPath, nonzero_share
 from worker.codecs import (
     AUTO_CODEC,
@@ -123,6 +123,8 @@ class SwitchHookState:
         self._use_switch: bool | None = None  # None: agree before the next bucket
         self._cooldown_left = 0
         self._fell_back_in_step = -1
+        # codec="auto": agreements started and not decided yet (indices, vector, taken, work)
+        self._agreeing: deque[tuple[list[int], torch.Tensor, Taken, dist.Work]] = deque()
 
     def attach(self, agent: WorkerAgent) -> None:
         """Use this agent from the next agreement on (e.g. after unpickling)."""
@@ -133,7 +135,8 @@ class SwitchHookState:
         state = {
             k: v
             for k, v in self.__dict__.items()
-            if k not in ("agent", "process_group", "codecs", "group", "comm", "auto_host")
+            if k
+            not in ("agent", "process_group", "codecs", "group", "comm", "auto_host", "_agreeing")
         }
         if self.process_group is not None:
             log.warning("SwitchHookState pickled without its non-default process group")
@@ -142,7 +145,7 @@ class SwitchHookState:
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self.agent, self.process_group, self.codecs = None, None, {}
-        self.group, self.comm = None, None
+        self.group, self.comm, self._agreeing = None, None, deque()
         self.auto_host = AutoHostPath(self.controller) if self.controller is not None else None
         self.unavailable_reason = "state was unpickled without its agent"
         self._use_switch = None
@@ -217,10 +220,16 @@ class SwitchHookState:
         return True if self.comm is None else self.comm.drain(timeout)
 
     def close(self) -> None:
-        """Stop the communication thread (after its queued buckets)."""
+        """Stop the communication thread (after its queued buckets) and finish codec="auto"'s
+        agreements still in flight (every rank started them; a dead peer's is dropped)."""
         if self.comm is not None:
             self.comm.close()
             self.comm = None
+        while self._agreeing:
+            try:
+                self._agreeing.popleft()[3].wait()
+            except RuntimeError as exc:  # a peer is gone: nothing is left to decide
+                log.info("rank %d: an agreement in flight did not finish: %s", self.rank, exc)
 
     # -- the collective decision ----------------------------------------------------
 
@@ -237,6 +246,13 @@ class SwitchHookState:
     def reduce_max(self, t: torch.Tensor) -> None:
         """MAX over ranks in place, through the hook's group (a backend overrides it)."""
         dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group)
+
+    def reduce_max_async(self, t: torch.Tensor) -> dist.Work:
+        """MAX over ranks in place, started now through the hook's group (codec="auto"'s
+        agreement: issued from the communication thread only, so in one order everywhere)."""
+        work = dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group, async_op=True)
+        assert work is not None
+        return work
 
     def host_all_reduce(self, buf: torch.Tensor) -> None:
         """The host path's SUM over ranks in place, through the hook's group."""
@@ -308,18 +324,23 @@ class SwitchHookState:
                 self.auto_host.decided.set()  # the next step's choices may be read
 
     def auto_decide(self, budgets: dict[int, float]) -> dict[int, str]:
-        """One MAX all_reduce of this step's [-costs, -budgets, nonzero shares, wire
-        densities, the step before's iteration time]; the controller decides the next
-        step's choices from it, the same on every rank."""
-        assert self.controller is not None
+        """Start one MAX all_reduce of this step's [-costs, -budgets, nonzero shares, wire
+        densities, the step before's iteration time]; the controller decides from the one
+        started `lag` steps ago (lag 1: done while this step ran, so nothing waits for
+        the network here), the same on every rank. Empty while none is old enough."""
+        ctl = self.controller
+        assert ctl is not None
         indices = sorted(budgets)
-        measured = self.controller.measurements(indices, budgets, self.iteration_seconds)
-        t = torch.from_numpy(measured)
+        t = torch.from_numpy(ctl.measurements(indices, budgets, self.iteration_seconds))
+        self._agreeing.append((indices, t, ctl.taken(), self.reduce_max_async(t)))
+        if len(self._agreeing) <= ctl.config.lag:
+            return {}
+        indices, t, taken, work = self._agreeing.popleft()
         start = time.perf_counter()
-        self.reduce_max(t)
+        work.wait()
         self.stats.agreements += 1
         self.stats.agreement_seconds += time.perf_counter() - start
-        return self.controller.decide(indices, t.numpy())
+        return ctl.decide(indices, t.numpy(), taken)
 
 
 def _through_switch(

@@ -208,8 +208,7 @@ def test_lowbit8_and_its_codec_options_reach_every_rank():
     number (lowbit8 without error feedback)."""
     pytest.importorskip("mininet.net", reason="Debian's mininet is not installed")
     from run.jobs import rank_command
-    from run.options import parser, settle
-    from run.train import codec_options
+    from run.options import codec_options, parser, settle
 
     args = parser().parse_args(
         ["--codec", "lowbit8", "--codec-option", "gamma=0", "--model", "mlp", "--out", "o"]
@@ -271,12 +270,22 @@ def test_a_target_that_cannot_start_is_refused_with_its_reason(monkeypatch):
         settle(parser().parse_args(["--target", "bmv2-opt"]))
 
 
-def test_codec_options_are_refused_with_codec_auto(capsys):
-    """auto chooses codecs per bucket: an option of one codec has nothing to apply to."""
+def test_codec_options_of_auto_are_the_controllers_settings(capsys):
+    """With --codec auto, --codec-option sets the controller (lag=0): an option of one
+    codec (gamma) has nothing to apply to, and the error lists the settings there are."""
     pytest.importorskip("mininet.net", reason="Debian's mininet is not installed")
     from run.__main__ import main
+    from run.options import check_codec_rules, parser
 
     with pytest.raises(SystemExit) as stop:
         main(["--codec", "auto", "--codec-option", "gamma=0"])
     assert stop.value.code == 2
-    assert "--codec-option needs a fixed --codec" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "codec 'auto' has no option gamma" in err and "lag" in err and "min_density" in err
+    with pytest.raises(SystemExit):
+        main(["--codec", "auto", "--codec-option", "lag=2"])
+    assert "lag is 0" in capsys.readouterr().err
+    p = parser()
+    args = p.parse_args(["--codec", "auto", "--codec-option", "lag=0"])
+    check_codec_rules(p, args)  # accepted, and the blocking hook made asynchronous
+    assert args.overlap == "async"

@@ -24,7 +24,7 @@ from worker.auto_costs import HOST_PLAN
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKER = Path(__file__).with_name("auto_worker.py")
-LANES = AutoConfig(codecs=auto_codecs(True))
+LANES = AutoConfig(lag=0, codecs=auto_codecs(True))
 
 
 def wire(choice: Choice) -> float:
@@ -65,14 +65,14 @@ def simulate(ctl: AutoController, costs: Costs, budget: float, steps: int) -> li
 
 
 def test_starts_on_the_host_then_measures_the_switch_and_keeps_the_cheaper():
-    ctl = AutoController()
+    ctl = AutoController(AutoConfig(lag=0))
     assert step(ctl, 0.2, 0.01) == HOST  # step 0: nothing is known
     assert step(ctl, 1.0, 0.01) == "fixed_point"  # the switch's exact codec, measured once
     labels = [step(ctl, 1.0 if ctl.choice(0).method != HOST else 0.2, 0.01) for _ in range(10)]
     # dearer per bucket: the host path, but for one probe of compression (the cost model
     # expects it to win) that the ledger then pays for
     assert labels.count(HOST) == 9 and labels[-6:] == [HOST] * 6, labels
-    fast = AutoController()
+    fast = AutoController(AutoConfig(lag=0))
     step(fast, 0.2, 0.01)
     labels = [step(fast, 0.05 if fast.choice(0).method != HOST else 0.2, 0.1) for _ in range(7)]
     # the switch hides it; a host step runs while the switch plan's step time is not known
@@ -82,7 +82,7 @@ def test_starts_on_the_host_then_measures_the_switch_and_keeps_the_cheaper():
 
 
 def test_overrun_multiplies_compression_and_slack_adds_density_back():
-    ctl = host_plan_slow(AutoController(AutoConfig(min_density=1 / 16, decrease=0.25)))
+    ctl = host_plan_slow(AutoController(AutoConfig(lag=0, min_density=1 / 16, decrease=0.25)))
     step(ctl, 5.0, 1.0)  # the host path: far dearer than the switch below
     labels = [step(ctl, d, 1.0) for d in (2.0, 1.6, 1.3, 1.1)]  # compression pays
     assert labels == ["fixed_point", "cltk@0.5", "cltk@0.25", "cltk@0.125"]
@@ -93,7 +93,7 @@ def test_overrun_multiplies_compression_and_slack_adds_density_back():
 
 
 def test_the_host_path_runs_while_it_is_cheaper_and_the_switch_is_probed_within_the_credit():
-    cfg = AutoConfig(explore=0.1)
+    cfg = AutoConfig(lag=0, explore=0.1)
     ctl = AutoController(cfg)
     host, switch = 0.2, 0.5  # compression does not pay: every density costs the same
     got = simulate(ctl, lambda c, t: host if c.method == HOST else switch, 0.01, 300)
@@ -114,7 +114,7 @@ def test_never_slower_than_the_host_path_and_near_the_best_arm(seed):
     rng = random.Random(seed)
     host = rng.uniform(0.05, 0.5)
     fixed, per = rng.uniform(0.0, 2.0) * host, rng.uniform(0.2, 6.0) * host
-    cfg = AutoConfig(codecs=auto_codecs(rng.random() < 0.5), explore=0.1)
+    cfg = AutoConfig(lag=0, codecs=auto_codecs(rng.random() < 0.5), explore=0.1)
     ctl = AutoController(cfg)
 
     def cost(c: Choice, t: int) -> float:
@@ -132,7 +132,7 @@ def test_never_slower_than_the_host_path_and_near_the_best_arm(seed):
 
 
 def test_agreed_measurements_are_the_smallest_cost_and_budget():
-    a, b = AutoController(), AutoController()
+    a, b = AutoController(AutoConfig(lag=0)), AutoController(AutoConfig(lag=0))
     a.record(3, 0.5, Choice(HOST), 1.0)
     b.record(3, 0.1, Choice(HOST), 0.2, 0.3)
     mine, theirs = a.measurements([3], {3: 1.0}, 0.7), b.measurements([3], {3: 0.2}, 0.9)
@@ -143,18 +143,18 @@ def test_agreed_measurements_are_the_smallest_cost_and_budget():
 
 
 def test_the_exact_codec_follows_the_nonzero_share():
-    ctl = AutoController()
+    ctl = AutoController(AutoConfig(lag=0))
     for index, nz in ((0, 0.01), (1, 0.9)):  # sparse: lossless; dense: fixed point
         ctl.record(index, 0.2, ctl.choice(index), nz)
     ctl.decide([0, 1], ctl.measurements([0, 1], {0: 0.01, 1: 0.01}))
     assert ctl.choice(0) == Choice("lossless") and ctl.choice(1) == Choice("fixed_point")
-    only = AutoController(AutoConfig(codecs=("lossless", "cltk")))
+    only = AutoController(AutoConfig(lag=0, codecs=("lossless", "cltk")))
     step(only, 0.2, 0.01, nz=0.9)
     assert only.choice(0) == Choice("lossless")
 
 
 def test_codec_ladder_lanes_by_their_fixed_density_and_cltk_by_wire_density():
-    ctl = AutoController(AutoConfig(codecs=("fixed_point", "lowbit16", "lowbit8", "cltk")))
+    ctl = AutoController(AutoConfig(lag=0, codecs=("fixed_point", "lowbit16", "lowbit8", "cltk")))
     assert ctl.codec_at(1.0) == Choice("fixed_point")
     assert ctl.codec_at(0.6) == Choice("lowbit16", 0.5)  # the least compressing enough
     assert ctl.codec_at(0.5) == Choice("lowbit16", 0.5)
@@ -163,10 +163,10 @@ def test_codec_ladder_lanes_by_their_fixed_density_and_cltk_by_wire_density():
     assert Choice("cltk", 0.1).options() == {"ratio": 0.05}  # k indices and k values
     lane = ctl.codec_at(0.25)
     assert lane.label == "lowbit8" and lane.options() == {}  # no ratio option for lanes
-    only_fixed = AutoController(AutoConfig(codecs=("lossless", "lowbit8")))
+    only_fixed = AutoController(AutoConfig(lag=0, codecs=("lossless", "lowbit8")))
     assert only_fixed.codec_at(0.01) == Choice("lowbit8", 0.25)
     with pytest.raises(ValueError, match="exact"):
-        AutoConfig(codecs=("cltk",))
+        AutoConfig(lag=0, codecs=("cltk",))
 
 
 def test_lanes_join_the_default_codecs_only_on_a_switch_that_adds_them():
@@ -178,7 +178,7 @@ def test_lanes_join_the_default_codecs_only_on_a_switch_that_adds_them():
 
 
 def test_a_fallback_is_no_measurement_of_the_chosen_path():
-    ctl = AutoController()
+    ctl = AutoController(AutoConfig(lag=0))
     step(ctl, 0.2, 0.01)
     ctl.record(0, 9.0, None, 1.0)  # the switch fell back (agreed): gloo's time, not its
     ctl.decide([0], ctl.measurements([0], {0: 0.01}))
@@ -206,22 +206,23 @@ def test_two_ranks_raise_compression_with_injected_delay_and_lower_it_after(tmp_
     assert out[0]["history"] == out[1]["history"]  # every rank decided alike, every step
     assert out[0]["choices"] == out[1]["choices"]
     hist = out[0]["history"]
-    assert len(hist) == 40  # a decision after every step
+    # a decision after every step but the last; lag 1: step t's numbers decide step t + 2
+    assert len(hist) == 40 - 1
     # every host bucket was all-reduced from the hook, on the thread that runs backward
     for o in out:
         assert o["host_issued"] == o["choices"]["host"] == o["host_buckets"] > 0
         assert o["host_from"] == ["MainThread"]
 
-    def mean_density(lo: int, hi: int) -> float:
-        return float(np.mean([density(v) for h in hist[lo:hi] for v in h.values()]))
+    def mean_density(lo: int, hi: int) -> float:  # of steps lo..hi-1 (hist[0] is step 2's)
+        return float(np.mean([density(v) for h in hist[lo - 2 : hi - 2] for v in h.values()]))
 
-    before, during, after = mean_density(1, 7), mean_density(12, 19), mean_density(31, 39)
+    before, during, after = mean_density(2, 8), mean_density(13, 20), mean_density(32, 40)
     assert during < 0.5 * before, (before, during, hist)
     assert after > 2 * during, (during, after, hist)
 
 
 def test_slack_climbs_back_past_the_lanes_fixed_densities():
-    cfg = AutoConfig(codecs=("fixed_point", "lowbit16", "lowbit8"), decrease=0.25)
+    cfg = AutoConfig(lag=0, codecs=("fixed_point", "lowbit16", "lowbit8"), decrease=0.25)
     ctl = host_plan_slow(AutoController(cfg))
     step(ctl, 5.0, 1.0)  # the host path, far dearer
     assert [step(ctl, d, 1.0) for d in (2.0, 1.5, 1.2)] == ["fixed_point", "lowbit16", "lowbit8"]
@@ -230,7 +231,7 @@ def test_slack_climbs_back_past_the_lanes_fixed_densities():
 
 
 def test_held_it_runs_the_exact_codec_and_learns_nothing_until_released():
-    ctl = AutoController()
+    ctl = AutoController(AutoConfig(lag=0))
     ctl.hold()  # DeAR compares its bucket sizes on one path
     assert [step(ctl, 9.0, 0.01, nz=0.9) for _ in range(3)] == ["lossless"] + ["fixed_point"] * 2
     assert ctl.buckets[0].costs.costs == {} and ctl.ledger.credit == 0  # nothing learned
@@ -254,7 +255,7 @@ def test_an_exploration_pays_its_step_excess_and_waits_while_the_ledger_is_overd
     """The step's agreed time, not the bucket's cost, pays: a probe whose bucket looks
     cheap but whose step took long (the switch's other costs) overdraws the ledger, and
     nothing is explored again until `explore` x the steps' time has repaid it."""
-    cfg = AutoConfig(explore=0.1)
+    cfg = AutoConfig(lag=0, explore=0.1)
     ctl = AutoController(cfg)
     times, labels = [], []
     before = 0.0
@@ -273,7 +274,7 @@ def test_an_exploration_pays_its_step_excess_and_waits_while_the_ledger_is_overd
 
 
 def test_explorations_that_keep_losing_back_off():
-    ctl = AutoController(AutoConfig(explore=0.1))
+    ctl = AutoController(AutoConfig(lag=0, explore=0.1))
     before, probes = 0.0, []
     for t in range(300):  # the switch looks cheaper per bucket, its steps are 50% slower
         ran = ctl.choice(0)

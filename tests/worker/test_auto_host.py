@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from worker import auto_host
-from worker.auto_control import HOST, AutoController
+from worker.auto_control import HOST, AutoConfig, AutoController
 from worker.auto_host import AutoHostPath, nonzero_share
 
 
@@ -33,7 +33,7 @@ class FakeWork:
 
 
 def test_a_host_bucket_is_summed_divided_and_its_cost_recorded():
-    ctl = AutoController()
+    ctl = AutoController(AutoConfig(lag=0))
     path = AutoHostPath(ctl)
     buf = torch.tensor([2.0, 0.0, 4.0, 0.0])
     issued: list[torch.Tensor] = []
@@ -52,7 +52,7 @@ def test_a_host_bucket_is_summed_divided_and_its_cost_recorded():
 
 
 def test_a_known_bucket_skips_its_nonzero_share():
-    ctl = AutoController()
+    ctl = AutoController(AutoConfig(lag=0))
     path = AutoHostPath(ctl)
     ctl.bucket(0).exact = "lossless"
     path.issue(0, torch.zeros(4), lambda b: FakeWork(b, torch.zeros(4), 0.0), 2).wait()
@@ -61,7 +61,7 @@ def test_a_known_bucket_skips_its_nonzero_share():
 
 
 def test_choices_wait_for_the_step_befores_decision(monkeypatch):
-    path = AutoHostPath(AutoController())
+    path = AutoHostPath(AutoController(AutoConfig(lag=0)))
     path.wait_decided()  # nothing to wait for before the first step
     path.deciding()
     threading.Timer(0.05, path.decided.set).start()
