@@ -90,11 +90,13 @@ def train(a: argparse.Namespace) -> None:
     overlap = a.mode == "switch" and a.overlap == "async" and a.codec != AUTO_CODEC
     model = task.model if dear else DDP(task.model, bucket_cap_mb=_bucket_mb(overlap))
     state: SwitchHookState | None = None
-    grad_max: LocalGradMax | None = None
+    # every mode pays the same hooks, so that the iteration times compare (the switch's
+    # records need the value; the others' report it too)
+    grad_max = LocalGradMax(task.model)
     lr = a.lr if a.lr is not None else DEFAULT_LR[a.model]
     opt = torch.optim.SGD(model.parameters(), lr=lr)
     if a.mode == "switch":
-        model, state, grad_max = _attach_switch(a, task, model, opt, dear)
+        model, state = _attach_switch(a, task, model, opt, dear)
     out = Path(a.out)
     # closed in the finally below (rank 0 only writes the step records)
     log = open(out / f"{a.mode}.jsonl", "w") if rank == 0 else None  # noqa: SIM115
@@ -135,10 +137,9 @@ def train(a: argparse.Namespace) -> None:
 
 def _attach_switch(
     a: argparse.Namespace, task: Any, model: Any, opt: torch.optim.Optimizer, dear: bool
-) -> tuple[Any, SwitchHookState, LocalGradMax]:
-    """homagg.attach on the DDP model (or DeAR around the bare one) and a local gradient
-    maximum from parameter hooks: (the model to train, the hook state, the maximum)."""
-    grad_max = LocalGradMax(task.model)
+) -> tuple[Any, SwitchHookState]:
+    """homagg.attach on the DDP model (or DeAR around the bare one): (the model to train,
+    the hook state)."""
     # One support key per embedding row: the index phase shrinks dim-fold.
     opts: dict[str, Any] = {"support_block": a.dim} if task.sparse else {}
     if a.codec == AUTO_CODEC:  # per codec name; the sparse rows' key for lossless only
@@ -160,7 +161,7 @@ def _attach_switch(
     )
     if dear:
         model = DearDataParallel(task.model, opt, state, tune_steps=2)
-    return model, state, grad_max
+    return model, state
 
 
 def _timed_step(
@@ -169,7 +170,7 @@ def _timed_step(
     model: Any,
     opt: torch.optim.Optimizer,
     state: SwitchHookState | None,
-    grad_max: LocalGradMax | None,
+    grad_max: LocalGradMax,
     step: int,
 ) -> list[float]:
     """One training step, timed: this rank's loss, seconds, bytes sent, largest |local
@@ -188,7 +189,7 @@ def _timed_step(
     seconds = time.perf_counter() - start
     wire = tx_bytes(a.iface) - sent
     after = _stats(state)
-    local_max = grad_max.take() if grad_max else 0.0
+    local_max = grad_max.take()
     return [loss.item(), seconds, float(wire), local_max] + [
         float(x - y) for x, y in zip(after, before)
     ]

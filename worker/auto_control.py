@@ -105,7 +105,8 @@ class AutoConfig:
 @dataclass
 class BucketControl:
     """One bucket's controller state. The first step runs the host path (nothing is
-    known yet), the second the switch's exact codec, then the rule decides."""
+    known yet; with lag 1 the first two), the next the switch's exact codec, then the
+    rule decides."""
 
     costs: ArmCosts
     exact: str = ""  # the bucket's exact codec (from its nonzero share, first decision)
