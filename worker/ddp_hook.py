@@ -17,6 +17,7 @@ import warnings
 from collections import Counter, deque
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any
 
 import numpy as np
@@ -45,6 +46,9 @@ log = logging.getLogger(__name__)
 Via = Callable[
     [Codec], Generator[Phase, np.ndarray, np.ndarray]
 ]  # a bucket that drives its codec itself (a sparse bucket: worker/sparse_bucket.py)
+
+# close(): how long codec="auto"'s last agreement may take (a gone peer's never finishes)
+CLOSE_AGREEMENT_S = 10.0
 
 # Failure kinds, exchanged as MAX over ranks: the highest one names the agreed reason.
 OK, UNHEALTHY, CODEC_FAILED, SWITCH_TIMEOUT, ERROR = 0, 1, 2, 3, 4
@@ -227,7 +231,7 @@ class SwitchHookState:
             self.comm = None
         while self._agreeing:
             try:
-                self._agreeing.popleft()[3].wait()
+                self._agreeing.popleft()[3].wait(timedelta(seconds=CLOSE_AGREEMENT_S))
             except RuntimeError as exc:  # a peer is gone: nothing is left to decide
                 log.info("rank %d: an agreement in flight did not finish: %s", self.rank, exc)
 

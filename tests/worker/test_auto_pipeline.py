@@ -119,9 +119,20 @@ class RecordedWork:
     def __init__(self, log: list[str], name: str) -> None:
         self.log, self.name = log, name
 
-    def wait(self) -> bool:
+    def wait(self, timeout: object = None) -> bool:
         self.log.append(f"wait {self.name}")
         return True
+
+
+class GonePeerWork:
+    """An all_reduce whose peer is gone: its wait times out."""
+
+    def __init__(self) -> None:
+        self.timeouts: list[object] = []
+
+    def wait(self, timeout: object = None) -> bool:
+        self.timeouts.append(timeout)
+        raise RuntimeError("Timed out waiting for the peer")
 
 
 def hook_state(lag: int, log: list[str]) -> SwitchHookState:
@@ -161,3 +172,13 @@ def test_lag_0_waits_for_the_agreement_before_the_next_step():
     state = hook_state(0, log)
     assert one_step(state) != {}
     assert log == ["start 0", "wait 0"]
+
+
+def test_close_gives_up_on_an_agreement_whose_peer_is_gone():
+    state = hook_state(1, [])
+    gone = GonePeerWork()
+    state.reduce_max_async = lambda t: gone  # type: ignore[method-assign]
+    one_step(state)
+    state.close()  # no hang, no exception: the step's numbers decide nothing any more
+    assert len(gone.timeouts) == 1 and gone.timeouts[0] is not None
+    assert state._agreeing == deque()
