@@ -132,7 +132,7 @@ def test_an_unknown_codec_is_an_error(monkeypatch):
 def test_auto_options_set_the_controller_and_bad_ones_are_errors():
     """auto_options are the controller's settings: an unknown one is an error before any
     job exists (the list of the known ones in it), and they need codec "auto"."""
-    with pytest.raises(ValueError, match="codec 'auto' has no option bogus; its options: .*lag"):
+    with pytest.raises(ValueError, match=r"codec 'auto' has no option bogus; its options: .*lag"):
         attach.attach(None, "auto", auto_options={"bogus": 1})
     with pytest.raises(ValueError, match="lag is 0"):
         attach.attach(None, "auto", auto_options={"lag": 3})
@@ -141,9 +141,9 @@ def test_auto_options_set_the_controller_and_bad_ones_are_errors():
         state = attach.attach(None, "auto", auto_options={"lag": 0, "min_density": 0.25})
     assert state.controller is not None and state.controller.config.lag == 0
     assert state.controller.config.min_density == 0.25
-    with pytest.raises(ValueError, match="auto_options apply to codec 'auto', not 'lossless'"):
-        with pytest.warns(RuntimeWarning, match="falls back"):
-            attach.attach(None, "lossless", auto_options={"lag": 0})
+    wrong = "auto_options apply to codec 'auto', not 'lossless'"
+    with pytest.raises(ValueError, match=wrong), pytest.warns(RuntimeWarning, match="falls back"):
+        attach.attach(None, "lossless", auto_options={"lag": 0})
 
 
 def test_lane_codecs_are_refused_when_the_switchs_program_has_no_lanes(monkeypatch, controlled):
