@@ -293,7 +293,8 @@ class AutoController:
         self.wires.clear()
         self.history.append(out)
         self.step += 1
-        log.info("auto step %d: %s", self.step, self._describe(out))
+        if log.isEnabledFor(logging.INFO):  # the text costs more than the decision
+            log.info("auto step %d: %s", self.step, self._describe(out))
         return out
 
     def _describe(self, out: dict[int, str]) -> str:
