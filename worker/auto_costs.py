@@ -6,11 +6,10 @@ exploration credit (worker/auto_control.py decides from these)."""
 
 from __future__ import annotations
 
+import statistics
 from collections import deque
 from collections.abc import Hashable
 from dataclasses import dataclass, field
-
-import numpy as np
 
 HOST = "host"  # the process group's all_reduce: chosen when the switch path cannot win
 
@@ -34,15 +33,30 @@ def add_sample(samples: deque[tuple[int, float]], step: int, x: float) -> None:
     if len(samples) <= CONFIRM:
         return
     recent = [v for _, v in list(samples)[-CONFIRM:]]
-    median = float(np.median([v for _, v in list(samples)[:-CONFIRM]]))
+    median = statistics.median(v for _, v in list(samples)[:-CONFIRM])
     if all(v > CHANGE * median for v in recent) or all(v * CHANGE < median for v in recent):
         for _ in range(len(samples) - CONFIRM):
             samples.popleft()
 
 
 def median_of(samples: deque[tuple[int, float]]) -> float:
-    """The median of a window's values."""
-    return float(np.median([v for _, v in samples]))
+    """The median of a window's values (pure Python: numpy's costs ~100x more on five
+    values, on the communication thread, every step)."""
+    return float(statistics.median(v for _, v in samples))
+
+
+def fit_line(pts: list[tuple[float, float]]) -> tuple[float, float]:
+    """(fixed, slope) of the least-squares line through (wire, seconds) points, both kept
+    non-negative (a cost that grows with what is sent); one wire density: proportional."""
+    if not pts:
+        return 0.0, 0.0
+    n = len(pts)
+    mx, my = sum(x for x, _ in pts) / n, sum(y for _, y in pts) / n
+    sxx = sum((x - mx) ** 2 for x, _ in pts)
+    if max(x for x, _ in pts) - min(x for x, _ in pts) < 1e-9:
+        return 0.0, my / max(pts[0][0], 1e-9)
+    slope = sum((x - mx) * (y - my) for x, y in pts) / sxx
+    return max(0.0, my - slope * mx), max(0.0, slope)
 
 
 @dataclass
@@ -71,6 +85,7 @@ class ArmCosts:
 
     fresh_steps: int = 10
     costs: dict[str, Cost] = field(default_factory=dict)
+    _model: tuple[float, float] | None = field(default=None, repr=False)  # model()'s fit
 
     def add(self, key: str, seconds: float, wire: float, step: int) -> None:
         """A new agreed measurement of arm `key` (add_sample's rule: older samples stay
@@ -78,6 +93,7 @@ class ArmCosts:
         got = self.costs.setdefault(key, Cost())
         add_sample(got.samples, step, seconds)
         got.wire = wire
+        self._model = None
 
     def cost(self, key: str) -> float:
         """Arm `key`'s cost: its median, but a switch arm's latest sample at once when it
@@ -111,16 +127,12 @@ class ArmCosts:
 
     def model(self) -> tuple[float, float]:
         """(fixed, per unit of wire density) of the switch's cost, fitted by least squares
-        to every switch arm's cost; one wire density known: proportional."""
-        pts = [(c.wire or float(k), self.cost(k)) for k, c in self.costs.items() if k != HOST]
-        if not pts:
-            return 0.0, 0.0
-        xs = np.array([p[0] for p in pts])
-        ys = np.array([p[1] for p in pts])
-        if np.ptp(xs) < 1e-9:
-            return 0.0, float(ys.mean() / max(xs[0], 1e-9))
-        slope, fixed = np.polyfit(xs, ys, 1)
-        return max(0.0, float(fixed)), max(0.0, float(slope))  # monotone, non-negative
+        to every switch arm's cost; one wire density known: proportional. Kept until the
+        next `add` (the rule asks for it once per density it weighs)."""
+        if self._model is None:
+            pts = [(c.wire or float(k), self.cost(k)) for k, c in self.costs.items() if k != HOST]
+            self._model = fit_line(pts)
+        return self._model
 
     def predicted(self, key: str, wire: float) -> float:
         """An arm's expected cost: its measured cost, else the model's at `wire`."""

@@ -20,6 +20,7 @@ from worker.auto_costs import (
     ArmCosts,
     JobLedger,
     add_sample,
+    fit_line,
     median_of,
 )
 
@@ -100,3 +101,21 @@ def test_outliers_on_the_host_path_cost_little_and_send_few_steps_to_the_switch(
         shares.append(labels.count(HOST) / len(labels))
     assert float(np.median(ratios)) <= 1.05 and max(ratios) <= 1.10, ratios
     assert min(shares) >= 0.85, shares
+
+
+def test_the_cost_line_is_numpys_least_squares_fit_kept_non_negative():
+    rng = random.Random(3)
+    for _ in range(50):
+        pts = [(rng.uniform(0.01, 1.0), rng.uniform(0.001, 0.5)) for _ in range(rng.randint(2, 6))]
+        slope, fixed = np.polyfit([x for x, _ in pts], [y for _, y in pts], 1)
+        assert fit_line(pts) == pytest.approx((max(0.0, fixed), max(0.0, slope)), abs=1e-9)
+    assert fit_line([]) == (0.0, 0.0)
+    assert fit_line([(0.5, 0.2), (0.5, 0.4)]) == pytest.approx((0.0, 0.6))  # proportional
+
+
+def test_the_model_is_refitted_after_each_new_measurement():
+    arms = ArmCosts()
+    arms.add("1", 0.4, 1.0, 0)
+    assert arms.predicted("0.5", 0.5) == pytest.approx(0.2)  # one density: proportional
+    arms.add("0.5", 0.3, 0.5, 1)
+    assert arms.predicted("0.25", 0.25) == pytest.approx(0.25)  # the line through both
