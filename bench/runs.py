@@ -83,6 +83,9 @@ def run_command(spec: RunSpec, out: Path) -> list[str]:
     return cmd
 
 
+INTERRUPTED = 130  # `python -m run`'s exit status after Ctrl-C (docs/run.md)
+
+
 class RunFailed(RuntimeError):
     """A `python -m run` that did not produce its step records (a job failed or timed
     out): the benchmarks note it and go on with the next run."""
@@ -121,6 +124,8 @@ def run_once(
     for line in stdout.splitlines():
         if line.startswith("make run:"):
             target = line.split("switch ")[1].split(",")[0]
+    if proc.returncode == INTERRUPTED:  # Ctrl-C reached the run: the user wants to stop
+        raise KeyboardInterrupt(f"{' '.join(cmd[2:])} was interrupted")
     files = {spec.switch_run: "switch", **({"DDP over gloo": "gloo"} if spec.gloo else {})}
     files.update({peer: peer for peer in spec.peers})
     missing = [f"{f}.jsonl" for f in files.values() if not (out / f"{f}.jsonl").is_file()]

@@ -1,6 +1,6 @@
 """A run that fails does not sink a benchmark: run_once raises RunFailed (a failing exit
 status, or step records missing), the benchmark notes it and goes on, the report leaves
-its rows out and lists it under the tables."""
+its rows out and lists it under the tables; an interrupted run (Ctrl-C) stops it."""
 
 from __future__ import annotations
 
@@ -62,6 +62,13 @@ def test_run_once_takes_status_1_with_every_record_as_a_timed_run(tmp_path, monk
     monkeypatch.setattr(subprocess, "Popen", FakeRun(out, 1, ["switch.jsonl", "gloo.jsonl"]))
     got, target = run_once(_spec(), out)
     assert set(got) == {"switch, lossless", "DDP over gloo"} and target == "refswitch"
+
+
+def test_an_interrupted_run_stops_the_benchmark(tmp_path, monkeypatch):
+    out = tmp_path / "out"  # 130: Ctrl-C reached the run; no next run starts
+    monkeypatch.setattr(subprocess, "Popen", FakeRun(out, 130, []))
+    with pytest.raises(KeyboardInterrupt, match="was interrupted"):
+        run_once(_spec(), out)
 
 
 def test_failures_are_listed_under_the_tables(tmp_path, monkeypatch):
