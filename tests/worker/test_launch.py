@@ -128,8 +128,12 @@ def test_misuse_with_torchrun_is_refused_before_a_job_is_made(controlled):
     assert len(controlled.client.list_jobs(include_ended=True).jobs) == before
 
 
-# A stand-in for the training script: joins nothing, prints what torchrun gave it.
-PRINT_RANK = "import os; print('rank', os.environ['RANK'], 'of', os.environ['WORLD_SIZE'])"
+# A stand-in for the training script: joins nothing, prints what torchrun gave it (one
+# write of one line: the two ranks share the pipe, and print's pieces could interleave).
+PRINT_RANK = (
+    "import os; os.write(1, f\"rank {os.environ['RANK']} of {os.environ['WORLD_SIZE']}\\n\""
+    ".encode())"
+)
 
 
 def test_torchruns_world_size_and_a_job_nobody_joined(controlled, tmp_path):
