@@ -172,7 +172,7 @@ def codec_options(pairs: list[str]) -> dict[str, Any]:
     for pair in pairs:
         key, sep, text = pair.partition("=")
         if not sep or not key:
-            raise ValueError(f"codec option {pair!r}: expected KEY=VALUE")
+            raise ValueError(f"--codec-option {pair!r}: expected KEY=VALUE")
         value: Any = text
         if text.lower() in ("true", "false"):
             value = text.lower() == "true"
@@ -212,9 +212,7 @@ def settle(args: argparse.Namespace) -> tuple[str, Topology]:
     bad = [x for x in args.peer_list if x not in PEERS]
     if bad:
         raise ValueError(f"--peers {','.join(bad)}: expected some of {', '.join(PEERS)}")
-    for kv in args.codec_option:
-        if "=" not in kv or not kv.split("=", 1)[0]:
-            raise ValueError(f"--codec-option {kv!r}: expected KEY=VALUE")
+    codec_options(args.codec_option)  # a malformed KEY=VALUE fails here, before Mininet
     if args.bmv2_opt is not None:
         os.environ[BMV2_OPT_ENV] = str(args.bmv2_opt)  # the switch process reads it
     target = resolve_target(args.target)

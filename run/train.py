@@ -142,13 +142,11 @@ def _attach_switch(
     the hook state)."""
     # One support key per embedding row: the index phase shrinks dim-fold.
     opts: dict[str, Any] = {"support_block": a.dim} if task.sparse else {}
-    if a.codec == AUTO_CODEC:  # per codec name; the sparse rows' key for lossless only
+    auto = a.codec == AUTO_CODEC  # --codec-option sets its controller, not a codec
+    if auto:  # per codec name; the sparse rows' key for lossless only
         opts = {"lossless": opts}
-    elif a.codec != "lossless":
-        opts = {}
-    auto = a.codec == AUTO_CODEC  # its options are the controller's settings
-    if not auto:
-        opts.update(codec_options(a.codec_option))
+    else:
+        opts = {**(opts if a.codec == "lossless" else {}), **codec_options(a.codec_option)}
     state = attach(
         None if dear else model,  # DeAR takes the state itself
         a.codec,
