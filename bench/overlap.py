@@ -43,7 +43,10 @@ MODES = {
 }
 FIXED_CODEC = {"ncf": "lossless", "mlp": "fixed_point", "lm": "fixed_point"}
 # optional runs (--extra): run name -> (codec, --overlap, codec options)
-EXTRA = {"auto (lag 0)": ("auto", "async", ["lag=0"])}
+EXTRA = {
+    "auto (lag 0)": ("auto", "async", ["lag=0"]),
+    "auto (no lease)": ("auto", "async", ["lease=1"]),
+}
 RUNS = (GLOO, *MODES)
 FIXED_RUNS = (GLOO, "switch, blocking", "switch, async", "DeAR")
 OVERLAPS = ("switch, async", "DeAR", "auto", "auto, DeAR")

@@ -92,6 +92,11 @@ def overlap_summary(steps: list[dict[str, Any]], out: Path | None = None) -> str
         lines.append(
             "auto codec choices (bucket-steps): "
             + ", ".join(f"{k} {v} ({100 * v / total:.0f}%)" for k, v in shares)
+            + (
+                f"; {last['leased_steps']} steps held on the host path without an agreement"
+                if last.get("leased_steps")
+                else ""
+            )
         )
         histories = [p.read_text() for p in sorted(out.glob("auto-rank*.json"))] if out else []
         if histories:

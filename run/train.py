@@ -248,6 +248,7 @@ def _snapshot(model: Any, state: SwitchHookState | None) -> dict[str, Any]:
     if state is not None and state.controller is not None:
         rec["auto_choices"] = dict(state.stats.auto_choices)
         rec["host_buckets"] = state.stats.host_buckets
+        rec["leased_steps"] = state.stats.leased_steps
     if isinstance(model, DearDataParallel):
         rec["dear_bucket_bytes"] = model.bucket_bytes
         rec["dear_tuned"] = model.tuner.chosen is not None

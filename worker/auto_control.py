@@ -80,6 +80,10 @@ class AutoConfig:
     # the critical path (step t's numbers, agreed while step t+1 runs, decide step t+2);
     # 0 waits for it before the next step's first bucket
     lag: int = 1
+    # settled on the host path, a decision holds for up to this many steps (1, 2, 4, ...
+    # doubling while it stays there): the steps between skip the agreement's all_reduce,
+    # which through a software switch costs about as much as a small model's step
+    lease: int = 8
 
     def __post_init__(self) -> None:
         if not self.codecs or not is_exact(self.codecs[0]):
@@ -90,6 +94,8 @@ class AutoConfig:
             raise ValueError("auto: need explore > 0, 0 < pays <= 1 and fresh_steps >= 2")
         if self.lag not in (0, 1):
             raise ValueError("auto: lag is 0 (decide before the next step) or 1 (pipelined)")
+        if self.lease < 1:
+            raise ValueError("auto: lease is at least 1 (1: decide every step)")
 
     @property
     def exact(self) -> list[str]:
@@ -171,6 +177,8 @@ class AutoController:
     step: int = 0
     held: bool = False  # every bucket on its exact switch codec, nothing learned (DeAR tuning)
     epoch: int = 0  # releases so far
+    lease: int = 0  # steps left that run the last choices without an agreement (`skip`)
+    lease_len: int = 1  # the last lease's length (doubles while the host path stays)
     ledger: JobLedger = field(default_factory=JobLedger)
 
     def __post_init__(self) -> None:
@@ -288,13 +296,47 @@ class AutoController:
         if learn:
             self._plan({i: self.bucket(i) for i in indices})
         out = {index: self.choice(index).label for index in indices}
+        self._grant_lease(out)
+        self._close_step(out)
+        if log.isEnabledFor(logging.INFO):  # the text costs more than the decision
+            log.info("auto step %d: %s", self.step, self._describe(out))
+        return out
+
+    def _close_step(self, out: dict[int, str]) -> None:
+        """The step's choices join the history; its local measurements are spent."""
         self.costs.clear()
         self.nonzero.clear()
         self.wires.clear()
         self.history.append(out)
         self.step += 1
-        if log.isEnabledFor(logging.INFO):  # the text costs more than the decision
-            log.info("auto step %d: %s", self.step, self._describe(out))
+
+    def _grant_lease(self, out: dict[int, str]) -> None:
+        """Settled on the host path (this step and the next all host, the switch measured,
+        no exploration pending): the next lease_len - 1 steps `skip` the decision; the
+        length doubles with each such decision in a row up to `config.lease`, else is 1.
+        From agreed state only, so every rank skips the same steps."""
+        last = self.history[-1] if self.history else {}
+        settled = (
+            not self.held
+            and self.ledger.exploring is None
+            and all(c == HOST for c in (*out.values(), *last.values()))
+            and all(self.bucket(i).costs.has_switch() for i in out)
+        )
+        self.lease_len = min(2 * self.lease_len, self.config.lease) if settled else 1
+        self.lease = self.lease_len - 1
+
+    def skip(self) -> dict[int, str]:
+        """A leased step's end, in place of `decide`: the same choices run again; nothing
+        is agreed or learned, the ledger earns its exploration credit as on a host step."""
+        if self.lease <= 0 or not self.history:
+            raise RuntimeError("auto: skip() outside a lease")
+        self.lease -= 1
+        self.ledger.skip(self.step - 1)
+        self.ledger.plan(self.step + 1 + self.config.lag, HOST_PLAN, 0.0)
+        for b in self.buckets.values():
+            b.ran = None
+        out = dict(self.history[-1])
+        self._close_step(out)
         return out
 
     def _describe(self, out: dict[int, str]) -> str:

@@ -208,16 +208,29 @@ class JobLedger:
             self.failed = self.failed + 1 if lost else 0
         if seconds <= 0.0 or plan is None:
             return
-        self.credit += self.explore * seconds
-        if explored and host is not None:
-            self.credit -= max(0.0, seconds - host)
-        if host is not None:  # no burst after a quiet spell, but the next price is reachable
-            self.credit = min(self.credit, max(self.explore * self.refresh * host, self.wanted))
+        self._earn(seconds, max(0.0, seconds - host) if explored and host is not None else 0.0)
         if plan == SWITCH_PLAN and step > 0:
             self.last_switch = (config, seconds)
         if step > 0:
             self._add(self.times, plan, step, seconds)
             self._add(self.rests, plan, step, seconds - buckets)
+
+    def skip(self, step: int) -> None:
+        """Step `step` ran the host plan under a lease (no agreed numbers): it earns `explore`
+        of the host plan's median step, and joins no median."""
+        self.kinds.pop(step, None)
+        self.sums.pop(step, None)
+        self.configs.pop(step, None)
+        host = self.median(HOST_PLAN)
+        if host is not None:
+            self._earn(host)
+
+    def _earn(self, seconds: float, paid: float = 0.0) -> None:
+        """A step of `seconds` earns `explore` of it, less what its exploration `paid`."""
+        self.credit += self.explore * seconds - paid
+        host = self.median(HOST_PLAN)
+        if host is not None:  # no burst after a quiet spell, but the next price is reachable
+            self.credit = min(self.credit, max(self.explore * self.refresh * host, self.wanted))
 
     @staticmethod
     def _add(table: dict[str, deque[tuple[int, float]]], plan: str, step: int, x: float) -> None:

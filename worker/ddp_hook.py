@@ -77,6 +77,7 @@ class HookStats:
     fallback_reasons: Counter = field(default_factory=Counter)
     host_buckets: int = 0  # buckets codec="auto" sent to the host all_reduce on purpose
     auto_choices: Counter = field(default_factory=Counter)  # codec="auto": bucket-steps per choice
+    leased_steps: int = 0  # codec="auto": steps that skipped the agreement (host lease)
 
 
 class SwitchHookState:
@@ -321,7 +322,11 @@ class SwitchHookState:
             if self.auto_host is not None:
                 self.auto_host.record()
             if self.controller is not None and budgets:
-                self.auto_decide(budgets)
+                if self.controller.lease > 0:  # settled on the host path: no all_reduce
+                    self.controller.skip()
+                    self.stats.leased_steps += 1
+                else:
+                    self.auto_decide(budgets)
             self.steps += 1
         finally:
             if self.auto_host is not None:

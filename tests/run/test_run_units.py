@@ -289,3 +289,16 @@ def test_codec_options_of_auto_are_the_controllers_settings(capsys):
     args = p.parse_args(["--codec", "auto", "--codec-option", "lag=0"])
     check_codec_rules(p, args)  # accepted, and the blocking hook made asynchronous
     assert args.overlap == "async"
+
+
+def test_overlap_summary_prints_auto_choices_leases_and_whether_ranks_agree(tmp_path):
+    for r, h in enumerate(([{"0": "host"}], [{"0": "host"}])):
+        (tmp_path / f"auto-rank{r}.json").write_text(json.dumps(h))
+    last = {"auto_choices": {"host": 30, "lossless": 10}, "leased_steps": 21}
+    text = report.overlap_summary([last], tmp_path)
+    assert "auto codec choices (bucket-steps): host 30 (75%), lossless 10 (25%); 21 steps" in text
+    assert "auto decisions of 1 steps on 2 ranks: alike on every rank" in text
+    (tmp_path / "auto-rank1.json").write_text(json.dumps([{"0": "lossless"}]))
+    last["leased_steps"] = 0
+    text = report.overlap_summary([last], tmp_path)
+    assert "DIFFERENT" in text and "without an agreement" not in text

@@ -11,6 +11,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 
 import numpy as np
+import pytest
 import torch
 
 from worker.auto_control import HOST, AutoConfig, AutoController, Choice, Taken
@@ -24,9 +25,17 @@ class Pipeline:
     def __init__(self, ctls: Sequence[AutoController]) -> None:
         self.ctls = list(ctls)
         self.waiting: deque[tuple[list[int], np.ndarray, list[Taken]]] = deque()
+        self.skipped = 0  # steps whose agreement a lease skipped
 
     def end_step(self, budgets: dict[int, float], before: float) -> None:
-        """This step's numbers, recorded on every controller, into the pipeline."""
+        """This step's numbers, recorded on every controller, into the pipeline (none while
+        the controllers hold a lease: they skip the step)."""
+        if self.ctls[0].lease > 0:
+            assert all(c.lease > 0 for c in self.ctls)  # every rank skips alike
+            for c in self.ctls:
+                c.skip()
+            self.skipped += 1
+            return
         indices = sorted(budgets)
         vectors = [c.measurements(indices, budgets, before) for c in self.ctls]
         taken = [c.taken() for c in self.ctls]
@@ -46,9 +55,10 @@ def run(
     cost: Callable[[Choice, int, int], float],
     budget: float,
     steps: int,
+    pipe: Pipeline | None = None,
 ) -> list[str]:
     """Bucket 0 for `steps` steps; cost(choice, step, rank) seconds: the labels that ran."""
-    pipe, labels, before = Pipeline(ctls), [], 0.0
+    pipe, labels, before = pipe or Pipeline(ctls), [], 0.0
     for t in range(steps):
         ran = [c.choice(0) for c in ctls]
         assert len({r.label for r in ran}) == 1, ran  # every rank runs the same path
@@ -181,4 +191,75 @@ def test_close_gives_up_on_an_agreement_whose_peer_is_gone():
     one_step(state)
     state.close()  # no hang, no exception: the step's numbers decide nothing any more
     assert len(gone.timeouts) == 1 and gone.timeouts[0] is not None
+    assert state._agreeing == deque()
+
+
+def switch_dearer_until(turn: int) -> Callable[[Choice, int, int], float]:
+    """The switch path 3x the host path's cost before step `turn`, a fifth of it after."""
+
+    def cost(choice: Choice, step: int, rank: int) -> float:
+        if choice.method == HOST:
+            return 0.03
+        return 0.09 if step < turn else 0.006
+
+    return cost
+
+
+def test_settled_on_the_host_path_the_ranks_skip_agreements_for_growing_leases():
+    ctls = [AutoController(AutoConfig()) for _ in range(3)]
+    pipe = Pipeline(ctls)
+    labels = run(ctls, switch_dearer_until(10**9), 0.001, 80, pipe)
+    assert ctls[0].history == ctls[1].history == ctls[2].history
+    assert len(ctls[0].history) == 80 - 1  # a skipped step still has its choices
+    assert labels[2] != HOST and labels.count(HOST) >= 70  # measured once, then the host
+    # one agreement in about eight steps once settled (the lease doubles 2, 4, 8; an
+    # exploration paid by the credit, every 20 to 30 steps here, starts it over): 55 of 80
+    assert pipe.skipped >= 0.6 * 80, pipe.skipped
+    never = [AutoController(AutoConfig(lease=1))]
+    pipe = Pipeline(never)
+    assert run(never, switch_dearer_until(10**9), 0.001, 80, pipe).count(HOST) >= 70
+    assert pipe.skipped == 0
+
+
+def test_a_lease_delays_the_return_to_a_cheaper_switch_by_at_most_its_length():
+    waits: dict[int, list[int]] = {1: [], 8: []}
+    for lease, turn in ((lease, turn) for lease in waits for turn in (20, 30, 40, 55, 70, 90)):
+        ctl = AutoController(AutoConfig(lease=lease))
+        labels = run([ctl], switch_dearer_until(turn), 0.001, 200)
+        back = next(t for t in range(turn, 200) if labels[t] != HOST)
+        assert set(labels[back + 10 :]) != {HOST}  # the switch runs on
+        waits[lease].append(back - turn)
+    # the return waits for an exploration the credit pays for (the phase of that schedule
+    # differs with and without leases: 3 to 43 steps either way), then for the lease's
+    # end: on average no more than the lease's length later (measured: 19.7 and 18.7)
+    assert max(waits[8]) <= 50 and np.mean(waits[8]) <= np.mean(waits[1]) + 8, waits
+
+
+def test_no_lease_while_held_or_before_the_switch_is_measured():
+    ctl = AutoController(AutoConfig(lag=0))
+    ran = ctl.choice(0)
+    ctl.record(0, 0.01, ran, 1.0, wire(ran))
+    ctl.decide([0], ctl.measurements([0], {0: 0.1}))
+    assert ctl.choice(0).method != HOST and ctl.lease == 0  # the switch is measured next
+    with pytest.raises(RuntimeError, match="outside a lease"):
+        ctl.skip()
+    held = AutoController(AutoConfig())
+    held.hold()
+    run([held], switch_dearer_until(10**9), 0.001, 20)
+    assert held.lease == 0 and held.lease_len == 1
+
+
+def test_the_hook_starts_no_agreement_in_a_leased_step():
+    log: list[str] = []
+    state = hook_state(1, log)
+    ctl = state.controller
+    assert ctl is not None
+    for _ in range(40):
+        ran = ctl.choice(0)
+        ctl.record(0, 0.03 if ran.method == HOST else 0.09, ran, 1.0, wire(ran))
+        state.end_step({0: 0.001})
+    starts = sum(1 for x in log if x.startswith("start"))
+    assert state.stats.leased_steps >= 20 and starts + state.stats.leased_steps == 40
+    assert len(ctl.history) == 40 - 1
+    state.close()
     assert state._agreeing == deque()
