@@ -30,7 +30,7 @@ from typing import Any
 
 from bench.publish import publish
 from bench.runs import RunFailed, RunSpec, note_failure, pct, run_once
-from testnet.switch_process import AUTO_TARGET
+from testnet.switch_process import AUTO_TARGET, BMV2_OPT_ENV, TARGETS
 
 GLOO = "DDP over gloo"
 # run name -> (codec, --overlap); "fixed" is the model's fixed codec
@@ -41,7 +41,12 @@ MODES = {
     "auto": ("auto", "async"),
     "auto, DeAR": ("auto", "dear"),
 }
-FIXED_CODEC = {"ncf": "lossless", "mlp": "fixed_point", "lm": "fixed_point"}
+FIXED_CODEC = {
+    "ncf": "lossless",
+    "ncf-dense": "lossless",
+    "mlp": "fixed_point",
+    "lm": "fixed_point",
+}
 # optional runs (--extra): run name -> (codec, --overlap, codec options)
 EXTRA = {
     "auto (lag 0)": ("auto", "async", ["lag=0"]),
@@ -227,7 +232,7 @@ def judge(setting: Setting, t: Tally) -> list[str]:
         f"choice, {fixed} (within {WITHIN:.0%}: {verdict(ms[a] <= (1 + WITHIN) * ms[fixed])})"
         for a in AUTOS
     ]
-    if setting.model == "ncf":
+    if setting.model.startswith("ncf"):  # sparse tables against gloo's sparse all_reduce, or dense
         best = min(RUNS[1:], key=lambda n: ms[n])
         speed = ms[GLOO] / ms[best]
         out.append(
@@ -302,7 +307,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--bw", default="0,100", help="comma-separated Mbit/s; 0: unshaped")
     p.add_argument("--batch", type=int, default=None, help="per rank (default: run's)")
     p.add_argument("--also", action="append", default=[], help="MODEL:BATCH:MBITS, repeatable")
-    p.add_argument("--target", default=AUTO_TARGET, choices=[AUTO_TARGET, "bmv2", "refswitch"])
+    p.add_argument(
+        "--target",
+        default=AUTO_TARGET,
+        choices=[AUTO_TARGET, *TARGETS],
+        help=f"the switch (bmv2-opt: the optimized BMv2 build named by {BMV2_OPT_ENV})",
+    )
     p.add_argument("--timeout", type=float, default=0, help="seconds per job (0: from --steps)")
     p.add_argument("--budget", type=float, default=0, help="start no run after SECONDS (0: none)")
     p.add_argument(

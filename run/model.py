@@ -1,7 +1,8 @@
 """The training jobs of `make run`, deterministic per (seed, rank, step): an NCF-style
 recommender (user and item embedding tables, a small MLP) on synthetic implicit feedback,
-whose gradients are sparse, a small dense MLP classifier on synthetic clusters, and a small
-transformer language model on a synthetic token chain."""
+whose gradients touch few rows (in sparse tensors, or dense tables with `ncf-dense`), a
+small dense MLP classifier on synthetic clusters, and a small transformer language model
+on a synthetic token chain."""
 
 from __future__ import annotations
 
@@ -34,13 +35,15 @@ class JobShape:
 
 class NCF(nn.Module):
     """Neural collaborative filtering: embeddings into an MLP scoring a user-item pair. The
-    embeddings' gradients touch only the batch's rows: PyTorch makes them sparse COO
-    tensors (sparse=True), as recommenders do, and DDP gives each its own bucket."""
+    embeddings' gradients touch only the batch's rows: with `sparse` PyTorch makes them
+    sparse COO tensors, as recommenders tuned for it do, and DDP gives each its own
+    bucket; without (nn.Embedding's default, what an ordinary script runs) they are dense
+    tables, mostly zeros, in DDP's buckets with the rest."""
 
-    def __init__(self, shape: JobShape) -> None:
+    def __init__(self, shape: JobShape, sparse: bool = True) -> None:
         super().__init__()
-        self.user = nn.Embedding(shape.users, shape.dim, sparse=True)
-        self.item = nn.Embedding(shape.items, shape.dim, sparse=True)
+        self.user = nn.Embedding(shape.users, shape.dim, sparse=sparse)
+        self.item = nn.Embedding(shape.items, shape.dim, sparse=sparse)
         nn.init.normal_(self.user.weight, std=0.1)
         nn.init.normal_(self.item.weight, std=0.1)
         self.mlp = nn.Sequential(nn.Linear(2 * shape.dim, 32), nn.ReLU(), nn.Linear(32, 1))
@@ -174,21 +177,23 @@ class Task:
     model: nn.Module
     batch: Callable[[int, int], tuple[torch.Tensor, ...]]  # (rank, step) -> (*inputs, labels)
     loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-    sparse: bool  # gradients touch few rows
+    sparse: bool  # gradients touch few rows (in sparse tensors or not)
 
 
-MODELS = ("ncf", "mlp", "lm")
-DEFAULT_LR = {"ncf": 3.0, "mlp": 0.1, "lm": 0.5}  # SGD; NCF's mean loss spreads over many rows
+MODELS = ("ncf", "ncf-dense", "mlp", "lm")
+# SGD; NCF's mean loss spreads over many rows
+DEFAULT_LR = {"ncf": 3.0, "ncf-dense": 3.0, "mlp": 0.1, "lm": 0.5}
 
 
 def make_task(name: str, shape: JobShape) -> Task:
-    """The task by name: "ncf" (sparse embeddings, BCE) or "mlp" (dense, cross-entropy);
-    parameters initialised from shape.seed, alike on every rank."""
+    """The task by name: "ncf" (sparse embedding gradients, BCE), "ncf-dense" (the same
+    with dense tables), "mlp" (dense, cross-entropy) or "lm"; parameters initialised from
+    shape.seed, alike on every rank."""
     torch.manual_seed(shape.seed)
-    if name == "ncf":
-        return Task(
-            NCF(shape), Feedback(shape).batch, nn.functional.binary_cross_entropy_with_logits, True
-        )
+    if name in ("ncf", "ncf-dense"):
+        model = NCF(shape, sparse=name == "ncf")
+        loss = nn.functional.binary_cross_entropy_with_logits
+        return Task(model, Feedback(shape).batch, loss, True)
     if name == "mlp":
         return Task(MLP(shape), Clusters(shape).batch, nn.functional.cross_entropy, False)
     if name == "lm":

@@ -125,7 +125,9 @@ def _training_options(g: argparse._ArgumentGroup) -> None:
         "--model",
         choices=MODELS,
         default="ncf",
-        help="ncf: sparse embedding gradients (default); mlp: a small dense classifier; "
+        help="ncf: sparse embedding gradients (default); ncf-dense: the same NCF with "
+        "dense tables (nn.Embedding's default: DDP over gloo all-reduces whole tables); "
+        "mlp: a small dense classifier; "
         "lm: a small transformer language model",
     )
     g.add_argument("--steps", type=int, default=120, help="training steps per run (default 120)")

@@ -171,6 +171,7 @@ class JobLedger:
     last_switch: tuple[Hashable, float] | None = None  # the latest switch step: choices, s
     wanted: float = 0.0  # the price of the exploration declined last
     sums: dict[int, float] = field(default_factory=dict)  # their buckets' agreed costs
+    last_sum: float = 0.0  # the latest step's buckets' agreed cost (replayed by `skip`)
     exploring: int | None = None  # the step of the exploration not settled yet
     failed: int = 0  # explorations in a row that were slower than the host plan
     now: int = 0  # the latest step planned
@@ -190,7 +191,7 @@ class JobLedger:
 
     def costs(self, step: int, seconds: float) -> None:
         """Step `step`'s buckets cost `seconds` together (agreed, known at its end)."""
-        self.sums[step] = seconds
+        self.sums[step] = self.last_sum = seconds
 
     def settle(self, step: int, seconds: float) -> None:
         """Step `step` took `seconds` (agreed; known one step later): it earns `explore` of
@@ -198,7 +199,7 @@ class JobLedger:
         was expected to win pays nothing: when it lost, its choices run again only as an
         exploration, `excess`); its time and rest join its plan's (the first step, a
         warm-up, does not)."""
-        plan, buckets = self.kinds.pop(step, None), self.sums.pop(step, 0.0)
+        plan, buckets = self.kinds.pop(step, None), self.sums.pop(step, None)
         config = self.configs.pop(step, None)
         host = self.median(HOST_PLAN)
         explored = self.exploring == step
@@ -213,14 +214,18 @@ class JobLedger:
             self.last_switch = (config, seconds)
         if step > 0:
             self._add(self.times, plan, step, seconds)
-            self._add(self.rests, plan, step, seconds - buckets)
+            if buckets is not None:  # a leased step's buckets were not agreed: no rest
+                self._add(self.rests, plan, step, seconds - buckets)
 
     def skip(self, step: int) -> None:
         """Step `step` ran the host plan under a lease (no agreed numbers): it earns `explore`
-        of the host plan's median step, and joins no median."""
+        of the host plan's median step and joins no median; the next step's buckets are
+        taken to cost what the last agreed ones did (a lease holds only while the host
+        plan is settled), so the step after the lease still measures the host plan's rest."""
         self.kinds.pop(step, None)
         self.sums.pop(step, None)
         self.configs.pop(step, None)
+        self.sums[step + 1] = self.last_sum
         host = self.median(HOST_PLAN)
         if host is not None:
             self._earn(host)

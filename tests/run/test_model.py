@@ -33,6 +33,17 @@ def test_ncf_gradients_are_sparse_and_mlp_ones_dense():
     assert (_grads(mlp, 0, 0) != 0).float().mean() > 0.5
 
 
+def test_ncf_dense_is_ncf_with_dense_tables():
+    sparse, dense = make_task("ncf", JobShape()), make_task("ncf-dense", JobShape())
+    assert dense.sparse  # its gradients still touch few rows
+    for p, q in zip(sparse.model.parameters(), dense.model.parameters()):
+        assert torch.equal(p, q)  # the same initial parameters
+    got = _grads(dense, 0, 0)
+    assert not dense.model.user.weight.grad.is_sparse
+    assert torch.allclose(got, _grads(sparse, 0, 0), atol=1e-7)  # the same gradients
+    assert (got != 0).float().mean() < 0.05
+
+
 def test_mlp_learns_its_clusters():
     task = make_task("mlp", JobShape())
     opt = torch.optim.SGD(task.model.parameters(), lr=DEFAULT_LR["mlp"])

@@ -51,6 +51,18 @@ def test_a_host_bucket_is_summed_divided_and_its_cost_recorded():
     assert ctl.bucket(3).ran is not None and ctl.bucket(3).ran.method == HOST
 
 
+def test_a_host_buckets_cost_leaves_out_the_wait_behind_the_bucket_before():
+    ctl = AutoController(AutoConfig(lag=0))
+    path = AutoHostPath(ctl)
+    # issued together, completing one after the other (as a group runs its all_reduces)
+    first = path.issue(0, torch.ones(4), lambda b: FakeWork(b, torch.ones(4), 0.1), 2)
+    second = path.issue(1, torch.ones(4), lambda b: FakeWork(b, torch.ones(4), 0.2), 2)
+    first.wait(), second.wait()
+    path.record()
+    assert 0.1 <= ctl.costs[0] < 0.18
+    assert 0.07 <= ctl.costs[1] < 0.15, ctl.costs  # its own 0.1 s, not the 0.2 s since issue
+
+
 def test_a_known_bucket_skips_its_nonzero_share():
     ctl = AutoController(AutoConfig(lag=0))
     path = AutoHostPath(ctl)
