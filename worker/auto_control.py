@@ -312,13 +312,19 @@ class AutoController:
 
     def _grant_lease(self, out: dict[int, str]) -> None:
         """Settled on the host path (this step and the next all host, the switch measured,
-        no exploration pending): the next lease_len - 1 steps `skip` the decision; the
-        length doubles with each such decision in a row up to `config.lease`, else is 1.
-        From agreed state only, so every rank skips the same steps."""
+        the host plan's steps measured faster than the switch plan's, no exploration
+        pending): the next lease_len - 1 steps `skip` the decision; the length doubles with
+        each such decision in a row up to `config.lease`, else is 1 (a host step the
+        ledger runs to measure the host plan is no reason to stay there). From agreed
+        state only, so every rank skips the same steps."""
         last = self.history[-1] if self.history else {}
+        host, switch = self.ledger.median(HOST_PLAN), self.ledger.median(SWITCH_PLAN)
         settled = (
             not self.held
             and self.ledger.exploring is None
+            and host is not None
+            and switch is not None
+            and host <= switch
             and all(c == HOST for c in (*out.values(), *last.values()))
             and all(self.bucket(i).costs.has_switch() for i in out)
         )

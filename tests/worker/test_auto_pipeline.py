@@ -231,7 +231,7 @@ def test_a_lease_delays_the_return_to_a_cheaper_switch_by_at_most_its_length():
         waits[lease].append(back - turn)
     # the return waits for an exploration the credit pays for (the phase of that schedule
     # differs with and without leases: 3 to 43 steps either way), then for the lease's
-    # end: on average no more than the lease's length later (measured: 19.7 and 18.7)
+    # end: on average no more than the lease's length later (measured: 19.7 and 25.7)
     assert max(waits[8]) <= 50 and np.mean(waits[8]) <= np.mean(waits[1]) + 8, waits
 
 
@@ -249,6 +249,20 @@ def test_no_lease_while_held_or_before_the_switch_is_measured():
     assert held.lease == 0 and held.lease_len == 1
 
 
+def test_no_lease_for_the_host_steps_that_measure_a_slower_host_plan():
+    def cost(choice: Choice, step: int, rank: int) -> float:  # NCF with dense tables
+        return 0.5 if choice.method == HOST else 0.1
+
+    got = {}
+    for lease in (1, 8):
+        ctl = AutoController(AutoConfig(lease=lease))
+        pipe = Pipeline([ctl])
+        got[lease] = run([ctl], cost, 0.001, 60, pipe)
+        assert pipe.skipped == 0
+    # the first two steps, then the host plan measured twice (lag 1) now and then
+    assert got[8] == got[1] and got[8].count(HOST) <= 8, got[8]
+
+
 def test_the_hook_starts_no_agreement_in_a_leased_step():
     log: list[str] = []
     state = hook_state(1, log)
@@ -258,6 +272,7 @@ def test_the_hook_starts_no_agreement_in_a_leased_step():
         ran = ctl.choice(0)
         ctl.record(0, 0.03 if ran.method == HOST else 0.09, ran, 1.0, wire(ran))
         state.end_step({0: 0.001})
+        state.iteration_seconds = 0.04 if ran.method == HOST else 0.1  # the step before's
     starts = sum(1 for x in log if x.startswith("start"))
     assert state.stats.leased_steps >= 20 and starts + state.stats.leased_steps == 40
     assert len(ctl.history) == 40 - 1
