@@ -338,12 +338,16 @@ class AutoController:
             raise RuntimeError("auto: skip() outside a lease")
         self.lease -= 1
         self.ledger.skip(self.step - 1)
-        self.ledger.plan(self.step + 1 + self.config.lag, HOST_PLAN, 0.0)
+        self.ledger.plan(self._planned_step(), HOST_PLAN, 0.0)
         for b in self.buckets.values():
             b.ran = None
         out = dict(self.history[-1])
         self._close_step(out)
         return out
+
+    def _planned_step(self) -> int:
+        """The step that the choices made now run in (`lag` steps after the next one)."""
+        return self.step + 1 + self.config.lag
 
     def _describe(self, out: dict[int, str]) -> str:
         return (
@@ -382,7 +386,7 @@ class AutoController:
                 switch = self._predicted(b, b.density)
                 delta += max(0.0, switch - budget) - max(0.0, host.seconds - budget)
         config = tuple(sorted((i, self.choice(i).label) for i in buckets))
-        step = self.step + 1 + self.config.lag  # the step this plan runs in
+        step = self._planned_step()
         if self.ledger.plan(step, proposed, delta, max(0.0, floor), config) == HOST_PLAN:
             for b in buckets.values():
                 b.on_host = True

@@ -214,7 +214,7 @@ class JobLedger:
             self.last_switch = (config, seconds)
         if step > 0:
             self._add(self.times, plan, step, seconds)
-            if buckets is not None:  # a leased step's buckets were not agreed: no rest
+            if buckets is not None:  # decided without learning (a release): no rest
                 self._add(self.rests, plan, step, seconds - buckets)
 
     def skip(self, step: int) -> None:
