@@ -179,6 +179,7 @@ class AutoController:
     epoch: int = 0  # releases so far
     lease: int = 0  # steps left that run the last choices without an agreement (`skip`)
     lease_len: int = 1  # the last lease's length (doubles while the host path stays)
+    stale: int = 0  # decisions still to come from numbers measured before the last lease
     ledger: JobLedger = field(default_factory=JobLedger)
 
     def __post_init__(self) -> None:
@@ -312,11 +313,15 @@ class AutoController:
 
     def _grant_lease(self, out: dict[int, str]) -> None:
         """Settled on the host path (this step and the next all host, the switch measured,
-        the host plan's steps measured faster than the switch plan's, no exploration
-        pending): the next lease_len - 1 steps `skip` the decision; the length doubles with
-        each such decision in a row up to `config.lease`, else is 1 (a host step the
-        ledger runs to measure the host plan is no reason to stay there). From agreed
-        state only, so every rank skips the same steps."""
+        the host plan's steps faster than the switch plan's, no exploration pending): the
+        next lease_len - 1 steps `skip` the decision; the length doubles with each such
+        decision in a row up to `config.lease`, else is 1. A decision from numbers older
+        than the last lease (lag 1) grants none: chained on old numbers, leases would see
+        a slowed link two leases late. Agreed state only: every rank skips alike."""
+        if self.stale > 0:  # its numbers predate the lease (lag 1): wait for fresh ones
+            self.stale -= 1
+            self.lease = 0
+            return
         last = self.history[-1] if self.history else {}
         host, switch = self.ledger.median(HOST_PLAN), self.ledger.median(SWITCH_PLAN)
         settled = (
@@ -337,6 +342,7 @@ class AutoController:
         if self.lease <= 0 or not self.history:
             raise RuntimeError("auto: skip() outside a lease")
         self.lease -= 1
+        self.stale = self.config.lag
         self.ledger.skip(self.step - 1)
         self.ledger.plan(self._planned_step(), HOST_PLAN, 0.0)
         for b in self.buckets.values():

@@ -212,9 +212,10 @@ def test_settled_on_the_host_path_the_ranks_skip_agreements_for_growing_leases()
     assert ctls[0].history == ctls[1].history == ctls[2].history
     assert len(ctls[0].history) == 80 - 1  # a skipped step still has its choices
     assert labels[2] != HOST and labels.count(HOST) >= 70  # measured once, then the host
-    # one agreement in about eight steps once settled (the lease doubles 2, 4, 8; an
-    # exploration paid by the credit, every 20 to 30 steps here, starts it over): 55 of 80
-    assert pipe.skipped >= 0.6 * 80, pipe.skipped
+    # two agreements per lease once settled (the lease doubles 2, 4, 8; the decision from
+    # the numbers in flight when it began grants none; an exploration paid by the credit,
+    # every 20 to 30 steps here, starts it over): 46 of 80 skipped
+    assert pipe.skipped >= 0.5 * 80, pipe.skipped
     never = [AutoController(AutoConfig(lease=1))]
     pipe = Pipeline(never)
     assert run(never, switch_dearer_until(10**9), 0.001, 80, pipe).count(HOST) >= 70
@@ -231,7 +232,7 @@ def test_a_lease_delays_the_return_to_a_cheaper_switch_by_at_most_its_length():
         waits[lease].append(back - turn)
     # the return waits for an exploration the credit pays for (the phase of that schedule
     # differs with and without leases: 3 to 43 steps either way), then for the lease's
-    # end: on average no more than the lease's length later (measured: 19.7 and 25.7)
+    # end: on average no more than the lease's length later (measured: 19.7 and 21.7)
     assert max(waits[8]) <= 50 and np.mean(waits[8]) <= np.mean(waits[1]) + 8, waits
 
 
@@ -274,7 +275,7 @@ def test_the_hook_starts_no_agreement_in_a_leased_step():
         state.end_step({0: 0.001})
         state.iteration_seconds = 0.04 if ran.method == HOST else 0.1  # the step before's
     starts = sum(1 for x in log if x.startswith("start"))
-    assert state.stats.leased_steps >= 20 and starts + state.stats.leased_steps == 40
+    assert state.stats.leased_steps >= 15 and starts + state.stats.leased_steps == 40
     assert len(ctl.history) == 40 - 1
     state.close()
     assert state._agreeing == deque()
