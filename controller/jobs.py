@@ -29,6 +29,7 @@ from controller.errors import (
     Unauthenticated,
     Unavailable,
 )
+from controller.leases import expired, reap_interval
 from controller.model import Assignment, Job, JobState, JobWorker
 from controller.placement import attached_port, check_endpoint_free, place, switch_for, unplace
 from controller.restore import restore_jobs, unknown_jobs_refusal
@@ -475,30 +476,8 @@ class JobManager:
 
     def expire_due(self) -> list[int]:
         """End every job whose lease ran out; returns their ids."""
-        ended = []
         with self.lock:
-            now = self.clock()
-            for job in list(self.jobs.values()):
-                live = job.live_ranks()
-                late = [w.rank for w in live if w.deadline < now]
-                if late:
-                    ranks = (
-                        f"rank {late[0]}"
-                        if len(late) == 1
-                        else f"ranks {', '.join(map(str, late))}"
-                    )
-                    self.end_job(
-                        job, f"lease of {ranks} expired (no heartbeat for {self.config.lease:g} s)"
-                    )
-                elif not live and job.idle_deadline < now:
-                    self.end_job(job, f"no live rank for {self.config.join_timeout:g} s")
-                else:
-                    continue
-                ended.append(job.job_id)
-        return ended
-
-
-def reap_interval(lease: float) -> float:
-    """How often the leases are checked: an expired lease ends its job this much after it ran
-    out, at most."""
-    return min(0.5, lease / 4)
+            due = expired(list(self.jobs.values()), self.clock(), self.config)
+            for job, reason in due:
+                self.end_job(job, reason)
+        return [job.job_id for job, _ in due]
