@@ -150,9 +150,16 @@ class JobManager:
     # -- worker API -------------------------------------------------------------------
 
     def create(
-        self, name: str, world_size: int, codec: str, pool_size: int, switch: str = ""
+        self,
+        name: str,
+        world_size: int,
+        codec: str,
+        pool_size: int,
+        switch: str = "",
+        owner: str | None = None,
     ) -> tuple[Job, str]:
-        """A new job and its token; its pool is allocated now when its switch is known."""
+        """A new job and its token, written with `owner` (the operator creating it) in one
+        transaction; its pool is allocated now when its switch is known."""
         check.check_name(name)
         check.check_world_size(world_size)
         check.check_codec(codec)
@@ -174,8 +181,7 @@ class JobManager:
             if target:
                 place(self.jobs.values(), job, self.switches[target])
             try:
-                job.job_id = self.store.take_job_id(self.jobs)
-                self.store.save_job(job)
+                self.store.create_job(job, owner, self.jobs)
             except OverflowError as exc:
                 unplace(self.switches, job)
                 raise ResourceExhausted(str(exc)) from None

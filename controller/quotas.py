@@ -52,9 +52,8 @@ class Quotas:
             )
 
     def record(self, job: Job, op: Operator | None) -> None:
-        """Remember that `op` created `job`."""
+        """Remember that `op` created `job` (the store wrote it with the job)."""
         if op is not None:
-            self.m.store.save_owner(job.job_id, op.name)
             self.owner[job.job_id] = op.name
 
     def owns(self, op: Operator | None, job: Job | int) -> bool:

@@ -181,7 +181,12 @@ class ControllerService(jobs_pb2_grpc.ControllerServicer):
         with self.quotas.lock:  # the check and the creation are one step per creation
             self.quotas.admit(op, pool_size)
             job, token = self.m.create(
-                request.name, request.world_size, request.codec, pool_size, request.switch
+                request.name,
+                request.world_size,
+                request.codec,
+                pool_size,
+                request.switch,
+                op.name if op is not None else None,
             )
             self.quotas.record(job, op)
         if op is not None:

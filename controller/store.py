@@ -29,7 +29,7 @@ CREATE TABLE IF NOT EXISTS workers (
     mac TEXT NOT NULL, ip TEXT NOT NULL, udp_port INTEGER NOT NULL, switch_port INTEGER NOT NULL,
     left_job INTEGER NOT NULL, PRIMARY KEY (job_id, rank));
 """
-# created where first used, so a database of an older controller gains it without a migration
+# created at every open, so that a database of an older controller gains it without a migration
 OWNERS_TABLE = (
     "CREATE TABLE IF NOT EXISTS job_owners (job_id INTEGER PRIMARY KEY, owner TEXT NOT NULL)"
 )
@@ -124,6 +124,7 @@ class Store:
         tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
         if not {"meta", "jobs", "workers"} <= tables:
             raise StoreError(f"{self.path} lacks the controller's tables: {FRESH_HINT}")
+        db.execute(OWNERS_TABLE)
         db.execute(f"SELECT {JOB_COLUMNS} FROM jobs LIMIT 1").fetchall()  # columns as expected
         row = db.execute("SELECT value FROM meta WHERE key = 'next_job_id'").fetchone()
         if row is not None and not (str(row[0]).isdigit() and 1 <= int(row[0]) <= MAX_JOB_ID):
@@ -142,21 +143,35 @@ class Store:
 
     def take_job_id(self, in_use: Iterable[int]) -> int:
         """The next job id (1..65535, increasing, wrapping), skipping ids still in use."""
-        busy = set(in_use)
         with self._lock, self._tx():
-            row = self._db.execute("SELECT value FROM meta WHERE key = 'next_job_id'").fetchone()
-            candidate = int(row[0]) if row else 1
-            for _ in range(MAX_JOB_ID):
-                if candidate not in busy:
-                    break
-                candidate = candidate % MAX_JOB_ID + 1
-            else:
-                raise OverflowError(f"all {MAX_JOB_ID} job ids are in use")
-            self._db.execute(
-                "INSERT OR REPLACE INTO meta VALUES ('next_job_id', ?)",
-                (str(candidate % MAX_JOB_ID + 1),),
-            )
+            return self._take_job_id(set(in_use))
+
+    def _take_job_id(self, busy: set[int]) -> int:
+        row = self._db.execute("SELECT value FROM meta WHERE key = 'next_job_id'").fetchone()
+        candidate = int(row[0]) if row else 1
+        for _ in range(MAX_JOB_ID):
+            if candidate not in busy:
+                break
+            candidate = candidate % MAX_JOB_ID + 1
+        else:
+            raise OverflowError(f"all {MAX_JOB_ID} job ids are in use")
+        self._db.execute(
+            "INSERT OR REPLACE INTO meta VALUES ('next_job_id', ?)",
+            (str(candidate % MAX_JOB_ID + 1),),
+        )
         return candidate
+
+    def create_job(self, job: Job, owner: str | None, in_use: Iterable[int]) -> int:
+        """Give `job` the next job id (see take_job_id) and write it with the operator that
+        created it, in one transaction: a crash leaves the job with its owner or no job."""
+        with self._lock, self._tx():
+            job.job_id = self._take_job_id(set(in_use))
+            self._write_job(job)
+            if owner is not None:
+                self._db.execute(
+                    "INSERT OR REPLACE INTO job_owners VALUES (?, ?)", (job.job_id, owner)
+                )
+        return job.job_id
 
     def raise_next_job_id(self, seen: Iterable[int]) -> None:
         """Move the next job id past ids a switch holds (after a fresh start, or a database
@@ -178,30 +193,33 @@ class Store:
     def save_job(self, job: Job) -> None:
         """Insert or replace a job and its ranks."""
         with self._lock, self._tx():
-            self._db.execute(
-                f"INSERT OR REPLACE INTO jobs ({JOB_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
-                (
-                    job.job_id,
-                    job.name,
-                    job.token_hash,
-                    job.world_size,
-                    job.codec,
-                    job.pool_size,
-                    job.created,
-                    job.switch,
-                    job.pool_base,
-                    job.ended,
-                    job.end_reason,
-                ),
-            )
-            self._db.execute("DELETE FROM workers WHERE job_id = ?", (job.job_id,))
-            self._db.executemany(
-                "INSERT INTO workers VALUES (?,?,?,?,?,?,?)",
-                [
-                    (job.job_id, w.rank, w.mac, w.ip, w.udp_port, w.switch_port, int(w.left))
-                    for w in job.workers.values()
-                ],
-            )
+            self._write_job(job)
+
+    def _write_job(self, job: Job) -> None:
+        self._db.execute(
+            f"INSERT OR REPLACE INTO jobs ({JOB_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+            (
+                job.job_id,
+                job.name,
+                job.token_hash,
+                job.world_size,
+                job.codec,
+                job.pool_size,
+                job.created,
+                job.switch,
+                job.pool_base,
+                job.ended,
+                job.end_reason,
+            ),
+        )
+        self._db.execute("DELETE FROM workers WHERE job_id = ?", (job.job_id,))
+        self._db.executemany(
+            "INSERT INTO workers VALUES (?,?,?,?,?,?,?)",
+            [
+                (job.job_id, w.rank, w.mac, w.ip, w.udp_port, w.switch_port, int(w.left))
+                for w in job.workers.values()
+            ],
+        )
 
     def _jobs(self, where: str, args: tuple) -> list[Job]:
         try:
@@ -250,18 +268,12 @@ class Store:
             rows = self._db.execute(f"SELECT job_id FROM jobs WHERE job_id IN ({marks})", ids)
             return {r[0] for r in rows.fetchall()}
 
-    def save_owner(self, job_id: int, owner: str) -> None:
-        """Record which operator credential created a job (its quotas count it)."""
-        with self._lock, self._tx() as db:
-            db.execute(OWNERS_TABLE)
-            db.execute("INSERT OR REPLACE INTO job_owners VALUES (?, ?)", (job_id, owner))
-
     def owners(self) -> dict[int, str]:
         """The creating operator of every job that has one."""
         try:
-            with self._lock, self._tx() as db:
-                db.execute(OWNERS_TABLE)
-                return dict(db.execute("SELECT job_id, owner FROM job_owners").fetchall())
+            with self._lock:
+                rows = self._db.execute("SELECT job_id, owner FROM job_owners").fetchall()
+            return dict(rows)
         except (sqlite3.DatabaseError, TypeError, ValueError) as exc:
             raise StoreError(
                 f"the controller database {self.path} is damaged ({exc}): {FRESH_HINT}"
