@@ -70,7 +70,7 @@ def check_restored(job: Job, database: str) -> None:
     if problem:
         raise StoreError(
             f"the controller database {database} holds an invalid row for job "
-            f"{job.job_id!r}: {problem}; it was not written by this controller. {FRESH_HINT}"
+            f"{job.job_id!r}: {problem} (not written by this controller): {FRESH_HINT}"
         )
 
 

@@ -40,14 +40,17 @@ JOB_COLUMNS = (
 
 
 class StoreError(RuntimeError):
-    """The database cannot be opened or is not a controller database of this version."""
+    """The database cannot be opened or is not a controller database of this version. Its
+    message is one line (what is wrong and what to do: `aggctl serve` prints it as its
+    refusal); details that take more go to the debug log."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(" ".join(message.split()))
 
 
-FRESH_HINT = (
-    "if it was lost or replaced and you mean to start with no jobs, start with "
-    "--fresh-database: the damaged file is kept aside, the switches' job entries are removed "
-    "and new job ids start above every id they hold"
-)
+# What to do about a database that cannot be used (docs/controller.md, "Damaged or replaced
+# database", says what a fresh start does to the switches and the job ids).
+FRESH_HINT = "put back a sound copy, or start with --fresh-database to begin with no jobs"
 
 
 class Store:
@@ -100,12 +103,7 @@ class Store:
         db.execute("PRAGMA foreign_keys = ON")
         version = db.execute("PRAGMA user_version").fetchone()[0]
         if not self.created:
-            problems = [row[0] for row in db.execute("PRAGMA integrity_check(5)")]
-            if problems != ["ok"]:
-                raise StoreError(
-                    f"the controller database {self.path} fails its integrity check "
-                    f"({'; '.join(problems)}): {FRESH_HINT}"
-                )
+            self._check_integrity()
             if version == 0:
                 raise StoreError(
                     f"{self.path} is an sqlite file but not a controller database: {FRESH_HINT}"
@@ -132,6 +130,20 @@ class Store:
                 f"the controller database {self.path} holds an invalid next job id "
                 f"({row[0]!r}, not 1..{MAX_JOB_ID}): {FRESH_HINT}"
             )
+
+    def _check_integrity(self) -> None:
+        """StoreError naming the first problem sqlite's integrity check finds (all of them,
+        up to 5, at debug level)."""
+        rows = [str(r[0]) for r in self._db.execute("PRAGMA integrity_check(5)")]
+        if rows == ["ok"]:
+            return
+        lines = [x for r in rows for x in r.splitlines() if x and not x.startswith("***")]
+        log.debug("integrity check of %s: %s", self.path, "; ".join(lines))
+        more = f", and {len(lines) - 1} more: --log-level debug lists them" if lines[1:] else ""
+        raise StoreError(
+            f"the controller database {self.path} fails sqlite's integrity check "
+            f"({lines[0] if lines else rows[0]}{more}): {FRESH_HINT}"
+        )
 
     def _tx(self) -> sqlite3.Connection:
         return _Transaction(self._db)  # type: ignore[return-value]

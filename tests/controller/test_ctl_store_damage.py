@@ -7,6 +7,7 @@ a job id a switch still holds."""
 from __future__ import annotations
 
 import os
+import re
 import sqlite3
 import subprocess
 import sys
@@ -119,13 +120,19 @@ def _serve(config: Path, *extra: str) -> subprocess.CompletedProcess:
     )
 
 
-def test_serve_refuses_a_zero_byte_database(tmp_path):
+def _serve_config(tmp_path: Path) -> Path:
+    """A configuration whose database is tmp_path/c.db (its switch is never reached)."""
     config = tmp_path / "c.toml"
     config.write_text(
         '[controller]\nlisten = "127.0.0.1:0"\ndatabase = "c.db"\n\n'
         '[[switch]]\nname = "s1"\naddress = "127.0.0.1:1"\nmac = "02:00:00:00:00:fe"\n'
         'service_ip = "10.0.0.254"\n'
     )
+    return config
+
+
+def test_serve_refuses_a_zero_byte_database(tmp_path):
+    config = _serve_config(tmp_path)
     (tmp_path / "c.db").write_bytes(b"")
     done = _serve(config, "--insecure")
     assert done.returncode == 2, done.stderr
@@ -210,12 +217,7 @@ def test_serve_refuses_bad_rows_without_a_traceback(tmp_path):
     db.execute("UPDATE workers SET switch_port = 9999")
     db.commit()
     db.close()
-    config = tmp_path / "c.toml"
-    config.write_text(
-        '[controller]\nlisten = "127.0.0.1:0"\ndatabase = "c.db"\n\n'
-        '[[switch]]\nname = "s1"\naddress = "127.0.0.1:1"\nmac = "02:00:00:00:00:fe"\n'
-        'service_ip = "10.0.0.254"\n'
-    )
+    config = _serve_config(tmp_path)
     done = _serve(config, "--insecure")
     assert done.returncode == 2, done.stderr
     assert "invalid row for job 1" in done.stderr and "switch_port" in done.stderr
@@ -350,3 +352,62 @@ def test_serve_refuses_unknown_jobs_with_status_2(switch, tmp_path, start_contro
     assert "aggctl: switch s1 holds entries of job(s) 1, 2, 3" in done.stderr
     assert "Traceback" not in done.stderr
     assert set(job_state(reader())["jobs"]) == {1, 2, 3}
+
+
+def _failing_integrity_check(path: Path) -> None:
+    """A database whose integrity check lists problems (not one sqlite refuses to read at
+    all): the first garbled page that makes it so."""
+    _store_with_jobs(path, 300)
+    db = sqlite3.connect(path)
+    db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    db.close()
+    sound = path.read_bytes()
+    for page in range(1, len(sound) // 4096):
+        path.write_bytes(sound)
+        _garble(path, page)
+        try:
+            Store(path).close()
+        except StoreError as exc:
+            if "integrity check" in str(exc):
+                return
+    raise AssertionError("no garbled page fails the integrity check")
+
+
+def _foreign_sqlite(path: Path) -> None:
+    db = sqlite3.connect(path)
+    db.execute("CREATE TABLE notes (x TEXT)")
+    db.commit()
+    db.close()
+
+
+def _invalid_row(path: Path) -> None:
+    _one_ready_job(path)
+    db = sqlite3.connect(path)
+    db.execute("UPDATE workers SET mac = 'garbage'")
+    db.commit()
+    db.close()
+
+
+DAMAGE = {
+    "zero bytes": lambda path: path.write_bytes(b""),
+    "random bytes": lambda path: path.write_bytes(os.urandom(8192)),
+    "garbled pages": _failing_integrity_check,
+    "another application's sqlite": _foreign_sqlite,
+    "a row no controller wrote": _invalid_row,
+}
+
+
+@pytest.mark.parametrize("damage", list(DAMAGE))
+def test_serve_refuses_a_damaged_database_in_one_line(tmp_path, damage):
+    """What is wrong and what to do in one line, as every other refusal of `aggctl serve`;
+    the integrity check's full list at debug level."""
+    DAMAGE[damage](tmp_path / "c.db")
+    done = _serve(_serve_config(tmp_path), "--insecure")
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("aggctl: "), done.stderr
+    assert str(tmp_path / "c.db") in lines[0] and "--fresh-database" in lines[0]
+    if damage == "garbled pages":
+        assert "integrity check (Page " in lines[0], lines[0]
+        debug = _serve(_serve_config(tmp_path), "--insecure", "--log-level", "debug").stderr
+        assert re.search(r"DEBUG integrity check of .*c\.db: Page \d+: .*; ", debug), debug
