@@ -56,6 +56,12 @@ class Quotas:
         if op is not None:
             self.owner[job.job_id] = op.name
 
+    def wait_owner(self, job_id: int) -> str:
+        """Whose share of the waiting WaitReady calls a call of `job_id` takes: the operator
+        that created the job, or, for a job created without a credential, the job itself."""
+        name = self.owner.get(job_id)
+        return f"operator {name!r}" if name is not None else f"job {job_id} (no operator)"
+
     def owns(self, op: Operator | None, job: Job | int) -> bool:
         """Whether `op` may see and release `job` (or the job with that id): an admin (or
         the insecure mode's caller, None) every job, a tenant the jobs it created."""

@@ -4,6 +4,7 @@ own code, anything unexpected as INTERNAL (logged here with its traceback, never
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import importlib.metadata
@@ -19,9 +20,15 @@ from controller.api import jobs_pb2, jobs_pb2_grpc
 from controller.config import ControllerConfig, is_loopback
 from controller.counters import CounterValue, SwitchCounters
 from controller.credentials import Operator, authenticate, bearer
-from controller.errors import Aborted, ControllerError, PermissionDenied, Unauthenticated
+from controller.errors import (
+    Aborted,
+    ControllerError,
+    PermissionDenied,
+    ResourceExhausted,
+    Unauthenticated,
+)
 from controller.jobs import JobManager
-from controller.model import Job
+from controller.model import Job, JobState
 from controller.quotas import Quotas
 from controller.store import Store
 from controller.tls import server_credentials
@@ -229,23 +236,30 @@ class ControllerService(jobs_pb2_grpc.ControllerServicer):
             timeout = (
                 remaining - 0.2
             )  # answer DEADLINE_EXCEEDED ourselves, naming the missing ranks
-        job_id, rank = request.job_id, request.rank
-        self.m.heartbeat(job_id, request.token, rank)  # authorized before it may park
-        with self.waits.admit(job_id, rank, client_host(context.peer())) as ticket:
+        job_id, token, rank = request.job_id, request.token, request.rank
+        state = self.m.heartbeat(job_id, token, rank)  # authorized before it may park
+        if state is JobState.READY:  # answered at once, parking nothing: no limit applies
+            with contextlib.suppress(ControllerError):  # unless the switch was lost just now
+                a = self.m.wait_ready(job_id, token, rank, timeout, lambda: False)
+                return pb.Assignment(**dataclasses.asdict(a))
+        owner = self.quotas.wait_owner(job_id)
+        with self.waits.admit(job_id, rank, client_host(context.peer()), owner) as ticket:
             # a client that goes away frees its thread now, not at the next wake-up
             context.add_callback(lambda: None if ticket.done else self.m.wake())
             try:
                 a = self.m.wait_ready(
-                    job_id,
-                    request.token,
-                    rank,
-                    timeout,
-                    lambda: context.is_active() and not ticket.superseded,
+                    job_id, token, rank, timeout, lambda: context.is_active() and not ticket.leaving
                 )
             except ControllerError:
                 if ticket.superseded:
                     raise Aborted(
                         f"superseded by a newer WaitReady of rank {rank} of job {job_id}"
+                    ) from None
+                if ticket.evicted:
+                    raise ResourceExhausted(
+                        f"this WaitReady gave its place to another job owner's: {owner} had "
+                        "more than its fair share of the calls waiting "
+                        "(controller.wait_ready_limit); retry later"
                     ) from None
                 raise
         return pb.Assignment(**dataclasses.asdict(a))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
+from contextlib import ExitStack
 
 import grpc
 import pytest
@@ -29,21 +30,59 @@ def test_client_host():
 def test_limiter_supersedes_per_rank_and_bounds_clients_and_total():
     woken = []
     lim = WaitLimiter(total=3, per_client=2, wake=lambda: woken.append(1))
-    with lim.admit(1, 0, "a") as first, lim.admit(1, 0, "a") as second:
+    with lim.admit(1, 0, "a", "X") as first, lim.admit(1, 0, "a", "X") as second:
         # the same rank again: the older call is superseded (and woken), no extra room needed
         assert first.superseded and not second.superseded and woken == [1]
-        with lim.admit(1, 1, "a"):
+        with lim.admit(1, 1, "a", "X"):
             with pytest.raises(ResourceExhausted, match="wait_ready_per_client"):  # noqa: SIM117
-                with lim.admit(1, 2, "a"):
+                with lim.admit(1, 2, "a", "X"):
                     pass
-            with lim.admit(2, 0, "b"):
+            with lim.admit(2, 0, "b", "X"):
                 assert lim.parked == 4  # the superseded one still holds its thread
                 with pytest.raises(ResourceExhausted, match="wait_ready_limit"):  # noqa: SIM117
-                    with lim.admit(2, 1, "b"):
+                    with lim.admit(2, 1, "b", "X"):
                         pass
     assert lim.parked == 0 and lim.refused == 2 and lim.superseded == 1
-    with lim.admit(1, 0, "a") as again:  # the rank's slot was freed
+    with lim.admit(1, 0, "a", "X") as again:  # the rank's slot was freed
         assert not again.superseded
+
+
+def test_limiter_shares_the_bounds_fairly_between_owners():
+    """A call that finds a bound reached takes the newest place of the owner holding at
+    least two more than its own owner; else it is refused naming its owner's share."""
+    woken = []
+    lim = WaitLimiter(total=6, per_client=4, wake=lambda: woken.append(1))
+    with ExitStack() as stack:
+        b = [stack.enter_context(lim.admit(1, r, "h1" if r < 3 else "h2", "B")) for r in range(6)]
+        with pytest.raises(ResourceExhausted, match=r"^B has 6 of the 6 .*wait_ready_limit"):
+            stack.enter_context(lim.admit(1, 6, "h2", "B"))
+        a0 = stack.enter_context(lim.admit(2, 0, "h3", "A"))  # A's first wait: B gives way
+        assert b[5].evicted and not a0.evicted and woken == [1]
+        assert lim.held() == {"B": 5, "A": 1} and lim.parked == 7  # the evicted one leaving
+        stack.enter_context(lim.admit(2, 1, "h3", "A"))
+        stack.enter_context(lim.admit(2, 2, "h3", "A"))  # B 3, A 3: as many as B now
+        assert lim.held() == {"B": 3, "A": 3}
+        with pytest.raises(ResourceExhausted, match=r"^A has 3 of the 6 .*2 job owner\(s\)"):
+            stack.enter_context(lim.admit(2, 3, "h3", "A"))
+        with pytest.raises(ResourceExhausted, match=r"^B has 3"):  # an evicted rank retrying
+            stack.enter_context(lim.admit(1, 5, "h2", "B"))
+        # a third owner's call from h1 finds room there (3 of 4) but not in total: it takes
+        # the newest place of B or A
+        stack.enter_context(lim.admit(3, 0, "h1", "C"))
+        assert sum(lim.held().values()) == 6 and lim.held()["C"] == 1
+    assert lim.parked == 0 and lim.evicted == 4 and lim.refused == 3
+
+
+def test_limiter_shares_a_client_fairly_between_owners():
+    lim = WaitLimiter(total=10, per_client=3, wake=lambda: None)
+    with ExitStack() as stack:
+        b = [stack.enter_context(lim.admit(1, r, "h1", "B")) for r in range(3)]
+        with pytest.raises(ResourceExhausted, match=r"^B has 3 of the 3 .*from h1 .*per_client"):
+            stack.enter_context(lim.admit(1, 3, "h1", "B"))
+        stack.enter_context(lim.admit(2, 0, "h1", "A"))  # another tenant on the same host
+        assert [t.evicted for t in b] == [False, False, True]
+        stack.enter_context(lim.admit(1, 3, "h2", "B"))  # B's other host has room
+        assert lim.held() == {"B": 3, "A": 1}
 
 
 def test_wait_limits_are_checked(tmp_path):
