@@ -17,6 +17,7 @@ import grpc
 from controller.api import jobs_pb2, jobs_pb2_grpc
 from controller.config import DEFAULT_LISTEN
 from controller.credentials import call_metadata
+from controller.model import GaveUp
 from controller.tls import channel_credentials, client_ca, warn_plaintext
 
 pb = jobs_pb2
@@ -112,11 +113,13 @@ class ControllerClient:
             timeout=timeout_s + self.timeout,
         )
 
-    def heartbeat(self, job_id: int, token: str, rank: int) -> Any:
-        """Heartbeat -> HeartbeatResponse (state, lease_s)."""
-        return self.stub.Heartbeat(
-            pb.HeartbeatRequest(job_id=job_id, token=token, rank=rank), timeout=self.timeout
-        )
+    def heartbeat(self, job_id: int, token: str, rank: int, gave_up: GaveUp | None = None) -> Any:
+        """Heartbeat -> HeartbeatResponse (state, lease_s, the newest give-up of any rank);
+        `gave_up`: this rank gave up a call (its rank is the request's)."""
+        request = pb.HeartbeatRequest(job_id=job_id, token=token, rank=rank)
+        if gave_up is not None:
+            request.gave_up.CopyFrom(pb.GaveUp(chunk=gave_up.chunk, reason=gave_up.reason))
+        return self.stub.Heartbeat(request, timeout=self.timeout)
 
     def leave(self, job_id: int, token: str, rank: int) -> Any:
         """LeaveJob -> LeaveJobResponse (job_ended)."""

@@ -30,7 +30,7 @@ from controller.errors import (
     Unavailable,
 )
 from controller.leases import expired, reap_interval
-from controller.model import Assignment, Job, JobState, JobWorker
+from controller.model import Assignment, GaveUp, Job, JobState, JobWorker
 from controller.placement import attached_port, check_endpoint_free, place, switch_for, unplace
 from controller.restore import restore_jobs, unknown_jobs_refusal
 from controller.store import Store
@@ -308,12 +308,17 @@ class JobManager:
         with self.lock:
             self.changed.notify_all()
 
-    def heartbeat(self, job_id: int, token: str, rank: int) -> JobState:
-        """Renew the rank's lease; returns the job's state."""
+    def heartbeat(
+        self, job_id: int, token: str, rank: int, gave_up: GaveUp | None = None
+    ) -> tuple[JobState, GaveUp | None]:
+        """Renew the rank's lease and record its give-up; returns the job's state and the
+        give-up of the newest call any rank told (for the others to stop waiting for it)."""
         with self.lock:
             job = self._authorize(job_id, token)
             self._renew(job, self._live_rank(job, rank))
-            return job.state
+            if gave_up is not None and job.tell(gave_up):
+                log.info("job %d: %s", job_id, gave_up)
+            return job.state, job.gave_up
 
     def leave(self, job_id: int, token: str, rank: int) -> bool:
         """The rank is done (before the job is complete: it un-joins); True when the job ended."""

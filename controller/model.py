@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import Any, ClassVar
 
 from controller.aggregation import JobEntries, Worker
 from controller.delivery import mcast_grp_of_job
@@ -43,6 +43,29 @@ class JobWorker:
         )
 
 
+@dataclass(frozen=True)
+class GaveUp:
+    """A rank that gave up a call of the job's stream (its switch path failed, or it waited
+    as long as it may): the others cannot complete that call without it, so the controller
+    tells them in their heartbeat answers and they stop waiting at once (not persisted)."""
+
+    rank: int
+    chunk: int  # the stream index of the first chunk of the call it gave up
+    reason: str  # for the others' fallback warnings (at most MAX_REASON characters)
+
+    MAX_REASON: ClassVar[int] = 300
+
+    def __str__(self) -> str:
+        return f"rank {self.rank} gave up chunk {self.chunk}: {self.reason}"
+
+    @classmethod
+    def from_message(cls, msg: Any, rank: int | None = None) -> GaveUp:
+        """From the protobuf GaveUp, with `rank` instead of its own when given (a request's is
+        the requesting rank's); the reason cut to MAX_REASON printable characters."""
+        reason = "".join(c if c.isprintable() else " " for c in msg.reason[: cls.MAX_REASON])
+        return cls(msg.rank if rank is None else rank, msg.chunk, reason)
+
+
 @dataclass
 class Job:
     """A job and its ranks; `switch`/`pool_base` are None until the switch is chosen."""
@@ -61,6 +84,7 @@ class Job:
     workers: dict[int, JobWorker] = field(default_factory=dict)
     installed: bool = False  # entries verified or written since the switch (re)connected
     idle_deadline: float = 0.0  # monotonic; ends a job that no live rank holds
+    gave_up: GaveUp | None = None  # the give-up of the newest call a rank told (not persisted)
 
     @property
     def complete(self) -> bool:
@@ -75,6 +99,14 @@ class Job:
         if self.installed:
             return JobState.READY
         return JobState.INSTALLING if self.complete else JobState.WAITING
+
+    def tell(self, gave_up: GaveUp) -> bool:
+        """Record a rank's give-up if its call is newer than the one recorded (a give-up of
+        an older call is of an earlier alignment of the ranks' streams); True if so."""
+        if self.gave_up is not None and gave_up.chunk <= self.gave_up.chunk:
+            return False
+        self.gave_up = gave_up
+        return True
 
     def live_ranks(self) -> list[JobWorker]:
         """Joined ranks that have not left: each holds a lease."""

@@ -28,7 +28,7 @@ from controller.errors import (
     Unauthenticated,
 )
 from controller.jobs import JobManager
-from controller.model import Job, JobState
+from controller.model import GaveUp, Job, JobState
 from controller.quotas import Quotas
 from controller.store import Store
 from controller.tls import server_credentials
@@ -237,7 +237,7 @@ class ControllerService(jobs_pb2_grpc.ControllerServicer):
                 remaining - 0.2
             )  # answer DEADLINE_EXCEEDED ourselves, naming the missing ranks
         job_id, token, rank = request.job_id, request.token, request.rank
-        state = self.m.heartbeat(job_id, token, rank)  # authorized before it may park
+        state, _ = self.m.heartbeat(job_id, token, rank)  # authorized before it may park
         if state is JobState.READY:  # answered at once, parking nothing: no limit applies
             with contextlib.suppress(ControllerError):  # unless the switch was lost just now
                 a = self.m.wait_ready(job_id, token, rank, timeout, lambda: False)
@@ -266,8 +266,13 @@ class ControllerService(jobs_pb2_grpc.ControllerServicer):
 
     @_guard
     def Heartbeat(self, request: Any, context: grpc.ServicerContext) -> Any:
-        state = self.m.heartbeat(request.job_id, request.token, request.rank)
-        return pb.HeartbeatResponse(state=state.value, lease_s=self.m.config.lease)
+        rank = request.rank
+        report = GaveUp.from_message(request.gave_up, rank) if request.HasField("gave_up") else None
+        state, told = self.m.heartbeat(request.job_id, request.token, rank, report)
+        answer = pb.HeartbeatResponse(state=state.value, lease_s=self.m.config.lease)
+        if told is not None:
+            answer.gave_up.CopyFrom(pb.GaveUp(rank=told.rank, chunk=told.chunk, reason=told.reason))
+        return answer
 
     @_guard
     def LeaveJob(self, request: Any, context: grpc.ServicerContext) -> Any:

@@ -23,6 +23,7 @@ from ctl_helpers import (
 from aggwire import p4names
 from aggwire.constants import AGG_UDP_PORT, CELLS_PER_PKT, NUM_SLOTS
 from controller.artifacts import P4INFO_PATH
+from controller.model import GaveUp
 from p4rtproto.bytestrings import ipv4_to_int
 from p4rtproto.p4info import P4InfoIndex
 
@@ -301,3 +302,26 @@ def test_switch_port_from_the_topology(controller):
         lambda: c.join(other.job_id, other.token, 0, "02:00:00:00:09:09", h0["ip"], 41005)
     )
     assert code == grpc.StatusCode.INVALID_ARGUMENT and "per the topology" in details
+
+
+def test_heartbeats_carry_the_newest_give_up_to_every_rank(controller):
+    """A rank's heartbeat that says it gave up a call is recorded (the newest call's wins)
+    and every heartbeat answer of the job carries it, its reason cut to one line of 300
+    characters; another job's answers carry nothing."""
+    c = controller.client
+    job = c.create_job("told", 2, "dense", pool_size=8)
+    other = c.create_job("other", 1, "dense", pool_size=8)
+    join_all(c, job, HOSTS[:2])
+    join_all(c, other, HOSTS[2:3])
+    assert not c.heartbeat(job.job_id, job.token, 1).HasField("gave_up")
+    c.heartbeat(job.job_id, job.token, 0, GaveUp(9, 40, "path gone\n" * 100))
+    told = c.heartbeat(job.job_id, job.token, 1).gave_up
+    assert (told.rank, told.chunk) == (0, 40)  # the request's rank, not the message's
+    assert len(told.reason) == GaveUp.MAX_REASON and "\n" not in told.reason
+    assert told.reason.startswith("path gone path gone")
+    c.heartbeat(job.job_id, job.token, 1, GaveUp(1, 12, "an older call"))
+    again = c.heartbeat(job.job_id, job.token, 0).gave_up
+    assert (again.rank, again.chunk) == (0, 40)
+    c.heartbeat(job.job_id, job.token, 1, GaveUp(1, 41, "a newer call"))
+    assert c.heartbeat(job.job_id, job.token, 0).gave_up.reason == "a newer call"
+    assert not c.heartbeat(other.job_id, other.token, 0).HasField("gave_up")
