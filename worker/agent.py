@@ -1,6 +1,8 @@
 """The worker agent: registers one rank of a job with the controller, opens the UDP channel
 to the switch, builds the transport from the assignment, and keeps the rank's lease alive
-with a heartbeat thread until it leaves (docs/worker.md)."""
+with a heartbeat thread until it leaves (docs/worker.md). The heartbeats also carry the
+give-ups between the ranks: this rank's, sent at once, and the others', from the answers
+(worker/straggler_wait.py)."""
 
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ import grpc
 
 from aggwire.constants import CELLS_CHOICES
 from controller.client import ControllerClient
-from controller.model import Assignment
+from controller.model import Assignment, GaveUp
 from controller.tls import TlsError
 from controller.validation import (
     JOB_IDS,
@@ -154,7 +156,11 @@ class WorkerAgent:
         self.proven_at = -math.inf  # monotonic time the controller last vouched for the job
         self.assignment: Assignment | None = None
         self.transport: SwitchTransport | None = None
+        self.peer_gave_up: GaveUp | None = None  # the newest give-up another rank told
+        self._gave_up: GaveUp | None = None  # this rank's newest, sent with every heartbeat
+        self._gave_up_lock = threading.Lock()
         self._stop = threading.Event()
+        self._beat = threading.Event()  # a heartbeat now, not after the interval
         self._fatal = False
         self._closed = False
         self._thread: threading.Thread | None = None
@@ -292,7 +298,12 @@ class WorkerAgent:
                 cells_per_packet=a.cells_per_packet,
             )
             self.transport = SwitchTransport(
-                tcfg, channel, peers_problem=self.peers_problem, peers_unproven=self.peers_unproven
+                tcfg,
+                channel,
+                peers_problem=self.peers_problem,
+                peers_unproven=self.peers_unproven,
+                told=lambda: self.peer_gave_up,
+                tell=self.tell_peers,
             )
         except ValueError as exc:  # a value the checks above missed: still a clear refusal
             channel.close()
@@ -329,13 +340,35 @@ class WorkerAgent:
             f"(a dead peer's lease, {a.lease_s:g} s, would have been reported by now)"
         )
 
+    def tell_peers(self, gave_up: GaveUp) -> None:
+        """Tell the other ranks, through the controller and at once, that this rank gave up a
+        call. Every later heartbeat carries this rank's newest give-up again (the controller
+        keeps the newest and ignores the rest), so a restarted controller learns it too."""
+        with self._gave_up_lock:
+            if self._gave_up is None or gave_up.chunk >= self._gave_up.chunk:
+                self._gave_up = gave_up
+        self._beat.set()
+
+    def _heard(self, answer: Any) -> None:
+        """A heartbeat was answered: its give-up, if another rank's, is the peers' newest."""
+        if not answer.HasField("gave_up") or answer.gave_up.rank == self.config.rank:
+            return
+        gave_up = GaveUp.from_message(answer.gave_up)
+        if gave_up != self.peer_gave_up:
+            log.info("rank %d: told that %s", self.config.rank, gave_up)
+            self.peer_gave_up = gave_up
+
     def _heartbeat_loop(self) -> None:
         assert self.assignment is not None
         interval = max(0.05, self.assignment.heartbeat_interval_s)
         cfg = self.config
-        while not self._stop.wait(interval):
+        while True:
+            self._beat.wait(interval)
+            self._beat.clear()
+            if self._stop.is_set():
+                return
             try:
-                self.client.heartbeat(cfg.job_id, cfg.token, cfg.rank)
+                answer = self.client.heartbeat(cfg.job_id, cfg.token, cfg.rank, self._gave_up)
             except grpc.RpcError as exc:
                 self.heartbeat_failures += 1
                 err = _rpc_error("Heartbeat", exc, cfg.controller)
@@ -346,6 +379,7 @@ class WorkerAgent:
                 continue
             self.heartbeats += 1
             self.proven_at = time.monotonic()
+            self._heard(answer)
             if not self._fatal and not self.healthy:
                 log.info("rank %d healthy again (heartbeat answered)", cfg.rank)
                 self.healthy, self.unhealthy_reason = True, ""
@@ -353,6 +387,7 @@ class WorkerAgent:
     def close(self) -> None:
         """Stop the heartbeat, leave the job (best effort) and close the socket and channel."""
         self._stop.set()
+        self._beat.set()
         if self._thread is not None:
             self._thread.join(self.config.rpc_timeout + 1)
         if self._joined and not self._left:

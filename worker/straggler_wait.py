@@ -16,6 +16,14 @@ nothing proves or disproves the peers: the wait goes on only as long as the cont
 would have waited on a silent peer (`peers_unproven`, the agent's: a lease and a heartbeat
 interval since its last answer), so a peer that dies during a controller outage stalls the
 step for about a lease, not for `max_wait`.
+
+A rank that gives up a call for a reason of its own (its path failed, it waited `max_wait`)
+tells the others through the controller (`tell`: the agent's next heartbeat, sent at once),
+and the others learn it from their heartbeat answers (`told`): none of them can complete
+that call without it, so a wait on it, or on any later chunk, ends at the next timer check
+instead of after `max_wait` (its heartbeats are still answered: it is alive). A give-up
+before `aligned_from`, the stream index the ranks last agreed to resume at, is of a call
+the ranks have already given up together, and is ignored.
 """
 
 from __future__ import annotations
@@ -26,8 +34,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from aggwire.header import marked_retx
+from controller.model import GaveUp
 
 PeersProblem = Callable[[], str]  # "" while every peer is believed alive, else why not
+Told = Callable[[], GaveUp | None]  # the newest give-up another rank told (None: none)
+Tell = Callable[[GaveUp], None]  # tells the other ranks that this one gave up a call
 
 
 @dataclass
@@ -41,6 +52,8 @@ class StragglerWait:
     max_wait: float = 120.0  # the longest wait for one chunk (from its first send)
     peers_problem: PeersProblem | None = None
     peers_unproven: PeersProblem | None = None
+    told: Told | None = None
+    aligned_from: int = 0  # the stream index the ranks last agreed to resume at
     probe_index: int = -1  # stream index of the newest completed chunk (-1: none yet)
     probe_row: np.ndarray | None = None  # this rank's contribution to it (payload bytes)
     last_heard: float = float("-inf")  # when the switch last sent this rank anything
@@ -71,21 +84,24 @@ class StragglerWait:
         return marked_retx(self.probe_row)
 
     def peers_gone(self) -> str:
-        """Why the peers may be gone ("" while the agent proves them, or without an agent):
-        checked at every timeout, so a dead peer ends the wait within its lease."""
+        """Why the peers may be gone or will not complete this call ("" while the agent
+        proves them, or without an agent): checked at every timeout, so a dead peer ends the
+        wait within its lease, and a peer that gave up within a heartbeat interval."""
         problem = self.peers_problem() if self.peers_problem is not None else ""
-        return f"a peer is gone or the job ended: {problem}" if problem else ""
+        if problem:
+            return f"a peer is gone or the job ended: {problem}"
+        gave_up = self.told() if self.told is not None else None
+        if gave_up is not None and gave_up.chunk >= self.aligned_from:
+            return str(gave_up)
+        return ""
 
     def stop_reason(self, now: float, waited: float, can_probe: bool) -> str:
-        """Why the rank must stop waiting for a chunk that spent its retry budget ("": keep
-        waiting, and probe)."""
+        """Why the rank must stop waiting, for a reason of its own, for a chunk that spent its
+        retry budget ("": keep waiting, and probe); `peers_gone` is checked before."""
         if self.peers_problem is None:
             return "no evidence that the peers are alive (no agent)"
         if not can_probe:
             return "no completed chunk to prove the switch path with"
-        gone = self.peers_gone()
-        if gone:
-            return gone
         unproven = self.peers_unproven() if self.peers_unproven is not None else ""
         if unproven:
             return f"the controller is unreachable: {unproven}"

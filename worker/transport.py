@@ -18,6 +18,9 @@ Duplicate, stray, late and reordered results are recognised by job and chunk and
 A chunk that spent its retry budget keeps waiting while the switch path and the peers are
 proven alive (a slow rank is not a dead path, worker/straggler_wait.py). A local send error
 (a link down: ENETUNREACH) is the switch path failing: a TransportError that names the cause.
+A rank that gives up a call for a reason of its own tells the others (`tell`), who stop
+waiting on it when they learn it (`told`); setting `next_chunk` (the ranks realigning their
+counters after a fallback) starts a new alignment, to which older give-ups do not apply.
 """
 
 from __future__ import annotations
@@ -39,11 +42,12 @@ from aggwire.constants import (
 )
 from aggwire.header import HEADER_DTYPE, marked_retx
 from aggwire.packer import pack_payloads, parse_payloads, payload_bytes
+from controller.model import GaveUp
 from worker.channel import Channel
 from worker.chunk_numbering import chunk_period, chunk_tags, shadow_of, slot_of, tag_offset
 from worker.codecs.base import CodecError, Phase
 from worker.retransmission_timer import RetransmissionTimer
-from worker.straggler_wait import PeersProblem, StragglerWait
+from worker.straggler_wait import PeersProblem, StragglerWait, Tell, Told
 
 MAX_DRAIN = 512  # datagrams taken per look at the socket before the timers are checked
 
@@ -120,11 +124,15 @@ class SwitchTransport:
         first_chunk: int = 0,
         peers_problem: PeersProblem | None = None,
         peers_unproven: PeersProblem | None = None,
+        told: Told | None = None,
+        tell: Tell | None = None,
     ) -> None:
         """`peers_problem` ("" while every peer is alive, else why not; the agent's) lets a
         chunk that spent its retry budget wait for a slow peer; None: it fails at once.
         `peers_unproven` (the agent's: "" while the controller vouched for the peers
-        recently enough) bounds that wait during a controller outage."""
+        recently enough) bounds that wait during a controller outage. `told` (the newest
+        give-up of another rank) ends a wait on its call or a later one; `tell` tells the
+        others this rank gave up a call (both the agent's, through the controller)."""
         self.period = chunk_period(config.pool_size)  # raises on a pool size out of range
         if config.cells_per_packet not in CELLS_CHOICES:
             raise ValueError(
@@ -135,9 +143,9 @@ class SwitchTransport:
         self.config = config
         self.payload_size = payload_bytes(config.cells_per_packet)  # a result's, exactly
         self.channel = channel
-        # The job-wide stream index of this worker's next chunk (unbounded; the wire tag is
-        # derived from it modulo the numbering period).
-        self.next_chunk = first_chunk
+        self.tell = tell
+        self._next_chunk = first_chunk
+        self._exchanging = first_chunk  # the first chunk of the call in progress (or last)
         self.stats = TransportStats()
         self.timer = RetransmissionTimer(
             initial=config.initial_timeout,
@@ -150,7 +158,21 @@ class SwitchTransport:
             config.max_straggler_wait,
             peers_problem=peers_problem,
             peers_unproven=peers_unproven,
+            told=told,
+            aligned_from=first_chunk,
         )
+
+    @property
+    def next_chunk(self) -> int:
+        """The job-wide stream index of this worker's next chunk (unbounded; the wire tag is
+        derived from it modulo the numbering period)."""
+        return self._next_chunk
+
+    @next_chunk.setter
+    def next_chunk(self, chunk: int) -> None:
+        """Resume at `chunk`, the counter the ranks agreed on (after a fallback): a new
+        alignment, to which the give-ups told before do not apply."""
+        self._next_chunk = self.wait.aligned_from = chunk
 
     def allreduce(self, op: Op, cells: np.ndarray) -> np.ndarray:
         """The element-wise combination under op of every worker's `cells` (int32, 1-D)."""
@@ -162,8 +184,8 @@ class SwitchTransport:
         cells = np.ascontiguousarray(cells, np.int32).reshape(-1)
         n, per = cells.size, self.config.cells_per_packet
         count = max(1, -(-n // per))
-        first = self.next_chunk
-        self.next_chunk += count
+        first = self._next_chunk
+        self._next_chunk += count
         padded = np.zeros(count * per, np.int32)
         padded[:n] = cells
         payloads = self.pack_chunks(op, first, padded.reshape(count, per), n)
@@ -209,6 +231,7 @@ class SwitchTransport:
         """Keep up to `pool_size` chunks in flight until every result is in `out`."""
         cfg, timer = self.config, self.timer
         flight = _Flight(payloads.shape[0], restarts=timer.adaptive)
+        self._exchanging = first
         while flight.remaining:
             now = time.monotonic()
             # Self-clocking: chunk i goes once chunk i - pool_size is done (or of an earlier call).
@@ -291,12 +314,23 @@ class SwitchTransport:
         """Chunk first + i spent its retry budget: probe the path and keep waiting for a slow
         peer, or raise TransportError when the path or a peer is gone (straggler_wait.py)."""
         cfg, now = self.config, time.monotonic()
+        gone = self.wait.peers_gone()
+        if gone:
+            raise self._no_result(first + i, f"{cfg.max_retries} retransmissions, then {gone}")
         probe = self.wait.probe_for(first + oldest, cfg.pool_size)
         reason = self.wait.stop_reason(now, waited, probe is not None)
         if reason:
-            raise self._no_result(first + i, f"{cfg.max_retries} retransmissions, then {reason}")
+            error = self._no_result(first + i, f"{cfg.max_retries} retransmissions, then {reason}")
+            raise self._give_up(error)
         if probe is not None and self.wait.should_probe(now, cfg.max_timeout / 2):
             self._send(probe)
+
+    def _give_up(self, error: TransportError) -> TransportError:
+        """`error`, after telling the other ranks that this one gave up the call in progress
+        (they cannot complete it without this rank)."""
+        if self.tell is not None:
+            self.tell(GaveUp(self.config.rank, self._exchanging, str(error)))
+        return error
 
     def _no_result(self, index: int, reason: str) -> TransportError:
         """The error for chunk `index` (stream index) that will not complete."""
@@ -312,9 +346,11 @@ class SwitchTransport:
         except OSError as exc:
             name = errno.errorcode.get(exc.errno, "") if exc.errno else ""
             cause = f"{name}: {exc.strerror}" if name else str(exc)
-            raise TransportError(
-                f"cannot send to the switch of job {self.config.job_id} ({cause}): "
-                "the switch path failed at this host (a link or route down?)"
+            raise self._give_up(
+                TransportError(
+                    f"cannot send to the switch of job {self.config.job_id} ({cause}): "
+                    "the switch path failed at this host (a link or route down?)"
+                )
             ) from exc
         self.stats.packets_sent += 1
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 import threading
+import time
 
 import grpc
 import numpy as np
@@ -14,6 +15,7 @@ from agent_fabric import Controlled, wait_for
 
 from aggwire.constants import AGG_UDP_PORT, CELLS_PER_PKT, Flag, Op
 from aggwire.header import header_view
+from controller.model import GaveUp
 from testnet.namespace import have_privileges
 from worker.agent import AgentConfig, AgentError, WorkerAgent, open_agent
 
@@ -179,6 +181,33 @@ def test_an_unreachable_controller_is_no_evidence_that_the_peers_are_gone(ctl):
         wait_for(lambda: agent.healthy, 5, "heartbeats to be answered again")
         assert agent.peers_unproven() == ""
     assert agent.peers_problem() == "closed"
+
+
+def test_a_give_up_reaches_the_other_ranks_within_a_heartbeat(ctl):
+    """A rank's give-up goes out at once (not at its next heartbeat) and the others have it
+    from their next heartbeat answer; a rank is not told its own, nor an older call's; its
+    later heartbeats carry it again (a restarted controller learns it too)."""
+    job = ctl.create(3, pool_size=4)
+    agents = open_all(ctl, job, 3)
+    try:
+        interval = agents[0].assignment.heartbeat_interval_s
+        start = time.monotonic()
+        gave_up = GaveUp(0, 40, "the switch path is gone")
+        agents[0].tell_peers(gave_up)
+        wait_for(lambda: agents[1].peer_gave_up and agents[2].peer_gave_up, 5, "the others")
+        took = time.monotonic() - start
+        assert took <= interval + 0.5  # the others' next heartbeat, on a loaded machine
+        assert agents[1].peer_gave_up == agents[2].peer_gave_up == gave_up
+        agents[2].tell_peers(GaveUp(2, 12, "an older call"))
+        time.sleep(3 * interval)
+        assert agents[1].peer_gave_up == agents[2].peer_gave_up == gave_up
+        assert agents[0].peer_gave_up is None
+        job_of = ctl.server.manager.jobs[job.job_id]
+        job_of.gave_up = None  # as after a controller restart: the heartbeats tell it again
+        wait_for(lambda: job_of.gave_up == gave_up, 5, "rank 0's next heartbeat")
+    finally:
+        for a in agents:
+            a.close()
 
 
 def test_bad_token_is_a_clear_error(ctl):

@@ -12,6 +12,7 @@ import pytest
 from aggwire.constants import CELLS_PER_PKT, Flag, Op
 from aggwire.header import header_view
 from aggwire.packer import parse_payloads
+from controller.model import GaveUp
 from worker.transport import SwitchTransport, TransportConfig, TransportError
 
 FAST = dict(initial_timeout=0.01, max_timeout=0.05, max_retries=4, dead_path_s=0.3)
@@ -66,9 +67,18 @@ class PeerSwitch:
         pass
 
 
-def transport(channel, peers_problem=lambda: "", peers_unproven=None, **kw) -> SwitchTransport:
+def transport(
+    channel, peers_problem=lambda: "", peers_unproven=None, told=None, tell=None, **kw
+) -> SwitchTransport:
     cfg = TransportConfig(job_id=7, rank=0, world_size=2, pool_size=4, **{**FAST, **kw})
-    return SwitchTransport(cfg, channel, peers_problem=peers_problem, peers_unproven=peers_unproven)
+    return SwitchTransport(
+        cfg,
+        channel,
+        peers_problem=peers_problem,
+        peers_unproven=peers_unproven,
+        told=told,
+        tell=tell,
+    )
 
 
 CELLS = np.arange(6 * CELLS_PER_PKT, dtype=np.int32)  # 6 chunks per call
@@ -109,6 +119,70 @@ def test_a_gone_peer_ends_the_wait():
     with pytest.raises(TransportError, match="lease of rank 1 expired"):
         t.allreduce(Op.ADD, CELLS)
     assert time.monotonic() - start < 1.0
+
+
+def test_a_peer_that_gave_up_ends_the_wait_on_its_call_and_later_ones():
+    """Told that rank 1 gave up the call at chunk 6 (while its heartbeats are answered), rank 0
+    stops waiting on that call at its next timer check, not after max_straggler_wait, and
+    does not tell it back; at a later call (no realignment) too."""
+    told: dict = {"gave_up": None}
+    tells: list = []
+    switch = PeerSwitch(lambda k: 0.0 if k < 6 else None)
+    t = transport(switch, told=lambda: told["gave_up"], tell=tells.append, max_straggler_wait=30.0)
+    t.allreduce(Op.ADD, CELLS)
+    told["gave_up"] = GaveUp(1, 6, "cannot send to the switch (ENETUNREACH)")
+    for _ in range(2):
+        start = time.monotonic()
+        with pytest.raises(TransportError, match=r"of job 7: rank 1 gave up chunk 6: cannot send"):
+            t.allreduce(Op.ADD, CELLS)
+        assert time.monotonic() - start < 1.0  # the budget is 0.14 s, a timer check 0.05 s
+    assert tells == []
+
+
+def test_a_give_up_before_the_realignment_is_ignored():
+    """After the ranks fell back together and realigned their counters (past the call given
+    up), that give-up no longer ends a wait: a slow peer is waited for again."""
+    slow = {"at": None}  # when the peer sends chunks 106.. (seconds from the switch's start)
+
+    def peer_sends(k: int) -> float | None:
+        if k < 6 or 100 <= k < 106:
+            return 0.0
+        return slow["at"] if k >= 106 else None
+
+    switch = PeerSwitch(peer_sends)
+    t = transport(switch, told=lambda: GaveUp(1, 6, "gone"), max_straggler_wait=30.0)
+    t.allreduce(Op.ADD, CELLS)
+    with pytest.raises(TransportError, match="rank 1 gave up chunk 6"):
+        t.allreduce(Op.ADD, CELLS)  # chunks 6..11
+    t.next_chunk = 100  # the agreed counter after the fallback: a new alignment
+    assert t.wait.aligned_from == 100
+    np.testing.assert_array_equal(t.allreduce(Op.ADD, CELLS), CELLS)  # 100..105
+    slow["at"] = time.monotonic() - switch.start + 0.6
+    np.testing.assert_array_equal(t.allreduce(Op.ADD, CELLS), CELLS)  # waited for, 0.6 s
+    assert time.monotonic() - switch.start >= slow["at"]
+
+
+def test_a_rank_that_gives_up_for_its_own_reasons_tells_the_others():
+    """The first chunk of the call given up and the error, for the others' warnings: a dead
+    path, a wait as long as it may be, a local send error."""
+    tells: list = []
+    switch = PeerSwitch(lambda k: 0.0 if k < 6 else None)
+    t = transport(switch, tell=tells.append)
+    t.allreduce(Op.ADD, CELLS)
+    switch.dead = True
+    with pytest.raises(TransportError, match="the switch path is gone") as info:
+        t.allreduce(Op.ADD, CELLS)
+    assert tells == [GaveUp(0, 6, str(info.value))]
+    slow = transport(
+        PeerSwitch(lambda k: 0.0 if k < 6 else None), tell=tells.append, max_straggler_wait=0.4
+    )
+    slow.allreduce(Op.ADD, CELLS)
+    with pytest.raises(TransportError, match="for a slow peer"):
+        slow.allreduce(Op.ADD, CELLS)
+    assert tells[1].chunk == 6 and "for a slow peer" in tells[1].reason
+    with pytest.raises(TransportError, match="ENETUNREACH"):
+        transport(Unreachable(), tell=tells.append).allreduce(Op.ADD, CELLS)
+    assert tells[2].chunk == 0 and "ENETUNREACH" in tells[2].reason and len(tells) == 3
 
 
 def test_peers_nobody_vouches_for_end_the_wait_but_not_a_resend():
