@@ -34,7 +34,7 @@ class Tenants:
     """A controller with an admin, the tenants above and 'alice', each a client per host."""
 
     def __init__(self, switch_address: str, tmp_path: Any) -> None:
-        doc = config_dict([("s1", switch_address, HOSTS)], tmp_path, listen="[::]:0")
+        doc = config_dict([("s1", switch_address, HOSTS)], tmp_path, listen="localhost:0")
         doc["controller"].update(lease=30.0, heartbeat_interval=5.0)
         doc["operator"] = [{"name": "root", "token_sha256": hash_token("root"), "role": "admin"}]
         doc["operator"] += [

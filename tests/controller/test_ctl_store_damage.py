@@ -357,7 +357,7 @@ def test_serve_refuses_unknown_jobs_with_status_2(switch, tmp_path, start_contro
 def _failing_integrity_check(path: Path) -> None:
     """A database whose integrity check lists problems (not one sqlite refuses to read at
     all): the first garbled page that makes it so."""
-    _store_with_jobs(path, 300)
+    _store_with_jobs(path, 150)
     db = sqlite3.connect(path)
     db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     db.close()
