@@ -259,7 +259,7 @@ class ControllerService(jobs_pb2_grpc.ControllerServicer):
                     raise ResourceExhausted(
                         f"this WaitReady gave its place to another job owner's: {owner} had "
                         "more than its fair share of the calls waiting "
-                        "(controller.wait_ready_limit); retry later"
+                        f"(controller.{ticket.evicted}); retry later"
                     ) from None
                 raise
         return pb.Assignment(**dataclasses.asdict(a))

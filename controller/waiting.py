@@ -26,20 +26,20 @@ from controller.errors import ResourceExhausted
 
 class Ticket:
     """One admitted WaitReady; `superseded` is set when a newer call of its rank arrived,
-    `evicted` when it gave its place to another owner's call."""
+    `evicted` (the key of the bound) when it gave its place to another owner's call."""
 
     __slots__ = ("client", "done", "evicted", "key", "owner", "superseded")
 
     def __init__(self, key: tuple[int, int], client: str, owner: str) -> None:
         self.key, self.client, self.owner = key, client, owner
         self.superseded = False
-        self.evicted = False
+        self.evicted = ""
         self.done = False
 
     @property
     def leaving(self) -> bool:
         """Superseded or evicted: it answers as soon as it wakes, its place is taken."""
-        return self.superseded or self.evicted
+        return self.superseded or bool(self.evicted)
 
 
 def client_host(peer: str) -> str:
@@ -130,5 +130,5 @@ class WaitLimiter:
                 f"{shared} job owner(s) wait; retry later"
             )
         victim = next(t for t in reversed(scope) if t.owner == biggest)
-        victim.evicted = True
+        victim.evicted = key
         self.evicted += 1

@@ -162,6 +162,7 @@ def test_a_tenant_that_fills_the_limit_gives_way_to_another_tenants_job(tenants)
         assert len(gave_way) == 1
         assert gave_way[0].code() == grpc.StatusCode.RESOURCE_EXHAUSTED
         assert "gave its place to another job owner's" in gave_way[0].details()
+        assert "(controller.wait_ready_limit)" in gave_way[0].details()
         assert t.ctl.server.service.waits.held() == {"operator 'bob'": 95}
     finally:
         for f in parked:
