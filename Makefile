@@ -11,7 +11,7 @@ BF_P4C ?= bf-p4c
 TNA_CELLS ?= 64
 TOFINO_BUILD ?= p4src/tofino/build
 PYTEST_ARGS ?=
-TYPED_PACKAGES := aggwire p4rtproto refswitch controller worker testnet run homagg bench examples
+TYPED_PACKAGES := homagg run bench examples
 RUN_ARGS ?=
 # make run options (empty: the defaults of `python -m run --help`)
 HOSTS ?=
@@ -33,13 +33,13 @@ RUN_DEBS := mininet python3-venv iproute2 net-tools
 help:  ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
 
-$(VENV)/.installed: pyproject.toml p4rtproto/generate.py controller/api/generate.py \
-  $(wildcard controller/api/*.proto)
+$(VENV)/.installed: pyproject.toml homagg/p4rt/generate.py homagg/api/generate.py \
+  $(wildcard homagg/api/*.proto)
 	test -x $(PY) || $(SYSTEM_PYTHON) -m venv --system-site-packages $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[test]'
-	$(PY) -m p4rtproto.generate
-	$(PY) -m controller.api.generate
+	$(PY) -m homagg.p4rt.generate
+	$(PY) -m homagg.api.generate
 	touch $@
 
 venv: $(VENV)/.installed  ## create the virtual environment with every dependency
@@ -60,7 +60,7 @@ run: run-deps venv  ## Mininet + switch + controller + torchrun job through the 
 	$(PY) -m run $(RUN_OPTS) $(RUN_ARGS)
 
 demo: venv  ## the data-plane demo: int32 contributions through the switch, every sum checked (needs root)
-	$(PY) -m testnet.demo
+	$(PY) -m homagg.lab.demo
 
 BENCH_REPS ?= 5
 BENCH ?= quick
@@ -122,7 +122,7 @@ $(P4_BUILD)/homagg.json: $(wildcard p4src/*.p4 p4src/include/*.p4)
 	rm -f $(P4_BUILD)/homagg.p4i
 
 # bf-p4c's output (out/: tofino.bin, context.json, bfrt.json, logs) stays beside the committed
-# P4Info and resource summary, ignored by git: `python -m controller.tofino_pipeline` packs it
+# P4Info and resource summary, ignored by git: `python -m homagg.control.tofino_pipeline` packs it
 # (here into out/device_config.pb) for a Stratum switch. Counters come out as P4Runtime's
 # standard counters (--p4runtime-force-std-externs), as Stratum and the controller read them.
 define TOFINO_COMPILE
@@ -135,7 +135,7 @@ define TOFINO_COMPILE
 	$(SYSTEM_PYTHON) p4src/tofino/sources.py $(1) $(TNA_CELLS) "$$($(BF_P4C) --version | head -1)" > $(2)/sources.txt
 	cd $(2)/out && find . -name bfrt.json -o -name context.json -o -name 'tofino*.bin' \
 	  | sed 's|^\./||' | LC_ALL=C sort > ../device_files.txt
-	$(PY) -m controller.tofino_pipeline $(2)/out -o $(2)/out/device_config.pb
+	$(PY) -m homagg.control.tofino_pipeline $(2)/out -o $(2)/out/device_config.pb
 endef
 
 p4-tofino:  ## compile the TNA program for Tofino 1 (needs bf-p4c): P4Info and resource summary in p4src/tofino/build
@@ -145,5 +145,5 @@ p4-tofino2:  ## the same for Tofino 2 (t2na), into p4src/tofino/build/tofino2
 	$(call TOFINO_COMPILE,tofino2,$(TOFINO_BUILD)/tofino2,t2na)
 
 clean:  ## remove the virtual environment and caches
-	rm -rf $(VENV) p4rtproto/gen controller/api/*_pb2.py controller/api/*_pb2_grpc.py .pytest_cache
+	rm -rf $(VENV) homagg/p4rt/gen homagg/api/*_pb2.py homagg/api/*_pb2_grpc.py .pytest_cache
 	find . -name __pycache__ -prune -exec rm -rf {} +

@@ -121,8 +121,8 @@ class SwitchGroup:
     """A job of w workers on a fabric's first w hosts, one SwitchTransport each."""
 
     def __init__(self, fabric, w: int, initial_timeout: float) -> None:
-        from testnet.aggjob import Job
-        from worker.transport import SwitchTransport, TransportConfig
+        from homagg.lab.aggjob import Job
+        from homagg.worker.transport.switch_transport import SwitchTransport, TransportConfig
 
         self.w = w
         self.job = Job(fabric, fabric.hosts[:w], pool_size=POOL_SIZE)
@@ -139,7 +139,7 @@ class SwitchGroup:
 
     def step(self, codecs: list, xs: list[np.ndarray]) -> tuple[float, list[np.ndarray], int]:
         """One aggregation of xs[r] by codecs[r] on every worker: (wall s, results, retx)."""
-        from testnet.threads import run_threads
+        from homagg.lab.threads import run_threads
 
         def work(r: int) -> np.ndarray:  # the codec's work too runs in the worker's thread
             return self.transports[r].run(codecs[r].aggregate(xs[r]))
@@ -168,7 +168,7 @@ def sparse_inputs(
 
 
 def make_codecs(method: str, w: int, density: float) -> list:
-    from worker.codecs import CLTK, FixedPoint, LosslessSparse
+    from homagg.worker.codecs import CLTK, FixedPoint, LosslessSparse
 
     if method == "fixed_point":
         return [FixedPoint(w) for _ in range(w)]
@@ -181,12 +181,12 @@ def make_codecs(method: str, w: int, density: float) -> list:
 
 def measure_target(target: str, n: int, reps: int, gloo: GlooPool, record: dict) -> None:
     """Alternate every method on `target` (and gloo at the same n), reps times."""
-    from testnet.fabric import Fabric
+    from homagg.lab.fabric import Fabric
 
     rng = np.random.default_rng(0)
     inputs = {(w, d): sparse_inputs(rng, n, w, d) for w in WORLD_SIZES for d in DENSITIES}
     timeout = 0.02 if target == "refswitch" else 0.2
-    # One fabric per W: a job's worker UDP ports are fixed per rank (testnet.aggjob).
+    # One fabric per W: a job's worker UDP ports are fixed per rank (homagg.lab.aggjob).
     fabrics, groups, codecs = {}, {}, {}
     try:
         for w in WORLD_SIZES:
@@ -403,8 +403,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--bmv2-reps", type=int, default=2, help="repetitions on BMv2 (default 2)")
     p.add_argument("--no-bmv2", action="store_true", help="leave out the BMv2 rows")
     args = p.parse_args(argv)
-    from testnet.namespace import have_privileges
-    from testnet.switch_process import bmv2_available
+    from homagg.lab.namespace import have_privileges
+    from homagg.lab.switch_process import bmv2_available
 
     if not have_privileges():
         print("bench.aggregation needs root (network namespaces)", file=sys.stderr)

@@ -3,7 +3,7 @@ and the first-try peeling success rate vs the sketch's load factor.
 
 Timed codecs and torch.topk alternate repetition by repetition, so that a noisy
 neighbour hits them alike; tables give the median and [min, max] over repetitions.
-W workers run in lockstep in one process (worker/codecs/simulate.py) to record the
+W workers run in lockstep in one process (homagg/worker/codecs/simulate.py) to record the
 switch's results; per-worker costs are then timed on one worker alone, fed those results,
 split at the value phase.
 
@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from bench.publish import plot_path, publish, pyplot
-from worker.codecs.base import Codec, Phase
+from homagg.worker.codecs.base import Codec, Phase
 
 # Pause before each timed item: torch's OpenMP threads keep spinning for a while after an
 # op returns and would steal the cores from whatever is timed next.
@@ -55,7 +55,7 @@ def _fmt(values: list[float], scale: float = 1e3, digits: int = 0) -> str:
 
 def record(codecs: list, xs: list[np.ndarray]) -> list[np.ndarray]:
     """Run W workers in lockstep once; return the combined result of every phase."""
-    from worker.codecs import simulate
+    from homagg.worker.codecs import simulate
 
     results: list[np.ndarray] = []
 
@@ -116,7 +116,7 @@ def _speed_samples(
     codec time ratios per mode, alternating the methods in each repetition."""
     import torch
 
-    from worker.codecs import LosslessSparse
+    from homagg.worker.codecs import LosslessSparse
 
     rng = np.random.default_rng(1)
     xs = sparse_inputs(rng, n, world_size, density)
@@ -205,7 +205,7 @@ def _speed_table(
 def bench_cells(n: int, world_size: int, densities: list[float]) -> list[str]:
     """Cells each worker sends per step, by phase, relative to the n cells of a dense ADD;
     every lossless run is checked bit for bit against the dense fixed-point sum."""
-    from worker.codecs import CLTK, FixedPoint, LosslessSparse, simulate
+    from homagg.worker.codecs import CLTK, FixedPoint, LosslessSparse, simulate
 
     rng = np.random.default_rng(2)
     lines = [
@@ -248,7 +248,7 @@ def bench_cells(n: int, world_size: int, densities: list[float]) -> list[str]:
 
 def bench_rows(world_size: int) -> list[str]:
     """Element vs block-granular support for a row-sparse (embedding) gradient."""
-    from worker.codecs import LosslessSparse, simulate
+    from homagg.worker.codecs import LosslessSparse, simulate
 
     rng = np.random.default_rng(3)
     rows, dim = 200_000, 64
@@ -276,7 +276,7 @@ def bench_rows(world_size: int) -> list[str]:
 
 def bench_peeling(loads: np.ndarray, sizes: dict[int, int]) -> tuple[list[str], dict]:
     """First-try peeling success rate vs load |U| / rows, over random seeds."""
-    from worker.codecs.count_sketch import SketchShape, plan_peeling
+    from homagg.worker.codecs.count_sketch import SketchShape, plan_peeling
 
     rng = np.random.default_rng(4)
     rates: dict[int, list[float]] = {}

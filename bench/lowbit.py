@@ -38,7 +38,7 @@ from typing import Any
 
 from bench.publish import plot_path, publish, pyplot
 from bench.runs import RunFailed, RunSpec, note_failure, run_once, smoothed
-from testnet.switch_process import AUTO_TARGET, TARGETS
+from homagg.lab.switch_process import AUTO_TARGET, TARGETS
 
 GLOO = "DDP over gloo"
 

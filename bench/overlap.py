@@ -30,7 +30,7 @@ from typing import Any
 
 from bench.publish import publish
 from bench.runs import RunFailed, RunSpec, note_failure, pct, run_once
-from testnet.switch_process import AUTO_TARGET, BMV2_OPT_ENV, TARGETS
+from homagg.lab.switch_process import AUTO_TARGET, BMV2_OPT_ENV, TARGETS
 
 GLOO = "DDP over gloo"
 # run name -> (codec, --overlap); "fixed" is the model's fixed codec

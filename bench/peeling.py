@@ -1,5 +1,5 @@
 """First-try peeling failure rate of the lossless codec's count sketch with its default
-sizing rule (worker/codecs/lossless.py sketch_rows, attempt 0), per union size and kind of
+sizing rule (homagg/worker/codecs/lossless.py sketch_rows, attempt 0), per union size and kind of
 support, over many seeds: how often the codec needs its reseed attempt.
 
 Supports: "uniform" (keys drawn uniformly from 2^31), "runs" (runs of 1..64 consecutive
@@ -47,8 +47,8 @@ def support(kind: str, keys: int, rng: np.random.Generator) -> np.ndarray:
 
 def failure_rate(kind: str, keys: int, trials: int, seed: int) -> tuple[int, int]:
     """(first-try failures, trials) with the default rows and seeds 0..trials-1."""
-    from worker.codecs.count_sketch import SketchShape, plan_peeling
-    from worker.codecs.lossless import sketch_rows
+    from homagg.worker.codecs.count_sketch import SketchShape, plan_peeling
+    from homagg.worker.codecs.lossless import sketch_rows
 
     rng = np.random.default_rng(seed)
     failures = 0
@@ -96,8 +96,8 @@ def ncf_supports(steps: int, world_size: int = 4) -> dict[str, list[np.ndarray]]
 
 def ncf_failures(supports: list[np.ndarray], seeds: int) -> tuple[int, int]:
     """(first-try failures, trials): each support with hash seeds 0..seeds-1."""
-    from worker.codecs.count_sketch import SketchShape, plan_peeling
-    from worker.codecs.lossless import sketch_rows
+    from homagg.worker.codecs.count_sketch import SketchShape, plan_peeling
+    from homagg.worker.codecs.lossless import sketch_rows
 
     failures = 0
     for u in supports:

@@ -42,7 +42,7 @@ from bench.runs import (
     time_split,
     time_to,
 )
-from testnet.switch_process import AUTO_TARGET, TARGETS
+from homagg.lab.switch_process import AUTO_TARGET, TARGETS
 
 PEERS_OF = {
     "ncf": ["gloo-dense"],

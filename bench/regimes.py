@@ -27,7 +27,7 @@ from typing import Any
 
 from bench.publish import plot_path, publish, pyplot
 from bench.runs import RunFailed, RunSpec, ms, note_failure, pct, run_once
-from testnet.switch_process import AUTO_TARGET, TARGETS
+from homagg.lab.switch_process import AUTO_TARGET, TARGETS
 
 METHODS = ("DDP over gloo", "switch, lossless", "switch, fixed_point")
 Key = tuple[int, float, str]  # (W, link Mbit/s or 0 for unshaped, method)

@@ -3,13 +3,16 @@ round of the transport, at 1 and 4 workers, without and with 1% loss, on each sw
 
 "fixed" is the former timer (20 ms, doubling per try, every chunk's timer from its own
 send); "timeouts" derives the first try's timeout from round trips (RFC 6298 SRTT + 4
-RTTVAR, 5 ms .. 0.5 s, backed off per expiry; worker/retransmission_timer.py) and restarts
-the timers as RFC 6298's one timer (worker/transport.py), and resends a lost chunk only
+RTTVAR, 5 ms .. 0.5 s, backed off per expiry; homagg/worker/transport/retransmission_timer.py) and
+restarts
+the timers as RFC 6298's one timer (homagg/worker/transport/switch_transport.py), and resends a
+lost chunk only
 when its timer expires; "measured" (the transport's default) also resends a chunk that
 three later chunks' answers overtook at once (fast retransmit). Each round is one all-reduce of
 --cells int32 cells (--bmv2-cells on BMv2) by W workers, threads of this process with one
 namespace and socket each; loss is injected per datagram in both directions
-(worker/channel.py FaultyChannel). Rounds of the two timers alternate, so both see the same
+(homagg/worker/transport/channel.py FaultyChannel). Rounds of the two timers alternate, so both see
+the same
 machine load; the table gives the median [min, max] over rounds, and the measured timer's
 first-try timeout (RTO): median and largest over its samples, and how many samples found
 it at the maximum. Writes bench/results/retransmission.md.
@@ -45,9 +48,9 @@ class Group:
     """One job of w workers on the fabric's hosts from `offset` on, one transport each."""
 
     def __init__(self, fabric, offset: int, w: int, loss: float, timer: str, seed: int) -> None:
-        from testnet.aggjob import Job
-        from worker.channel import Channel, FaultyChannel
-        from worker.transport import SwitchTransport, TransportConfig
+        from homagg.lab.aggjob import Job
+        from homagg.worker.transport.channel import Channel, FaultyChannel
+        from homagg.worker.transport.switch_transport import SwitchTransport, TransportConfig
 
         self.job = Job(fabric, fabric.hosts[offset : offset + w], pool_size=POOL_SIZE)
         self.transports = []
@@ -80,8 +83,8 @@ class Group:
 
     def round(self, cells: np.ndarray) -> tuple[float, int, int]:
         """One all-reduce on every worker: (wall seconds, retransmissions, chunks)."""
-        from aggwire.constants import Op
-        from testnet.threads import run_threads
+        from homagg.lab.threads import run_threads
+        from homagg.wire.constants import Op
 
         before = [(t.stats.retransmissions, t.stats.chunks) for t in self.transports]
         elapsed, _ = run_threads(
@@ -111,7 +114,7 @@ def measure(
     target: str, n: int, rounds: int, world_sizes: tuple[int, ...] = WORLD_SIZES, losses=LOSSES
 ) -> dict[tuple, dict[str, float]]:
     """Per (W, loss, timer): median round ms, retransmissions per chunk, final RTO ms."""
-    from testnet.fabric import Fabric
+    from homagg.lab.fabric import Fabric
 
     cells = np.ones(n, np.int32)
     rows: dict[tuple, dict[str, float]] = {}
@@ -216,8 +219,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.rounds < 1 or args.cells < 1 or args.bmv2_cells < 1:
         p.error("--rounds, --cells and --bmv2-cells must be positive")
-    from testnet.namespace import have_privileges
-    from testnet.switch_process import compared_targets
+    from homagg.lab.namespace import have_privileges
+    from homagg.lab.switch_process import compared_targets
 
     if not have_privileges():
         p.error("needs root and iproute2 (network namespaces)")

@@ -12,10 +12,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from aggwire.constants import AGG_FRAME_BYTES
-from testnet import REPO_ROOT
-from testnet.switch_process import AUTO_TARGET
-from worker.codecs import DEFAULT_CODEC
+from homagg.lab import REPO_ROOT
+from homagg.lab.switch_process import AUTO_TARGET
+from homagg.wire.constants import AGG_FRAME_BYTES
+from homagg.worker.codecs import DEFAULT_CODEC
 
 
 @dataclass

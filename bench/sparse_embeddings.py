@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.publish import publish
-from testnet import REPO_ROOT
+from homagg.lab import REPO_ROOT
 
 CONFIGS = (  # (aggregation, embedding gradients)
     ("switch", "sparse"),
@@ -47,7 +47,7 @@ _GROUPS: list[Any] = []
 
 def _timed(hook_seconds: list[float]) -> Any:
     """The switch hook, its time added to hook_seconds[0] (no annotations: DDP checks them)."""
-    from worker.ddp_hook import switch_allreduce_hook
+    from homagg.worker.ddp.hook import switch_allreduce_hook
 
     def timed(state, bucket):  # type: ignore[no-untyped-def]
         start = time.perf_counter()
@@ -89,8 +89,8 @@ def run_config(path: str, grads: str, steps: int, warmup: int, iface: str) -> li
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
+    from homagg.worker.ddp.attach import attach
     from run.model import DEFAULT_LR, JobShape, make_task
-    from worker.attach import attach
 
     shape = JobShape()
     group = dist.new_group(backend="gloo")
@@ -148,7 +148,7 @@ def rank_main(a: argparse.Namespace) -> None:
 
     import torch.distributed as dist
 
-    from worker.job_env import ENV_IFACE
+    from homagg.worker.job.env import ENV_IFACE
 
     faulthandler.dump_traceback_later(a.timeout - 30, exit=True)  # a stuck rank says where
     os.environ.update(
@@ -177,10 +177,10 @@ def rank_main(a: argparse.Namespace) -> None:
 
 def _controller(fabric: Any, tmp: Path) -> tuple[Any, str]:
     """A controller in this process over the fabric's switch, on a Unix socket."""
-    from controller.config import parse_config
-    from controller.service import ControllerServer
-    from testnet.addresses import host_entry
-    from testnet.fabric import SERVICE_IP, SWITCH_MAC
+    from homagg.control.config import parse_config
+    from homagg.control.service import ControllerServer
+    from homagg.lab.addresses import host_entry
+    from homagg.lab.fabric import SERVICE_IP, SWITCH_MAC
 
     listen = f"unix:{tmp}/ctl.sock"
     doc = {
@@ -202,12 +202,12 @@ def _controller(fabric: Any, tmp: Path) -> tuple[Any, str]:
 
 def measure(a: argparse.Namespace) -> dict[str, list[dict]]:
     """Both ranks in the fabric's namespaces; rank 0's records per configuration."""
-    from controller.client import ControllerClient
-    from controller.credentials import INSECURE_ENV
-    from testnet.fabric import Fabric
-    from testnet.poll import wait_for
-    from testnet.processes import run_together
-    from worker.job_env import ENV_CONTROLLER
+    from homagg.api.client import ControllerClient
+    from homagg.api.credentials import INSECURE_ENV
+    from homagg.lab.fabric import Fabric
+    from homagg.lab.poll import wait_for
+    from homagg.lab.processes import run_together
+    from homagg.worker.job.env import ENV_CONTROLLER
 
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # tear the fabric down
     tmp = Path(tempfile.mkdtemp(prefix="bench-sparse-"))

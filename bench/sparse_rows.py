@@ -2,9 +2,10 @@
 process: the NCF tables of `make run` (20,000 x 16 users, 4,000 x 16 items) and a table of
 1,000,000 rows (each rank looks up 128 rows a step, batch 64 with one negative each,
 repeats included, as nn.Embedding(sparse=True) makes them), W = 2 and 4, the ranks in
-lockstep over a simulated switch (worker/codecs/simulate.py).
+lockstep over a simulated switch (homagg/worker/codecs/simulate.py).
 
-"rows" is what worker/sparse_bucket.py does now: the rows are the codec's support keys, the
+"rows" is what homagg/worker/ddp/sparse_bucket.py does now: the rows are the codec's support keys,
+the
 sum comes back as rows. "flat" is what it did before (and still does after a codec that
 cannot sum rows): flat indices and values into `aggregate`, the rows' own bitmap on the
 codec's OR phase, the table-sized sum scanned for its rows; with one support key per row
@@ -29,10 +30,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from aggwire.constants import CELLS_PER_PKT
 from bench.publish import publish
-from worker.codecs import LosslessSparse, Phase, drive
-from worker.sparse_bucket import SparseBucket
+from homagg.wire.constants import CELLS_PER_PKT
+from homagg.worker.codecs import LosslessSparse, Phase, drive
+from homagg.worker.ddp.sparse_bucket import SparseBucket
 
 TABLES = ((20_000, 16), (4_000, 16), (1_000_000, 16))  # make run's NCF, and a big table
 LOOKUPS = 128  # per rank and step: batch 64, one negative per positive

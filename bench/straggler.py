@@ -37,8 +37,8 @@ SCENARIOS = ("pause", "pause, no wait", "killed")
 
 def open_agents(c, job) -> list:
     """Every rank's agent, joined concurrently (WaitReady blocks until all joined)."""
-    from testnet.threads import run_threads
-    from worker.agent import WorkerAgent
+    from homagg.lab.threads import run_threads
+    from homagg.worker.job.agent import WorkerAgent
 
     def join(r: int) -> WorkerAgent:
         return WorkerAgent(c.agent_config(job, r), c.socket_factory(r))
@@ -49,8 +49,8 @@ def open_agents(c, job) -> list:
 def timed_step(agents, delays: dict[int, float], cells: np.ndarray) -> list[tuple]:
     """Every rank's all-reduce at once, rank r after sleeping delays.get(r, 0) s: per rank
     (the sum or the TransportError, seconds its call took, retransmissions during it)."""
-    from aggwire.constants import Op
-    from testnet.threads import run_threads
+    from homagg.lab.threads import run_threads
+    from homagg.wire.constants import Op
 
     def one(r: int) -> tuple:
         time.sleep(delays.get(r, 0.0))
@@ -67,8 +67,8 @@ def timed_step(agents, delays: dict[int, float], cells: np.ndarray) -> list[tupl
 
 def run_case(c, scenario: str, pause: float) -> dict:
     """One repetition of a scenario on a fresh job: what rank 0 saw."""
-    from aggwire.constants import CELLS_PER_PKT, Op
-    from worker.transport import TransportError
+    from homagg.wire.constants import CELLS_PER_PKT, Op
+    from homagg.worker.transport.switch_transport import TransportError
 
     cells = np.arange(4 * POOL_SIZE * CELLS_PER_PKT, dtype=np.int32)
     job = c.create(WORLD, pool_size=POOL_SIZE)
@@ -195,8 +195,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.reps < 1 or not args.pause > 0:
         p.error("--reps and --pause must be positive")
-    from testnet.namespace import have_privileges
-    from testnet.switch_process import compared_targets
+    from homagg.lab.namespace import have_privileges
+    from homagg.lab.switch_process import compared_targets
 
     if not have_privileges():
         p.error("needs root and iproute2 (network namespaces)")

@@ -19,8 +19,8 @@ import statistics
 import sys
 import time
 
-from aggwire.constants import NUM_SLOTS
 from bench.publish import publish
+from homagg.wire.constants import NUM_SLOTS
 
 WORKERS = 4
 # testnet's Job puts job k's pool at slot 64 k (mod NUM_SLOTS - 64) and a sweep's jobs are
@@ -34,7 +34,7 @@ def burst(job, pool_size: int, first_chunk: int) -> tuple[int, float]:
     did not arrive, contributions per second until the last one arrived)."""
     import numpy as np
 
-    from testnet.aggjob import random_cells
+    from homagg.lab.aggjob import random_cells
 
     rng = np.random.default_rng(first_chunk)
     cells = [random_cells(rng) for _ in range(job.world_size)]
@@ -63,8 +63,8 @@ def burst(job, pool_size: int, first_chunk: int) -> tuple[int, float]:
 def sweep(target: str, pool_sizes: list[int], reps: int) -> list[dict]:
     """Per pool size: results missing over `reps` bursts, and the median rate, on a fresh
     job."""
-    from testnet.aggjob import Job
-    from testnet.fabric import Fabric
+    from homagg.lab.aggjob import Job
+    from homagg.lab.fabric import Fabric
 
     rows = []
     with Fabric(target, WORKERS) as fabric:
@@ -148,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if any(not 1 <= size <= MAX_POOL_SIZE for size in args.pool_sizes):
         p.error(f"pool sizes must be within 1..{MAX_POOL_SIZE} (the pool must fit the switch)")
-    from testnet import switch_process
+    from homagg.lab import switch_process
 
     targets = args.targets or switch_process.compared_targets()
     if args.offloads_on:

@@ -28,10 +28,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from aggwire.constants import CELL_BITS, CELLS_PER_PKT_ENV, LANE_BITS_OF_OP, Op
 from bench.publish import plot_path, publish, pyplot
-from testnet import REPO_ROOT
-from testnet.switch_process import BMV2_OPT_ENV, TARGETS, available_targets, target_problem
+from homagg.lab import REPO_ROOT
+from homagg.lab.switch_process import BMV2_OPT_ENV, TARGETS, available_targets, target_problem
+from homagg.wire.constants import CELL_BITS, CELLS_PER_PKT_ENV, LANE_BITS_OF_OP, Op
 
 
 def _measure(job, pool_size: int, batches: int, first_chunk: int, op: int) -> tuple[float, int]:
@@ -39,7 +39,7 @@ def _measure(job, pool_size: int, batches: int, first_chunk: int, op: int) -> tu
     and the number of results that did not arrive."""
     import numpy as np
 
-    from testnet.aggjob import random_cells
+    from homagg.lab.aggjob import random_cells
 
     rng = np.random.default_rng(first_chunk)
     cells = [random_cells(rng) for _ in range(job.world_size)]
@@ -74,8 +74,8 @@ def run_child(
 ) -> list[dict]:
     """Measure the targets and ops with the current HOMAGG_CELLS_PER_PKT; ops alternate
     like the targets, one row per op."""
-    from testnet.aggjob import Job
-    from testnet.fabric import Fabric
+    from homagg.lab.aggjob import Job
+    from homagg.lab.fabric import Fabric
 
     fabrics = {t: Fabric(t, 4, artifacts=artifacts) if artifacts else Fabric(t, 4) for t in targets}
     try:
@@ -119,7 +119,7 @@ def ratio_rows(row: dict) -> list[str]:
 
 
 def _compile(cells: int, out: Path) -> tuple[Path, Path] | None:
-    from aggwire.constants import CELLS_PER_PKT
+    from homagg.wire.constants import CELLS_PER_PKT
 
     if cells == CELLS_PER_PKT:  # the committed program
         return None

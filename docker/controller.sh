@@ -8,4 +8,4 @@ set -eu
 CREDENTIALS=/credentials
 [ -s "$CREDENTIALS/controller.toml" ] ||
   python docker/credentials.py "$CREDENTIALS" docker/controller.toml /admin
-exec python -m controller serve --config "$CREDENTIALS/controller.toml"
+exec python -m homagg.control serve --config "$CREDENTIALS/controller.toml"

@@ -12,8 +12,8 @@ import sys
 import tomllib
 from pathlib import Path
 
+from homagg.lab.controller_process import config_toml
 from run.credentials import make_run_credentials
-from testnet.controller_process import config_toml
 
 CONTROLLER_NAME = "controller"  # the compose service the workers dial
 

@@ -1,6 +1,6 @@
 #!/bin/sh
 # The compose switch: BMv2 with its data ports eth1 and eth2 made ready first: their offloads
-# off (testnet/rawsock.py run as a script: with them on, a burst of more than ~31 frames per
+# off (homagg/lab/rawsock.py run as a script: with them on, a burst of more than ~31 frames per
 # port is lost, docs/bmv2.md) and closed to this container's kernel
 # (docker/close_data_ports.sh: BMv2's Thrift port, 9090 on every interface, is then
 # reachable only from the p4runtime network, which the controller alone joins); P4Runtime on

@@ -9,13 +9,13 @@ set -eu
 RANK=$1
 WORLD=$2
 ip route add 10.0.0.0/16 dev eth1 2>/dev/null || true    # the service address and peers: via the switch
-python -c 'from testnet.rawsock import disable_offloads; disable_offloads("eth1")'
+python -c 'from homagg.lab.rawsock import disable_offloads; disable_offloads("eth1")'
 while [ ! -s /credentials/controller.toml ]; do sleep 0.5; done    # the controller's secrets are made
 export HOMAGG_CA_FILE=/credentials/ca.crt
 if [ "$RANK" = 0 ]; then
   # retried (for a minute) until the controller serves and has read the switch back
   tries=0
-  until HOMAGG_OPERATOR_TOKEN_FILE=/credentials/tenant.token python -m worker create \
+  until HOMAGG_OPERATOR_TOKEN_FILE=/credentials/tenant.token python -m homagg.worker create \
       --controller controller:50051 --name compose --world-size "$WORLD" \
       --codec "${CODEC:-lossless}" --pool-size 8 --token-file /shared/job.token \
       --json > /shared/job.json.tmp; do

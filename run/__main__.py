@@ -30,8 +30,8 @@ from run.state import RunState, netns_id, pids_in_netns
 if TYPE_CHECKING:
     from mininet.net import Mininet
 
+    from homagg.lab.controller_process import ControllerProcess
     from run.net import Topology
-    from testnet.controller_process import ControllerProcess
 
 
 def _interrupt(signum: int, frame: FrameType | None) -> None:

@@ -1,5 +1,5 @@
 """The controller of a `make run`: its configuration (the switch, the run's hosts and its
-own host on the address scheme of testnet/addresses.py, the TLS keys and the operator),
+own host on the address scheme of homagg/lab/addresses.py, the TLS keys and the operator),
 its process on the controller's host, and the switch counters as the operator reads them."""
 
 from __future__ import annotations
@@ -10,17 +10,17 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from controller.config import DEFAULT_PORT
+from homagg.api.client import DEFAULT_PORT
+from homagg.lab import REPO_ROOT
+from homagg.lab.addresses import CONTROLLER_INDEX, SWITCH_MAC, host_entry
 from run.credentials import RunCredentials
 from run.names import RunNames
-from testnet import REPO_ROOT
-from testnet.addresses import CONTROLLER_INDEX, SWITCH_MAC, host_entry
 
 if TYPE_CHECKING:
     from mininet.net import Mininet
 
-    from testnet.controller_process import ControllerProcess
-    from testnet.switch_process import SwitchProcess
+    from homagg.lab.controller_process import ControllerProcess
+    from homagg.lab.switch_process import SwitchProcess
 
 
 def controller_address(names: RunNames) -> str:
@@ -35,10 +35,10 @@ def controller_toml(
     names: RunNames,
     creds: RunCredentials,
 ) -> str:
-    """The controller's configuration: one switch with `hosts` (testnet.addresses.host_entry
+    """The controller's configuration: one switch with `hosts` (homagg.lab.addresses.host_entry
     dicts), its database in `out`, TLS and the operator from `creds`."""
-    from testnet.controller_process import config_toml
-    from testnet.switch_process import max_pool_size
+    from homagg.lab.controller_process import config_toml
+    from homagg.lab.switch_process import max_pool_size
 
     return config_toml(
         {
@@ -70,8 +70,8 @@ def controller_process(
 ) -> ControllerProcess:
     """`aggctl serve` for the controller's host (root namespace), on TLS with the run's
     tenant and admin credentials: its configuration written, not started yet."""
-    from controller.credentials import operator_token
-    from testnet.controller_process import ControllerProcess
+    from homagg.api.credentials import operator_token
+    from homagg.lab.controller_process import ControllerProcess
 
     entries = [host_entry(i, names.number) for i in range(hosts)]
     entries.append(host_entry(CONTROLLER_INDEX, names.number))  # reached through the switch
@@ -90,7 +90,7 @@ def controller_process(
 def counters(names: RunNames, creds: RunCredentials) -> str:
     """`aggctl counters` as the operator sees it (over TLS, with the run's admin credential)."""
     address = controller_address(names)
-    aggctl = [sys.executable, "-m", "controller", "--controller", address, *creds.aggctl_args()]
+    aggctl = [sys.executable, "-m", "homagg.control", "--controller", address, *creds.aggctl_args()]
     done = subprocess.run(
         [*aggctl, "counters"],
         capture_output=True,

@@ -1,5 +1,5 @@
 """The secrets of one `make run`, made fresh in its directory: a CA and the controller's TLS
-certificate for its address (controller/pki.py), and two operator credentials (files only
+certificate for its address (homagg/control/pki.py), and two operator credentials (files only
 root reads; the controller's configuration keeps their SHA-256 only): a tenant's, with
 which rank 0 creates and releases the job, and an admin's, with which the run waits for the
 controller and reads the switch's counters. Workers and aggctl get file names, never a
@@ -12,8 +12,8 @@ import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
-from controller.credentials import ADMIN, CA_FILE_ENV, OPERATOR_TOKEN_FILE_ENV, TENANT, hash_token
-from controller.pki import make_pki
+from homagg.api.credentials import ADMIN, CA_FILE_ENV, OPERATOR_TOKEN_FILE_ENV, TENANT, hash_token
+from homagg.control.pki import make_pki
 
 TENANT_NAME = "make-run"  # the operator names in the controller's configuration
 ADMIN_NAME = "make-run-admin"

@@ -13,11 +13,11 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from homagg.lab import REPO_ROOT
 from run.control import controller_address, counters
 from run.credentials import RunCredentials
 from run.names import RunNames
 from run.state import RunState
-from testnet import REPO_ROOT
 
 if TYPE_CHECKING:
     from mininet.net import Mininet

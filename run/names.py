@@ -7,7 +7,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from testnet.addresses import (
+from homagg.lab.addresses import (
     CONTROLLER_INDEX,
     MAX_HOSTS_WITH_CONTROLLER,
     PREFIX_LEN,

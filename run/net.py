@@ -13,22 +13,22 @@ from mininet.link import Link, TCLink
 from mininet.net import Mininet
 from mininet.node import Host, Switch
 
-from run.names import DEFAULT_HOSTS, RunNames
-from testnet.addresses import (
+from homagg.lab.addresses import (
     CONTROLLER_INDEX,
     MAX_HOSTS_WITH_CONTROLLER,
     host_mac,
     host_switch_port,
 )
-from testnet.namespace import in_namespace
-from testnet.rawsock import disable_offloads
-from testnet.switch_process import SwitchProcess
+from homagg.lab.namespace import in_namespace
+from homagg.lab.rawsock import disable_offloads
+from homagg.lab.switch_process import SwitchProcess
+from run.names import DEFAULT_HOSTS, RunNames
 
 
 @dataclass(frozen=True)
 class Topology:
     """One switch, `hosts` worker hosts and the controller's host, on the switch ports of
-    testnet.addresses; `bw_mbit` > 0 shapes every link with htb (tc), 0 leaves them
+    homagg.lab.addresses; `bw_mbit` > 0 shapes every link with htb (tc), 0 leaves them
     unshaped."""
 
     hosts: int = DEFAULT_HOSTS
@@ -137,6 +137,6 @@ def prepare_hosts(net: Mininet, python: str) -> None:
                 "sysctl -qw net.ipv6.conf.all.disable_ipv6=1 net.ipv6.conf.default.disable_ipv6=1"
             )
             call = f'disable_offloads("{h.defaultIntf().name}")'
-            h.cmd(f"{python} -c 'from testnet.rawsock import disable_offloads; {call}'")
+            h.cmd(f"{python} -c 'from homagg.lab.rawsock import disable_offloads; {call}'")
         else:
             disable_offloads(h.defaultIntf().name)

@@ -10,18 +10,18 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from run.model import DEFAULT_LR, MODELS
-from run.names import DEFAULT_HOSTS
-from run.peers import PEERS
-from testnet.switch_process import (
+from homagg.lab.switch_process import (
     AUTO_TARGET,
     BMV2_OPT_ENV,
     TARGETS,
     resolve_target,
     target_problem,
 )
-from worker.auto_control import auto_config
-from worker.codecs import AUTO_CODEC, CODEC_CHOICES, DEFAULT_CODEC
+from homagg.worker.auto.control import auto_config
+from homagg.worker.codecs import AUTO_CODEC, CODEC_CHOICES, DEFAULT_CODEC
+from run.model import DEFAULT_LR, MODELS
+from run.names import DEFAULT_HOSTS
+from run.peers import PEERS
 
 if TYPE_CHECKING:
     from run.net import Topology

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from worker.codecs import is_exact
+from homagg.worker.codecs import is_exact
 
 if TYPE_CHECKING:
     from run.net import Topology

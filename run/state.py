@@ -10,8 +10,8 @@ import signal
 import time
 from pathlib import Path
 
+from homagg.lab.namespace import delete_link, ip
 from run.names import MAX_RUNS, STATE_DIR, RunNames
-from testnet.namespace import delete_link, ip
 
 
 def alive(pid: int) -> bool:

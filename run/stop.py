@@ -2,7 +2,7 @@
 remove what it made: processes in its host namespaces, the process groups it started, its
 hg<N>s-/hg<N>c- interfaces (see run/state.py). A live run is asked to stop (SIGTERM) and
 cleans up itself first. Without a number: every run this user started, listed, and what
-an interrupted demo fabric left (testnet.cleanup). By PIDs and names we own only.
+an interrupted demo fabric left (homagg.lab.cleanup). By PIDs and names we own only.
 
 Example: python -m run.stop 2
 """
@@ -13,10 +13,10 @@ import argparse
 import os
 import sys
 
+from homagg.lab.cleanup import cleanup as cleanup_fabrics
+from homagg.lab.namespace import have_privileges
 from run.names import MAX_RUNS, RunNames
 from run.state import cleanup, recorded_runs
-from testnet.cleanup import cleanup as cleanup_fabrics
-from testnet.namespace import have_privileges
 
 
 def _parser() -> argparse.ArgumentParser:

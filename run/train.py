@@ -10,7 +10,7 @@ Example (inside host hg1h1 of run 1, 2 hosts, under torchrun):
     -m run.train --mode switch --controller 10.0.1.100:50051 --iface hg1h1-eth0 --out out
 
 Rank 0 creates the job; each rank finds its address and the controller its switch port
-(worker/attach.py).
+(homagg/worker/ddp/attach.py).
 """
 
 # No `from __future__ import annotations`: DDP checks the hook's annotations at runtime.
@@ -30,13 +30,13 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from homagg.worker.codecs import AUTO_CODEC, DEFAULT_CODEC
+from homagg.worker.ddp.attach import attach
+from homagg.worker.ddp.dear import DearDataParallel
+from homagg.worker.ddp.hook import SwitchHookState
 from run import peers
 from run.model import DEFAULT_LR, MODELS, JobShape, make_task
 from run.options import BLOCKING, DEAR, OVERLAP_MODES, codec_options
-from worker.attach import attach
-from worker.codecs import AUTO_CODEC, DEFAULT_CODEC
-from worker.ddp_hook import SwitchHookState
-from worker.dear import DearDataParallel
 
 
 class LocalGradMax:
@@ -221,7 +221,7 @@ def _record(
         "fallback_buckets": int(t[7]),
         "switch_seconds": float(t[8]) / world_size,
         "agreement_seconds": float(t[9]) / world_size,
-        # the switch_seconds split (worker/transport.py): codec, exchanges
+        # the switch_seconds split (homagg/worker/transport/switch_transport.py): codec, exchanges
         "encode_seconds": float(t[10]) / world_size,
         "wait_seconds": float(t[11]) / world_size,
         "decode_seconds": float(t[12]) / world_size,

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from p4rtproto.p4info import P4InfoIndex
-from refswitch.device import Device
-from refswitch.p4runtime_server import P4RuntimeServer
+from homagg.p4rt.p4info import P4InfoIndex
+from homagg.refswitch.device import Device
+from homagg.refswitch.p4runtime_server import P4RuntimeServer
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 

@@ -8,9 +8,9 @@ from argparse import Namespace
 
 import pytest
 
-from aggwire.constants import AGG_FRAME_BYTES
 from bench import peers, regimes, summary
 from bench.runs import retransmissions, smoothed, split_cell, time_split, time_to
+from homagg.wire.constants import AGG_FRAME_BYTES
 
 
 def _steps(losses: list[float], seconds: float, dense: int = 1000, sent: int = 500) -> list[dict]:

@@ -8,8 +8,8 @@ from argparse import Namespace
 
 import pytest
 
-from aggwire.constants import AGG_FRAME_BYTES
 from bench import training
+from homagg.wire.constants import AGG_FRAME_BYTES
 
 
 def _args(**kw: object) -> Namespace:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from testnet.namespace import have_privileges
+from homagg.lab.namespace import have_privileges
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "worker"))
 from agent_fabric import Controlled, rank_env, run_in_hosts

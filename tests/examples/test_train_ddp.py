@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from aggwire.constants import WORKER_UDP_BASE
-from testnet.namespace import have_privileges
+from homagg.lab.namespace import have_privileges
+from homagg.wire.constants import WORKER_UDP_BASE
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "worker"))
 from agent_fabric import Controlled, rank_env, run_in_hosts
@@ -203,7 +203,10 @@ def test_a_job_made_outside_runs_its_codec_and_no_log_has_the_token(fab, gloo_pa
     assert stats["codec"] == "fixed_point" and stats["switch_buckets"] >= 8, (stats, logs)
     assert_params(tmp_path / "made.pt", gloo_params)
     for r, t in enumerate(logs):  # the agent logs its configuration: without the token
-        assert f"INFO:worker.agent:rank {r} in job {job.job_id}" in t and "AgentConfig(" in t
+        assert (
+            f"INFO:homagg.worker.job.agent:rank {r} in job {job.job_id}" in t
+            and "AgentConfig(" in t
+        )
         assert job.token not in t
 
     job = fab.create(WORLD, codec="fixed_point")

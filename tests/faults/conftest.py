@@ -10,7 +10,7 @@ import pytest
 
 HERE = Path(__file__).resolve().parent
 # Shared helpers of other suites (their directories are on sys.path only when collected).
-for d in (HERE, HERE.parent / "controller"):
+for d in (HERE, HERE.parent / "control"):
     if str(d) not in sys.path:
         sys.path.insert(0, str(d))
 

@@ -13,17 +13,17 @@ from typing import Any
 import numpy as np
 import pytest
 
-from aggwire.constants import WORKER_UDP_BASE
-from controller.client import ControllerClient
-from controller.service import ControllerServer
-from controller.switch_connection import SwitchConnection
-from testnet import threads
-from testnet.controller_process import ControllerProcess, write_toml  # noqa: F401 (re-exported)
-from testnet.fabric import SERVICE_IP, SWITCH_MAC, Fabric
-from testnet.namespace import have_privileges, in_namespace
-from testnet.poll import wait_for
-from testnet.switch_process import bmv2_available
-from worker.agent import AgentConfig, WorkerAgent
+from homagg.api.client import ControllerClient
+from homagg.control.service import ControllerServer
+from homagg.control.switch_connection import SwitchConnection
+from homagg.lab import threads
+from homagg.lab.controller_process import ControllerProcess, write_toml  # noqa: F401 (re-exported)
+from homagg.lab.fabric import SERVICE_IP, SWITCH_MAC, Fabric
+from homagg.lab.namespace import have_privileges, in_namespace
+from homagg.lab.poll import wait_for
+from homagg.lab.switch_process import bmv2_available
+from homagg.wire.constants import WORKER_UDP_BASE
+from homagg.worker.job.agent import AgentConfig, WorkerAgent
 
 UDP_BASE = WORKER_UDP_BASE
 TIMING = {"heartbeat_interval": 0.2, "lease": 3.0, "join_timeout": 30.0}
@@ -92,7 +92,7 @@ class InProcessController:
     """ControllerServer in this process, with fast reconnection."""
 
     def __init__(self, doc: dict, tmp: Path) -> None:
-        from controller.config import parse_config
+        from homagg.control.config import parse_config
 
         self.server = ControllerServer(parse_config(doc, tmp), poll_interval=0.05, max_backoff=0.3)
         self.address = f"127.0.0.1:{self.server.start()}"

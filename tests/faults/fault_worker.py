@@ -15,8 +15,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import numpy as np
 from fault_net import expected_sum, round_parts, socket_factory
 
-from aggwire.constants import Op
-from worker.agent import AgentConfig, WorkerAgent
+from homagg.wire.constants import Op
+from homagg.worker.job.agent import AgentConfig, WorkerAgent
 
 
 def main() -> int:

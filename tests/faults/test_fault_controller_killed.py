@@ -23,8 +23,8 @@ from fault_net import (
     write_toml,
 )
 
-from aggwire.constants import CELLS_PER_PKT, Op
-from testnet.switch_process import free_port
+from homagg.lab.switch_process import free_port
+from homagg.wire.constants import CELLS_PER_PKT, Op
 
 pytestmark = NEEDS_ROOT
 WORLD = 3

@@ -12,9 +12,9 @@ import time
 import numpy as np
 import pytest
 
-from aggwire.constants import Op
-from worker.codecs import CorruptResultError, LosslessSparse
-from worker.codecs.simulate import simulate
+from homagg.wire.constants import Op
+from homagg.worker.codecs import CorruptResultError, LosslessSparse
+from homagg.worker.codecs.simulate import simulate
 
 WORLD, N, TRIALS = 3, 20_000, 40
 BOUND_S = 10.0  # per decode; a decode takes milliseconds

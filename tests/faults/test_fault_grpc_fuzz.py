@@ -5,7 +5,7 @@ answer is a documented status code (never INTERNAL or UNKNOWN) or a harmless suc
 idempotent replay, a heartbeat, a read); nothing changes: jobs, ranks, pools and the
 switch's entries are the same afterwards, and the service still answers Status.
 
-tests/controller/test_ctl_bad_requests.py checks each documented refusal one by one; this
+tests/control/test_ctl_bad_requests.py checks each documented refusal one by one; this
 test throws many random combinations at the same service."""
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from ctl_helpers import (
     bad_request_env,
 )
 
-from controller.api import jobs_pb2
+from homagg.api import jobs_pb2
 
 C = grpc.StatusCode
 DOCUMENTED = {

@@ -23,9 +23,9 @@ from fault_net import (
     wait_for,
 )
 
-from aggwire.constants import CELLS_PER_PKT, Op
-from worker.agent import WorkerAgent
-from worker.transport import SwitchTransport, TransportConfig
+from homagg.wire.constants import CELLS_PER_PKT, Op
+from homagg.worker.job.agent import WorkerAgent
+from homagg.worker.transport.switch_transport import SwitchTransport, TransportConfig
 
 pytestmark = NEEDS_ROOT
 ROUNDS, POOL_SIZE = 100, 8

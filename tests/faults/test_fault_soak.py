@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 from fault_net import NEEDS_ROOT, TARGETS, expected_sum, round_parts, run_threads
 
-from aggwire.constants import CELLS_PER_PKT, Op
-from testnet.aggjob import Job
-from testnet.fabric import Fabric
-from worker.channel import FaultyChannel
-from worker.transport import SwitchTransport, TransportConfig
+from homagg.lab.aggjob import Job
+from homagg.lab.fabric import Fabric
+from homagg.wire.constants import CELLS_PER_PKT, Op
+from homagg.worker.transport.channel import FaultyChannel
+from homagg.worker.transport.switch_transport import SwitchTransport, TransportConfig
 
 pytestmark = NEEDS_ROOT
 WORLD, ROUNDS, POOL_SIZE = 4, 200, 8

@@ -26,7 +26,7 @@ from fault_net import (
     wait_for,
 )
 
-from aggwire.constants import CELLS_PER_PKT, Op
+from homagg.wire.constants import CELLS_PER_PKT, Op
 
 pytestmark = NEEDS_ROOT
 WORLD, BEFORE, AFTER = 3, 30, 30

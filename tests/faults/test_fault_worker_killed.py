@@ -33,9 +33,9 @@ from fault_net import (
     wait_for,
 )
 
-from aggwire.constants import CELLS_PER_PKT, Op
-from worker.agent import WorkerAgent
-from worker.transport import TransportError
+from homagg.wire.constants import CELLS_PER_PKT, Op
+from homagg.worker.job.agent import WorkerAgent
+from homagg.worker.transport.switch_transport import TransportError
 
 pytestmark = NEEDS_ROOT
 WORLD, VICTIM, CELLS = 3, 2, CELLS_PER_PKT

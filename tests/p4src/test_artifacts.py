@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 from google.protobuf import text_format
 
-from aggwire import p4names
-from controller.artifacts import BMV2_JSON_PATH, P4INFO_PATH
-from p4rtproto.api import p4info_pb2
-from refswitch.switch import check_program
+from homagg.control.artifacts import BMV2_JSON_PATH, P4INFO_PATH
+from homagg.p4rt.api import p4info_pb2
+from homagg.refswitch.switch import check_program
+from homagg.wire import p4names
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -15,7 +15,7 @@ from p4source import (
     typedef_widths,
 )
 
-from aggwire.constants import MAX_WORKERS_PER_JOB
+from homagg.wire.constants import MAX_WORKERS_PER_JOB
 
 SLOT_STATE_ORDER = ["JOB", "CHUNK", "SEEN", "COUNT", "EXP"]  # highest bits first
 

@@ -1,7 +1,7 @@
 """The TNA program's committed build (p4src/tofino/build/, docs/tofino.md): its P4Info holds
 every entity the controller writes or reads, under the v1model program's names and with
 widths its values fit, its ports are translated for Stratum, the resource summary says the
-program fits Tofino 1, and controller/tofino_pipeline.py packs the compiler's output in
+program fits Tofino 1, and homagg/control/tofino_pipeline.py packs the compiler's output in
 the layout the build records. Whenever bf-p4c is on PATH, a fresh compile must give the
 committed P4Info, summary and layout (skipped otherwise: the committed build is used as
 it is)."""
@@ -17,16 +17,16 @@ from pathlib import Path
 import pytest
 from google.protobuf import text_format
 
-from aggwire import p4names
-from aggwire.constants import MAX_JOB_ID, MAX_SWITCH_PORT, MAX_WORKERS_PER_JOB, NUM_SLOTS
-from controller.aggregation import JobEntries, Worker
-from controller.entries import EntrySpec
-from controller.forwarding import Host, forwarding_entries
-from controller.install import job_specs
-from controller.p4runtime_entities import WriteBatch, decode_table_entry
-from controller.tofino_pipeline import PipelineConfig, from_compiler_output
-from p4rtproto.api import p4info_pb2
-from p4rtproto.p4info import P4InfoIndex
+from homagg.control.aggregation import JobEntries, Worker
+from homagg.control.entries import EntrySpec
+from homagg.control.forwarding import Host, forwarding_entries
+from homagg.control.install import job_specs
+from homagg.control.p4runtime_entities import WriteBatch, decode_table_entry
+from homagg.control.tofino_pipeline import PipelineConfig, from_compiler_output
+from homagg.p4rt.api import p4info_pb2
+from homagg.p4rt.p4info import P4InfoIndex
+from homagg.wire import p4names
+from homagg.wire.constants import MAX_JOB_ID, MAX_SWITCH_PORT, MAX_WORKERS_PER_JOB, NUM_SLOTS
 
 REPO = Path(__file__).resolve().parents[2]
 BUILD = REPO / "p4src" / "tofino" / "build"

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from testnet.namespace import have_privileges
-from testnet.switch_process import bmv2_available
+from homagg.lab.namespace import have_privileges
+from homagg.lab.switch_process import bmv2_available
 
 NEEDS_ROOT = pytest.mark.skipif(
     not have_privileges(), reason="packet tests need root and iproute2 (network namespaces)"

@@ -5,9 +5,9 @@ from __future__ import annotations
 from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import Ether
 
-from aggwire.scapy_layer import Agg
-from testnet.aggjob import WORKER_UDP_BASE, Job
-from testnet.fabric import SERVICE_IP, SWITCH_MAC
+from homagg.lab.aggjob import WORKER_UDP_BASE, Job
+from homagg.lab.fabric import SERVICE_IP, SWITCH_MAC
+from homagg.wire.scapy_layer import Agg
 
 
 def assert_result_frame(pkt: Ether, job: Job, rank: int) -> None:

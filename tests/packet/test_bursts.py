@@ -4,7 +4,7 @@ one host are each answered or counted, on both targets.
 The cause it guards against (docs/bmv2.md): with a veth's segmentation offloads on,
 libpcap gave BMv2 a capture ring of ~31 frames per port, so such a burst lost all but ~32
 frames in the kernel, where no P4 counter sees them; the fabric's switch ports have them off
-(testnet/switch_process.py:prepare_ports). With prepare_ports made a no-op, BMv2 failed
+(homagg/lab/switch_process.py:prepare_ports). With prepare_ports made a no-op, BMv2 failed
 both tests here (32 of 256 contributions counted; 16 + 16 of the mixed burst). Each test
 waits for the counters to account for every frame, so a loss shows as a shortfall."""
 
@@ -16,10 +16,10 @@ import numpy as np
 import pytest
 from scapy.layers.l2 import Ether
 
-from aggwire.constants import DropReason, Event
-from aggwire.scapy_layer import Agg
-from testnet.aggjob import CounterDelta, Job, random_cells, result_cells
-from testnet.fabric import Fabric
+from homagg.lab.aggjob import CounterDelta, Job, random_cells, result_cells
+from homagg.lab.fabric import Fabric
+from homagg.wire.constants import DropReason, Event
+from homagg.wire.scapy_layer import Agg
 
 BURST = 256  # 8x the ~31 frames a port's capture ring held with offloads on
 PATIENCE = 30.0  # seconds for BMv2 (a few thousand frames/s) to work through a burst

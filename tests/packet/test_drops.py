@@ -8,9 +8,9 @@ from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import Ether
 from scapy.packet import Raw
 
-from aggwire.constants import DropReason, Flag, Op
-from testnet.aggjob import CounterDelta, Job, random_cells, result_cells, wrapped_sum
-from testnet.fabric import Fabric
+from homagg.lab.aggjob import CounterDelta, Job, random_cells, result_cells, wrapped_sum
+from homagg.lab.fabric import Fabric
+from homagg.wire.constants import DropReason, Flag, Op
 
 QUIET = 0.3
 

@@ -9,10 +9,10 @@ from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import ARP, Ether
 from scapy.packet import Raw
 
-from aggwire.constants import DropReason
-from testnet.aggjob import CounterDelta
-from testnet.fabric import SERVICE_IP, SWITCH_MAC, Fabric
-from testnet.namespace import in_namespace
+from homagg.lab.aggjob import CounterDelta
+from homagg.lab.fabric import SERVICE_IP, SWITCH_MAC, Fabric
+from homagg.lab.namespace import in_namespace
+from homagg.wire.constants import DropReason
 
 QUIET = 0.3
 

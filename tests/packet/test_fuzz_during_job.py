@@ -8,12 +8,12 @@ import time
 import numpy as np
 import pytest
 
-from aggwire.constants import AGG_FRAME_BYTES, CELLS_PER_PKT, DropReason, Flag, Op
-from aggwire.frame import ipv4_checksum
-from aggwire.header import HEADER_DTYPE
-from aggwire.packer import pack_payloads
-from testnet.aggjob import CounterDelta, Job, random_cells, result_cells, wrapped_sum
-from testnet.fabric import Fabric
+from homagg.lab.aggjob import CounterDelta, Job, random_cells, result_cells, wrapped_sum
+from homagg.lab.fabric import Fabric
+from homagg.wire.constants import AGG_FRAME_BYTES, CELLS_PER_PKT, DropReason, Flag, Op
+from homagg.wire.frame import ipv4_checksum
+from homagg.wire.header import HEADER_DTYPE
+from homagg.wire.packer import pack_payloads
 
 ROUNDS = 50
 PER_ROUND = 200  # malformed frames between two rounds: 10,000 in all

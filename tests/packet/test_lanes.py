@@ -8,10 +8,10 @@ import zlib
 import numpy as np
 import pytest
 
-from aggwire.constants import CELLS_PER_PKT, DropReason, Event, Flag, Op
-from aggwire.scapy_layer import Agg
-from testnet.aggjob import CounterDelta, Job, random_cells, result_cells, wrapped_sum
-from testnet.fabric import Fabric
+from homagg.lab.aggjob import CounterDelta, Job, random_cells, result_cells, wrapped_sum
+from homagg.lab.fabric import Fabric
+from homagg.wire.constants import CELLS_PER_PKT, DropReason, Event, Flag, Op
+from homagg.wire.scapy_layer import Agg
 
 QUIET = 0.3  # seconds to wait before concluding that nothing more arrives
 BITS = {Op.ADD16: 16, Op.ADD8: 8}

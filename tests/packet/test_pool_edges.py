@@ -10,12 +10,12 @@ from collections.abc import Callable, Iterator
 import numpy as np
 import pytest
 
-from aggwire import p4names
-from aggwire.constants import MAX_JOB_ID, NUM_SLOTS, DropReason, Event
-from aggwire.scapy_layer import Agg
-from testnet.aggjob import CounterDelta, Job, random_cells, result_cells, wrapped_sum
-from testnet.fabric import Fabric
-from testnet.poll import wait_for
+from homagg.lab.aggjob import CounterDelta, Job, random_cells, result_cells, wrapped_sum
+from homagg.lab.fabric import Fabric
+from homagg.lab.poll import wait_for
+from homagg.wire import p4names
+from homagg.wire.constants import MAX_JOB_ID, NUM_SLOTS, DropReason, Event
+from homagg.wire.scapy_layer import Agg
 
 U32 = 2**32 - 1
 VICTIM_SLOTS = 8

@@ -9,9 +9,9 @@ import itertools
 import pytest
 from p4source import constant_values
 
-from aggwire.constants import NUM_SLOTS
-from refswitch import aggregation
-from refswitch.aggregation import slot_in_pool
+from homagg.refswitch import aggregation
+from homagg.refswitch.aggregation import slot_in_pool
+from homagg.wire.constants import NUM_SLOTS
 
 U32 = 2**32 - 1
 POOL_BASES = [

@@ -8,14 +8,17 @@ import sys
 
 import pytest
 
-from refswitch.cli import build_parser, is_wildcard
-from testnet.namespace import have_privileges
-from testnet.switch_process import free_port
+from homagg.lab.namespace import have_privileges
+from homagg.lab.switch_process import free_port
+from homagg.refswitch.cli import build_parser, is_wildcard
 
 
 def run(*args: str, timeout: float = 20) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "refswitch", *args], capture_output=True, text=True, timeout=timeout
+        [sys.executable, "-m", "homagg.refswitch", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
     )
 
 
@@ -47,7 +50,7 @@ def test_sigterm_stops_cleanly():
         [
             sys.executable,
             "-m",
-            "refswitch",
+            "homagg.refswitch",
             "--no-p4",
             "--",
             "--grpc-server-addr",

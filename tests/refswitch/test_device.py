@@ -7,8 +7,8 @@ import json
 import pytest
 from google.rpc import code_pb2
 
-from p4rtproto.p4info import P4InfoIndex
-from refswitch.device import Device, DeviceError
+from homagg.p4rt.p4info import P4InfoIndex
+from homagg.refswitch.device import Device, DeviceError
 
 FULL32 = 0xFFFFFFFF
 

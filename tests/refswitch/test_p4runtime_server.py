@@ -11,11 +11,11 @@ import grpc
 import pytest
 from google.rpc import code_pb2, status_pb2
 
-from p4rtproto.api import GRPC_OPTIONS, p4info_pb2, p4runtime_pb2, p4runtime_pb2_grpc
-from p4rtproto.p4info import P4InfoIndex
-from refswitch import p4runtime_server, p4runtime_write
-from refswitch.device import Device
-from refswitch.p4runtime_server import P4RuntimeServer
+from homagg.p4rt.api import GRPC_OPTIONS, p4info_pb2, p4runtime_pb2, p4runtime_pb2_grpc
+from homagg.p4rt.p4info import P4InfoIndex
+from homagg.refswitch import p4runtime_server, p4runtime_write
+from homagg.refswitch.device import Device
+from homagg.refswitch.p4runtime_server import P4RuntimeServer
 
 Update = p4runtime_pb2.Update
 SetAction = p4runtime_pb2.SetForwardingPipelineConfigRequest

@@ -7,13 +7,13 @@ import dataclasses
 
 import numpy as np
 
-from aggwire.constants import CELLS_PER_PKT
-from aggwire.frame import FrameTemplate
-from aggwire.header import FIELD_NAMES, AggHeader
-from aggwire.packer import pack_payload
-from refswitch.deparser import compute_checksum, deparse
-from refswitch.packet import AggH
-from refswitch.parser import parse
+from homagg.refswitch.deparser import compute_checksum, deparse
+from homagg.refswitch.packet import AggH
+from homagg.refswitch.parser import parse
+from homagg.wire.constants import CELLS_PER_PKT
+from homagg.wire.frame import FrameTemplate
+from homagg.wire.header import FIELD_NAMES, AggHeader
+from homagg.wire.packer import pack_payload
 
 
 def test_agg_h_has_the_header_fields_in_wire_order():

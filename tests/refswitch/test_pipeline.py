@@ -8,19 +8,19 @@ import pytest
 from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import ARP, Ether
 
-from aggwire.constants import AGG_UDP_PORT, CELLS_PER_PKT, DropReason, Flag, Op
-from aggwire.frame import FrameTemplate
-from aggwire.header import AggHeader
-from aggwire.packer import pack_payload
-from aggwire.scapy_layer import Agg
-from controller.aggregation import JobEntries, Worker
-from controller.artifacts import BMV2_JSON_PATH, P4INFO_PATH
-from controller.forwarding import Host, forwarding_entries
-from controller.install import install_job, reconcile
-from controller.switch_connection import SwitchConnection
-from refswitch.homagg import Pipeline
-from refswitch.switch import ReferenceSwitch
-from testnet.addresses import SERVICE_IP, SWITCH_MAC, host_ip, host_mac, host_switch_port
+from homagg.control.aggregation import JobEntries, Worker
+from homagg.control.artifacts import BMV2_JSON_PATH, P4INFO_PATH
+from homagg.control.forwarding import Host, forwarding_entries
+from homagg.control.install import install_job, reconcile
+from homagg.control.switch_connection import SwitchConnection
+from homagg.lab.addresses import SERVICE_IP, SWITCH_MAC, host_ip, host_mac, host_switch_port
+from homagg.refswitch.pipeline import Pipeline
+from homagg.refswitch.switch import ReferenceSwitch
+from homagg.wire.constants import AGG_UDP_PORT, CELLS_PER_PKT, DropReason, Flag, Op
+from homagg.wire.frame import FrameTemplate
+from homagg.wire.header import AggHeader
+from homagg.wire.packer import pack_payload
+from homagg.wire.scapy_layer import Agg
 
 HOSTS = [Host(ip=host_ip(i), mac=host_mac(i), switch_port=host_switch_port(i)) for i in range(4)]
 

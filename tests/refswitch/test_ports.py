@@ -11,14 +11,12 @@ import socket
 
 import pytest
 
-from controller.artifacts import BMV2_JSON_PATH, P4INFO_PATH
-from controller.counters import read_counters
-from controller.service import switch_counters
-from controller.switch_connection import SwitchConnection
-from controller.text_table import render_counters
-from refswitch.ports import parse_port_spec, socket_drops
-from refswitch.switch import KERNEL_DROPS_REASON, ReferenceSwitch
-from testnet.namespace import (
+from homagg.control.artifacts import BMV2_JSON_PATH, P4INFO_PATH
+from homagg.control.counters import read_counters
+from homagg.control.service import switch_counters
+from homagg.control.switch_connection import SwitchConnection
+from homagg.control.text_table import render_counters
+from homagg.lab.namespace import (
     add_namespace,
     add_veth,
     delete_link,
@@ -27,8 +25,10 @@ from testnet.namespace import (
     in_namespace,
     sysctl,
 )
-from testnet.rawsock import open_raw, recv_frames
-from testnet.switch_process import free_port
+from homagg.lab.rawsock import open_raw, recv_frames
+from homagg.lab.switch_process import free_port
+from homagg.refswitch.ports import parse_port_spec, socket_drops
+from homagg.refswitch.switch import KERNEL_DROPS_REASON, ReferenceSwitch
 
 pytestmark = pytest.mark.skipif(
     not have_privileges(), reason="needs root and iproute2 (a veth pair in a namespace)"

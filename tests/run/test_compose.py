@@ -18,12 +18,12 @@ from pathlib import Path
 
 import pytest
 
-from controller.cli import check_secured
-from controller.client import ControllerClient
-from controller.config import load_config
-from controller.credentials import operator_token
-from controller.service import ControllerServer
-from testnet.namespace import (
+from homagg.api.client import ControllerClient
+from homagg.api.credentials import operator_token
+from homagg.control.cli import check_secured
+from homagg.control.config import load_config
+from homagg.control.service import ControllerServer
+from homagg.lab.namespace import (
     add_namespace,
     add_veth,
     delete_namespace,
@@ -31,9 +31,9 @@ from testnet.namespace import (
     in_namespace,
     ip,
 )
-from testnet.poll import wait_for
-from testnet.rawsock import open_raw, recv_frames
-from testnet.switch_process import max_pool_size
+from homagg.lab.poll import wait_for
+from homagg.lab.rawsock import open_raw, recv_frames
+from homagg.lab.switch_process import max_pool_size
 
 yaml = pytest.importorskip("yaml")
 ROOT = Path(__file__).resolve().parents[2]
@@ -63,7 +63,8 @@ def test_services_and_images(compose):
     dockerfile = (DOCKER / "switch.Dockerfile").read_text()
     assert "FROM p4lang/behavioral-model" in dockerfile and "iproute2" in dockerfile
     assert (
-        "COPY docker/close_data_ports.sh docker/switch.sh testnet/rawsock.py /homagg/" in dockerfile
+        "COPY docker/close_data_ports.sh docker/switch.sh homagg/lab/rawsock.py /homagg/"
+        in dockerfile
     )
 
 
@@ -113,7 +114,7 @@ def test_referenced_files_modules_and_controller_port_exist(compose):
 
 
 def test_the_switch_turns_its_ports_offloads_off_and_the_controller_paces_bmv2(compose):
-    """BMv2's data ports lose their offloads before it opens them (testnet/rawsock.py run as a
+    """BMv2's data ports lose their offloads before it opens them (homagg/lab/rawsock.py run as a
     script: with them on, a burst of more than ~31 frames per port is lost), and the
     controller grants BMv2's pool limit (docs/bmv2.md)."""
     script = (DOCKER / "switch.sh").read_text()
@@ -121,14 +122,14 @@ def test_the_switch_turns_its_ports_offloads_off_and_the_controller_paces_bmv2(c
     prepare = next(line for line in script.splitlines() if line.startswith("python3 "))
     assert prepare.split() == ["python3", "/homagg/rawsock.py", *ports]
     assert script.index(prepare) < script.index("exec simple_switch_grpc")
-    assert "testnet/rawsock.py" in shlex.split(
+    assert "homagg/lab/rawsock.py" in shlex.split(
         next(
             line
             for line in (DOCKER / "switch.Dockerfile").read_text().splitlines()
             if line.startswith("COPY")
         )
     )
-    assert (ROOT / "testnet" / "rawsock.py").is_file()
+    assert (ROOT / "homagg" / "lab" / "rawsock.py").is_file()
     assert load_config(TEMPLATE).switches[0].max_pool_size == max_pool_size("bmv2")
 
 

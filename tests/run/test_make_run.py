@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from testnet.namespace import have_privileges
+from homagg.lab.namespace import have_privileges
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -7,15 +7,15 @@ from __future__ import annotations
 
 import tomllib
 
-from controller.config import parse_config
-from controller.credentials import (
+from homagg.api.credentials import (
     CA_FILE_ENV,
     OPERATOR_TOKEN_FILE_ENV,
     authenticate,
     operator_token,
 )
+from homagg.control.config import parse_config
+from homagg.lab.controller_process import config_toml
 from run.credentials import make_run_credentials
-from testnet.controller_process import config_toml
 
 
 def test_make_run_credentials_and_the_controller_config(tmp_path):

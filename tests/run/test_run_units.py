@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from homagg.lab.addresses import CONTROLLER_INDEX, MAX_HOSTS_WITH_CONTROLLER, host_switch_port
 from run import report
 from run.names import MAX_RUNS, RunNames
 from run.state import RunState, alive, cleanup, recorded_runs
-from testnet.addresses import CONTROLLER_INDEX, MAX_HOSTS_WITH_CONTROLLER, host_switch_port
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -13,13 +13,13 @@ import sys
 import pytest
 from test_make_run import _mininet_reason
 
-from controller.artifacts import BMV2_JSON_PATH, P4INFO_PATH
-from controller.forwarding import Host, forwarding_entries
-from controller.install import reconcile
-from controller.switch_connection import SwitchConnection
-from testnet.addresses import CONTROLLER_INDEX, SWITCH_MAC, host_entry
-from testnet.namespace import in_namespace, tcp_connects
-from testnet.switch_process import THRIFT_PORT, free_port
+from homagg.control.artifacts import BMV2_JSON_PATH, P4INFO_PATH
+from homagg.control.forwarding import Host, forwarding_entries
+from homagg.control.install import reconcile
+from homagg.control.switch_connection import SwitchConnection
+from homagg.lab.addresses import CONTROLLER_INDEX, SWITCH_MAC, host_entry
+from homagg.lab.namespace import in_namespace, tcp_connects
+from homagg.lab.switch_process import THRIFT_PORT, free_port
 
 pytestmark = pytest.mark.skipif(bool(_mininet_reason()), reason=_mininet_reason() or "-")
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from homagg.lab.namespace import have_privileges
 from run import report
-from testnet.namespace import have_privileges
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "worker"))
 from agent_fabric import Controlled, rank_env, run_in_hosts

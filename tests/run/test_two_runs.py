@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from test_make_run import _mininet_reason  # tests/run is on sys.path (rootdir-less)
 
-from testnet.processes import run_together
+from homagg.lab.processes import run_together
 
 ROOT = Path(__file__).resolve().parents[2]
 

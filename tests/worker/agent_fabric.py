@@ -16,19 +16,19 @@ from typing import Any
 
 import pytest
 
-from aggwire.constants import WORKER_UDP_BASE
-from controller.client import ControllerClient
-from controller.config import ControllerConfig, parse_config
-from controller.credentials import ADMIN, Operator, hash_token
-from controller.pki import make_pki
-from controller.service import ControllerServer
-from refswitch.switch import ReferenceSwitch
-from testnet.addresses import host_entry
-from testnet.fabric import SERVICE_IP, SWITCH_MAC, Fabric
-from testnet.namespace import in_namespace
-from testnet.poll import wait_for
-from testnet.switch_process import bmv2_available, free_port
-from worker.agent import AgentConfig
+from homagg.api.client import ControllerClient
+from homagg.api.credentials import ADMIN, Operator, hash_token
+from homagg.control.config import ControllerConfig, parse_config
+from homagg.control.pki import make_pki
+from homagg.control.service import ControllerServer
+from homagg.lab.addresses import host_entry
+from homagg.lab.fabric import SERVICE_IP, SWITCH_MAC, Fabric
+from homagg.lab.namespace import in_namespace
+from homagg.lab.poll import wait_for
+from homagg.lab.switch_process import bmv2_available, free_port
+from homagg.refswitch.switch import ReferenceSwitch
+from homagg.wire.constants import WORKER_UDP_BASE
+from homagg.worker.job.agent import AgentConfig
 
 TIMING = {"heartbeat_interval": 0.2, "lease": 3.0, "join_timeout": 60.0}
 TARGETS = [  # the switch of a data-plane test: both, BMv2 when it is installed
@@ -45,7 +45,7 @@ OPERATOR_TOKEN = "-operator-token-of-the-tls-tests"  # a leading '-' on purpose
 
 
 def hosts(n: int) -> list[dict[str, Any]]:
-    """The fabric's hosts (testnet.addresses), as the controller's configuration lists them."""
+    """The fabric's hosts (homagg.lab.addresses), as the controller's configuration lists them."""
     return [host_entry(i) for i in range(n)]
 
 

@@ -14,8 +14,8 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import homagg
-from controller.client import ControllerClient
-from worker import job_session
+from homagg.api.client import ControllerClient
+from homagg.worker.job import session as job_session
 
 
 def model(seed: int) -> DDP:

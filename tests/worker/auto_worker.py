@@ -18,10 +18,10 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from aggwire.constants import Op
-from worker.auto_control import AutoConfig
-from worker.ddp_hook import SwitchHookState, switch_allreduce_hook
-from worker.transport import TransportConfig, TransportStats
+from homagg.wire.constants import Op
+from homagg.worker.auto.control import AutoConfig
+from homagg.worker.ddp.hook import SwitchHookState, switch_allreduce_hook
+from homagg.worker.transport.switch_transport import TransportConfig, TransportStats
 
 _OPS = {Op.ADD: dist.ReduceOp.SUM, Op.OR: dist.ReduceOp.BOR, Op.MAX: dist.ReduceOp.MAX}
 

@@ -19,7 +19,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import homagg  # registers "homagg"
-from worker.backend import switch_group
+from homagg.worker.ddp.backend import switch_group
 
 ATOL = 1e-5  # lossless fixed point: far below this at these magnitudes (W = 2)
 STEPS = 4
@@ -202,7 +202,7 @@ def main() -> None:
     dist.barrier()
     dist.destroy_process_group()
     if rank == 0 and os.environ.get("HOMAGG_CONTROLLER"):
-        from controller.client import ControllerClient
+        from homagg.api.client import ControllerClient
 
         with ControllerClient(os.environ["HOMAGG_CONTROLLER"], timeout=5.0) as client:
             jobs = client.list_jobs(include_ended=True).jobs

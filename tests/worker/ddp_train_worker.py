@@ -21,11 +21,11 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from testnet.addresses import host_ip, host_mac, host_switch_port
-from testnet.namespace import in_namespace
-from worker.agent import AgentConfig, WorkerAgent
-from worker.ddp_hook import SwitchHookState, switch_allreduce_hook
-from worker.dear import DearDataParallel
+from homagg.lab.addresses import host_ip, host_mac, host_switch_port
+from homagg.lab.namespace import in_namespace
+from homagg.worker.ddp.dear import DearDataParallel
+from homagg.worker.ddp.hook import SwitchHookState, switch_allreduce_hook
+from homagg.worker.job.agent import AgentConfig, WorkerAgent
 
 STEPS = 10
 

@@ -13,7 +13,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from worker.dear import DearDataParallel
+from homagg.worker.ddp.dear import DearDataParallel
 
 STEPS = 12
 

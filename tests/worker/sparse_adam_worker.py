@@ -16,7 +16,7 @@ from auto_worker import Agent, GlooSwitch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from worker.ddp_hook import SwitchHookState, switch_allreduce_hook
+from homagg.worker.ddp.hook import SwitchHookState, switch_allreduce_hook
 
 # (rank, step) -> (rows looked up, the weight of each in the loss); the gradient of a row is
 # its weight times ones, exact in the codec's fixed point

@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 from agent_fabric import Controlled, wait_for
 
-from aggwire.constants import AGG_UDP_PORT, CELLS_PER_PKT, Flag, Op
-from aggwire.header import header_view
-from controller.model import GaveUp
-from testnet.namespace import have_privileges
-from worker.agent import AgentConfig, AgentError, WorkerAgent, open_agent
+from homagg.control.job_record import GaveUp
+from homagg.lab.namespace import have_privileges
+from homagg.wire.constants import AGG_UDP_PORT, CELLS_PER_PKT, Flag, Op
+from homagg.wire.header import header_view
+from homagg.worker.job.agent import AgentConfig, AgentError, WorkerAgent, open_agent
 
 needs_root = pytest.mark.skipif(
     not have_privileges(), reason="needs root and iproute2 (network namespaces)"

@@ -12,11 +12,11 @@ import grpc
 import pytest
 from agent_fabric import free_port_udp
 
-from aggwire.constants import CELLS_PER_PKT
-from controller.api import jobs_pb2, jobs_pb2_grpc
-from controller.model import Assignment
-from worker.agent import AgentConfig, open_agent
-from worker.transport import TransportConfig
+from homagg.api import jobs_pb2, jobs_pb2_grpc
+from homagg.api.assignment import Assignment
+from homagg.wire.constants import CELLS_PER_PKT
+from homagg.worker.job.agent import AgentConfig, open_agent
+from homagg.worker.transport.switch_transport import TransportConfig
 
 GOOD = Assignment(
     job_id=7,
@@ -158,7 +158,7 @@ BAD = [
     ({"service_ip": "0.0.0.0"}, "not a unicast address"),
     ({"udp_port": 0}, "udp_port 0 outside 1..65535"),
     ({"cells_per_packet": 0}, "cells_per_packet 0 is none of (16, 32, 48, 64, 128, 256)"),
-    ({"cells_per_packet": 100}, "aggwire.constants.CELLS_CHOICES"),
+    ({"cells_per_packet": 100}, "homagg.wire.constants.CELLS_CHOICES"),
 ]
 
 

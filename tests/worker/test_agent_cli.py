@@ -1,4 +1,4 @@
-"""`python -m worker`: create, join (--json), bench through the switch, help and errors; the
+"""`python -m homagg.worker`: create, join (--json), bench through the switch, help and errors; the
 job token from a file or the environment, never an argument."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ import sys
 import pytest
 from agent_fabric import Controlled, free_port_udp
 
-from controller import validation
-from controller.credentials import CA_FILE_ENV, JOB_TOKEN_ENV, JOB_TOKEN_FILE_ENV
-from testnet.namespace import have_privileges
-from worker.cli import main
+from homagg.api import validation
+from homagg.api.credentials import CA_FILE_ENV, JOB_TOKEN_ENV, JOB_TOKEN_FILE_ENV
+from homagg.lab.namespace import have_privileges
+from homagg.worker.cli import main
 
 
 @pytest.fixture(autouse=True)
@@ -107,11 +107,14 @@ def test_bad_token_exits_1_with_a_message(ctl, capsys, monkeypatch):
 
 def test_help_has_an_example_per_command():
     out = subprocess.run(
-        [sys.executable, "-m", "worker", "--help"], capture_output=True, text=True, timeout=30
+        [sys.executable, "-m", "homagg.worker", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=30,
     )
     assert out.returncode == 0
     for cmd in ("create", "join", "bench"):
-        assert f"python -m worker {cmd}" in out.stdout
+        assert f"python -m homagg.worker {cmd}" in out.stdout
 
 
 @pytest.mark.skipif(not have_privileges(), reason="needs root and iproute2 (network namespaces)")

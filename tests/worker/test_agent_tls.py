@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 from agent_fabric import Controlled
 
-from aggwire.constants import Op
-from controller.client import ControllerClient
-from controller.pki import make_pki
-from testnet.namespace import have_privileges
-from worker.agent import WorkerAgent, open_agent
+from homagg.api.client import ControllerClient
+from homagg.control.pki import make_pki
+from homagg.lab.namespace import have_privileges
+from homagg.wire.constants import Op
+from homagg.worker.job.agent import WorkerAgent, open_agent
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""worker/attach.py's set-up in one process (gloo, world size 1) against an in-process
+"""homagg/worker/ddp/attach.py's set-up in one process (gloo, world size 1) against an in-process
 controller: every bad input is one clear reason (the hook then falls back) or one clear
 error, never a hang; the route to the controller gives this host's IP, interface and MAC;
 nothing prints the token; releasing a job that already ended counts as released."""
@@ -14,12 +14,15 @@ import torch.distributed as dist
 from agent_fabric import Controlled
 from test_agent_assignment import GOOD
 
-from controller.client import release_job
-from controller.credentials import CA_FILE_ENV, INSECURE_ENV, JOB_TOKEN_ENV, JOB_TOKEN_FILE_ENV
-from testnet.switch_process import free_port
-from worker import attach, job_env, job_session, job_setup
-from worker.agent import AgentConfig, AgentError
-from worker.route import route_of, route_to
+from homagg.api.client import release_job
+from homagg.api.credentials import CA_FILE_ENV, INSECURE_ENV, JOB_TOKEN_ENV, JOB_TOKEN_FILE_ENV
+from homagg.lab.switch_process import free_port
+from homagg.worker.ddp import attach
+from homagg.worker.job import env as job_env
+from homagg.worker.job import session as job_session
+from homagg.worker.job import setup as job_setup
+from homagg.worker.job.agent import AgentConfig, AgentError
+from homagg.worker.job.route import route_of, route_to
 
 
 @pytest.fixture(scope="module", autouse=True)

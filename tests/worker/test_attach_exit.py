@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from agent_fabric import TIMING, Controlled, rank_env, run_in_hosts
 
-from testnet.namespace import have_privileges
+from homagg.lab.namespace import have_privileges
 
 pytestmark = pytest.mark.skipif(
     not have_privileges(), reason="needs root and iproute2 (network namespaces)"

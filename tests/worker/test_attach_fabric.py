@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from agent_fabric import Controlled, rank_env, run_in_hosts
 
-from aggwire.constants import WORKER_UDP_BASE
-from testnet.namespace import have_privileges
+from homagg.lab.namespace import have_privileges
+from homagg.wire.constants import WORKER_UDP_BASE
 
 WORKER = Path(__file__).with_name("attach_worker.py")
 WORLD = 2

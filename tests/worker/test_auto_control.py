@@ -18,9 +18,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from testnet.processes import run_together
-from worker.auto_control import HOST, AutoConfig, AutoController, Choice, auto_codecs
-from worker.auto_costs import HOST_PLAN
+from homagg.lab.processes import run_together
+from homagg.worker.auto.control import HOST, AutoConfig, AutoController, Choice, auto_codecs
+from homagg.worker.auto.costs import HOST_PLAN
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKER = Path(__file__).with_name("auto_worker.py")

@@ -1,4 +1,4 @@
-"""codec="auto"'s measurements (worker/auto_costs.py): a window of samples whose median is
+"""codec="auto"'s measurements (homagg/worker/auto/costs.py): a window of samples whose median is
 the cost, replaced only by a confirmed change, and the job ledger's bounded credit; and
 the controller on noisy costs with outliers stays on the cheaper path."""
 
@@ -10,9 +10,8 @@ from collections import deque
 import numpy as np
 import pytest
 
-from tests.worker.test_auto_pipeline import Pipeline
-from worker.auto_control import HOST, AutoConfig, AutoController
-from worker.auto_costs import (
+from homagg.worker.auto.control import HOST, AutoConfig, AutoController
+from homagg.worker.auto.costs import (
     CHANGE,
     CONFIRM,
     HOST_PLAN,
@@ -23,6 +22,7 @@ from worker.auto_costs import (
     fit_line,
     median_of,
 )
+from tests.worker.test_auto_pipeline import Pipeline
 
 
 def window(*values: float) -> deque[tuple[int, float]]:

@@ -1,4 +1,5 @@
-"""codec="auto"'s host path from the hook (worker/auto_host.py): the bucket is all-reduced
+"""codec="auto"'s host path from the hook (homagg/worker/auto/host_path.py): the bucket is
+all-reduced
 by the given function, divided when it completes, its cost and nonzero share reach the
 controller before the decision, and a choice waits for the step before's decision."""
 
@@ -10,9 +11,9 @@ import time
 import pytest
 import torch
 
-from worker import auto_host
-from worker.auto_control import HOST, AutoConfig, AutoController
-from worker.auto_host import AutoHostPath, nonzero_share
+from homagg.worker.auto import host_path as auto_host
+from homagg.worker.auto.control import HOST, AutoConfig, AutoController
+from homagg.worker.auto.host_path import AutoHostPath, nonzero_share
 
 
 class FakeWork:

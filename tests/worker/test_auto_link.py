@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from agent_fabric import Controlled, rank_env, run_in_hosts
 
-from testnet.namespace import have_privileges
+from homagg.lab.namespace import have_privileges
 
 WORKER = Path(__file__).with_name("auto_link_worker.py")
 WORLD = 2

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 import torch
 
-from worker.auto_control import HOST, AutoConfig, AutoController, Choice, Taken
-from worker.ddp_hook import SwitchHookState
+from homagg.worker.auto.control import HOST, AutoConfig, AutoController, Choice, Taken
+from homagg.worker.ddp.hook import SwitchHookState
 
 
 class Pipeline:

@@ -22,11 +22,16 @@ import torch.distributed as dist
 from agent_fabric import Controlled, rank_env, run_in_hosts, wait_for
 
 import homagg
-from aggwire.constants import WORKER_UDP_BASE
-from testnet.namespace import have_privileges
-from testnet.switch_process import bmv2_available
-from worker import job_setup
-from worker.backend import SwitchProcessGroup, float_from_key, float_order_key, switch_kind
+from homagg.lab.namespace import have_privileges
+from homagg.lab.switch_process import bmv2_available
+from homagg.wire.constants import WORKER_UDP_BASE
+from homagg.worker.ddp.backend import (
+    SwitchProcessGroup,
+    float_from_key,
+    float_order_key,
+    switch_kind,
+)
+from homagg.worker.job import setup as job_setup
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKER = Path(__file__).with_name("backend_worker.py")

@@ -7,8 +7,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from aggwire.constants import CHUNK_MODULUS, NUM_SLOTS
-from worker.chunk_numbering import chunk_period, chunk_tags, shadow_of, slot_of, tag_offset
+from homagg.wire.constants import CHUNK_MODULUS, NUM_SLOTS
+from homagg.worker.transport.chunk_numbering import (
+    chunk_period,
+    chunk_tags,
+    shadow_of,
+    slot_of,
+    tag_offset,
+)
 
 HALF = CHUNK_MODULUS // 2
 

@@ -1,4 +1,4 @@
-"""The codec registry in worker.codecs: names, factories, registration, no torch to list."""
+"""The codec registry in homagg.worker.codecs: names, factories, registration, no torch to list."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import sys
 import numpy as np
 import pytest
 
-import worker.codecs as codecs
-from aggwire.constants import Op
-from worker.codecs import (
+from homagg.wire.constants import Op
+from homagg.worker import codecs
+from homagg.worker.codecs import (
     CODECS,
     FixedPoint,
     Phase,
@@ -59,7 +59,7 @@ def test_register_adds_once(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_listing_codecs_does_not_import_torch() -> None:
-    code = "import sys, worker.cli; print('torch' in sys.modules)"
+    code = "import sys, homagg.worker.cli; print('torch' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "False"

@@ -6,10 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from aggwire.constants import Op
-from worker.codecs import CLTK, FixedPoint, NonFiniteError, simulate
-from worker.codecs.cltk import top_k_indices
-from worker.codecs.exponent import dense_exponents, headroom_bits, quantize
+from homagg.wire.constants import Op
+from homagg.worker.codecs import CLTK, FixedPoint, NonFiniteError, simulate
+from homagg.worker.codecs.cltk import top_k_indices
+from homagg.worker.codecs.exponent import dense_exponents, headroom_bits, quantize
 
 
 def gradients(rng: np.random.Generator, world: int, n: int) -> list[np.ndarray]:

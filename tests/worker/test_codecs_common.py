@@ -8,8 +8,8 @@ import pickle
 import numpy as np
 import pytest
 
-from aggwire.constants import Op
-from worker.codecs import (
+from homagg.wire.constants import Op
+from homagg.worker.codecs import (
     CLTK,
     ErrorFeedback,
     FixedPoint,
@@ -22,7 +22,7 @@ from worker.codecs import (
     combine,
     simulate,
 )
-from worker.codecs.base import CorruptResultError, to_sparse
+from homagg.worker.codecs.base import CorruptResultError, to_sparse
 
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from worker.codecs import CLTK, ErrorFeedback, FixedPoint, simulate
+from homagg.worker.codecs import CLTK, ErrorFeedback, FixedPoint, simulate
 
 
 def test_residual_identity_and_running_sums_with_low_precision():

@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from aggwire.constants import Op
-from worker.codecs import FixedPoint, NonFiniteError, SparseGrad, simulate
-from worker.codecs.exponent import (
+from homagg.wire.constants import Op
+from homagg.worker.codecs import FixedPoint, NonFiniteError, SparseGrad, simulate
+from homagg.worker.codecs.exponent import (
     EXP_ZERO,
     dense_exponents,
     headroom_bits,
@@ -198,9 +198,9 @@ def test_num_blocks():
 
 
 def test_corrupted_huge_exponent_is_corrupt_not_non_finite():
-    from aggwire.constants import Op
-    from worker.codecs import CorruptResultError
-    from worker.codecs.exponent import EXP_NONFINITE
+    from homagg.wire.constants import Op
+    from homagg.worker.codecs import CorruptResultError
+    from homagg.worker.codecs.exponent import EXP_NONFINITE
 
     xs = [np.ones(50, np.float32) for _ in range(3)]
     for corrupt in (EXP_NONFINITE + 1, 2**31 - 1, 5000):

@@ -8,8 +8,8 @@ import math
 import numpy as np
 import pytest
 
-from aggwire.constants import Op
-from worker.codecs import (
+from homagg.wire.constants import Op
+from homagg.worker.codecs import (
     CorruptResultError,
     FixedPoint,
     LosslessSparse,
@@ -17,14 +17,14 @@ from worker.codecs import (
     SparseGrad,
     simulate,
 )
-from worker.codecs.count_sketch import (
+from homagg.worker.codecs.count_sketch import (
     FINGERPRINT_CELLS,
     SketchShape,
     encode,
     plan_peeling,
 )
-from worker.codecs.exponent import headroom_bits
-from worker.codecs.lossless import sketch_rows
+from homagg.worker.codecs.exponent import headroom_bits
+from homagg.worker.codecs.lossless import sketch_rows
 
 
 def random_inputs(rng: np.random.Generator, world: int, n: int) -> list[np.ndarray]:

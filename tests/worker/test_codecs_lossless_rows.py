@@ -8,12 +8,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from aggwire.constants import Op
-from worker.codecs import CorruptResultError, LosslessSparse, Phase, SparseGrad, SparseRows
-from worker.codecs.bitmap import bitmap_words
-from worker.codecs.count_sketch import FINGERPRINT_CELLS
-from worker.codecs.exponent import num_blocks
-from worker.codecs.simulate import PhaseMismatch, Tamper, drive
+from homagg.wire.constants import Op
+from homagg.worker.codecs import CorruptResultError, LosslessSparse, Phase, SparseGrad, SparseRows
+from homagg.worker.codecs.bitmap import bitmap_words
+from homagg.worker.codecs.count_sketch import FINGERPRINT_CELLS
+from homagg.worker.codecs.exponent import num_blocks
+from homagg.worker.codecs.simulate import PhaseMismatch, Tamper, drive
 
 
 def random_rows(rng: np.random.Generator, world: int, nrows: int, width: int) -> list[SparseRows]:

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from aggwire.constants import Op
-from worker.codecs import (
+from homagg.wire.constants import Op
+from homagg.worker.codecs import (
     CorruptResultError,
     ErrorFeedback,
     LowBit,
@@ -16,9 +16,9 @@ from worker.codecs import (
     make_codec,
     simulate,
 )
-from worker.codecs.exponent import dense_exponents
-from worker.codecs.lowbit import error_bound
-from worker.codecs.rotation import (
+from homagg.worker.codecs.exponent import dense_exponents
+from homagg.worker.codecs.lowbit import error_bound
+from homagg.worker.codecs.rotation import (
     ROTATION_SIZE,
     hadamard,
     padded_length,

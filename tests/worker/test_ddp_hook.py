@@ -15,12 +15,12 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from worker.codecs import CODECS, CodecEntry, SparseGrad, lane_codecs, make_codec
-from worker.codecs.exponent import dense_exponents
-from worker.codecs.lowbit import DEFAULT_LOWBIT_BLOCK, error_bound
-from worker.codecs.simulate import drive
-from worker.ddp_hook import SwitchHookState, switch_allreduce_hook
-from worker.transport import TransportConfig, TransportError, TransportStats
+from homagg.worker.codecs import CODECS, CodecEntry, SparseGrad, lane_codecs, make_codec
+from homagg.worker.codecs.exponent import dense_exponents
+from homagg.worker.codecs.lowbit import DEFAULT_LOWBIT_BLOCK, error_bound
+from homagg.worker.codecs.simulate import drive
+from homagg.worker.ddp.hook import SwitchHookState, switch_allreduce_hook
+from homagg.worker.transport.switch_transport import TransportConfig, TransportError, TransportStats
 
 
 @pytest.fixture(scope="module", autouse=True)

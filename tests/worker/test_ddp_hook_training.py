@@ -16,7 +16,7 @@ import pytest
 import torch
 from agent_fabric import Controlled, wait_for
 
-from testnet.namespace import have_privileges
+from homagg.lab.namespace import have_privileges
 
 pytestmark = pytest.mark.skipif(
     not have_privileges(), reason="needs root and iproute2 (network namespaces)"

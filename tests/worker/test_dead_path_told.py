@@ -1,5 +1,6 @@
 """A rank that gives up a step tells the others at once, through the controller's heartbeat
-answers (worker/straggler_wait.py), so that every rank reaches the DDP hook's agreement and
+answers (homagg/worker/transport/straggler_wait.py), so that every rank reaches the DDP hook's
+agreement and
 falls back within seconds of the failure instead of after `max_straggler_wait`: a rank whose
 link goes down (ENETUNREACH at its next send), a rank that stops receiving results (its MAC
 changed: silence for `dead_path_s`). A rank that merely pauses is still waited for.
@@ -22,11 +23,11 @@ import torch
 from agent_fabric import Controlled
 from test_agent import open_all
 
-from aggwire.constants import CELLS_PER_PKT, Op
-from testnet.namespace import have_privileges, ip
-from testnet.threads import run_threads
-from worker.codecs.base import Phase
-from worker.ddp_hook import SwitchHookState, agreed_sum
+from homagg.lab.namespace import have_privileges, ip
+from homagg.lab.threads import run_threads
+from homagg.wire.constants import CELLS_PER_PKT, Op
+from homagg.worker.codecs.base import Phase
+from homagg.worker.ddp.hook import SwitchHookState, agreed_sum
 
 pytestmark = pytest.mark.skipif(
     not have_privileges(), reason="needs root and iproute2 (network namespaces)"

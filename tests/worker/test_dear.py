@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from testnet.processes import run_together
-from worker.bucket_tuner import BucketTuner
+from homagg.lab.processes import run_together
+from homagg.worker.ddp.bucket_tuner import BucketTuner
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKER = Path(__file__).with_name("dear_worker.py")

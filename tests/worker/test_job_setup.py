@@ -1,4 +1,5 @@
-"""The collective set-up (worker/job_setup.py, worker/setup_round.py) with ranks as threads
+"""The collective set-up (homagg/worker/job/setup.py, homagg/worker/job/setup_round.py) with ranks
+as threads
 over one in-memory store: every rank ends with the same outcome whatever its environment
 (the controller on some ranks only, codecs that differ, a rank that never comes), within
 the bounded wait; and rank 0's decision on the joins and the job's codec."""
@@ -14,12 +15,12 @@ import pytest
 import torch.distributed as dist
 from agent_fabric import OPERATOR_TOKEN, Controlled
 
-from aggwire.constants import MAX_WORKERS_PER_JOB
-from controller.credentials import CA_FILE_ENV, INSECURE_ENV, OPERATOR_TOKEN_ENV
-from worker.codecs import AUTO_CODEC
-from worker.job_env import ENV_READY_TIMEOUT
-from worker.job_setup import Members, Request, _decide_codec, set_up
-from worker.setup_round import SetupRound
+from homagg.api.credentials import CA_FILE_ENV, INSECURE_ENV, OPERATOR_TOKEN_ENV
+from homagg.wire.constants import MAX_WORKERS_PER_JOB
+from homagg.worker.codecs import AUTO_CODEC
+from homagg.worker.job.env import ENV_READY_TIMEOUT
+from homagg.worker.job.setup import Members, Request, _decide_codec, set_up
+from homagg.worker.job.setup_round import SetupRound
 
 pytestmark = pytest.mark.filterwarnings("ignore:homagg. rank:RuntimeWarning")
 

@@ -1,4 +1,5 @@
-"""homagg-run (worker/launch.py): starts without torch, creates the job, hands the ranks its
+"""homagg-run (homagg/worker/job/launch.py): starts without torch, creates the job, hands the ranks
+its
 id and a token file (never the token on a command line), passes the command's exit status
 through and releases the job."""
 
@@ -14,8 +15,8 @@ from pathlib import Path
 import pytest
 from agent_fabric import Controlled
 
-from testnet.namespace import have_privileges
-from testnet.switch_process import free_port
+from homagg.lab.namespace import have_privileges
+from homagg.lab.switch_process import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 CHILD = """
@@ -44,7 +45,7 @@ def python_without_torch(code: str) -> subprocess.CompletedProcess:
 def test_the_launcher_imports_no_torch():
     """A launcher must not pay for torch (15-44 s on a loaded machine): importing it, and
     its --help, import none; the torchrun it runs does."""
-    done = python_without_torch("import worker.launch")
+    done = python_without_torch("import homagg.worker.job.launch")
     assert done.returncode == 0, done.stderr
 
 
@@ -77,7 +78,7 @@ def launch(address: str, *command: str, secure: dict = PLAINTEXT) -> subprocess.
     env = {**os.environ, "PYTHONPATH": str(ROOT), "HOMAGG_TOKEN": "stale", **secure}
     env = {k: v for k, v in env.items() if v}
     env.pop("HOMAGG_CONTROLLER", None)
-    cmd = [sys.executable, "-m", "worker.launch", "--world-size", "2"]
+    cmd = [sys.executable, "-m", "homagg.worker.job.launch", "--world-size", "2"]
     cmd += ["--controller", address] if address else []
     return subprocess.run(
         [*cmd, "--codec", "fixed_point", "--", *command],
@@ -143,7 +144,14 @@ def test_torchruns_world_size_and_a_job_nobody_joined(controlled, tmp_path):
     script.write_text(PRINT_RANK)
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", **PLAINTEXT}
     env = {k: v for k, v in env.items() if v}
-    cmd = [sys.executable, "-m", "worker.launch", "--controller", controlled.address, "--"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "homagg.worker.job.launch",
+        "--controller",
+        controlled.address,
+        "--",
+    ]
     cmd += [sys.executable, "-m", "torch.distributed.run", "--standalone"]
     done = subprocess.run(
         [*cmd, "--nproc-per-node", "2", "--no-python", sys.executable, str(script)],
@@ -189,7 +197,7 @@ def test_a_secured_controller_needs_the_credential_and_the_ranks_do_not_get_it(t
 
     c = Controlled(tmp_path, 2, fabric=False, tls=True)
     try:
-        cmd = [sys.executable, "-m", "worker.launch", "--controller", c.address]
+        cmd = [sys.executable, "-m", "homagg.worker.job.launch", "--controller", c.address]
         cmd += ["--world-size", "2", "--", sys.executable, "-c", SECURED_CHILD]
         env = {**os.environ, "PYTHONPATH": str(ROOT), "HOMAGG_CA_FILE": str(c.ca_file)}
         env.pop("HOMAGG_OPERATOR_TOKEN", None)
@@ -246,7 +254,7 @@ def test_torchrun_under_the_launcher_trains_on_the_switch(tmp_path):
         env.pop("HOMAGG_CA_FILE")
         for name in ("HOMAGG_CONTROLLER", "HOMAGG_CODEC", "HOMAGG_JOB_ID", "HOMAGG_TOKEN"):
             env.pop(name, None)
-        cmd = [sys.executable, "-m", "worker.launch", "--controller", c.address]
+        cmd = [sys.executable, "-m", "homagg.worker.job.launch", "--controller", c.address]
         cmd += ["--world-size", "2", "--codec", "fixed_point", "--"]
         save = tmp_path / "switch.pt"
         args = ["--steps", "8", "--save", str(save)]

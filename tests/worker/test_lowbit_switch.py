@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 from test_transport import WORLD, close, make_transports, run_workers
 
-from testnet.fabric import Fabric
-from testnet.namespace import have_privileges
-from testnet.switch_process import bmv2_available
-from worker.codecs import ErrorFeedback, LowBit, simulate
+from homagg.lab.fabric import Fabric
+from homagg.lab.namespace import have_privileges
+from homagg.lab.switch_process import bmv2_available
+from homagg.worker.codecs import ErrorFeedback, LowBit, simulate
 
 pytestmark = pytest.mark.skipif(
     not have_privileges(), reason="transport tests need root and iproute2 (network namespaces)"

@@ -7,10 +7,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from aggwire.constants import CELLS_PER_PKT, Op
+from homagg.wire.constants import CELLS_PER_PKT, Op
+from homagg.worker.transport.retransmission_timer import RetransmissionTimer
+from homagg.worker.transport.switch_transport import SwitchTransport, TransportConfig
 from tests.worker.test_transport_header import LoseFirstSend
-from worker.retransmission_timer import RetransmissionTimer
-from worker.transport import SwitchTransport, TransportConfig
 
 
 def test_before_any_sample_the_initial_timeout():

@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 import torch
 
-from aggwire.constants import Op
-from testnet.processes import run_together
-from worker.codecs import bitmap, make_codec
-from worker.codecs.simulate import drive
-from worker.sparse_bucket import SparseBucket, from_codec_output, to_codec_input
+from homagg.lab.processes import run_together
+from homagg.wire.constants import Op
+from homagg.worker.codecs import bitmap, make_codec
+from homagg.worker.codecs.simulate import drive
+from homagg.worker.ddp.sparse_bucket import SparseBucket, from_codec_output, to_codec_input
 
 
 def test_rows_become_flat_runs_and_duplicates_add() -> None:

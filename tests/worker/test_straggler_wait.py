@@ -9,11 +9,15 @@ import time
 import numpy as np
 import pytest
 
-from aggwire.constants import CELLS_PER_PKT, Flag, Op
-from aggwire.header import header_view
-from aggwire.packer import parse_payloads
-from controller.model import GaveUp
-from worker.transport import SwitchTransport, TransportConfig, TransportError
+from homagg.control.job_record import GaveUp
+from homagg.wire.constants import CELLS_PER_PKT, Flag, Op
+from homagg.wire.header import header_view
+from homagg.wire.packer import parse_payloads
+from homagg.worker.transport.switch_transport import (
+    SwitchTransport,
+    TransportConfig,
+    TransportError,
+)
 
 FAST = dict(initial_timeout=0.01, max_timeout=0.05, max_retries=4, dead_path_s=0.3)
 

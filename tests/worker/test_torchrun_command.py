@@ -1,4 +1,4 @@
-"""homagg-run's reading of the torchrun it wraps (worker/torchrun_command.py): the job's
+"""homagg-run's reading of the torchrun it wraps (homagg/worker/job/torchrun_command.py): the job's
 world size from torchrun's options, and the misuses a launcher can see before it makes a
 job: another node's torchrun, a --world-size that is not torchrun's, ranks it cannot count."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from worker.torchrun_command import plan_world, read_torchrun
+from homagg.worker.job.torchrun_command import plan_world, read_torchrun
 
 SCRIPT = ["train.py", "--nnodes", "9"]  # the script's own options are not torchrun's
 

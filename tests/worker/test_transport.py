@@ -9,13 +9,17 @@ from functools import partial
 import numpy as np
 import pytest
 
-from aggwire.constants import CELLS_PER_PKT, Op
-from testnet.aggjob import Job
-from testnet.fabric import Fabric
-from testnet.namespace import have_privileges
-from testnet.threads import run_threads
-from worker.channel import FaultyChannel, UdpChannel
-from worker.transport import SwitchTransport, TransportConfig, TransportError
+from homagg.lab.aggjob import Job
+from homagg.lab.fabric import Fabric
+from homagg.lab.namespace import have_privileges
+from homagg.lab.threads import run_threads
+from homagg.wire.constants import CELLS_PER_PKT, Op
+from homagg.worker.transport.channel import FaultyChannel, UdpChannel
+from homagg.worker.transport.switch_transport import (
+    SwitchTransport,
+    TransportConfig,
+    TransportError,
+)
 
 pytestmark = pytest.mark.skipif(
     not have_privileges(), reason="transport tests need root and iproute2 (network namespaces)"
@@ -147,9 +151,9 @@ def test_unanswered_chunks_raise_instead_of_hanging(fabric):
 @pytest.mark.parametrize("codec", ["lossless", "lossless_sketch", "fixed_point"])
 def test_codec_through_the_switch_equals_the_simulation(fabric, codec):
     """The phases of a codec driven through the switch decode exactly as simulate() says."""
-    from worker.codecs.fixed_point import FixedPoint
-    from worker.codecs.lossless import LosslessSparse
-    from worker.codecs.simulate import simulate
+    from homagg.worker.codecs.fixed_point import FixedPoint
+    from homagg.worker.codecs.lossless import LosslessSparse
+    from homagg.worker.codecs.simulate import simulate
 
     make = {
         "lossless": lambda: LosslessSparse(WORLD),

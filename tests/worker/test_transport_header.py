@@ -9,11 +9,15 @@ import time
 import numpy as np
 import pytest
 
-from aggwire.constants import AGG_HEADER_BYTES, AGG_VERSION, CELLS_PER_PKT, Flag, Op
-from aggwire.header import FIELD_NAMES, HEADER_DTYPE, header_view
-from aggwire.packer import parse_payloads
-from worker.codecs import CodecError, Phase
-from worker.transport import OpUnsupportedError, SwitchTransport, TransportConfig
+from homagg.wire.constants import AGG_HEADER_BYTES, AGG_VERSION, CELLS_PER_PKT, Flag, Op
+from homagg.wire.header import FIELD_NAMES, HEADER_DTYPE, header_view
+from homagg.wire.packer import parse_payloads
+from homagg.worker.codecs import CodecError, Phase
+from homagg.worker.transport.switch_transport import (
+    OpUnsupportedError,
+    SwitchTransport,
+    TransportConfig,
+)
 
 
 def chunk_of(payload: bytes) -> int:

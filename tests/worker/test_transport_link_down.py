@@ -18,11 +18,11 @@ from agent_fabric import Controlled
 from test_agent import open_all
 from test_ddp_hook import Bucket
 
-from aggwire.constants import CELLS_PER_PKT, Op
-from testnet.namespace import have_privileges, ip
-from testnet.threads import run_threads
-from worker.ddp_hook import SwitchHookState, switch_allreduce_hook
-from worker.transport import TransportError
+from homagg.lab.namespace import have_privileges, ip
+from homagg.lab.threads import run_threads
+from homagg.wire.constants import CELLS_PER_PKT, Op
+from homagg.worker.ddp.hook import SwitchHookState, switch_allreduce_hook
+from homagg.worker.transport.switch_transport import TransportError
 
 pytestmark = pytest.mark.skipif(
     not have_privileges(), reason="needs root and iproute2 (network namespaces)"

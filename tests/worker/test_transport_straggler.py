@@ -3,8 +3,10 @@ rank that pauses 10 s is waited for (no fallback, no retransmission storm), a ra
 dies (no heartbeat, no packets) ends the step within its lease, and one that dies while the
 controller is down ends it within about a lease too (not after `max_straggler_wait`).
 
-The bounds come from the mechanism and the configuration (worker/transport.py,
-worker/straggler_wait.py, controller/jobs.py), not from measurements; what is left for a
+The bounds come from the mechanism and the configuration
+(homagg/worker/transport/switch_transport.py,
+homagg/worker/transport/straggler_wait.py, homagg/control/jobs.py), not from measurements; what is
+left for a
 loaded machine is SLACK, the scheduling delay of one timer check or RPC."""
 
 from __future__ import annotations
@@ -16,11 +18,11 @@ import pytest
 from agent_fabric import TARGETS, Controlled
 from test_agent import open_all
 
-from aggwire.constants import CELLS_PER_PKT, Op
-from controller.jobs import reap_interval
-from testnet.namespace import have_privileges
-from testnet.threads import run_threads
-from worker.transport import TransportConfig, TransportError
+from homagg.control.jobs import reap_interval
+from homagg.lab.namespace import have_privileges
+from homagg.lab.threads import run_threads
+from homagg.wire.constants import CELLS_PER_PKT, Op
+from homagg.worker.transport.switch_transport import TransportConfig, TransportError
 
 pytestmark = pytest.mark.skipif(
     not have_privileges(), reason="needs root and iproute2 (network namespaces)"

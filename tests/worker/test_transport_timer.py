@@ -18,13 +18,13 @@ import types
 import numpy as np
 import pytest
 
-import worker.transport
-from aggwire.constants import CELLS_PER_PKT, Flag, Op
-from aggwire.header import header_view
-from aggwire.packer import parse_payloads
-from testnet.threads import run_threads
+from homagg.lab.threads import run_threads
+from homagg.wire.constants import CELLS_PER_PKT, Flag, Op
+from homagg.wire.header import header_view
+from homagg.wire.packer import parse_payloads
+from homagg.worker.transport import switch_transport
+from homagg.worker.transport.switch_transport import SwitchTransport, TransportConfig, _Flight
 from tests.worker.test_transport_header import LoseFirstSend
-from worker.transport import SwitchTransport, TransportConfig, _Flight
 
 PRIMING = 20  # one-chunk calls: the estimate forgets a slow first one
 
@@ -44,7 +44,7 @@ def clock(monkeypatch: pytest.MonkeyPatch) -> VirtualClock:
     """The transport's clock replaced by a virtual one (its stats' perf_counter too)."""
     c = VirtualClock()
     monkeypatch.setattr(
-        worker.transport, "time", types.SimpleNamespace(monotonic=c, perf_counter=c)
+        switch_transport, "time", types.SimpleNamespace(monotonic=c, perf_counter=c)
     )
     return c
 

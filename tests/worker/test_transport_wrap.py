@@ -9,15 +9,15 @@ from functools import partial
 import numpy as np
 import pytest
 
-from aggwire.constants import CELLS_PER_PKT, Op
-from testnet.aggjob import Job
-from testnet.fabric import Fabric
-from testnet.namespace import have_privileges
-from testnet.switch_process import bmv2_available
+from homagg.lab.aggjob import Job
+from homagg.lab.fabric import Fabric
+from homagg.lab.namespace import have_privileges
+from homagg.lab.switch_process import bmv2_available
+from homagg.wire.constants import CELLS_PER_PKT, Op
+from homagg.worker.transport.channel import FaultyChannel
+from homagg.worker.transport.chunk_numbering import chunk_period
+from homagg.worker.transport.switch_transport import SwitchTransport, TransportConfig
 from tests.worker.test_transport import close, open_channels, run_workers
-from worker.channel import FaultyChannel
-from worker.chunk_numbering import chunk_period
-from worker.transport import SwitchTransport, TransportConfig
 
 pytestmark = pytest.mark.skipif(
     not have_privileges(), reason="transport tests need root and iproute2 (network namespaces)"

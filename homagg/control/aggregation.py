@@ -1,0 +1,84 @@
+"""Entries of the Aggregation control (p4src/aggregation.p4): a job as the data plane sees
+it (its pool of slots, multicast group and workers), its job_table entry and the
+worker_table entry of each rank."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from homagg.control.entries import EntrySpec
+from homagg.wire import p4names
+from homagg.wire.constants import MAX_JOB_ID, MAX_WORKERS_PER_JOB, NUM_SLOTS
+
+MAX_MCAST_GRP = (1 << 16) - 1  # v1model's mcast_grp is bit<16>; 0 means no group
+
+
+@dataclass(frozen=True)
+class Worker:
+    """One rank of a job: the switch port it is attached to and where its results go."""
+
+    rank: int
+    switch_port: int
+    mac: str
+    ip: str
+    udp_port: int
+
+
+@dataclass(frozen=True)
+class JobEntries:
+    """A job as the data plane sees it: its pool of slots, group and workers."""
+
+    job_id: int
+    pool_base: int
+    pool_size: int
+    mcast_grp: int
+    workers: tuple[Worker, ...]
+
+    def validate(self) -> None:
+        """Raise ValueError for a job the program cannot serve."""
+        if not 1 <= self.job_id <= MAX_JOB_ID:
+            raise ValueError(f"job id {self.job_id} outside 1..{MAX_JOB_ID}")
+        if not 1 <= len(self.workers) <= MAX_WORKERS_PER_JOB:
+            raise ValueError(f"{len(self.workers)} workers: a job has 1..{MAX_WORKERS_PER_JOB}")
+        if sorted(w.rank for w in self.workers) != list(range(len(self.workers))):
+            raise ValueError("worker ranks must be 0..world_size-1, each once")
+        if self.pool_size < 1 or self.pool_base + self.pool_size > NUM_SLOTS:
+            raise ValueError(
+                f"pool {self.pool_base}+{self.pool_size} outside the switch's {NUM_SLOTS} slots"
+            )
+        if not 1 <= self.mcast_grp <= MAX_MCAST_GRP:
+            raise ValueError(f"multicast group {self.mcast_grp} outside 1..{MAX_MCAST_GRP}")
+
+
+def worker_key(job: JobEntries, worker: Worker) -> dict[str, int]:
+    """The key of a rank's entries (worker_table here, result_rewrite in delivery.p4)."""
+    return {"hdr.agg.job_id": job.job_id, "hdr.agg.rank": worker.rank}
+
+
+def worker_entries(job: JobEntries) -> list[EntrySpec]:
+    """Per rank: the port its packets must arrive on and its bit in the slot's seen bitmap."""
+    return [
+        EntrySpec.of(
+            p4names.WORKER_TABLE,
+            worker_key(job, w),
+            p4names.SET_WORKER,
+            {"port": w.switch_port, "worker_bit": 1 << w.rank},
+        )
+        for w in job.workers
+    ]
+
+
+def job_entry(job: JobEntries) -> EntrySpec:
+    """The job_table entry: the job's pool, world size and multicast group. Until it exists
+    the switch drops the job's packets (UNKNOWN_JOB)."""
+    return EntrySpec.of(
+        p4names.JOB_TABLE,
+        {"hdr.agg.job_id": job.job_id},
+        p4names.SET_JOB,
+        {
+            "pool_base": job.pool_base,
+            "pool_size": job.pool_size,
+            "num_workers": len(job.workers),
+            "mcast_grp": job.mcast_grp,
+        },
+    )

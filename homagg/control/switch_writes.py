@@ -1,0 +1,117 @@
+"""Writing jobs to their switches outside the job manager's lock, so that heartbeats, Status
+and operator reads never wait on a slow or hung switch (each P4Runtime call may take up to the
+switch's `timeout`).
+
+Ordering comes from each switch's `io` lock, taken before the manager's lock and held for a
+whole write sequence: an install, a release, the removals of ended jobs and the supervisor's
+reconciliation never interleave on one switch. Ending a job (manager's lock) queues its
+entries in the switch's `pending_removals` and frees its pool at once; every write sequence
+removes what is pending before it writes, so a job that reuses those slots is installed only
+after the old entries are gone. An install re-checks the job under the manager's lock before
+it writes and after: a job that ended meanwhile is removed right after its install, and a
+job is marked installed only if the switch was not lost meanwhile (`ManagedSwitch.epoch`)."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from typing import Protocol
+
+from homagg.api.errors import FailedPrecondition, Unavailable
+from homagg.control.job_record import Job
+from homagg.control.switches import ManagedSwitch, SwitchRejected
+
+log = logging.getLogger(__name__)
+
+
+class JobBook(Protocol):
+    """What the writes need of the job manager."""
+
+    lock: threading.RLock
+    changed: threading.Condition
+    jobs: dict[int, Job]
+    switches: dict[str, ManagedSwitch]
+
+    def end_job(self, job: Job, reason: str, on_switch: bool = True) -> None: ...
+
+
+class SwitchWrites:
+    """Installs and removals of jobs on their switches (thread-safe)."""
+
+    def __init__(self, book: JobBook) -> None:
+        self.book = book
+
+    def install(self, job: Job) -> None:
+        """Install a complete job now if its switch is up (else its supervisor does, on
+        reconnection). Unavailable if the link fails, FailedPrecondition if the switch refuses
+        (the job then ends)."""
+        assert job.switch is not None
+        sw = self.book.switches[job.switch]
+        with sw.io:
+            self.install_held(sw, job)
+
+    def install_held(self, sw: ManagedSwitch, job: Job) -> None:
+        """install() with the switch's io lock held."""
+        book = self.book
+        with book.lock:
+            if book.jobs.get(job.job_id) is not job or job.installed or not sw.connected:
+                return
+            entries, epoch = job.entries(), sw.epoch
+        self.flush_removals(sw)
+        try:
+            sw.install(entries)
+        except SwitchRejected as exc:
+            reason = f"switch {sw.name} rejected its entries: {exc}"
+            with book.lock:
+                if book.jobs.get(job.job_id) is job:
+                    book.end_job(job, reason, on_switch=False)  # the install removed its writes
+            raise FailedPrecondition(f"job {job.job_id} ended: {reason}") from None
+        with book.lock:
+            if book.jobs.get(job.job_id) is job and sw.epoch == epoch and sw.connected:
+                job.installed = True
+                log.info(
+                    "job %d installed on %s: slots %d..%d, %d ranks",
+                    job.job_id,
+                    sw.name,
+                    entries.pool_base,
+                    entries.pool_base + entries.pool_size - 1,
+                    job.world_size,
+                )
+                book.changed.notify_all()
+        self.flush_removals(sw)  # the job, if it ended meanwhile
+
+    def flush_removals(self, sw: ManagedSwitch) -> None:
+        """Remove the entries of the switch's ended jobs (its io lock held). They stay pending
+        while the switch is unreachable or a removal fails; the reconciliation that follows
+        removes them then."""
+        with self.book.lock:
+            todo = list(sw.pending_removals.items()) if sw.connected else []
+        for job_id, entries in todo:
+            gone = sw.remove(entries)
+            with self.book.lock:
+                if gone and sw.pending_removals.get(job_id) is entries:
+                    del sw.pending_removals[job_id]
+            if not gone:
+                break
+
+    def remove_now(self, job: Job) -> None:
+        """Remove an ended job's entries before returning, as far as the switch allows."""
+        if job.switch is not None:
+            sw = self.book.switches[job.switch]
+            with sw.io:
+                self.flush_removals(sw)
+
+    def settle(self, sw: ManagedSwitch) -> None:
+        """Removals first, then every complete job of the switch that is not installed (the
+        switch's io lock held): what the supervisor does on each poll."""
+        self.flush_removals(sw)
+        with self.book.lock:
+            todo = [
+                j
+                for j in self.book.jobs.values()
+                if j.switch == sw.name and j.complete and not j.installed
+            ]
+        for job in todo:
+            with contextlib.suppress(Unavailable, FailedPrecondition):
+                self.install_held(sw, job)

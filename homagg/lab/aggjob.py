@@ -1,0 +1,176 @@
+"""A job installed on a fabric: frames from its ranks, results back, counters read."""
+
+from __future__ import annotations
+
+import itertools
+import socket
+
+import numpy as np
+from scapy.layers.l2 import Ether
+
+from homagg.control.aggregation import JobEntries, Worker
+from homagg.control.delivery import mcast_grp_of_job
+from homagg.control.install import install_job
+from homagg.lab.fabric import SERVICE_IP, SWITCH_MAC, Fabric, FabricHost
+from homagg.lab.namespace import in_namespace
+from homagg.wire import p4names
+from homagg.wire.constants import (
+    AGG_UDP_PORT,
+    CELL_MASK,
+    CELLS_PER_PKT,
+    NUM_SLOTS,
+    WORKER_UDP_BASE,
+    DropReason,
+    Event,
+    Op,
+)
+from homagg.wire.frame import FrameTemplate
+from homagg.wire.header import AggHeader
+from homagg.wire.packer import pack_payload
+from homagg.wire.scapy_layer import Agg
+from homagg.worker.transport.channel import UdpChannel
+
+_job_ids = itertools.count(1)
+# Slots between the pools of two consecutive jobs: pools up to this size never overlap.
+POOL_STRIDE = 64
+
+
+class Job:
+    """A job over some of the fabric's hosts: rank r lives on hosts[r]."""
+
+    def __init__(self, fabric: Fabric, hosts: list[FabricHost], pool_size: int = 16) -> None:
+        self.fabric = fabric
+        self.hosts = hosts
+        self.job_id = next(_job_ids)
+        # Pools of different jobs never overlap within a module's switch.
+        self.entries = JobEntries(
+            job_id=self.job_id,
+            pool_base=(self.job_id * POOL_STRIDE) % (NUM_SLOTS - POOL_STRIDE),
+            pool_size=pool_size,
+            mcast_grp=mcast_grp_of_job(self.job_id),
+            workers=tuple(
+                Worker(
+                    rank=r,
+                    switch_port=h.switch_port,
+                    mac=h.mac,
+                    ip=h.ip,
+                    udp_port=WORKER_UDP_BASE + r,
+                )
+                for r, h in enumerate(hosts)
+            ),
+        )
+        install_job(fabric.conn, self.entries)
+        self.templates = [
+            FrameTemplate(h.mac, SWITCH_MAC, h.ip, SERVICE_IP, WORKER_UDP_BASE + r)
+            for r, h in enumerate(hosts)
+        ]
+
+    @property
+    def world_size(self) -> int:
+        return len(self.hosts)
+
+    def channel(self, rank: int, rcvbuf: int = 0) -> UdpChannel:
+        """Rank `rank`'s UDP channel to the switch: a socket made in its host's namespace
+        (which needs enable_ip_stack), bound to the rank's address and port; `rcvbuf`: its
+        receive buffer in bytes (0: the system's default)."""
+        h = self.hosts[rank]
+        with in_namespace(h.namespace):
+            sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        if rcvbuf:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+        sock.bind((h.ip, WORKER_UDP_BASE + rank))
+        return UdpChannel(sock, (SERVICE_IP, AGG_UDP_PORT))
+
+    def frame(
+        self,
+        sender: int,
+        cells: np.ndarray,
+        slot: int = 0,
+        shadow: int = 0,
+        chunk: int = 0,
+        op: int = Op.ADD,
+        exp: int = 0,
+        **fields: int,
+    ) -> bytes:
+        """The frame rank `sender` would send (fields override header fields, e.g. job_id, rank)."""
+        header = AggHeader(
+            job_id=fields.pop("job_id", self.job_id),
+            slot=slot,
+            shadow=shadow,
+            rank=fields.pop("rank", sender),
+            op=op,
+            chunk=chunk,
+            exp=exp,
+            **fields,
+        )
+        return self.templates[sender].frame(pack_payload(header, np.asarray(cells, np.int32)))
+
+    def send(self, rank: int, cells: np.ndarray, via: FabricHost | None = None, **kw: int) -> bytes:
+        """Send rank's contribution (from its own host unless via is given)."""
+        frame = self.frame(rank, cells, **kw)
+        (via or self.hosts[rank]).raw.send(frame)
+        return frame
+
+    def collect(
+        self, ranks: list[int] | None = None, per_rank: int = 1, timeout: float = 3.0
+    ) -> dict[int, list[Ether]]:
+        """Frames arriving at the hosts of `ranks` (all ranks by default), parsed by Scapy."""
+        out: dict[int, list[Ether]] = {}
+        for r in range(self.world_size) if ranks is None else ranks:
+            frames = self.hosts[r].raw.receive(timeout, count=per_rank)
+            out[r] = [Ether(f) for f in frames]
+        return out
+
+
+def random_cells(
+    rng: np.random.Generator, low: int = -(1 << 24), high: int = 1 << 24
+) -> np.ndarray:
+    """One packet's worth of random int32 cells."""
+    return rng.integers(low, high, CELLS_PER_PKT, dtype=np.int64).astype(np.int32)
+
+
+def wrapped_sum(parts: list[np.ndarray]) -> np.ndarray:
+    """The int32 sum with two's-complement wrap, as the switch computes it."""
+    total = np.sum(np.stack(parts).astype(np.int64), axis=0) & CELL_MASK
+    return total.astype(np.uint32).view(np.int32)
+
+
+def result_cells(pkt: Ether) -> np.ndarray:
+    """The cells of a result frame."""
+    return np.array(pkt[Agg].cells, np.int32)
+
+
+class CounterDelta:
+    """Drop and event counters read over P4Runtime, relative to when it was made."""
+
+    def __init__(self, fabric: Fabric) -> None:
+        self.fabric = fabric
+        self.base = self._read()
+
+    def _read(self) -> dict[str, dict[int, int]]:
+        conn = self.fabric.conn
+        return {
+            name: {i: pk for i, (pk, _) in conn.read_counter(name).items()}
+            for name in (p4names.INGRESS_DROPS, p4names.EGRESS_DROPS, p4names.EVENT_COUNTER)
+        }
+
+    def drops(self) -> dict[DropReason, int]:
+        """Packets dropped per reason since creation (ingress and egress), zeros left out."""
+        now = self._read()
+        out: dict[DropReason, int] = {}
+        for name in (p4names.INGRESS_DROPS, p4names.EGRESS_DROPS):
+            for i, v in now[name].items():
+                d = v - self.base[name].get(i, 0)
+                if d:
+                    out[DropReason(i)] = out.get(DropReason(i), 0) + d
+        return out
+
+    def events(self) -> dict[Event, int]:
+        """Aggregation events since creation, zeros left out."""
+        now = self._read()[p4names.EVENT_COUNTER]
+        base = self.base[p4names.EVENT_COUNTER]
+        return {
+            Event(i): v - base.get(i, 0)
+            for i, v in now.items()
+            if i < len(Event) and v - base.get(i, 0)
+        }

@@ -1,0 +1,200 @@
+"""A switch (BMv2 or the reference switch) with hosts in network namespaces around it,
+its pipeline pushed and its forwarding entries installed: the stage of the packet tests
+and of the benchmarks. Everything it makes carries a tag of ours and goes in close()."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import re
+import signal
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from homagg.control.artifacts import BMV2_JSON_PATH, P4INFO_PATH
+from homagg.control.forwarding import Host, forwarding_entries
+from homagg.control.install import reconcile
+from homagg.control.switch_connection import SwitchConnection
+from homagg.lab.addresses import SERVICE_IP, SWITCH_MAC, host_ip, host_mac, host_switch_port
+from homagg.lab.namespace import (
+    add_namespace,
+    add_veth,
+    delete_namespace,
+    in_namespace,
+    ip,
+)
+from homagg.lab.rawsock import RawPort, disable_offloads
+from homagg.lab.switch_process import SwitchProcess
+
+PID_DIR = Path(tempfile.gettempdir()) / "homagg-fabrics"  # switch PIDs, for `make stop`
+_fabric_ids = itertools.count()
+# hg<owner pid>x<n>{h|s}<host>: a host's namespace and link; hg<owner pid>x<n>sw: the switch's
+TAG_PATTERN = re.compile(r"^hg(\d+)x(\d+)(?:[hs]\d+|sw)$")
+
+
+def fabric_tag(owner_pid: int, n: int) -> str:
+    """Prefix of every name a fabric makes; interface names stay within 15 characters."""
+    return f"hg{owner_pid}x{n}"
+
+
+@dataclass
+class FabricHost:
+    """A host namespace with one link to the switch and a raw socket on it."""
+
+    index: int
+    namespace: str
+    iface: str
+    switch_iface: str
+    switch_port: int
+    mac: str
+    ip: str
+    _raw: RawPort | None = field(default=None, repr=False)
+
+    @property
+    def raw(self) -> RawPort:
+        """The host's raw socket, open once the fabric has built this host."""
+        if self._raw is None:
+            raise RuntimeError(f"host {self.index} has no raw port: the fabric is not built")
+        return self._raw
+
+    @raw.setter
+    def raw(self, port: RawPort) -> None:
+        self._raw = port
+
+    def enable_ip_stack(self) -> None:
+        """Give the host's kernel its address, for tests that use ordinary sockets."""
+        ip("addr", "add", f"{self.ip}/24", "dev", self.iface, netns=self.namespace)
+
+
+class Fabric:
+    """num_hosts hosts on ports 1..num_hosts of one switch of kind `target`, running the
+    program in `artifacts` (P4Info, BMv2 JSON). The switch and its ends of the links are in a
+    namespace of their own (`switch_namespace`; homagg/lab/switch_process.py says why), its
+    P4Runtime on a Unix socket (`switch.address`)."""
+
+    def __init__(
+        self,
+        target: str,
+        num_hosts: int,
+        workdir: Path | None = None,
+        artifacts: tuple[Path, Path] = (P4INFO_PATH, BMV2_JSON_PATH),
+    ) -> None:
+        self.target = target
+        self.artifacts = artifacts
+        self.tag = fabric_tag(os.getpid(), next(_fabric_ids))
+        self.switch_namespace = f"{self.tag}sw"
+        self.workdir = workdir or Path(tempfile.mkdtemp(prefix=f"{self.tag}-"))
+        self.hosts: list[FabricHost] = []
+        self._switch: SwitchProcess | None = None
+        self._restarts = 0
+        self._conn: SwitchConnection | None = None
+        try:
+            self._build(num_hosts)
+        except BaseException:
+            self.close()
+            raise
+
+    def _build(self, num_hosts: int) -> None:
+        add_namespace(self.switch_namespace)
+        for i in range(num_hosts):
+            host = FabricHost(
+                index=i,
+                namespace=f"{self.tag}h{i}",
+                iface=f"{self.tag}h{i}",
+                switch_iface=f"{self.tag}s{i}",
+                switch_port=host_switch_port(i),
+                mac=host_mac(i),
+                ip=host_ip(i),
+            )
+            self.hosts.append(host)
+            add_namespace(host.namespace)
+            add_veth(host.switch_iface, host.iface, host.namespace, self.switch_namespace)
+            ip("link", "set", "dev", host.iface, "address", host.mac, netns=host.namespace)
+            with in_namespace(host.namespace):
+                disable_offloads(host.iface)
+                host.raw = RawPort(host.iface)
+        self.switch = SwitchProcess(
+            self.target,
+            {h.switch_port: h.switch_iface for h in self.hosts},
+            self.workdir / "switch.log",
+            self.switch_namespace,
+            self.tag,
+        )
+        PID_DIR.mkdir(exist_ok=True)
+        (PID_DIR / f"{self.tag}.pid").write_text(str(self.switch.proc.pid))
+        self.conn = SwitchConnection(self.switch.address)
+        self.conn.connect()
+        self.conn.set_pipeline(*self.artifacts)
+        hosts = [Host(ip=h.ip, mac=h.mac, switch_port=h.switch_port) for h in self.hosts]
+        reconcile(self.conn, forwarding_entries(hosts, SERVICE_IP, SWITCH_MAC), read_back=False)
+
+    def restart_switch(self, kill: bool = True) -> None:
+        """Replace the switch by a fresh one (no pipeline, no entries) on the same ports and
+        P4Runtime address, as after a crash (kill) or a clean restart."""
+        old = self.switch
+        if kill and old.proc.poll() is None:
+            os.killpg(old.proc.pid, signal.SIGKILL)
+        old.stop()
+        self._restarts += 1
+        self.switch = SwitchProcess(
+            self.target,
+            {h.switch_port: h.switch_iface for h in self.hosts},
+            self.workdir / f"switch-{self._restarts}.log",
+            self.switch_namespace,
+            self.tag,  # the same P4Runtime address
+        )
+        (PID_DIR / f"{self.tag}.pid").write_text(str(self.switch.proc.pid))
+
+    def drain(self) -> None:
+        """Discard frames queued at every host."""
+        for h in self.hosts:
+            h.raw.drain()
+
+    def close(self) -> None:
+        """Stop the switch and remove every namespace and link this fabric made."""
+        self.release_connection()
+        if self._switch is not None:
+            self._switch.stop()
+            (PID_DIR / f"{self.tag}.pid").unlink(missing_ok=True)
+        for h in self.hosts:
+            if h._raw is not None:
+                h._raw.close()
+            delete_namespace(h.namespace)
+        delete_namespace(self.switch_namespace)  # with the switch's ends of the links
+
+    @property
+    def conn(self) -> SwitchConnection:
+        """The fabric's P4Runtime connection, primary since the fabric was built."""
+        if self._conn is None:
+            raise RuntimeError(
+                "fabric has no switch connection: it failed to build or was released"
+            )
+        return self._conn
+
+    @conn.setter
+    def conn(self, conn: SwitchConnection | None) -> None:
+        self._conn = conn
+
+    def release_connection(self) -> None:
+        """Close the fabric's connection, so another client (a controller) becomes primary."""
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    @property
+    def switch(self) -> SwitchProcess:
+        """The running switch process (a fresh one after restart_switch())."""
+        if self._switch is None:
+            raise RuntimeError("fabric has no switch: it failed to build or is closed")
+        return self._switch
+
+    @switch.setter
+    def switch(self, process: SwitchProcess) -> None:
+        self._switch = process
+
+    def __enter__(self) -> Fabric:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,7 @@
+"""`python -m homagg.worker`: see homagg/worker/cli.py."""
+
+import sys
+
+from homagg.worker.cli import main
+
+sys.exit(main())

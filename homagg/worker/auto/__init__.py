@@ -1,0 +1,1 @@
+"""codec="auto": the per-bucket path and codec chosen from measured costs."""

@@ -1,7 +1,0 @@
-"""python -m refswitch"""
-
-import sys
-
-from refswitch.cli import main
-
-sys.exit(main())

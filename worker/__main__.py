@@ -1,7 +1,0 @@
-"""`python -m worker`: see worker/cli.py."""
-
-import sys
-
-from worker.cli import main
-
-sys.exit(main())
