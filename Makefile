@@ -28,7 +28,7 @@ RUN_OPTS := $(if $(HOSTS),--hosts $(HOSTS)) $(if $(MODEL),--model $(MODEL)) $(if
 # Debian packages make run needs: Mininet (no Open vSwitch: our own switch class), venv, tc, ifconfig
 RUN_DEBS := mininet python3-venv iproute2 net-tools
 
-.PHONY: help venv test lint run run-deps demo bench stop p4 p4-tofino p4-tofino2 clean
+.PHONY: help venv test check lint run run-deps demo bench stop p4 p4-tofino p4-tofino2 clean
 
 help:  ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -46,6 +46,9 @@ venv: $(VENV)/.installed  ## create the virtual environment with every dependenc
 
 test: venv lint  ## lint, then the whole test suite (packet tests need root; BMv2 tests run when simple_switch_grpc is installed)
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+check: venv lint  ## lint, then the unit tier alone (pytest -m "unit and not slow": no root, BMv2 or Mininet; ~2 min on 2 cores)
+	$(PY) -m pytest -m "unit and not slow" $(PYTEST_ARGS)
 
 lint: venv  ## ruff (rules and formatting, pyproject.toml) and mypy over the packages
 	$(PY) -m ruff check .

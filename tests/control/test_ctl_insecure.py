@@ -94,6 +94,7 @@ def _serve_log(tmp_path: Path, *extra: str) -> str:
     return log.read_text()
 
 
+@pytest.mark.slow
 def test_insecure_non_loopback_starts_and_warns(tmp_path):
     port = free_port()
     text = _serve_log(tmp_path, "--listen", f"0.0.0.0:{port}", "--insecure-non-loopback")
@@ -103,6 +104,7 @@ def test_insecure_non_loopback_starts_and_warns(tmp_path):
     assert "INSECURE: the job API on" in text and "is plaintext" in text
 
 
+@pytest.mark.slow
 def test_insecure_on_loopback_logs_what_is_missing(tmp_path):
     text = _serve_log(tmp_path)
     assert "controller listening on 127.0.0.1:" in text

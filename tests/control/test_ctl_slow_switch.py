@@ -100,6 +100,7 @@ def _in_thread(call: Any) -> tuple[threading.Thread, dict[str, Any]]:
     return thread, out
 
 
+@pytest.mark.slow
 def test_slow_writes_delay_only_their_job(refswitch, tmp_path, start_controller, monkeypatch):
     """2 s per Write (the switch's timeout is 8 s): installing a job takes four writes, 8 s,
     four leases of the other job. Its heartbeats stay under 1 s p99, Status and ListJobs
@@ -149,6 +150,7 @@ def test_slow_writes_delay_only_their_job(refswitch, tmp_path, start_controller,
     assert states[delayed.job_id] == ("ended", "released by the operator")
 
 
+@pytest.mark.slow
 def test_writes_past_the_timeout_fail_cleanly(refswitch, tmp_path, start_controller, monkeypatch):
     """Writes slower than the switch's 1 s timeout: the completing join answers at once-ish
     with ready false (the join stands), the other job's heartbeats stay fast and both leases
@@ -189,6 +191,7 @@ def test_writes_past_the_timeout_fail_cleanly(refswitch, tmp_path, start_control
     assert {j.state for j in c.list_jobs().jobs} == {"ready"}
 
 
+@pytest.mark.slow
 def test_a_job_ended_during_its_install_is_removed_after_it(
     refswitch, tmp_path, start_controller, monkeypatch
 ):

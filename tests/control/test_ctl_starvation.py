@@ -110,6 +110,7 @@ def _heartbeat_latencies(client, job, seconds: float) -> list[float]:
     return lat
 
 
+@pytest.mark.slow
 def test_140_parked_wait_ready_do_not_end_another_job(refswitch, tmp_path, start_controller):
     """The issue's attack: one client parks 140 WaitReady calls on its own job (rank 0
     joined, 128 request threads). Another job's heartbeats stay fast for several leases and

@@ -191,6 +191,7 @@ def test_workers_verify_tls_and_only_rank_0_holds_the_operator_credential(compos
     assert "credentials:/credentials" in volumes and "admin:/admin" in volumes
 
 
+@pytest.mark.slow
 def test_the_generated_controller_configuration_is_secured(tmp_path):
     """What docker/controller.sh makes on the controller's first start: TLS whose certificate
     names the service workers dial ("controller"), the tenant credential rank 0 reads and the

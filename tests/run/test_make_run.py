@@ -45,7 +45,9 @@ def python_m_run(args: list[str], timeout: float) -> str:
     return done.stdout
 
 
-pytestmark = pytest.mark.skipif(bool(_mininet_reason()), reason=_mininet_reason() or "-")
+pytestmark = pytest.mark.skipif(
+    bool(_mininet_reason()), reason=_mininet_reason() or "runs make run in Mininet"
+)
 
 
 def _cmdlines_mentioning(text: str) -> list[str]:

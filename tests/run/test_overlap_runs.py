@@ -15,7 +15,9 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(Path(__file__).parent))
 from test_make_run import _mininet_reason, python_m_run  # noqa: E402
 
-pytestmark = pytest.mark.skipif(bool(_mininet_reason()), reason=_mininet_reason() or "-")
+pytestmark = pytest.mark.skipif(
+    bool(_mininet_reason()), reason=_mininet_reason() or "runs make run in Mininet"
+)
 
 
 def make_run(out: Path, *options: str) -> str:

@@ -76,6 +76,7 @@ def test_dense_needs_sparse_embeddings() -> None:
         peers.prepare("gloo-dense", make_task("lm", SHAPE).model)  # dense tables already
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_dense_gloo_matches_sparse_gloo(tmp_path: Path) -> None:
     """Dense tables over gloo sum exactly what the sparse rows do (up to float rounding)."""
@@ -86,6 +87,7 @@ def test_dense_gloo_matches_sparse_gloo(tmp_path: Path) -> None:
         assert torch.allclose(v, sparse["state"][k], atol=1e-6), k
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("mode", ["gloo-fp16", "gloo-powersgd1"])
 def test_compression_hooks_train_close_to_gloo(mode: str, tmp_path: Path) -> None:

@@ -21,7 +21,9 @@ from homagg.lab.addresses import CONTROLLER_INDEX, SWITCH_MAC, host_entry
 from homagg.lab.namespace import in_namespace, tcp_connects
 from homagg.lab.switch_process import THRIFT_PORT, free_port
 
-pytestmark = pytest.mark.skipif(bool(_mininet_reason()), reason=_mininet_reason() or "-")
+pytestmark = pytest.mark.skipif(
+    bool(_mininet_reason()), reason=_mininet_reason() or "runs make run in Mininet"
+)
 
 
 def _install_forwarding(net, topo_hosts: int, names) -> None:

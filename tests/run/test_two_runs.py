@@ -16,7 +16,9 @@ from homagg.lab.processes import run_together
 
 ROOT = Path(__file__).resolve().parents[2]
 
-pytestmark = pytest.mark.skipif(bool(_mininet_reason()), reason=_mininet_reason() or "-")
+pytestmark = pytest.mark.skipif(
+    bool(_mininet_reason()), reason=_mininet_reason() or "runs make run in Mininet"
+)
 
 
 @pytest.mark.timeout(180)

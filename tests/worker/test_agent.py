@@ -244,6 +244,7 @@ def test_missing_ranks_time_out_clearly(ctl):
 
 
 @needs_root
+@needs_root
 def test_agents_aggregate_through_the_switch(fab):
     job = fab.create(2, pool_size=8)
     agents = open_all(fab, job, 2)

@@ -17,6 +17,10 @@ from homagg.lab.namespace import have_privileges
 from homagg.wire.constants import Op
 from homagg.worker.job.agent import WorkerAgent, open_agent
 
+pytestmark = pytest.mark.skipif(
+    not have_privileges(), reason="needs root and iproute2 (network namespaces)"
+)
+
 
 @pytest.fixture(scope="module")
 def secured(tmp_path_factory):

@@ -191,6 +191,7 @@ def density(label: str) -> float:
     return float(label.split("@")[1])
 
 
+@pytest.mark.slow
 def test_two_ranks_raise_compression_with_injected_delay_and_lower_it_after(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT), "GLOO_SOCKET_IFNAME": "lo"}
     cmds = [

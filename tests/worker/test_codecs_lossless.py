@@ -75,6 +75,7 @@ def assert_same_bits(a: np.ndarray, b: np.ndarray) -> None:
     assert np.array_equal(a.view(np.int32), b.view(np.int32))
 
 
+@pytest.mark.slow
 def test_bit_exact_against_dense_fixed_point_sweep():
     rng = np.random.default_rng(2024)
     cases = 0

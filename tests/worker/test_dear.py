@@ -18,6 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 WORKER = Path(__file__).with_name("dear_worker.py")
 
 
+@pytest.mark.slow
 def test_dear_over_gloo_ends_at_ddp_parameters(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT), "GLOO_SOCKET_IFNAME": "lo"}
     cmds = [

@@ -118,6 +118,7 @@ def test_through_a_codec_the_sum_is_exact() -> None:
     assert rows(summed) == [0, 1, 9]
 
 
+@pytest.mark.slow
 def test_sparse_adam_state_equals_gloo(tmp_path):
     """Two gloo ranks: SparseAdam behind the switch hook (lossless, over a switch simulated
     by gloo collectives) ends with DDP-over-gloo's parameters and moments, the rows whose
