@@ -30,7 +30,8 @@ from typing import Any
 
 from bench.publish import publish
 from bench.runs import RunFailed, RunSpec, note_failure, pct, run_once
-from homagg.lab.switch_process import AUTO_TARGET, BMV2_OPT_ENV, TARGETS
+from homagg.environment import BMV2_OPT_ENV
+from homagg.lab.switch_process import AUTO_TARGET, TARGETS
 
 GLOO = "DDP over gloo"
 # run name -> (codec, --overlap); "fixed" is the model's fixed codec

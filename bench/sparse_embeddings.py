@@ -148,7 +148,7 @@ def rank_main(a: argparse.Namespace) -> None:
 
     import torch.distributed as dist
 
-    from homagg.worker.job.env import ENV_IFACE
+    from homagg.environment import IFACE_ENV
 
     faulthandler.dump_traceback_later(a.timeout - 30, exit=True)  # a stuck rank says where
     os.environ.update(
@@ -159,7 +159,7 @@ def rank_main(a: argparse.Namespace) -> None:
             "MASTER_ADDR": a.master,
             "MASTER_PORT": str(MASTER_PORT),
             "GLOO_SOCKET_IFNAME": a.iface,
-            ENV_IFACE: a.iface,
+            IFACE_ENV: a.iface,
         }
     )
     from datetime import timedelta
@@ -203,11 +203,10 @@ def _controller(fabric: Any, tmp: Path) -> tuple[Any, str]:
 def measure(a: argparse.Namespace) -> dict[str, list[dict]]:
     """Both ranks in the fabric's namespaces; rank 0's records per configuration."""
     from homagg.api.client import ControllerClient
-    from homagg.api.credentials import INSECURE_ENV
+    from homagg.environment import CONTROLLER_ENV, INSECURE_ENV
     from homagg.lab.fabric import Fabric
     from homagg.lab.poll import wait_for
     from homagg.lab.processes import run_together
-    from homagg.worker.job.env import ENV_CONTROLLER
 
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # tear the fabric down
     tmp = Path(tempfile.mkdtemp(prefix="bench-sparse-"))
@@ -228,7 +227,7 @@ def measure(a: argparse.Namespace) -> dict[str, list[dict]]:
             cmd += ["--rounds", str(a.rounds), "--steps", str(a.steps), "--timeout", str(a.timeout)]
             cmds.append([*cmd, "--warmup", str(a.warmup), "--out", str(out)])
         env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "OMP_NUM_THREADS": "1"}
-        env[ENV_CONTROLLER] = address
+        env[CONTROLLER_ENV] = address
         env[INSECURE_ENV] = "1"  # the controller of this bench serves plaintext
         done = run_together(cmds, a.timeout, env=env, cwd=REPO_ROOT)
         if any(code for code, _ in done):

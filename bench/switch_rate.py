@@ -29,9 +29,10 @@ import time
 from pathlib import Path
 
 from bench.publish import plot_path, publish, pyplot
+from homagg.environment import BMV2_OPT_ENV, CELLS_PER_PKT_ENV
 from homagg.lab import REPO_ROOT
-from homagg.lab.switch_process import BMV2_OPT_ENV, TARGETS, available_targets, target_problem
-from homagg.wire.constants import CELL_BITS, CELLS_PER_PKT_ENV, LANE_BITS_OF_OP, Op
+from homagg.lab.switch_process import TARGETS, available_targets, target_problem
+from homagg.wire.constants import CELL_BITS, LANE_BITS_OF_OP, Op
 
 
 def _measure(job, pool_size: int, batches: int, first_chunk: int, op: int) -> tuple[float, int]:

@@ -32,7 +32,8 @@ from typing import Any
 from bench import runs as bench_runs
 from bench.publish import plot_path, publish, pyplot
 from bench.runs import RunSpec, ms, pct, retransmissions, run_once, split_cell, time_split
-from homagg.lab.switch_process import AUTO_TARGET, BMV2_OPT_ENV, TARGETS
+from homagg.environment import BMV2_OPT_ENV
+from homagg.lab.switch_process import AUTO_TARGET, TARGETS
 
 GLOO = "DDP over gloo"
 DESCRIPTION = {"ncf": "NCF (sparse)", "mlp": "MLP (dense)", "lm": "transformer LM (dense)"}

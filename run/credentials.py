@@ -12,8 +12,9 @@ import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
-from homagg.api.credentials import ADMIN, CA_FILE_ENV, OPERATOR_TOKEN_FILE_ENV, TENANT, hash_token
+from homagg.api.credentials import ADMIN, TENANT, hash_token
 from homagg.control.pki import make_pki
+from homagg.environment import CA_FILE_ENV, OPERATOR_TOKEN_FILE_ENV
 
 TENANT_NAME = "make-run"  # the operator names in the controller's configuration
 ADMIN_NAME = "make-run-admin"

@@ -10,13 +10,8 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from homagg.lab.switch_process import (
-    AUTO_TARGET,
-    BMV2_OPT_ENV,
-    TARGETS,
-    resolve_target,
-    target_problem,
-)
+from homagg.environment import BMV2_OPT_ENV
+from homagg.lab.switch_process import AUTO_TARGET, TARGETS, resolve_target, target_problem
 from homagg.worker.auto.control import auto_config
 from homagg.worker.codecs import AUTO_CODEC, CODEC_CHOICES, DEFAULT_CODEC
 from run.model import DEFAULT_LR, MODELS

@@ -30,6 +30,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from homagg.environment import LOG_ENV
 from homagg.worker.codecs import AUTO_CODEC, DEFAULT_CODEC
 from homagg.worker.ddp.attach import attach
 from homagg.worker.ddp.dear import DearDataParallel
@@ -321,7 +322,7 @@ def main(argv: list[str] | None = None) -> None:
     a = p.parse_args(argv)
     warnings.simplefilter("default")
     # HOMAGG_LOG=INFO: the hook's log in each rank's log (auto's per-step decisions)
-    logging.basicConfig(level=os.environ.get("HOMAGG_LOG", "WARNING").upper())
+    logging.basicConfig(level=os.environ.get(LOG_ENV, "WARNING").upper())
     dist.init_process_group("gloo", timeout=timedelta(seconds=120))
     try:
         train(a)

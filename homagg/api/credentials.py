@@ -12,17 +12,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from homagg.api.validation import hash_token  # token_sha256 in the configuration
+from homagg.environment import (
+    CA_FILE_ENV,
+    JOB_TOKEN_ENV,
+    JOB_TOKEN_FILE_ENV,
+    OPERATOR_TOKEN_ENV,
+    OPERATOR_TOKEN_FILE_ENV,
+)
 from homagg.wire.constants import NUM_SLOTS
 
 METADATA_KEY = "authorization"  # gRPC metadata carrying "Bearer <operator token>"
-OPERATOR_TOKEN_ENV = "HOMAGG_OPERATOR_TOKEN"
-OPERATOR_TOKEN_FILE_ENV = "HOMAGG_OPERATOR_TOKEN_FILE"
-JOB_TOKEN_ENV = (
-    "HOMAGG_TOKEN"  # a worker's job token (homagg/worker/ddp/attach.py, python -m homagg.worker)
-)
-JOB_TOKEN_FILE_ENV = "HOMAGG_TOKEN_FILE"
-CA_FILE_ENV = "HOMAGG_CA_FILE"  # the CA that signed the controller's certificate
-INSECURE_ENV = "HOMAGG_INSECURE"  # "1": plaintext to a controller without TLS (tests, local use)
 
 
 ADMIN, TENANT = "admin", "tenant"

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import grpc
 
-from homagg.api.credentials import CA_FILE_ENV, INSECURE_ENV, ca_file
+from homagg.api.credentials import ca_file
+from homagg.environment import CA_FILE_ENV, INSECURE_ENV
 
 log = logging.getLogger(__name__)
 

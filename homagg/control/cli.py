@@ -15,15 +15,7 @@ from typing import Any
 
 import grpc
 
-from homagg.api.credentials import (
-    CA_FILE_ENV,
-    INSECURE_ENV,
-    OPERATOR_TOKEN_ENV,
-    OPERATOR_TOKEN_FILE_ENV,
-    SecretError,
-    ca_file,
-    operator_token,
-)
+from homagg.api.credentials import SecretError, ca_file, operator_token
 from homagg.control.config import (
     DEFAULT_LISTEN,
     ConfigError,
@@ -33,6 +25,12 @@ from homagg.control.config import (
     load_config,
 )
 from homagg.control.text_table import render_counters, render_jobs, render_pools, render_status
+from homagg.environment import (
+    CA_FILE_ENV,
+    INSECURE_ENV,
+    OPERATOR_TOKEN_ENV,
+    OPERATOR_TOKEN_FILE_ENV,
+)
 
 DESCRIPTION = f"""\
 Control plane of homagg: in-network gradient aggregation on P4 switches.

@@ -26,13 +26,13 @@ import tempfile
 import time
 from pathlib import Path
 
+from homagg.environment import BMV2_OPT_ENV
 from homagg.lab.namespace import in_namespace, netns_path
 from homagg.lab.rawsock import turn_offloads_off
 from homagg.wire.constants import NUM_SLOTS
 
 TARGETS = ("refswitch", "bmv2", "bmv2-opt")
 BMV2_TARGETS = ("bmv2", "bmv2-opt")
-BMV2_OPT_ENV = "HOMAGG_BMV2_OPT"  # the optimized BMv2 build's install prefix (no default)
 THRIFT_PORT = 9090  # BMv2's Thrift server, on every interface of the switch's own namespace
 SOCKET_DIR = Path(tempfile.gettempdir()) / "homagg-p4runtime"  # the switches' P4Runtime sockets
 

@@ -4,13 +4,14 @@ and tests/wire/test_constants.py checks that the two agree."""
 import os
 from enum import IntEnum
 
+from homagg.environment import CELLS_PER_PKT_ENV
+
 # Cells per packet a program can be built for: the v1model program's 64, 128 or 256
 # (`make p4 CELLS=...`), the TNA program's 16, 32, 48 or 64 (`make p4-tofino TNA_CELLS=...`).
 CELLS_CHOICES = (16, 32, 48, 64, 128, 256)
 # The committed v1model build's (256); the reference switch and the tests use it. The
 # environment variable serves benchmarks that run a program built otherwise. A worker
 # takes its job's value from the assignment (the controller's per-switch cells_per_packet).
-CELLS_PER_PKT_ENV = "HOMAGG_CELLS_PER_PKT"
 CELLS_PER_PKT = int(os.environ.get(CELLS_PER_PKT_ENV, "256"))
 if CELLS_PER_PKT not in CELLS_CHOICES:
     raise ValueError(f"{CELLS_PER_PKT_ENV} must be one of {CELLS_CHOICES}, not {CELLS_PER_PKT}")

@@ -24,19 +24,16 @@ import grpc
 import numpy as np
 
 from homagg.api.client import DEFAULT_LISTEN, ControllerClient
-from homagg.api.credentials import (
+from homagg.api.credentials import SecretError, ca_file, job_token, operator_token
+from homagg.api.tls import TlsError, plaintext_chosen
+from homagg.environment import (
     CA_FILE_ENV,
     INSECURE_ENV,
     JOB_TOKEN_ENV,
     JOB_TOKEN_FILE_ENV,
     OPERATOR_TOKEN_ENV,
     OPERATOR_TOKEN_FILE_ENV,
-    SecretError,
-    ca_file,
-    job_token,
-    operator_token,
 )
-from homagg.api.tls import TlsError, plaintext_chosen
 from homagg.wire.constants import WORKER_UDP_BASE
 from homagg.worker.codecs import CODECS, DEFAULT_CODEC, make_codec
 from homagg.worker.job.agent import AgentConfig, AgentError, WorkerAgent

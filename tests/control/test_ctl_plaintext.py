@@ -15,10 +15,10 @@ from ctl_helpers import make_config
 
 from homagg.api import tls
 from homagg.api.client import ControllerClient
-from homagg.api.credentials import CA_FILE_ENV, INSECURE_ENV
 from homagg.api.tls import TlsError
 from homagg.control.cli import main
 from homagg.control.pki import make_pki
+from homagg.environment import CA_FILE_ENV, INSECURE_ENV
 from homagg.worker.cli import main as worker_main
 from homagg.worker.job.agent import AgentConfig, open_agent
 

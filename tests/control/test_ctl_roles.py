@@ -12,16 +12,10 @@ import pytest
 from ctl_helpers import HOSTS, config_dict, join_all, rpc_code
 
 from homagg.api.client import ControllerClient
-from homagg.api.credentials import (
-    CA_FILE_ENV,
-    OPERATOR_TOKEN_ENV,
-    OPERATOR_TOKEN_FILE_ENV,
-    TENANT_MAX_JOBS,
-    TENANT_MAX_SLOTS,
-    hash_token,
-)
+from homagg.api.credentials import TENANT_MAX_JOBS, TENANT_MAX_SLOTS, hash_token
 from homagg.control.cli import main
 from homagg.control.config import ConfigError, parse_config
+from homagg.environment import CA_FILE_ENV, OPERATOR_TOKEN_ENV, OPERATOR_TOKEN_FILE_ENV
 
 ROOT, CAROL, DAVE = "root-token", "-carol-token", "dave-token"
 DENIED = grpc.StatusCode.PERMISSION_DENIED

@@ -15,12 +15,6 @@ from ctl_helpers import HOSTS, config_dict, join_all, make_config, rpc_code
 
 from homagg.api.client import ControllerClient
 from homagg.api.credentials import (
-    CA_FILE_ENV,
-    INSECURE_ENV,
-    JOB_TOKEN_ENV,
-    JOB_TOKEN_FILE_ENV,
-    OPERATOR_TOKEN_ENV,
-    OPERATOR_TOKEN_FILE_ENV,
     Operator,
     SecretError,
     authenticate,
@@ -34,6 +28,14 @@ from homagg.api.tls import TlsError, server_credentials
 from homagg.control.cli import main
 from homagg.control.config import ConfigError, parse_config
 from homagg.control.pki import make_pki
+from homagg.environment import (
+    CA_FILE_ENV,
+    INSECURE_ENV,
+    JOB_TOKEN_ENV,
+    JOB_TOKEN_FILE_ENV,
+    OPERATOR_TOKEN_ENV,
+    OPERATOR_TOKEN_FILE_ENV,
+)
 
 ALICE, BOB = "-alice-token-begins-with-a-dash", "bob-token"
 UNAUTH, EXHAUSTED = grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.RESOURCE_EXHAUSTED

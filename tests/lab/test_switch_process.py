@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from homagg.environment import BMV2_OPT_ENV
 from homagg.lab import rawsock, switch_process
 from homagg.lab.addresses import SERVICE_IP
 from homagg.lab.fabric import Fabric
@@ -58,12 +59,12 @@ def test_auto_is_bmv2_when_installed_and_benches_compare_what_is_installed(monke
 
 
 def test_bmv2_opt_runs_the_build_under_its_prefix_with_its_libraries(monkeypatch, tmp_path):
-    monkeypatch.delenv(switch_process.BMV2_OPT_ENV, raising=False)
+    monkeypatch.delenv(BMV2_OPT_ENV, raising=False)
     assert "HOMAGG_BMV2_OPT" in switch_process.target_problem("bmv2-opt")
     assert "bmv2-opt" not in switch_process.available_targets()
     with pytest.raises(ValueError, match="HOMAGG_BMV2_OPT"):
         switch_command("bmv2-opt", {1: "a"}, "127.0.0.1:9559")
-    monkeypatch.setenv(switch_process.BMV2_OPT_ENV, str(tmp_path))
+    monkeypatch.setenv(BMV2_OPT_ENV, str(tmp_path))
     monkeypatch.setenv("LD_LIBRARY_PATH", "/opt/other")
     assert "no executable" in switch_process.target_problem("bmv2-opt")
     binary = tmp_path / "bin" / "simple_switch_grpc"

@@ -7,13 +7,9 @@ from __future__ import annotations
 
 import tomllib
 
-from homagg.api.credentials import (
-    CA_FILE_ENV,
-    OPERATOR_TOKEN_FILE_ENV,
-    authenticate,
-    operator_token,
-)
+from homagg.api.credentials import authenticate, operator_token
 from homagg.control.config import parse_config
+from homagg.environment import CA_FILE_ENV, OPERATOR_TOKEN_FILE_ENV
 from homagg.lab.controller_process import config_toml
 from run.credentials import make_run_credentials
 

@@ -11,7 +11,7 @@ import pytest
 from agent_fabric import Controlled, free_port_udp
 
 from homagg.api import validation
-from homagg.api.credentials import CA_FILE_ENV, JOB_TOKEN_ENV, JOB_TOKEN_FILE_ENV
+from homagg.environment import CA_FILE_ENV, JOB_TOKEN_ENV, JOB_TOKEN_FILE_ENV
 from homagg.lab.namespace import have_privileges
 from homagg.worker.cli import main
 

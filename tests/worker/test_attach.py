@@ -15,10 +15,19 @@ from agent_fabric import Controlled
 from test_agent_assignment import GOOD
 
 from homagg.api.client import release_job
-from homagg.api.credentials import CA_FILE_ENV, INSECURE_ENV, JOB_TOKEN_ENV, JOB_TOKEN_FILE_ENV
+from homagg.environment import (
+    CA_FILE_ENV,
+    CODEC_ENV,
+    CONTROLLER_ENV,
+    IFACE_ENV,
+    INSECURE_ENV,
+    JOB_ID_ENV,
+    JOB_TOKEN_ENV,
+    JOB_TOKEN_FILE_ENV,
+    READY_TIMEOUT_ENV,
+)
 from homagg.lab.switch_process import free_port
 from homagg.worker.ddp import attach
-from homagg.worker.job import env as job_env
 from homagg.worker.job import session as job_session
 from homagg.worker.job import setup as job_setup
 from homagg.worker.job.agent import AgentConfig, AgentError
@@ -43,13 +52,13 @@ def controlled(tmp_path_factory):
 @pytest.fixture(autouse=True)
 def clean_env(monkeypatch):
     for name in (
-        job_env.ENV_CONTROLLER,
-        job_env.ENV_JOB_ID,
+        CONTROLLER_ENV,
+        JOB_ID_ENV,
         JOB_TOKEN_ENV,
         JOB_TOKEN_FILE_ENV,
-        job_env.ENV_IFACE,
-        job_env.ENV_CODEC,
-        job_env.ENV_READY_TIMEOUT,
+        IFACE_ENV,
+        CODEC_ENV,
+        READY_TIMEOUT_ENV,
         CA_FILE_ENV,
     ):
         monkeypatch.delenv(name, raising=False)
@@ -98,9 +107,9 @@ def test_refused_token_from_the_launcher(monkeypatch, controlled, tmp_path):
     job = controlled.create(1)
     token_file = tmp_path / "token"
     token_file.write_text("not-the-token\n")
-    monkeypatch.setenv(job_env.ENV_JOB_ID, str(job.job_id))
+    monkeypatch.setenv(JOB_ID_ENV, str(job.job_id))
     monkeypatch.setenv(JOB_TOKEN_FILE_ENV, str(token_file))
-    monkeypatch.setenv(job_env.ENV_IFACE, "lo")
+    monkeypatch.setenv(IFACE_ENV, "lo")
     reason = fallback(controller=controlled.address)
     assert "JoinJob failed" in reason and "UNAUTHENTICATED" in reason
     assert "not-the-token" not in reason
@@ -115,14 +124,14 @@ def test_host_outside_the_topology_is_told_to_name_its_port(controlled):
 
 
 def test_a_bad_ready_timeout_is_a_reason(monkeypatch, controlled):
-    monkeypatch.setenv(job_env.ENV_READY_TIMEOUT, "soon")
+    monkeypatch.setenv(READY_TIMEOUT_ENV, "soon")
     assert "HOMAGG_READY_TIMEOUT='soon' is not a positive number" in fallback(
         controller=controlled.address
     )
 
 
 def test_an_unknown_codec_is_an_error(monkeypatch):
-    monkeypatch.setenv(job_env.ENV_CODEC, "nope")
+    monkeypatch.setenv(CODEC_ENV, "nope")
     with pytest.raises(
         ValueError,
         match=r"HOMAGG_CODEC on rank 0: unknown codec 'nope'; expected one of lossless, .*auto",
@@ -163,7 +172,7 @@ def test_lane_codecs_are_refused_when_the_switchs_program_has_no_lanes(monkeypat
         def close(self) -> None:
             closed.append(self.assignment.switch)
 
-    monkeypatch.setenv(job_env.ENV_IFACE, "lo")
+    monkeypatch.setenv(IFACE_ENV, "lo")
     for codec, lanes, refused in [
         ("lowbit8", False, True),
         ("lowbit16", False, True),

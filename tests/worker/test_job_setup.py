@@ -15,10 +15,9 @@ import pytest
 import torch.distributed as dist
 from agent_fabric import OPERATOR_TOKEN, Controlled
 
-from homagg.api.credentials import CA_FILE_ENV, INSECURE_ENV, OPERATOR_TOKEN_ENV
+from homagg.environment import CA_FILE_ENV, INSECURE_ENV, OPERATOR_TOKEN_ENV, READY_TIMEOUT_ENV
 from homagg.wire.constants import MAX_WORKERS_PER_JOB
 from homagg.worker.codecs import AUTO_CODEC
-from homagg.worker.job.env import ENV_READY_TIMEOUT
 from homagg.worker.job.setup import Members, Request, _decide_codec, set_up
 from homagg.worker.job.setup_round import SetupRound
 
@@ -29,7 +28,7 @@ pytestmark = pytest.mark.filterwarnings("ignore:homagg. rank:RuntimeWarning")
 def clean_env(monkeypatch):
     for name in ("HOMAGG_CONTROLLER", "HOMAGG_CODEC", "HOMAGG_JOB_ID", "HOMAGG_IFACE"):
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv(ENV_READY_TIMEOUT, "1")
+    monkeypatch.setenv(READY_TIMEOUT_ENV, "1")
 
 
 def ranks(requests: list[Request | None], store: dist.Store | None = None) -> list[Any]:

@@ -44,18 +44,18 @@ import grpc
 # without paying for it. Only reading a torchrun's options does
 # (homagg/worker/job/torchrun_command.py).
 from homagg.api.client import ControllerClient, release_job
-from homagg.api.credentials import (
+from homagg.api.credentials import SecretError, ca_file, operator_token
+from homagg.api.tls import TlsError
+from homagg.environment import (
+    CODEC_ENV,
+    CONTROLLER_ENV,
+    JOB_ID_ENV,
     JOB_TOKEN_ENV,
     JOB_TOKEN_FILE_ENV,
     OPERATOR_TOKEN_ENV,
     OPERATOR_TOKEN_FILE_ENV,
-    SecretError,
-    ca_file,
-    operator_token,
 )
-from homagg.api.tls import TlsError
 from homagg.worker.codecs import CODEC_CHOICES, DEFAULT_CODEC
-from homagg.worker.job.env import ENV_CODEC, ENV_CONTROLLER, ENV_JOB_ID
 from homagg.worker.job.torchrun_command import plan_world
 
 
@@ -68,8 +68,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--controller",
-        default=os.environ.get(ENV_CONTROLLER, ""),
-        help=f"controller address host:port (default ${ENV_CONTROLLER})",
+        default=os.environ.get(CONTROLLER_ENV, ""),
+        help=f"controller address host:port (default ${CONTROLLER_ENV})",
     )
     p.add_argument(
         "--world-size",
@@ -80,8 +80,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--codec",
         choices=CODEC_CHOICES,
-        default=os.environ.get(ENV_CODEC) or DEFAULT_CODEC,
-        help=f"the job's codec, which its ranks use (default ${ENV_CODEC}, else {DEFAULT_CODEC})",
+        default=os.environ.get(CODEC_ENV) or DEFAULT_CODEC,
+        help=f"the job's codec, which its ranks use (default ${CODEC_ENV}, else {DEFAULT_CODEC})",
     )
     p.add_argument("--pool-size", type=int, default=0, help="switch slots (0: controller default)")
     p.add_argument("--name", default="homagg-run", help="job name shown by aggctl")
@@ -137,7 +137,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if not args.controller:
         print(
-            f"homagg-run: no controller: pass --controller or set {ENV_CONTROLLER}", file=sys.stderr
+            f"homagg-run: no controller: pass --controller or set {CONTROLLER_ENV}", file=sys.stderr
         )
         return 2
     try:
@@ -193,10 +193,10 @@ def _command_env(args: argparse.Namespace, job_id: int, token_file: Path) -> dic
     env = {k: v for k, v in os.environ.items() if k not in secret}
     env.update(
         {
-            ENV_CONTROLLER: args.controller,
-            ENV_JOB_ID: str(job_id),
+            CONTROLLER_ENV: args.controller,
+            JOB_ID_ENV: str(job_id),
             JOB_TOKEN_FILE_ENV: str(token_file),
-            ENV_CODEC: args.codec,
+            CODEC_ENV: args.codec,
         }
     )
     return env

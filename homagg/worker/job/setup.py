@@ -24,24 +24,19 @@ from typing import Any
 import grpc
 import torch.distributed as dist
 
-from homagg.api.credentials import (
-    JOB_TOKEN_FILE_ENV,
-    SecretError,
-    ca_file,
-    job_token,
-    operator_token,
-)
+from homagg.api.credentials import SecretError, ca_file, job_token, operator_token
 from homagg.api.tls import TlsError, client_ca
+from homagg.environment import (
+    CODEC_ENV,
+    CONTROLLER_ENV,
+    IFACE_ENV,
+    JOB_ID_ENV,
+    JOB_TOKEN_FILE_ENV,
+    READY_TIMEOUT_ENV,
+)
 from homagg.wire.constants import MAX_WORKERS_PER_JOB, WORKER_UDP_BASE
 from homagg.worker.codecs import DEFAULT_CODEC, check_codec, uses_lanes
 from homagg.worker.job.agent import AgentConfig, AgentError, WorkerAgent, open_agent
-from homagg.worker.job.env import (
-    ENV_CODEC,
-    ENV_CONTROLLER,
-    ENV_IFACE,
-    ENV_JOB_ID,
-    ENV_READY_TIMEOUT,
-)
 from homagg.worker.job.route import Route, route_of, route_to
 from homagg.worker.job.session import JobSession
 from homagg.worker.job.setup_round import SetupRound
@@ -185,25 +180,25 @@ class _Local:
 
     def __init__(self, request: Request) -> None:
         self.request = request
-        self.address = request.controller or os.environ.get(ENV_CONTROLLER, "")
+        self.address = request.controller or os.environ.get(CONTROLLER_ENV, "")
         self.codec, self.source = request.codec, "codec="
         if not self.codec:
-            self.codec, self.source = os.environ.get(ENV_CODEC, ""), ENV_CODEC
+            self.codec, self.source = os.environ.get(CODEC_ENV, ""), CODEC_ENV
         self.problem = ""
         self.timeout = DEFAULT_READY_TIMEOUT
-        raw = os.environ.get(ENV_READY_TIMEOUT, "")
+        raw = os.environ.get(READY_TIMEOUT_ENV, "")
         try:
             self.timeout = float(raw) if raw else DEFAULT_READY_TIMEOUT
             if not (math.isfinite(self.timeout) and self.timeout > 0):
                 raise ValueError
         except ValueError:
             self.timeout = DEFAULT_READY_TIMEOUT
-            self.problem = f"{ENV_READY_TIMEOUT}={raw!r} is not a positive number of seconds"
+            self.problem = f"{READY_TIMEOUT_ENV}={raw!r} is not a positive number of seconds"
         self.route: Route | None = None
         if self.address and not self.problem:
             try:
                 client_ca(self.address)  # TLS, or plaintext chosen: never silently plaintext
-                iface = os.environ.get(ENV_IFACE, "")
+                iface = os.environ.get(IFACE_ENV, "")
                 self.route = route_of(iface) if iface else route_to(self.address)
             except (AgentError, TlsError) as exc:
                 self.problem = str(exc)
@@ -250,7 +245,7 @@ def _decide_job(
     if missing:
         return {
             "reason": f"rank(s) {missing} did not start the homagg set-up within {timeout:g} s "
-            f"({ENV_READY_TIMEOUT})",
+            f"({READY_TIMEOUT_ENV})",
             "complete": False,
         }
     asked = {r: (v["codec"], v["source"]) for r, v in views.items() if v["codec"]}
@@ -279,11 +274,11 @@ def _environment_problem(views: dict[int, dict[str, Any]], world_size: int) -> s
     """Why the ranks' environments do not allow a job ("" when they do)."""
     have = [r for r, v in sorted(views.items()) if v["controller"]]
     if not have:
-        return f"no controller: set {ENV_CONTROLLER}=host:port or pass controller="
+        return f"no controller: set {CONTROLLER_ENV}=host:port or pass controller="
     if len(have) < world_size:
         lack = [r for r in range(world_size) if r not in have]
         return (
-            f"{ENV_CONTROLLER} (or controller=) is set on rank(s) {have} but not on rank(s) "
+            f"{CONTROLLER_ENV} (or controller=) is set on rank(s) {have} but not on rank(s) "
             f"{lack}: give every rank the controller"
         )
     problems = [f"rank {r}: {v['problem']}" for r, v in sorted(views.items()) if v["problem"]]
@@ -359,8 +354,8 @@ def _client(controller: str, timeout: float) -> Any:
 
 def _make_job(controller: str, world_size: int, codec: str, request: Request) -> JobTicket:
     """Rank 0's part: the launcher's job from the environment, or a new one."""
-    if os.environ.get(ENV_JOB_ID):
-        return JobTicket(int(os.environ[ENV_JOB_ID]), _token_from_env(), False)
+    if os.environ.get(JOB_ID_ENV):
+        return JobTicket(int(os.environ[JOB_ID_ENV]), _token_from_env(), False)
     try:
         with _client(controller, CREATE_TIMEOUT) as client:
             made = client.create_job(
