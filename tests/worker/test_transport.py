@@ -79,7 +79,9 @@ def test_allreduce_is_exact(fabric, length):
     expected = np.sum(parts, axis=0, dtype=np.int64).astype(np.int32)
     for g in got:
         np.testing.assert_array_equal(g, expected)
-    assert all(t.stats.retransmissions == 0 for t in transports)
+    # No count of retransmissions here: on a loaded machine a slow round trip outlasts the
+    # timeout and a resend is right; when the timer fires is tested on a virtual clock
+    # (test_transport_timer.py).
 
 
 def test_many_calls_reuse_the_pool_and_mix_ops(fabric):
