@@ -149,7 +149,7 @@ _REQUIRED = object()
 
 def check_address(address: str, where: str, any_port: bool = False, unix: bool = False) -> str:
     """'host:port' with a port in 1..65535 (0 too with any_port: the OS picks one); with
-    `unix` also 'unix:/absolute/path' (a Unix socket: testnet's switches serve P4Runtime so)."""
+    `unix` also 'unix:/absolute/path' (a Unix socket: the lab's switches serve P4Runtime so)."""
     if unix and address.startswith("unix:"):
         if not address.startswith("unix:/") or len(address) > len("unix:") + 107:
             raise ConfigError(

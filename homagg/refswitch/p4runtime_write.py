@@ -25,7 +25,7 @@ ERROR_SPACE = "ALL-sswitch-p4org"  # PI's error space for target errors
 # (e.g. p4runtime-shell) refuses metadata over 16 KiB and, between its soft limit of 8 KiB and
 # that, rejects a random share ("Stream removed"); so the Status stays within
 # MAX_STATUS_BYTES and its message within MAX_STATUS_MESSAGE, below the soft limit together.
-# Our own client accepts 1 MiB (p4rtproto GRPC_OPTIONS), e.g. for PI's unbounded statuses.
+# Our own client accepts 1 MiB (homagg.p4rt.api.GRPC_OPTIONS), e.g. for PI's unbounded statuses.
 MAX_STATUS_BYTES = 6656
 MAX_STATUS_MESSAGE = 1 << 10  # characters (a summary; the other messages are far shorter)
 MAX_ERROR_MESSAGE = 200  # characters of one update's error message

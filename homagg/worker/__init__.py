@@ -1,3 +1,4 @@
-"""The worker side: homomorphic gradient codecs (homagg.worker.codecs), the agent that joins a job
-through the controller (agent.py), the transport of codec phases through the switch
-(transport.py, channel.py) and the PyTorch DDP communication hook (ddp_hook.py)."""
+"""The worker side: homomorphic gradient codecs (codecs/), the transport of codec phases
+through the switch (transport/), the PyTorch integration: the DDP communication hook, DeAR,
+the torch.distributed backend and attach (ddp/), codec="auto" (auto/), and a job from a
+rank's side: the agent, the set-up the ranks do together, homagg-run (job/)."""

@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 import torch
 
-from homagg.worker.auto.control import HOST, AutoConfig, AutoController, Choice, Taken
+from homagg.worker.auto.control import HOST, AutoConfig, AutoController, Choice
+from homagg.worker.auto.measurements import Taken
 from homagg.worker.ddp.hook import SwitchHookState
 
 

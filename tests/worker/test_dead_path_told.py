@@ -27,7 +27,8 @@ from homagg.lab.namespace import have_privileges, ip
 from homagg.lab.threads import run_threads
 from homagg.wire.constants import CELLS_PER_PKT, Op
 from homagg.worker.codecs.base import Phase
-from homagg.worker.ddp.hook import SwitchHookState, agreed_sum
+from homagg.worker.ddp.hook import SwitchHookState
+from homagg.worker.ddp.switch_path import RawPhases, agreed_sum
 
 pytestmark = pytest.mark.skipif(
     not have_privileges(), reason="needs root and iproute2 (network namespaces)"
@@ -79,7 +80,7 @@ def step(hooks: list[ThreadHook], before: Callable[[int], None]) -> list[tuple[o
 
     def rank(r: int) -> tuple[object, float]:
         before(r)
-        out = agreed_sum(hooks[r], 0, None, CELLS.size, phases=one_add(CELLS))
+        out = agreed_sum(hooks[r], 0, RawPhases(one_add(CELLS)), CELLS.size)
         return out, time.monotonic() - start
 
     return run_threads([lambda r=r: rank(r) for r in range(WORLD)], 90)[1]

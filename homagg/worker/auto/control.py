@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from homagg.worker.auto.costs import HOST, HOST_PLAN, SWITCH_PLAN, ArmCosts, JobLedger, key_of
+from homagg.worker.auto.measurements import Measurements, Taken
 from homagg.worker.codecs import exact_codecs, is_exact
 
 log = logging.getLogger(__name__)
@@ -153,15 +154,6 @@ def auto_config(options: dict[str, Any], lanes: bool) -> AutoConfig:
     return AutoConfig(codecs=auto_codecs(lanes), **options)
 
 
-@dataclass(frozen=True)
-class Taken:
-    """What each bucket ran in a measured step and at which rule density, kept until the
-    step's agreed numbers decide (a later step may run something else by then)."""
-
-    ran: dict[int, tuple[Choice, float]]  # the buckets that ran (not the fallback)
-    epoch: int  # the controller's epoch then: numbers from before a `release` teach nothing
-
-
 @dataclass
 class AutoController:
     """Per-bucket choices and the job's exploration ledger; `measurements` and `decide`
@@ -254,15 +246,17 @@ class AutoController:
     def measurements(
         self, indices: Sequence[int], budgets: dict[int, float], iteration: float = 0.0
     ) -> np.ndarray:
-        """[-cost_i..., -budget_i..., nonzero_i..., wire_i..., iteration] for MAX over ranks:
-        the smallest cost (a rank that handed its bucket over early waits for the last
-        one; the last one's time is the path's own), the smallest budget, the largest
-        nonzero share and wire density, and the longest iteration (the step before)."""
-        c = [-self.costs.get(i, 0.0) for i in indices]
-        b = [-budgets.get(i, 0.0) for i in indices]
-        z = [self.nonzero.get(i, 1.0) for i in indices]
-        w = [self.wires.get(i, 0.0) for i in indices]
-        return np.array([*c, *b, *z, *w, iteration], dtype=np.float64)
+        """This rank's numbers for `indices` packed for MAX over ranks (Measurements): the
+        smallest cost (a rank that handed its bucket over early waits for the last one; the
+        last one's time is the path's own), the smallest budget, the largest nonzero share
+        and wire density, and the longest iteration (the step before)."""
+        return Measurements(
+            costs=np.array([self.costs.get(i, 0.0) for i in indices], np.float64),
+            budgets=np.array([budgets.get(i, 0.0) for i in indices], np.float64),
+            nonzero=np.array([self.nonzero.get(i, 1.0) for i in indices], np.float64),
+            wires=np.array([self.wires.get(i, 0.0) for i in indices], np.float64),
+            iteration=iteration,
+        ).pack()
 
     def taken(self) -> Taken:
         """This step's paths and rule densities, for `decide` once its numbers are agreed
@@ -278,21 +272,21 @@ class AutoController:
         """The choices of the step `config.lag` steps after the next one, from a measured
         step's agreed vector and what it ran (`taken`; None: the buckets' own, lag 0);
         identical on every rank."""
-        n = len(indices)
+        agreed_numbers = Measurements.from_agreed(agreed, len(indices))
         ran = taken.ran if taken is not None else self.taken().ran
         learn = not self.held and (taken is None or taken.epoch == self.epoch)
         if learn:
-            self.ledger.settle(self.step - 1, float(agreed[4 * n]))
-            self.ledger.costs(self.step, -float(np.sum(agreed[:n])))
+            self.ledger.settle(self.step - 1, agreed_numbers.iteration)
+            self.ledger.costs(self.step, float(np.sum(agreed_numbers.costs)))
         for j, index in enumerate(indices):
-            cost, budget = -float(agreed[j]), -float(agreed[n + j])
+            cost, budget = float(agreed_numbers.costs[j]), float(agreed_numbers.budgets[j])
             self.agreed[index] = (cost, budget)
             b = self.bucket(index)
             if not b.exact:
-                b.exact = self._exact_for(float(agreed[2 * n + j]))
+                b.exact = self._exact_for(float(agreed_numbers.nonzero[j]))
             what, density = ran.get(index, (None, b.density))
             if what is not None and learn:
-                b.wire = float(agreed[3 * n + j])
+                b.wire = float(agreed_numbers.wires[j])
                 self._update(b, what, density, cost, budget)
         if learn:
             self._plan({i: self.bucket(i) for i in indices})

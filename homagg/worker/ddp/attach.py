@@ -45,7 +45,7 @@ def attach(
     asynchronous); None: $HOMAGG_CODEC, else the launcher's job's, else DEFAULT_CODEC.
     asynchronous: aggregate on a communication thread while backward goes on.
     codec_options: the codec's options (for "auto": codec name -> options).
-    auto_options: the "auto" controller's settings (auto_control.AutoConfig's fields but
+    auto_options: the "auto" controller's settings (auto/control.py's AutoConfig fields but
     its codecs, e.g. {"lag": 0}; auto_option_names lists them).
     model None: set up and return the state without registering it (DeAR's
     DearDataParallel takes it). The job ends at destroy_process_group or exit."""

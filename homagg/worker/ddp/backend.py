@@ -3,7 +3,7 @@
 fixed-point bound), integer SUM/MAX exactly as int32 ADD/MAX phases, float MAX exactly as
 MAX of order-preserving int32 keys. Every other collective, dtype or op, and every failure,
 goes to a gloo process group the backend owns; the switch-or-gloo decision is the DDP
-hook's (homagg/worker/ddp/hook.py: SwitchHookState), made by all ranks together.
+hook's (homagg/worker/ddp/fallback.py, through SwitchHookState), made by all ranks together.
 
     import homagg                        # registers "homagg"
     dist.init_process_group("homagg")    # HOMAGG_CONTROLLER, torchrun's RANK/WORLD_SIZE
@@ -29,7 +29,8 @@ from homagg import BACKEND_NAME, register_backend
 from homagg.wire.constants import Op
 from homagg.worker.codecs import DEFAULT_CODEC, CorruptResultError, Phase
 from homagg.worker.ddp import sparse_bucket
-from homagg.worker.ddp.hook import SwitchHookState, agreed_sum
+from homagg.worker.ddp.hook import SwitchHookState
+from homagg.worker.ddp.switch_path import Gradient, RawPhases, Via, agreed_sum
 from homagg.worker.job.setup import Members, Request, set_up
 
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16)  # exact in float32
@@ -182,16 +183,16 @@ class SwitchProcessGroup(dist.ProcessGroup):
             return None, "fallback"
         if t.is_sparse:  # its rows, never densified; the rows' union as gloo's
             sparse = sparse_bucket.SparseBucket(t)
-            out = agreed_sum(self.state, t.numel(), None, t.numel(), via=sparse.phases)
+            out = agreed_sum(self.state, t.numel(), Via(sparse.phases), t.numel())
             return (None, "fallback") if out is None else (sparse.result(out), "")
         cells = self._cells(t, kind)
         if cells is None:
             return None, "integers beyond the int32 cells"
         if kind == "codec":  # a codec per tensor size, the key of any error memory
-            out = agreed_sum(self.state, t.numel(), cells, t.numel())
+            out = agreed_sum(self.state, t.numel(), Gradient(cells), t.numel())
         else:
             phase = _raw_phase(Op.ADD if kind == "add" else Op.MAX, cells)
-            out = agreed_sum(self.state, 0, cells, cells.size, phase)
+            out = agreed_sum(self.state, 0, RawPhases(phase), cells.size)
         if out is None:
             return None, "fallback"
         if t.is_floating_point() and kind == "max":

@@ -26,7 +26,8 @@ from torch import nn
 
 from homagg.worker.ddp.bucket_tuner import BucketTuner
 from homagg.worker.ddp.comm_thread import CommThread
-from homagg.worker.ddp.hook import SwitchHookState, aggregate_bucket
+from homagg.worker.ddp.hook import SwitchHookState
+from homagg.worker.ddp.switch_path import aggregate_bucket
 
 log = logging.getLogger(__name__)
 

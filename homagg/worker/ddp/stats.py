@@ -1,0 +1,52 @@
+"""What the DDP hook did (`HookStats`, the state's `stats`), and the two places that count
+into it from a measured interval: a switch run's wire use and an agreement's time."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+from homagg.worker.transport.switch_transport import SwitchTransport
+
+
+@dataclass
+class HookStats:
+    """What the hook did since it was made: buckets per path, agreements, bytes, time."""
+
+    switch_buckets: int = 0
+    fallback_buckets: int = 0
+    fallbacks: int = 0  # switch -> fallback transitions
+    agreements: int = 0  # tiny all_reduces of the decision protocol
+    dense_bytes: int = 0  # float32 bytes of the buckets sent through the switch
+    wire_bytes: int = 0  # aggregation frames sent for them (retransmissions included)
+    wire_cells: int = 0  # the cells those frames carried
+    retransmissions: int = 0
+    switch_seconds: float = 0.0
+    agreement_seconds: float = 0.0
+    fallback_reasons: Counter = field(default_factory=Counter)
+    host_buckets: int = 0  # buckets codec="auto" sent to the host all_reduce on purpose
+    auto_choices: Counter = field(default_factory=Counter)  # codec="auto": bucket-steps per choice
+    leased_steps: int = 0  # codec="auto": steps that skipped the agreement (host lease)
+
+    def agreed(self, start: float) -> None:
+        """Count one agreement that began at `start` (perf_counter) and ended now."""
+        self.agreements += 1
+        self.agreement_seconds += time.perf_counter() - start
+
+    @contextmanager
+    def switch_run(self, transport: SwitchTransport) -> Iterator[None]:
+        """Count the time and the frames (retransmissions included) of the switch run
+        inside the block, whether it succeeds or not."""
+        sent, retransmitted = transport.stats.packets_sent, transport.stats.retransmissions
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.switch_seconds += time.perf_counter() - start
+            packets = transport.stats.packets_sent - sent
+            self.wire_bytes += packets * transport.config.frame_bytes
+            self.wire_cells += packets * transport.config.cells_per_packet
+            self.retransmissions += transport.stats.retransmissions - retransmitted

@@ -1,0 +1,157 @@
+"""One bucket through the switch, agreed by every rank: what goes to the switch (`Payload`:
+a gradient for the bucket's codec, a bucket that drives its codec itself, or raw phases),
+the agreed sum or the agreed fall-back (`agreed_sum`), and a whole bucket averaged in place
+by either path (`aggregate_bucket`: the communication thread's job, and DeAR's)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Generator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from homagg.worker.auto.control import HOST, Choice
+from homagg.worker.auto.host_path import nonzero_share
+from homagg.worker.codecs import Codec, CodecError, GradInput, Phase
+from homagg.worker.ddp import sparse_bucket
+from homagg.worker.ddp.fallback import (
+    CODEC_FAILED,
+    ERROR,
+    OK,
+    SWITCH_TIMEOUT,
+    UNHEALTHY,
+    local_health,
+    local_reason,
+)
+from homagg.worker.transport.switch_transport import TransportError
+
+if TYPE_CHECKING:
+    from homagg.worker.ddp.hook import SwitchHookState
+
+log = logging.getLogger(__name__)
+
+Phases = Generator[Phase, np.ndarray, np.ndarray]
+
+
+@dataclass(frozen=True)
+class Gradient:
+    """A gradient the bucket's codec aggregates (`codec.aggregate(grad)`)."""
+
+    grad: GradInput
+
+
+@dataclass(frozen=True)
+class Via:
+    """A bucket that drives its codec itself: `drive(codec)` makes the phases (a sparse
+    bucket: homagg/worker/ddp/sparse_bucket.py)."""
+
+    drive: Callable[[Codec], Phases]
+
+
+@dataclass(frozen=True)
+class RawPhases:
+    """Phases run as they are, without a codec (a raw switch operation)."""
+
+    phases: Phases
+
+
+Payload = Gradient | Via | RawPhases
+
+
+def _phases(state: SwitchHookState, index: int, length: int, payload: Payload) -> Phases:
+    """The phases the transport runs for `payload` (bucket `index`'s codec unless raw)."""
+    if isinstance(payload, RawPhases):
+        return payload.phases
+    codec = state.codec_for(index, length)
+    return payload.drive(codec) if isinstance(payload, Via) else codec.aggregate(payload.grad)
+
+
+def _through_switch(
+    state: SwitchHookState, index: int, payload: Payload, length: int
+) -> tuple[np.ndarray | None, int, str]:
+    """(decoded sum, OK, "") or (None, failure kind, reason) for one bucket on this rank."""
+    agent = state.agent
+    if agent is None or agent.transport is None or not agent.healthy:
+        return None, UNHEALTHY, local_reason(state)
+    transport = agent.transport
+    with state.stats.switch_run(transport):
+        try:
+            return transport.run(_phases(state, index, length, payload)), OK, ""
+        except TransportError as exc:
+            return None, SWITCH_TIMEOUT, str(exc)
+        except CodecError as exc:
+            return None, CODEC_FAILED, f"{type(exc).__name__}: {exc}"
+        except Exception as exc:
+            log.exception("rank %d: switch aggregation failed", state.rank)
+            return None, ERROR, f"{type(exc).__name__}: {exc}"
+
+
+def agreed_sum(
+    state: SwitchHookState, index: int, payload: Payload, length: int
+) -> np.ndarray | None:
+    """The switch's sum of `payload` (`length` dense cells; bucket `index`'s codec) when
+    every rank's succeeded, else None after the agreed fall-back; one agreement either way."""
+    out, failure, reason = _through_switch(state, index, payload, length)
+    agreed = state.fallback.agree(state, failure, local_health(state.agent))
+    if agreed.failure != OK:
+        state.fallback.fall_back(state, agreed.failure, reason, agreed.chunk)
+        return None
+    assert out is not None
+    state.stats.switch_buckets += 1
+    state.stats.dense_bytes += length * 4
+    if agreed.health != OK:  # this result is good; the next bucket takes the fallback
+        state.fallback.fall_back(state, agreed.health, local_reason(state), agreed.chunk)
+    return out
+
+
+def switch_or_none(state: SwitchHookState, index: int, buf: torch.Tensor) -> torch.Tensor | None:
+    """The bucket summed by the switch into `buf`, or None when the ranks agreed to fall
+    back (the agreement all_reduce is issued on every rank either way)."""
+    if buf.is_sparse:  # a sparse parameter's bucket: its rows, never densified
+        sparse = sparse_bucket.SparseBucket(buf)
+        summed = agreed_sum(state, index, Via(sparse.phases), buf.numel())
+        return None if summed is None else sparse.result(summed)
+    grad = buf.detach().reshape(-1).to("cpu", torch.float32).numpy()
+    out = agreed_sum(state, index, Gradient(grad), grad.size)
+    return None if out is None else _into_bucket(buf, out)
+
+
+def _into_bucket(buf: torch.Tensor, out: np.ndarray) -> torch.Tensor:
+    """The decoded sum written into the bucket's own buffer (codecs may return a buffer
+    they reuse, so nothing may keep referring to it)."""
+    if buf.device.type == "cpu" and buf.dtype == torch.float32 and buf.is_contiguous():
+        np.copyto(buf.detach().numpy().reshape(-1), out.reshape(-1))
+    else:
+        buf.copy_(torch.from_numpy(np.array(out, np.float32)).reshape(buf.shape))
+    return buf
+
+
+def aggregate_bucket(state: SwitchHookState, index: int, buf: torch.Tensor) -> torch.Tensor:
+    """Bucket `index` summed (through the switch, or agreed by every rank by the hook
+    group's all_reduce) and divided by the world size, in place, before returning: the
+    communication thread's job (and DeAR's). codec="auto": the controller's path, timed."""
+    start, sent = time.perf_counter(), state.stats.wire_cells
+    choice = state.controller.choice(index) if state.controller is not None else None
+    result: torch.Tensor | None = None
+    ran: Choice | None = choice
+    if choice is not None and choice.method == HOST:
+        state.host_all_reduce(buf)
+        state.stats.host_buckets += 1
+        result = buf
+    elif state.use_switch():
+        result = switch_or_none(state, index, buf)
+    if result is None:
+        ran = None  # the agreed fallback: not a measurement of the chosen path
+        state.stats.fallback_buckets += 1
+        state.host_all_reduce(buf)
+        result = buf
+    if state.controller is not None and choice is not None:
+        nonzero = nonzero_share(buf) if not state.controller.known(index) else 1.0
+        wire = (state.stats.wire_cells - sent) / max(1, buf.numel())  # per dense cell
+        state.controller.record(index, time.perf_counter() - start, ran, nonzero, wire)
+        state.stats.auto_choices[choice.label] += 1
+    return result.div_(state.world_size)
