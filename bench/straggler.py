@@ -111,7 +111,7 @@ def run_case(c, scenario: str, pause: float) -> dict:
 
 def measure(target: str, reps: int, pause: float) -> dict[str, list[dict]]:
     """Every scenario `reps` times on one controller and switch, the scenarios alternating."""
-    from tests.worker.agent_fabric import Controlled
+    from homagg.lab.controlled import Controlled
 
     rows: dict[str, list[dict]] = {s: [] for s in SCENARIOS}
     c = Controlled(Path(tempfile.mkdtemp(prefix="bench-straggler-")), WORLD, True, target=target)
@@ -135,7 +135,7 @@ def _spread(values: list[float], fmt: str = "{:.1f}") -> str:
 
 def report(results: dict[str, dict[str, list[dict]]], reps: int, pause: float) -> list[str]:
     """The markdown table of bench/results/straggler.md."""
-    from tests.worker.agent_fabric import TIMING
+    from homagg.lab.controlled import TIMING
 
     lease = TIMING["lease"]
     lines = [

@@ -10,18 +10,15 @@ time; a job made outside the script runs with its codec; no log carries the job'
 from __future__ import annotations
 
 import json
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import torch
 
+from homagg.lab.controlled import Controlled, rank_env, run_in_hosts
 from homagg.lab.namespace import have_privileges
 from homagg.wire.constants import WORKER_UDP_BASE
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "worker"))
-from agent_fabric import Controlled, rank_env, run_in_hosts
 
 pytestmark = pytest.mark.skipif(
     not have_privileges(), reason="needs root and iproute2 (network namespaces)"

@@ -6,16 +6,13 @@ the fixed-point bound."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 
+from homagg.lab.controlled import Controlled, rank_env, run_in_hosts
 from homagg.lab.namespace import have_privileges
 from run import report
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "worker"))
-from agent_fabric import Controlled, rank_env, run_in_hosts
 
 pytestmark = pytest.mark.skipif(
     not have_privileges(), reason="needs root and iproute2 (network namespaces)"

@@ -11,10 +11,11 @@ import time
 import grpc
 import numpy as np
 import pytest
-from agent_fabric import Controlled, wait_for
 
 from homagg.control.job_record import GaveUp
+from homagg.lab.controlled import Controlled
 from homagg.lab.namespace import have_privileges
+from homagg.lab.poll import wait_for
 from homagg.wire.constants import AGG_UDP_PORT, CELLS_PER_PKT, Flag, Op
 from homagg.wire.header import header_view
 from homagg.worker.job.agent import AgentConfig, AgentError, WorkerAgent, open_agent

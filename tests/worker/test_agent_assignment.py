@@ -10,10 +10,10 @@ from typing import Any
 
 import grpc
 import pytest
-from agent_fabric import free_port_udp
 
 from homagg.api import jobs_pb2, jobs_pb2_grpc
 from homagg.api.assignment import Assignment
+from homagg.lab.controlled import free_port_udp
 from homagg.wire.constants import CELLS_PER_PKT
 from homagg.worker.job.agent import AgentConfig, open_agent
 from homagg.worker.transport.switch_transport import TransportConfig

@@ -8,10 +8,10 @@ import subprocess
 import sys
 
 import pytest
-from agent_fabric import Controlled, free_port_udp
 
 from homagg.api import validation
 from homagg.environment import CA_FILE_ENV, JOB_TOKEN_ENV, JOB_TOKEN_FILE_ENV
+from homagg.lab.controlled import Controlled, free_port_udp
 from homagg.lab.namespace import have_privileges
 from homagg.worker.cli import main
 

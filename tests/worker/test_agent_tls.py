@@ -9,10 +9,10 @@ import threading
 import grpc
 import numpy as np
 import pytest
-from agent_fabric import Controlled
 
 from homagg.api.client import ControllerClient
 from homagg.control.pki import make_pki
+from homagg.lab.controlled import Controlled
 from homagg.lab.namespace import have_privileges
 from homagg.wire.constants import Op
 from homagg.worker.job.agent import WorkerAgent, open_agent

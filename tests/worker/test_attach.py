@@ -11,7 +11,6 @@ import time
 import grpc
 import pytest
 import torch.distributed as dist
-from agent_fabric import Controlled
 from test_agent_assignment import GOOD
 
 from homagg.api.client import release_job
@@ -26,6 +25,7 @@ from homagg.environment import (
     JOB_TOKEN_FILE_ENV,
     READY_TIMEOUT_ENV,
 )
+from homagg.lab.controlled import Controlled
 from homagg.lab.switch_process import free_port
 from homagg.worker.ddp import attach
 from homagg.worker.job import session as job_session

@@ -11,8 +11,8 @@ import time
 from pathlib import Path
 
 import pytest
-from agent_fabric import TIMING, Controlled, rank_env, run_in_hosts
 
+from homagg.lab.controlled import TIMING, Controlled, rank_env, run_in_hosts
 from homagg.lab.namespace import have_privileges
 
 pytestmark = pytest.mark.skipif(

@@ -9,8 +9,8 @@ import json
 from pathlib import Path
 
 import pytest
-from agent_fabric import Controlled, rank_env, run_in_hosts
 
+from homagg.lab.controlled import Controlled, rank_env, run_in_hosts
 from homagg.lab.namespace import have_privileges
 from homagg.wire.constants import WORKER_UDP_BASE
 

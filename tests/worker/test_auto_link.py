@@ -10,8 +10,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from agent_fabric import Controlled, rank_env, run_in_hosts
 
+from homagg.lab.controlled import Controlled, rank_env, run_in_hosts
 from homagg.lab.namespace import have_privileges
 
 WORKER = Path(__file__).with_name("auto_link_worker.py")

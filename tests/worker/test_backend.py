@@ -19,10 +19,11 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-from agent_fabric import Controlled, rank_env, run_in_hosts, wait_for
 
 import homagg
+from homagg.lab.controlled import Controlled, rank_env, run_in_hosts
 from homagg.lab.namespace import have_privileges
+from homagg.lab.poll import wait_for
 from homagg.lab.switch_process import bmv2_available
 from homagg.wire.constants import WORKER_UDP_BASE
 from homagg.worker.ddp.backend import (

@@ -14,9 +14,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from agent_fabric import Controlled, wait_for
 
+from homagg.lab.controlled import Controlled
 from homagg.lab.namespace import have_privileges
+from homagg.lab.poll import wait_for
 
 pytestmark = pytest.mark.skipif(
     not have_privileges(), reason="needs root and iproute2 (network namespaces)"

@@ -20,9 +20,9 @@ from collections.abc import Callable, Generator
 import numpy as np
 import pytest
 import torch
-from agent_fabric import Controlled
 from test_agent import open_all
 
+from homagg.lab.controlled import Controlled
 from homagg.lab.namespace import have_privileges, ip
 from homagg.lab.threads import run_threads
 from homagg.wire.constants import CELLS_PER_PKT, Op

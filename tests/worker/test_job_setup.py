@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 import torch.distributed as dist
-from agent_fabric import OPERATOR_TOKEN, Controlled
 
 from homagg.environment import CA_FILE_ENV, INSECURE_ENV, OPERATOR_TOKEN_ENV, READY_TIMEOUT_ENV
+from homagg.lab.controlled import OPERATOR_TOKEN, Controlled
 from homagg.wire.constants import MAX_WORKERS_PER_JOB
 from homagg.worker.codecs import AUTO_CODEC
 from homagg.worker.job.setup import Members, Request, _decide_codec, set_up

@@ -13,8 +13,8 @@ import tomllib
 from pathlib import Path
 
 import pytest
-from agent_fabric import Controlled
 
+from homagg.lab.controlled import Controlled
 from homagg.lab.namespace import have_privileges
 from homagg.lab.switch_process import free_port
 
@@ -193,7 +193,7 @@ print("job", os.environ["HOMAGG_JOB_ID"])
 
 
 def test_a_secured_controller_needs_the_credential_and_the_ranks_do_not_get_it(tmp_path):
-    from agent_fabric import OPERATOR_TOKEN
+    from homagg.lab.controlled import OPERATOR_TOKEN
 
     c = Controlled(tmp_path, 2, fabric=False, tls=True)
     try:

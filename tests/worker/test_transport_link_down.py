@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-from agent_fabric import Controlled
 from test_agent import open_all
 from test_ddp_hook import Bucket
 
+from homagg.lab.controlled import Controlled
 from homagg.lab.namespace import have_privileges, ip
 from homagg.lab.threads import run_threads
 from homagg.wire.constants import CELLS_PER_PKT, Op

@@ -15,11 +15,12 @@ import time
 
 import numpy as np
 import pytest
-from agent_fabric import TARGETS, Controlled
 from test_agent import open_all
 
 from homagg.control.jobs import reap_interval
+from homagg.lab.controlled import Controlled
 from homagg.lab.namespace import have_privileges
+from homagg.lab.switch_process import bmv2_available
 from homagg.lab.threads import run_threads
 from homagg.wire.constants import CELLS_PER_PKT, Op
 from homagg.worker.transport.switch_transport import TransportConfig, TransportError
@@ -30,6 +31,17 @@ pytestmark = pytest.mark.skipif(
 POOL = 8
 CELLS = np.arange(4 * POOL * CELLS_PER_PKT, dtype=np.int32)
 SLACK = 0.5  # s: a timer check or an RPC late on a loaded machine
+
+
+TARGETS = [  # the switch of a data-plane test: both, BMv2 when it is installed
+    "refswitch",
+    pytest.param(
+        "bmv2",
+        marks=pytest.mark.skipif(
+            not bmv2_available(), reason="simple_switch_grpc is not installed (docs/bmv2.md)"
+        ),
+    ),
+]
 
 
 @pytest.fixture(scope="module", params=TARGETS)

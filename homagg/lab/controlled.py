@@ -1,6 +1,7 @@
-"""Helpers of the agent, hook and training tests: an in-process controller managing either a
-port-less in-process reference switch (control plane only, no privileges) or a fabric's
-switch with hosts in namespaces (data plane), and agent configurations for its hosts."""
+"""A controller in this process over a switch, for the tests and benchmarks of agents, hooks
+and training: it manages either a port-less in-process reference switch (control plane
+only, no privileges) or a fabric's switch with hosts in namespaces (data plane), and makes
+agent configurations and rank environments for its hosts."""
 
 from __future__ import annotations
 
@@ -14,8 +15,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from homagg.api.client import ControllerClient
 from homagg.api.credentials import ADMIN, Operator, hash_token
 from homagg.control.config import ControllerConfig, parse_config
@@ -25,21 +24,12 @@ from homagg.lab.addresses import host_entry
 from homagg.lab.fabric import SERVICE_IP, SWITCH_MAC, Fabric
 from homagg.lab.namespace import in_namespace
 from homagg.lab.poll import wait_for
-from homagg.lab.switch_process import bmv2_available, free_port
+from homagg.lab.switch_process import free_port
 from homagg.refswitch.switch import ReferenceSwitch
 from homagg.wire.constants import WORKER_UDP_BASE
 from homagg.worker.job.agent import AgentConfig
 
 TIMING = {"heartbeat_interval": 0.2, "lease": 3.0, "join_timeout": 60.0}
-TARGETS = [  # the switch of a data-plane test: both, BMv2 when it is installed
-    "refswitch",
-    pytest.param(
-        "bmv2",
-        marks=pytest.mark.skipif(
-            not bmv2_available(), reason="simple_switch_grpc is not installed (docs/bmv2.md)"
-        ),
-    ),
-]
 UDP_BASE = WORKER_UDP_BASE
 OPERATOR_TOKEN = "-operator-token-of-the-tls-tests"  # a leading '-' on purpose
 
