@@ -110,16 +110,23 @@ def available_targets() -> list[str]:
 
 def resolve_target(target: str) -> str:
     """`target`, with AUTO_TARGET resolved: BMv2 when simple_switch_grpc is installed, else
-    the reference switch."""
+    the eBPF target where the kernel allows it, else the reference switch."""
     if target != AUTO_TARGET:
         return target
-    return "bmv2" if bmv2_available() else "refswitch"
+    if bmv2_available():
+        return "bmv2"
+    return "ebpf" if ebpf_available() else "refswitch"
 
 
 def compared_targets() -> list[str]:
-    """The targets a benchmark compares when none are named: the reference switch, and
-    BMv2 when installed (bmv2-opt only when named: it is BMv2 built another way)."""
-    return ["refswitch"] + (["bmv2"] if bmv2_available() else [])
+    """The targets a benchmark compares when none are named: the reference switch, BMv2
+    when installed (bmv2-opt only when named: it is BMv2 built another way), and the eBPF
+    target where the kernel allows it."""
+    return (
+        ["refswitch"]
+        + (["bmv2"] if bmv2_available() else [])
+        + (["ebpf"] if ebpf_available() else [])
+    )
 
 
 def switch_env(target: str) -> dict[str, str] | None:
