@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 
 from homagg.wire import constants as c
-from homagg.wire.header import AGG_HEADER_FIELDS
+from homagg.wire.header import AGG_HEADER_FIELDS, FIELD_OFFSETS
 from homagg.wire.lanes import top_bits
 
 P4_CONSTANTS = Path(__file__).resolve().parents[2] / "p4src" / "include" / "constants.p4"
@@ -63,6 +63,10 @@ def _struct_agg_h() -> list[str]:
     lines += [f"    {_C_TYPES[f.bits]} {f.name};" for f in AGG_HEADER_FIELDS]
     lines.append("} __attribute__((packed));")
     lines.append(f'_Static_assert(sizeof(struct agg_h) == {c.AGG_HEADER_BYTES}, "agg_h");')
+    lines += [
+        f'_Static_assert(__builtin_offsetof(struct agg_h, {name}) == {offset}, "{name}");'
+        for name, offset in FIELD_OFFSETS.items()
+    ]
     return lines
 
 
