@@ -69,10 +69,16 @@ class KernelDataPlane:
             entries = device.table(table).entries()
             wanted = {maps.entry_key(table, e): maps.entry_value(table, e) for e in entries}
             self._apply(map_name, wanted, counter_map)
-        groups = {
-            maps.U32.pack(group): maps.group_value(replicas)
-            for group, replicas in device.multicast_groups.items()
-        }
+        groups = {}
+        for group, replicas in device.multicast_groups.items():
+            if len(replicas) > maps.MAX_REPLICAS:
+                log.warning(
+                    "multicast group %d: %d replicas, the program replicates to the first %d",
+                    group,
+                    len(replicas),
+                    maps.MAX_REPLICAS,
+                )
+            groups[maps.U32.pack(group)] = maps.group_value(replicas)
         self._apply("multicast_groups", groups, None)
         running.update(maps.U32.pack(0), maps.U32.pack(1))
 
