@@ -27,8 +27,10 @@ RUN_OPTS := $(if $(HOSTS),--hosts $(HOSTS)) $(if $(MODEL),--model $(MODEL)) $(if
   $(if $(MODE),--overlap $(MODE))
 # Debian packages make run needs: Mininet (no Open vSwitch: our own switch class), venv, tc, ifconfig
 RUN_DEBS := mininet python3-venv iproute2 net-tools
+# Debian packages the eBPF target compiles and loads its program with (docs/ebpf.md)
+EBPF_DEBS := clang llvm libbpf-dev bpftool
 
-.PHONY: help venv test check lint run run-deps demo bench stop p4 p4-tofino p4-tofino2 clean
+.PHONY: help venv test check lint run run-deps ebpf ebpf-deps demo bench stop p4 p4-tofino p4-tofino2 clean
 
 help:  ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -40,11 +42,12 @@ $(VENV)/.installed: pyproject.toml homagg/p4rt/generate.py homagg/api/generate.p
 	$(PY) -m pip install --quiet -e '.[test]'
 	$(PY) -m homagg.p4rt.generate
 	$(PY) -m homagg.api.generate
+	if command -v clang >/dev/null; then $(PY) -m homagg.ebpf.build; fi
 	touch $@
 
 venv: $(VENV)/.installed  ## create the virtual environment with every dependency
 
-test: venv lint  ## lint, then the whole test suite (packet tests need root; BMv2 tests run when simple_switch_grpc is installed)
+test: venv lint ebpf-deps  ## lint, then the whole test suite (packet tests need root; BMv2 tests run when simple_switch_grpc is installed)
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 check: venv lint  ## lint, then the unit tier alone (pytest -m "unit and not slow": no root, BMv2 or Mininet; ~2 min on 2 cores)
@@ -59,7 +62,16 @@ run-deps:  ## install Debian's mininet and what it relies on, when missing (need
 	@dpkg -s $(RUN_DEBS) >/dev/null 2>&1 || { apt-get update && \
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $(RUN_DEBS); }
 
-run: run-deps venv  ## Mininet + switch + controller + torchrun job through the switch vs gloo (needs root; HOSTS= SWITCH= MODEL= CODEC= MODE= BW= TOPO= STEPS=)
+ebpf-deps:  ## install Debian's clang, llvm, libbpf-dev and bpftool, when missing (as root; otherwise say so)
+	@dpkg -s $(EBPF_DEBS) >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update && \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $(EBPF_DEBS); \
+	  else echo "note: $(EBPF_DEBS) missing and not root: the eBPF target is skipped"; fi; }
+
+ebpf: venv  ## compile the eBPF target's program into build/ebpf/ (CELLS=; the switch also does it when stale)
+	HOMAGG_CELLS_PER_PKT=$(CELLS) $(PY) -m homagg.ebpf.build
+
+run: run-deps ebpf-deps venv  ## Mininet + switch + controller + torchrun job through the switch vs gloo (needs root; HOSTS= SWITCH= MODEL= CODEC= MODE= BW= TOPO= STEPS=)
 	$(PY) -m run $(RUN_OPTS) $(RUN_ARGS)
 
 demo: venv  ## the data-plane demo: int32 contributions through the switch, every sum checked (needs root)

@@ -1,5 +1,6 @@
 """Switch packet rate, reference switch vs BMv2 (and the optimized BMv2 build, target
-bmv2-opt, when HOMAGG_BMV2_OPT or --bmv2-opt names its prefix), side by side in one run.
+bmv2-opt, when HOMAGG_BMV2_OPT or --bmv2-opt names its prefix) vs the eBPF target, side
+by side in one run.
 
 Each target runs in its own fabric (4 hosts in namespaces); batches of a full pool
 (32 slots x 4 workers) are sent as fast as the hosts can, then every result is awaited.
@@ -11,7 +12,7 @@ cell for the lane ops). Writes bench/results/switch_rate.md and switch_rate.png
 (switch_rate_ops.* when lane ops are measured; --name sets the stem).
 
     python -m bench.switch_rate [--cells 64 128 256] [--ops ADD ADD16 ADD8] [--reps 7]
-        [--targets refswitch bmv2 bmv2-opt] [--bmv2-opt PREFIX] [--name switch_rate]
+        [--targets refswitch bmv2 bmv2-opt ebpf] [--bmv2-opt PREFIX] [--name switch_rate]
 """
 
 from __future__ import annotations
@@ -104,7 +105,13 @@ def run_child(
             f.close()
 
 
-RATIOS = (("refswitch", "bmv2"), ("bmv2-opt", "bmv2"))  # (numerator, denominator) of a row
+RATIOS = (
+    ("refswitch", "bmv2"),
+    ("bmv2-opt", "bmv2"),
+    ("ebpf", "refswitch"),
+    ("ebpf", "bmv2-opt"),
+    ("ebpf", "bmv2"),
+)  # (numerator, denominator) of a row
 
 
 def ratio_rows(row: dict) -> list[str]:

@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument(
         "--target",
-        choices=[AUTO_TARGET, "refswitch", "bmv2"],
+        choices=[AUTO_TARGET, "refswitch", "bmv2", "ebpf"],
         default=AUTO_TARGET,
         help="switch to run (auto: BMv2 when simple_switch_grpc is installed)",
     )

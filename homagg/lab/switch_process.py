@@ -8,7 +8,8 @@ where no packet from the data network or any other can reach it. The controller 
 P4Runtime through a Unix socket (`unix:PATH`, in a directory only root enters), which
 crosses namespaces and takes no TCP port at all (docs/controller.md, Security).
 
-Targets: "refswitch", "bmv2" (simple_switch_grpc on PATH) and "bmv2-opt": a second BMv2
+Targets: "refswitch", "ebpf" (the program in the kernel, docs/ebpf.md), "bmv2"
+(simple_switch_grpc on PATH) and "bmv2-opt": a second BMv2
 build installed under its own prefix (`-O3`, logging macros and the event logger off:
 docs/bmv2.md), named by the environment variable HOMAGG_BMV2_OPT=<prefix> and run as
 <prefix>/bin/simple_switch_grpc with <prefix>/lib first on LD_LIBRARY_PATH, so the same
@@ -31,7 +32,7 @@ from homagg.lab.namespace import in_namespace, netns_path
 from homagg.lab.rawsock import turn_offloads_off
 from homagg.wire.constants import NUM_SLOTS
 
-TARGETS = ("refswitch", "bmv2", "bmv2-opt")
+TARGETS = ("refswitch", "bmv2", "bmv2-opt", "ebpf")
 BMV2_TARGETS = ("bmv2", "bmv2-opt")
 THRIFT_PORT = 9090  # BMv2's Thrift server, on every interface of the switch's own namespace
 SOCKET_DIR = Path(tempfile.gettempdir()) / "homagg-p4runtime"  # the switches' P4Runtime sockets
@@ -65,6 +66,20 @@ def bmv2_available() -> bool:
     return shutil.which("simple_switch_grpc") is not None
 
 
+def ebpf_problem() -> str:
+    """Why the eBPF target cannot run here ("" when it can): clang or libbpf-dev missing,
+    or the kernel refusing the program."""
+    from homagg.ebpf.build import build_problem  # libbpf is loaded only when asked
+    from homagg.ebpf.libbpf import kernel_problem
+
+    return build_problem() or kernel_problem()
+
+
+def ebpf_available() -> bool:
+    """True when the eBPF target can be compiled and loaded here."""
+    return not ebpf_problem()
+
+
 def bmv2_opt_prefix() -> Path | None:
     """The optimized BMv2 build's prefix from HOMAGG_BMV2_OPT, or None when unset."""
     value = os.environ.get(BMV2_OPT_ENV, "")
@@ -77,6 +92,8 @@ def target_problem(target: str) -> str:
         return f"unknown switch target {target!r}; expected one of {', '.join(TARGETS)}"
     if target == "bmv2" and not bmv2_available():
         return "simple_switch_grpc is not on PATH (docs/bmv2.md)"
+    if target == "ebpf":
+        return ebpf_problem()
     if target == "bmv2-opt":
         prefix = bmv2_opt_prefix()
         if prefix is None:
@@ -93,16 +110,23 @@ def available_targets() -> list[str]:
 
 def resolve_target(target: str) -> str:
     """`target`, with AUTO_TARGET resolved: BMv2 when simple_switch_grpc is installed, else
-    the reference switch."""
+    the eBPF target where the kernel allows it, else the reference switch."""
     if target != AUTO_TARGET:
         return target
-    return "bmv2" if bmv2_available() else "refswitch"
+    if bmv2_available():
+        return "bmv2"
+    return "ebpf" if ebpf_available() else "refswitch"
 
 
 def compared_targets() -> list[str]:
-    """The targets a benchmark compares when none are named: the reference switch, and
-    BMv2 when installed (bmv2-opt only when named: it is BMv2 built another way)."""
-    return ["refswitch"] + (["bmv2"] if bmv2_available() else [])
+    """The targets a benchmark compares when none are named: the reference switch, BMv2
+    when installed (bmv2-opt only when named: it is BMv2 built another way), and the eBPF
+    target where the kernel allows it."""
+    return (
+        ["refswitch"]
+        + (["bmv2"] if bmv2_available() else [])
+        + (["ebpf"] if ebpf_available() else [])
+    )
 
 
 def switch_env(target: str) -> dict[str, str] | None:
@@ -134,11 +158,11 @@ def switch_command(
     (reference switch) or warn (BMv2)."""
     ifaces = [arg for port, iface in sorted(ports.items()) for arg in ("-i", f"{port}@{iface}")]
     addr = address
-    if target == "refswitch":
+    if target in ("refswitch", "ebpf"):
         return [
             sys.executable,
             "-m",
-            "homagg.refswitch",
+            "homagg.refswitch" if target == "refswitch" else "homagg.ebpf",
             *ifaces,
             "--device-id",
             str(device_id),

@@ -9,15 +9,29 @@ import argparse
 import logging
 import signal
 import sys
+from collections.abc import Callable
+from typing import Protocol
 
 from homagg.refswitch.ports import parse_port_spec
 from homagg.refswitch.switch import ReferenceSwitch
 
 
-def build_parser() -> argparse.ArgumentParser:
+class Switch(Protocol):
+    """What main() runs: the reference switch or the eBPF switch."""
+
+    def start(self) -> int: ...
+    def stop(self) -> None: ...
+    def run(self) -> None: ...
+    def close(self) -> None: ...
+
+
+SwitchFactory = Callable[[dict[int, str], str, int, float], Switch]
+
+
+def build_parser(prog: str = "refswitch") -> argparse.ArgumentParser:
     """The argument parser (BMv2's flag names where they exist)."""
     p = argparse.ArgumentParser(
-        prog="refswitch",
+        prog=prog,
         description="Embedded reference switch: the homagg P4 program in Python, answering "
         "P4Runtime like simple_switch_grpc. The pipeline (P4Info + BMv2 JSON) is "
         "pushed by the controller over P4Runtime.",
@@ -66,22 +80,27 @@ def is_wildcard(address: str) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the switch until SIGTERM or SIGINT."""
-    args = build_parser().parse_args(
+    """Run the reference switch until SIGTERM or SIGINT."""
+    return serve(argv, ReferenceSwitch, "refswitch")
+
+
+def serve(argv: list[str] | None, make_switch: SwitchFactory, prog: str) -> int:
+    """Parse the command line, make the switch and run it until SIGTERM or SIGINT."""
+    args = build_parser(prog).parse_args(
         [a for a in (argv if argv is not None else sys.argv[1:]) if a != "--"]
     )
     logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s refswitch %(levelname)s %(message)s"
+        level=args.log_level.upper(), format=f"%(asctime)s {prog} %(levelname)s %(message)s"
     )
-    log = logging.getLogger("refswitch")
+    log = logging.getLogger(prog)
     try:
         ports = dict(parse_port_spec(spec) for spec in args.interface)
     except ValueError as exc:
         log.error("%s", exc)
         return 2
     try:
-        switch = ReferenceSwitch(ports, args.grpc_server_addr, args.device_id, args.stats_interval)
-    except OSError as exc:
+        switch = make_switch(ports, args.grpc_server_addr, args.device_id, args.stats_interval)
+    except (OSError, RuntimeError) as exc:
         log.error("cannot open the switch ports: %s", exc)
         return 1
     try:

@@ -29,7 +29,7 @@ import queue
 import threading
 from collections.abc import Callable, Iterator
 from concurrent import futures
-from typing import Any
+from typing import Any, Protocol
 
 import grpc
 from google.rpc import code_pb2, status_pb2
@@ -47,6 +47,19 @@ MAX_CONNECTIONS = 16
 READ_CHUNK = 1000  # entities per ReadResponse
 ConfigValidator = Callable[[p4info_pb2.P4Info, bytes], None]
 SetAction = p4runtime_pb2.SetForwardingPipelineConfigRequest
+
+
+class DeviceObserver(Protocol):
+    """A data plane outside the Device (the eBPF target's maps) kept in step with it; both
+    calls are made with Device.lock held."""
+
+    def changed(self) -> None:
+        """The Device's tables, groups or pipeline changed: mirror them."""
+
+    def refresh(self) -> None:
+        """The Device is about to be read or written: bring its counters up to date."""
+
+
 GetType = p4runtime_pb2.GetForwardingPipelineConfigRequest
 
 
@@ -196,11 +209,13 @@ class P4RuntimeServicer(p4runtime_pb2_grpc.P4RuntimeServicer):
         device_id: int,
         validate_config: ConfigValidator | None = None,
         api_version: str = API_VERSION,
+        observer: DeviceObserver | None = None,
     ) -> None:
         self.device = device
         self.device_id = device_id
         self.validate_config = validate_config
         self.api_version = api_version
+        self.observer = observer
         self.arbiter = _Arbiter(device_id)
         self._saved = False  # a VERIFY_AND_SAVE awaits its COMMIT
 
@@ -249,7 +264,12 @@ class P4RuntimeServicer(p4runtime_pb2_grpc.P4RuntimeServicer):
                 grpc.StatusCode.UNIMPLEMENTED,
                 "Support for atomic write modes has not been implemented yet",
             )
-        results = apply_write(self.device, request)
+        with self.device.lock:
+            if self.observer is not None:
+                self.observer.refresh()
+            results = apply_write(self.device, request)
+            if self.observer is not None:
+                self.observer.changed()
         if any(code != code_pb2.OK for code, _ in results):
             status = write_failure_status(results)
             raise RpcFailure(grpc.StatusCode.UNKNOWN, status.message, status)
@@ -299,6 +319,8 @@ class P4RuntimeServicer(p4runtime_pb2_grpc.P4RuntimeServicer):
         with self.device.lock:
             self.device.load_pipeline(config.p4info, config.p4_device_config)
             self.device.cookie = config.cookie.cookie if config.HasField("cookie") else None
+            if self.observer is not None:
+                self.observer.changed()
         self._saved = action == SetAction.VERIFY_AND_SAVE
         log.info(
             "pipeline installed (%d tables, %d bytes of device config)",
@@ -345,7 +367,10 @@ class P4RuntimeServicer(p4runtime_pb2_grpc.P4RuntimeServicer):
         try:
             self._check_device(request.device_id)
             self._check_pipeline()
-            entities = read_entities(self.device, request)
+            with self.device.lock:
+                if self.observer is not None:
+                    self.observer.refresh()
+                entities = read_entities(self.device, request)
         except DeviceError as exc:
             _fail(context, RpcFailure(_grpc_code(exc.code), exc.message))
             return
@@ -450,11 +475,12 @@ class P4RuntimeServer:
         validate_config: ConfigValidator | None = None,
         max_workers: int = 40,
         api_version: str = API_VERSION,
+        observer: DeviceObserver | None = None,
     ) -> None:
         self.device = device
         self.device_id = device_id
         self.address = address
-        self.servicer = P4RuntimeServicer(device, device_id, validate_config, api_version)
+        self.servicer = P4RuntimeServicer(device, device_id, validate_config, api_version, observer)
         self._max_workers = max_workers  # each open stream holds one worker
         self._server: grpc.Server | None = None
         self.port = 0

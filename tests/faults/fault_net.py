@@ -21,7 +21,7 @@ from homagg.lab.controller_process import ControllerProcess, write_toml  # noqa:
 from homagg.lab.fabric import SERVICE_IP, SWITCH_MAC, Fabric
 from homagg.lab.namespace import have_privileges, in_namespace
 from homagg.lab.poll import wait_for
-from homagg.lab.switch_process import bmv2_available
+from homagg.lab.switch_process import bmv2_available, ebpf_problem
 from homagg.wire.constants import WORKER_UDP_BASE
 from homagg.worker.job.agent import AgentConfig, WorkerAgent
 
@@ -38,6 +38,11 @@ TARGETS = [
         marks=pytest.mark.skipif(
             not bmv2_available(), reason="simple_switch_grpc is not installed (see docs/bmv2.md)"
         ),
+    ),
+    pytest.param(
+        "ebpf",
+        id="ebpf",
+        marks=pytest.mark.skipif(bool(ebpf_problem()), reason=f"eBPF target: {ebpf_problem()}"),
     ),
 ]
 

@@ -49,6 +49,7 @@ def test_refswitch_command_and_unknown_target():
 
 
 def test_auto_is_bmv2_when_installed_and_benches_compare_what_is_installed(monkeypatch):
+    monkeypatch.setattr(switch_process, "ebpf_available", lambda: False)
     monkeypatch.setattr(switch_process, "bmv2_available", lambda: True)
     assert switch_process.resolve_target(switch_process.AUTO_TARGET) == "bmv2"
     assert switch_process.compared_targets() == ["refswitch", "bmv2"]
@@ -56,6 +57,20 @@ def test_auto_is_bmv2_when_installed_and_benches_compare_what_is_installed(monke
     assert switch_process.resolve_target(switch_process.AUTO_TARGET) == "refswitch"
     assert switch_process.compared_targets() == ["refswitch"]
     assert switch_process.resolve_target("bmv2-opt") == "bmv2-opt"  # a named target stays
+
+
+def test_auto_is_ebpf_where_the_kernel_allows_it_and_bmv2_is_absent(monkeypatch):
+    monkeypatch.setattr(switch_process, "bmv2_available", lambda: False)
+    monkeypatch.setattr(switch_process, "ebpf_available", lambda: True)
+    assert switch_process.resolve_target(switch_process.AUTO_TARGET) == "ebpf"
+    assert switch_process.compared_targets() == ["refswitch", "ebpf"]
+    monkeypatch.setattr(switch_process, "bmv2_available", lambda: True)
+    assert switch_process.resolve_target(switch_process.AUTO_TARGET) == "bmv2"
+
+
+def test_ebpf_command_runs_the_ebpf_switch_module():
+    cmd = switch_command("ebpf", {1: "a"}, "unix:/x.sock")
+    assert cmd[1:3] == ["-m", "homagg.ebpf"] and cmd[3:5] == ["-i", "1@a"]
 
 
 def test_bmv2_opt_runs_the_build_under_its_prefix_with_its_libraries(monkeypatch, tmp_path):

@@ -1,12 +1,13 @@
 """The packet suite runs every test against each switch target with the same
-expectations: the reference switch always, BMv2 when simple_switch_grpc is installed."""
+expectations: the reference switch always, BMv2 when simple_switch_grpc is installed, the
+eBPF target where clang, libbpf and the kernel allow it."""
 
 from __future__ import annotations
 
 import pytest
 
 from homagg.lab.namespace import have_privileges
-from homagg.lab.switch_process import bmv2_available
+from homagg.lab.switch_process import bmv2_available, ebpf_problem
 
 NEEDS_ROOT = pytest.mark.skipif(
     not have_privileges(), reason="packet tests need root and iproute2 (network namespaces)"
@@ -21,6 +22,11 @@ TARGETS = [
             reason="simple_switch_grpc is not installed (BMv2 is built by "
             "hand, see docs/bmv2.md); the reference switch ran instead",
         ),
+    ),
+    pytest.param(
+        "ebpf",
+        id="ebpf",
+        marks=pytest.mark.skipif(bool(ebpf_problem()), reason=f"eBPF target: {ebpf_problem()}"),
     ),
 ]
 

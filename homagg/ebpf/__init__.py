@@ -1,0 +1,1 @@
+"""The eBPF target: the homagg data plane in the Linux kernel (docs/ebpf.md)."""
