@@ -20,6 +20,7 @@ from homagg.api.credentials import ADMIN, Operator, hash_token
 from homagg.control.config import ControllerConfig, parse_config
 from homagg.control.pki import make_pki
 from homagg.control.service import ControllerServer
+from homagg.environment import CA_FILE_ENV, IFACE_ENV, INSECURE_ENV
 from homagg.lab.addresses import host_entry
 from homagg.lab.fabric import SERVICE_IP, SWITCH_MAC, Fabric
 from homagg.lab.namespace import in_namespace
@@ -199,11 +200,11 @@ def rank_env(c: Controlled, rank: int, world: int, port: int, **homagg: str) -> 
         "MASTER_ADDR": c.fabric.hosts[0].ip,
         "MASTER_PORT": str(port),
         "GLOO_SOCKET_IFNAME": host.iface,
-        "HOMAGG_IFACE": host.iface,  # the controller is on a Unix socket, not routed
+        IFACE_ENV: host.iface,  # the controller is on a Unix socket, not routed
         "OMP_NUM_THREADS": "1",
     }
     # the controller's CA, or plaintext chosen (a test controller without TLS)
-    env.update({"HOMAGG_CA_FILE": str(c.ca_file)} if c.ca_file else {"HOMAGG_INSECURE": "1"})
+    env.update({CA_FILE_ENV: str(c.ca_file)} if c.ca_file else {INSECURE_ENV: "1"})
     env.update({f"HOMAGG_{k.upper()}": v for k, v in homagg.items()})
     return {k: v for k, v in env.items() if v}
 
