@@ -13,11 +13,13 @@ repetitions and ratios of medians of the same run. Codec objects live across
 repetitions, as in training (one per bucket). Fixed point and gloo send the same
 bytes whatever the density, so they are measured once per W and repetition.
 
-The reference switch gets the full tensor (--n, 25M); BMv2 forwards several times fewer
-packets per second (bench/switch_rate.py), so it gets --bmv2-n elements (1M) and fewer
-repetitions.
+The reference switch and the eBPF target get the full tensor (--n, 25M); BMv2 forwards
+several times fewer packets per second (bench/switch_rate.py), so it gets --bmv2-n
+elements (1M) and fewer repetitions. --targets picks the switches (default: the reference
+switch, and BMv2 where installed).
 
     python -m bench.aggregation [--n 25000000] [--bmv2-n 1000000] [--reps 5] [--bmv2-reps 2]
+        [--targets refswitch bmv2 ebpf] [--name aggregation]
 """
 
 from __future__ import annotations
@@ -185,7 +187,7 @@ def measure_target(target: str, n: int, reps: int, gloo: GlooPool, record: dict)
 
     rng = np.random.default_rng(0)
     inputs = {(w, d): sparse_inputs(rng, n, w, d) for w in WORLD_SIZES for d in DENSITIES}
-    timeout = 0.02 if target == "refswitch" else 0.2
+    timeout = 0.2 if target.startswith("bmv2") else 0.02  # BMv2 answers slower
     # One fabric per W: a job's worker UDP ports are fixed per rank (homagg.lab.aggjob).
     fabrics, groups, codecs = {}, {}, {}
     try:
@@ -267,7 +269,8 @@ def _intro(elapsed: float, args) -> list[str]:
         f"{time.strftime('%Y-%m-%d')})",
         "",
         f"`python -m bench.aggregation --n {args.n} --bmv2-n {args.bmv2_n} --reps {args.reps} "
-        f"--bmv2-reps {args.bmv2_reps}`; ran in {elapsed:.0f} s. Plot: aggregation.png.",
+        f"--bmv2-reps {args.bmv2_reps}{_targets_flag(args)}`; ran in {elapsed:.0f} s. "
+        f"Plot: {getattr(args, 'name', 'aggregation')}.png.",
         "",
         "Million gradient elements aggregated per second per worker (n / wall time of one "
         "aggregation step of all W workers, the codec's encode and decode included), "
@@ -286,15 +289,24 @@ def _intro(elapsed: float, args) -> list[str]:
     return lines
 
 
+NAMES = {"refswitch": "reference switch", "bmv2": "BMv2", "bmv2-opt": "BMv2 -O3", "ebpf": "eBPF"}
+
+
+def _targets_flag(args) -> str:
+    """The --targets and --name flags as given (nothing when left at their defaults)."""
+    out = f" --targets {' '.join(args.targets)}" if getattr(args, "targets", None) else ""
+    name = getattr(args, "name", "aggregation")
+    return out + (f" --name {name}" if name != "aggregation" else "")
+
+
 def _target_table(record: dict, target: str, n: int) -> list[str]:
     """One target's table: every W, method and density against gloo and fixed point."""
-    name = {"refswitch": "reference switch", "bmv2": "BMv2"}[target]
     lines = [
-        f"### {name}, n = {n:,} elements"
+        f"### {NAMES[target]}, n = {n:,} elements"
         + (
-            ""
-            if target == "refswitch"
-            else " (smaller tensor: BMv2 forwards several times fewer packets/s)"
+            " (smaller tensor: BMv2 forwards several times fewer packets/s)"
+            if target.startswith("bmv2")
+            else ""
         ),
         "",
         "| W | method | density | M elem/s/worker | vs gloo | vs fixed point | retx |",
@@ -376,9 +388,7 @@ def plot(record: dict, path: Path) -> None:
             ax.set_yscale("log")
             ax.set_xlabel("density of nonzeros per worker (%)")
             ax.set_ylabel("M elements/s per worker")
-            ax.set_title(
-                f"{'reference switch' if target == 'refswitch' else 'BMv2'}, n={n:,}, W={w}"
-            )
+            ax.set_title(f"{NAMES[target]}, n={n:,}, W={w}")
             ax.grid(True, which="both", alpha=0.3)
     axes[0][0].legend(fontsize=7)
     fig.tight_layout()
@@ -402,6 +412,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--bmv2-reps", type=int, default=2, help="repetitions on BMv2 (default 2)")
     p.add_argument("--no-bmv2", action="store_true", help="leave out the BMv2 rows")
+    p.add_argument(
+        "--targets",
+        nargs="+",
+        choices=["refswitch", "bmv2", "ebpf"],
+        default=None,
+        help="switch targets, in turn (default: refswitch, and bmv2 where installed); "
+        "bmv2 gets --bmv2-n and --bmv2-reps, the others --n and --reps",
+    )
+    p.add_argument("--name", default="aggregation", help="results file stem")
     args = p.parse_args(argv)
     from homagg.lab.namespace import have_privileges
     from homagg.lab.switch_process import bmv2_available
@@ -409,20 +428,22 @@ def main(argv: list[str] | None = None) -> int:
     if not have_privileges():
         print("bench.aggregation needs root (network namespaces)", file=sys.stderr)
         return 1
+    targets = args.targets or ["refswitch"] + (
+        ["bmv2"] if bmv2_available() and not args.no_bmv2 else []
+    )
     start = time.perf_counter()
     record: dict = {}
     gloo = GlooPool([args.n, args.bmv2_n])
     try:
-        print(f"aggregation: reference switch, n = {args.n:,}, {args.reps} reps", flush=True)
-        measure_target("refswitch", args.n, args.reps, gloo, record)
-        if bmv2_available() and not args.no_bmv2:
-            print(f"aggregation: BMv2, n = {args.bmv2_n:,}, {args.bmv2_reps} reps", flush=True)
-            measure_target("bmv2", args.bmv2_n, args.bmv2_reps, gloo, record)
+        for target in targets:
+            n, reps = (args.bmv2_n, args.bmv2_reps) if target == "bmv2" else (args.n, args.reps)
+            print(f"aggregation: {NAMES[target]}, n = {n:,}, {reps} reps", flush=True)
+            measure_target(target, n, reps, gloo, record)
     finally:
         gloo.close()
     lines, summary = report(record, time.perf_counter() - start, args)
-    plot(record, plot_path("aggregation.png"))
-    publish("aggregation", lines, summary)
+    plot(record, plot_path(f"{args.name}.png"))
+    publish(args.name, lines, summary)
     return 0
 
 

@@ -129,7 +129,9 @@ def test_summary_reads_the_packet_rate_ratios_and_the_full_results_first(tmp_pat
     assert "optimized" not in summary.line(60)
     row["rates"]["bmv2-opt"] = [150.0]
     (tmp_path / "switch_rate.md").write_text("\n".join(switch_rate.ratio_rows(row)) + "\n")
-    assert switch_rate.ratio_rows(row)[1] == "| 256 | ADD | bmv2-opt / bmv2 | 1.50x | | | |"
+    assert (
+        switch_rate.ratio_rows(row)[1] == "| 256 | ADD | bmv2-opt / bmv2 | 1.50x | | | | 1 Python |"
+    )
     assert "optimized / default BMv2 packet rate (256 cells): 1.50x" in summary.line(60)
     (tmp_path / "training.md").write_text("Summary: quick training.\n")
     (tmp_path / "training_full.md").write_text("Summary: full training.\n")
