@@ -6,8 +6,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from homagg.control.p4runtime_entities import MatchValue, TableEntry, WriteBatch
+from homagg.control.write_batch import WriteBatch
 from homagg.p4rt.api import p4runtime_pb2
+from homagg.p4rt.entities import MatchValue, MulticastGroupEntry, TableEntry
 
 Update = p4runtime_pb2.Update
 # The kind of every GroupSpec, beside the table names that are the kinds of EntrySpecs.
@@ -33,7 +34,13 @@ class EntrySpec:
     @classmethod
     def read(cls, entry: TableEntry) -> EntrySpec:
         """The spec of an entry read back from a switch."""
-        return cls.of(entry.table, entry.match, entry.action, entry.params)
+        match = {name: value for name, value in entry.match.items() if value is not None}
+        return cls.of(entry.table, match, entry.action, entry.params)
+
+    @property
+    def entry(self) -> TableEntry:
+        """The entity to write."""
+        return TableEntry(self.table, dict(self.match), self.action, dict(self.params))
 
     @property
     def kind(self) -> str:
@@ -47,15 +54,15 @@ class EntrySpec:
 
     def insert(self, batch: WriteBatch) -> WriteBatch:
         """Add an INSERT of this entry to a batch."""
-        return batch.insert_entry(self.table, dict(self.match), self.action, dict(self.params))
+        return batch.write(Update.INSERT, self.entry)
 
     def modify(self, batch: WriteBatch) -> WriteBatch:
         """Add a MODIFY (same key, this action) to a batch."""
-        return batch.modify_entry(self.table, dict(self.match), self.action, dict(self.params))
+        return batch.write(Update.MODIFY, self.entry)
 
     def delete(self, batch: WriteBatch) -> WriteBatch:
         """Add a DELETE of this entry's key to a batch."""
-        return batch.delete_entry(self.table, dict(self.match))
+        return batch.write(Update.DELETE, TableEntry(self.table, dict(self.match)))
 
 
 @dataclass(frozen=True)
@@ -71,6 +78,11 @@ class GroupSpec:
         return cls(group_id, tuple(sorted(replicas)))
 
     @property
+    def entry(self) -> MulticastGroupEntry:
+        """The entity to write."""
+        return MulticastGroupEntry(self.group_id, self.replicas)
+
+    @property
     def kind(self) -> str:
         """Where it lives on the switch: the multicast groups."""
         return MULTICAST_GROUPS
@@ -82,15 +94,15 @@ class GroupSpec:
 
     def insert(self, batch: WriteBatch) -> WriteBatch:
         """Add an INSERT of this group to a batch."""
-        return batch.multicast_group(Update.INSERT, self.group_id, self.replicas)
+        return batch.write(Update.INSERT, self.entry)
 
     def modify(self, batch: WriteBatch) -> WriteBatch:
         """Add a MODIFY (same id, these replicas) to a batch."""
-        return batch.multicast_group(Update.MODIFY, self.group_id, self.replicas)
+        return batch.write(Update.MODIFY, self.entry)
 
     def delete(self, batch: WriteBatch) -> WriteBatch:
         """Add a DELETE of this group to a batch."""
-        return batch.multicast_group(Update.DELETE, self.group_id)
+        return batch.write(Update.DELETE, MulticastGroupEntry(self.group_id))
 
 
 Spec = EntrySpec | GroupSpec

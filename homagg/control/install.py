@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from homagg.control.aggregation import JobEntries, job_entry, worker_entries
 from homagg.control.delivery import job_group, result_entries
 from homagg.control.entries import MULTICAST_GROUPS, EntrySpec, GroupSpec, Spec
-from homagg.control.p4runtime_entities import WriteBatch
 from homagg.control.switch_connection import P4RuntimeWriteError, SwitchConnection, SwitchError
+from homagg.control.write_batch import WriteBatch
 from homagg.wire import p4names
 
 JOB_ID_FIELD = "hdr.agg.job_id"  # the match field of the job's entries in every table

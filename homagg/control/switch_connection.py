@@ -7,6 +7,7 @@ and encodes values canonically. Errors are exceptions, never exits.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import queue
 import threading
@@ -18,14 +19,15 @@ from typing import Any
 import grpc
 from google.rpc import code_pb2, status_pb2
 
-from homagg.control.p4runtime_entities import (
-    MatchValue,
-    TableEntry,
-    WriteBatch,
-    decode_table_entry,
-    replica_port,
-)
+from homagg.control.write_batch import WriteBatch
 from homagg.p4rt.api import GRPC_OPTIONS, p4runtime_pb2, p4runtime_pb2_grpc
+from homagg.p4rt.entities import (
+    CounterData,
+    CounterEntry,
+    MatchValue,
+    MulticastGroupEntry,
+    TableEntry,
+)
 from homagg.p4rt.p4info import P4InfoIndex
 
 __all__ = [
@@ -352,7 +354,7 @@ class SwitchConnection:
         params: Mapping[str, int],
         priority: int = 0,
     ) -> None:
-        """Add a table entry (match values: see homagg.control.p4runtime_entities)."""
+        """Add a table entry (match values: see homagg.p4rt.entities)."""
         self.write_batch(self.batch().insert_entry(table, match, action, params, priority))
 
     def modify_entry(
@@ -403,56 +405,42 @@ class SwitchConnection:
 
     def read_entries(self, table: str | None = None) -> list[TableEntry]:
         """Every entry of one table, or of all tables (default entries not included)."""
-        entity = p4runtime_pb2.Entity()
-        entity.table_entry.table_id = self.p4info.table_id(table) if table else 0
-        return [decode_table_entry(self.p4info, e.table_entry) for e in self._read(entity)]
+        if table:
+            entity = TableEntry(table).to_entity(self.p4info)
+        else:
+            entity = p4runtime_pb2.Entity(table_entry=p4runtime_pb2.TableEntry(table_id=0))
+        return [TableEntry.from_proto(e.table_entry, self.p4info) for e in self._read(entity)]
 
     def read_default_action(self, table: str) -> TableEntry:
         """The default entry of a table (is_default is True; match is empty)."""
-        entity = p4runtime_pb2.Entity()
-        entity.table_entry.table_id = self.p4info.table_id(table)
-        entity.table_entry.is_default_action = True
-        found = self._read(entity)
+        found = self._read(TableEntry(table, is_default=True).to_entity(self.p4info))
         if len(found) != 1:
             raise SwitchError(f"expected one default entry for {table}, got {len(found)}")
-        return decode_table_entry(self.p4info, found[0].table_entry)
+        return TableEntry.from_proto(found[0].table_entry, self.p4info)
 
     def read_multicast_groups(self) -> dict[int, list[tuple[int, int]]]:
         """Every multicast group: id -> [(port, instance)]."""
-        entity = p4runtime_pb2.Entity()
-        entity.packet_replication_engine_entry.multicast_group_entry.multicast_group_id = 0
-        groups: dict[int, list[tuple[int, int]]] = {}
-        for e in self._read(entity):
-            group = e.packet_replication_engine_entry.multicast_group_entry
-            groups[group.multicast_group_id] = [
-                (replica_port(r), r.instance) for r in group.replicas
-            ]
-        return groups
+        groups = (
+            MulticastGroupEntry.from_proto(e.packet_replication_engine_entry.multicast_group_entry)
+            for e in self._read(MulticastGroupEntry(0).to_entity())
+        )
+        return {g.group_id: list(g.replicas) for g in groups}
 
     def read_counter(self, name: str, index: int | None = None) -> dict[int, tuple[int, int]]:
         """An indirect counter's cells (all, or one): index -> (packets, bytes)."""
-        entity = p4runtime_pb2.Entity()
-        entity.counter_entry.counter_id = self.p4info.counter(name).id
-        if index is not None:
-            entity.counter_entry.index.index = index
-        return {
-            e.counter_entry.index.index: (
-                e.counter_entry.data.packet_count,
-                e.counter_entry.data.byte_count,
-            )
-            for e in self._read(entity)
-        }
+        cells: dict[int, tuple[int, int]] = {}
+        for e in self._read(CounterEntry(name, index).to_entity(self.p4info)):
+            cell = CounterEntry.from_proto(e.counter_entry, self.p4info)
+            packets, nbytes = cell.data or CounterData(0, 0)
+            cells[cell.index or 0] = (packets, nbytes)
+        return cells
 
     def read_direct_counters(self, table: str) -> list[tuple[TableEntry, int, int]]:
         """Each entry of a table with its direct counter: (entry, packets, bytes)."""
-        entity = p4runtime_pb2.Entity()
-        entity.table_entry.table_id = self.p4info.table_id(table)
-        entity.table_entry.counter_data.SetInParent()  # ask for the counter values
-        return [
-            (
-                decode_table_entry(self.p4info, e.table_entry),
-                e.table_entry.counter_data.packet_count,
-                e.table_entry.counter_data.byte_count,
-            )
-            for e in self._read(entity)
-        ]
+        request = TableEntry(table, counter_data=CounterData(0, 0))  # asks for the counters
+        out = []
+        for e in self._read(request.to_entity(self.p4info)):
+            entry = TableEntry.from_proto(e.table_entry, self.p4info)
+            packets, nbytes = entry.counter_data or CounterData(0, 0)
+            out.append((dataclasses.replace(entry, counter_data=None), packets, nbytes))
+        return out

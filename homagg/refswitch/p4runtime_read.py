@@ -9,8 +9,15 @@ from __future__ import annotations
 
 from google.rpc import code_pb2
 
-from homagg.p4rt import bytestrings
 from homagg.p4rt.api import p4runtime_pb2
+from homagg.p4rt.entities import (
+    CounterData,
+    CounterEntry,
+    DirectCounterEntry,
+    MulticastGroupEntry,
+    TableEntry,
+)
+from homagg.p4rt.p4info import P4InfoIndex
 from homagg.refswitch.device import Counter, Device, DeviceError, Table
 from homagg.refswitch.p4runtime_write import (
     FIRST_RESERVED_GROUP_ID,
@@ -60,60 +67,25 @@ def read_entities(device: Device, request: p4runtime_pb2.ReadRequest) -> list[p4
 # -- table entries -------------------------------------------------------------------
 
 
-def _field_matches(table: Table, entry: Entry) -> list[p4runtime_pb2.FieldMatch]:
-    out = []
-    for i, (info, (a, b)) in enumerate(zip(table.info.match_fields, entry.match)):
-        if (a, b) == table.dont_care(i):
-            continue
-        fm = p4runtime_pb2.FieldMatch(field_id=info.id)
-        width = info.bitwidth
-        if info.match_type == "exact":
-            fm.exact.value = bytestrings.encode(a, width)
-        elif info.match_type == "lpm":
-            fm.lpm.value = bytestrings.encode(a, width)
-            fm.lpm.prefix_len = b
-        elif info.match_type == "ternary":
-            fm.ternary.value = bytestrings.encode(a, width)
-            fm.ternary.mask = bytestrings.encode(b, width)
-        elif info.match_type == "range":
-            fm.range.low = bytestrings.encode(a, width)
-            fm.range.high = bytestrings.encode(b, width)
-        else:
-            fm.optional.value = bytestrings.encode(a, width)
-        out.append(fm)
-    return out
-
-
-def _action(entry: Entry) -> p4runtime_pb2.TableAction:
-    action = entry.action
-    ta = p4runtime_pb2.TableAction()
-    ta.action.action_id = action.id
-    for p in action.params:
-        value = bytestrings.encode(entry.params[p.name], p.bitwidth)
-        ta.action.params.add(param_id=p.id, value=value)
-    return ta
-
-
 def _table_entry(
     table: Table, entry: Entry, with_counter: bool, default: bool = False
 ) -> p4runtime_pb2.Entity:
-    entity = p4runtime_pb2.Entity()
-    te = entity.table_entry
-    te.table_id = table.info.id
-    if default:
-        te.is_default_action = True
-    else:
-        te.match.extend(_field_matches(table, entry))
-        te.priority = entry.priority
-        te.idle_timeout_ns = entry.idle_timeout_ns
-    if entry.action.id:  # id 0: no default action known (see Table._fallback_default)
-        te.action.CopyFrom(_action(entry))
-    te.controller_metadata = entry.controller_metadata
-    te.metadata = entry.metadata
-    if with_counter and table.has_counter:
-        te.counter_data.packet_count = entry.packets
-        te.counter_data.byte_count = entry.bytes
-    return entity
+    counter = (
+        CounterData(entry.packets, entry.bytes) if with_counter and table.has_counter else None
+    )
+    value = TableEntry(
+        table.name,
+        {} if default else table.named_match(entry.match),
+        entry.action_name if entry.action.id else "",  # id 0: no default action known
+        entry.params,
+        0 if default else entry.priority,
+        default,
+        entry.controller_metadata,
+        entry.metadata,
+        0 if default else entry.idle_timeout_ns,
+        counter,
+    )
+    return value.to_entity(table.p4info)
 
 
 def _read_tables(
@@ -141,14 +113,10 @@ def _read_tables(
 # -- counters ----------------------------------------------------------------------
 
 
-def _counter_entity(counter: Counter, index: int) -> p4runtime_pb2.Entity:
-    entity = p4runtime_pb2.Entity()
-    ce = entity.counter_entry
-    ce.counter_id = counter.info.id
-    ce.index.index = index
-    ce.data.packet_count = counter.packets[index]  # BMv2 reports both, whatever the unit
-    ce.data.byte_count = counter.bytes[index]
-    return entity
+def _counter_entity(p4info: P4InfoIndex, counter: Counter, index: int) -> p4runtime_pb2.Entity:
+    # BMv2 reports both packets and bytes, whatever the unit
+    data = CounterData(counter.packets[index], counter.bytes[index])
+    return CounterEntry(counter.info.name, index, data).to_entity(p4info)
 
 
 def _read_counters(
@@ -157,6 +125,8 @@ def _read_counters(
     counters = (
         device.counters() if request.counter_id == 0 else [counter_of(device, request.counter_id)]
     )
+    p4info = device.p4info
+    assert p4info is not None, "caller checks that a pipeline is set"
     for counter in counters:
         if request.HasField("index"):
             index = request.index.index
@@ -164,25 +134,21 @@ def _read_counters(
                 raise invalid("A negative number is not a valid index value")
             if index >= counter.size:
                 raise DeviceError(code_pb2.UNKNOWN, "Error when reading counter from target")
-            out.append(_counter_entity(counter, index))
+            out.append(_counter_entity(p4info, counter, index))
         else:
-            out.extend(_counter_entity(counter, i) for i in range(counter.size))
+            out.extend(_counter_entity(p4info, counter, i) for i in range(counter.size))
 
 
 def _direct_entity(
     table: Table, entry: Entry, request: p4runtime_pb2.TableEntry | None
 ) -> p4runtime_pb2.Entity:
-    entity = p4runtime_pb2.Entity()
-    dce = entity.direct_counter_entry
+    data = CounterData(entry.packets, entry.bytes)
     if request is not None:  # a single entry: PI echoes the request's table entry
-        dce.table_entry.CopyFrom(request)
-    else:
-        dce.table_entry.table_id = table.info.id
-        dce.table_entry.match.extend(_field_matches(table, entry))
-        dce.table_entry.priority = entry.priority
-    dce.data.packet_count = entry.packets
-    dce.data.byte_count = entry.bytes
-    return entity
+        dce = p4runtime_pb2.DirectCounterEntry(table_entry=request)
+        dce.data.packet_count, dce.data.byte_count = data
+        return p4runtime_pb2.Entity(direct_counter_entry=dce)
+    key = TableEntry(table.name, table.named_match(entry.match), priority=entry.priority)
+    return DirectCounterEntry(key, data).to_entity(table.p4info)
 
 
 def _read_direct_counters(
@@ -210,18 +176,9 @@ def _read_direct_counters(
 
 
 def _group_entity(device: Device, group_id: int) -> p4runtime_pb2.Entity:
-    entity = p4runtime_pb2.Entity()
-    group = entity.packet_replication_engine_entry.multicast_group_entry
-    group.multicast_group_id = group_id
+    replicas = tuple(device.multicast_groups[group_id])
     widths = device.multicast_port_widths.get(group_id, {})
-    for port, instance in device.multicast_groups[group_id]:
-        replica = group.replicas.add(instance=instance)
-        width = widths.get((port, instance), 0)
-        if width:
-            replica.port = port.to_bytes(width, "big")
-        else:
-            replica.egress_port = port
-    return entity
+    return MulticastGroupEntry(group_id, replicas, widths).to_entity()
 
 
 def _read_pre(

@@ -7,14 +7,17 @@ message) pair. The canonical codes and most messages follow PI's DeviceMgr.
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
+from collections.abc import Iterator
 
 from google.protobuf import any_pb2
 from google.rpc import code_pb2, status_pb2
 
-from homagg.p4rt import bytestrings
+from homagg.p4rt import entities
 from homagg.p4rt.api import p4runtime_pb2
-from homagg.p4rt.p4info import ActionInfo, MatchFieldInfo, P4InfoIndex, P4InfoLookupError
+from homagg.p4rt.entities import EntityError
+from homagg.p4rt.p4info import ActionInfo, P4InfoIndex, P4InfoLookupError
 from homagg.refswitch.device import Counter, Device, DeviceError, Table
 from homagg.refswitch.table import Entry, FieldMatch
 
@@ -107,103 +110,31 @@ def table_of(device: Device, table_id: int) -> Table:
 # -- table entries -----------------------------------------------------------------
 
 
+@contextlib.contextmanager
+def entity_errors() -> Iterator[None]:
+    """Report a malformed entity (homagg.p4rt.entities.EntityError) as this update's error."""
+    try:
+        yield
+    except EntityError as exc:
+        raise DeviceError(exc.code, exc.message) from None
+
+
 def decode_match(
     table: Table, entry: p4runtime_pb2.TableEntry
 ) -> tuple[tuple[FieldMatch, ...], int]:
     """The (match, priority) of a non-default entry; INVALID_ARGUMENT for a malformed key."""
-    fields = table.info.match_fields
-    if len(entry.match) > len(fields):
-        raise invalid("Too many fields in match key")
-    given: dict[int, p4runtime_pb2.FieldMatch] = {}
-    for fm in entry.match:
-        if fm.field_id in given:
-            raise invalid(f"Duplicate field id {fm.field_id} in match key")
-        given[fm.field_id] = fm
-    match: list[FieldMatch] = []
-    for i, info in enumerate(fields):
-        fm = given.pop(info.id, None)
-        if fm is None:
-            if info.match_type == "exact":
-                raise invalid(f"Missing non-ternary field in match key ({info.name})")
-            match.append(table.dont_care(i))
-        else:
-            match.append(_field(info, fm))
-    if given:
-        raise invalid(f"Unknown field in match key (ids {sorted(given)})")
-    result = tuple(match)
-    table.check_match(result, entry.priority)
-    return result, entry.priority
-
-
-def _value(data: bytes, info: MatchFieldInfo | int) -> int:
-    width = info if isinstance(info, int) else info.bitwidth
-    try:
-        return bytestrings.decode(data, width)
-    except ValueError:
-        raise invalid(f"Bytestring provided does not fit within {width} bits") from None
-
-
-def _field(info: MatchFieldInfo, fm: p4runtime_pb2.FieldMatch) -> FieldMatch:
-    kind = fm.WhichOneof("field_match_type")
-    if kind != info.match_type:
-        raise invalid(
-            f"Invalid match type for field {info.name}: "
-            f"got {kind or 'none'}, the P4Info says {info.match_type}"
-        )
-    full = (1 << info.bitwidth) - 1
-    if kind == "exact":
-        return _value(fm.exact.value, info), full
-    if kind == "lpm":
-        if fm.lpm.prefix_len < 0:
-            raise invalid("Prefix length cannot be < 0")
-        if fm.lpm.prefix_len == 0:
-            raise invalid(
-                "Invalid representation of 'don't care' LPM match, "
-                "omit match field instead of using a prefix length of 0"
-            )
-        return _value(fm.lpm.value, info), fm.lpm.prefix_len
-    if kind == "ternary":
-        mask = _value(fm.ternary.mask, info)
-        if mask == 0:
-            raise invalid(
-                "Invalid representation of 'don't care' ternary match, "
-                "omit match field instead of using 0 mask"
-            )
-        return _value(fm.ternary.value, info), mask
-    if kind == "range":
-        low, high = _value(fm.range.low, info), _value(fm.range.high, info)
-        if (low, high) == (0, full):
-            raise invalid(
-                "Invalid representation of 'don't care' range match, "
-                "omit match field instead of using low=0 and high=2**bitwidth-1"
-            )
-        return low, high
-    return _value(fm.optional.value, info), full  # optional
+    with entity_errors():
+        match = table.match_of(entities.decode_match(table.info, entry.match))
+    table.check_match(match, entry.priority)
+    return match, entry.priority
 
 
 def decode_action(
     p4info: P4InfoIndex, table_action: p4runtime_pb2.TableAction
 ) -> tuple[ActionInfo, dict[str, int]]:
     """The action and params of a direct TableAction; INVALID_ARGUMENT for bad ids or values."""
-    if table_action.WhichOneof("type") != "action":
-        raise invalid("Cannot provide indirect action for direct table")
-    call = table_action.action
-    try:
-        action = p4info.action(call.action_id)
-    except P4InfoLookupError:
-        raise invalid(f"Invalid P4 id: no action with id {call.action_id}") from None
-    if len(call.params) != len(action.params):
-        raise invalid(
-            f"Unexpected number of action parameters for {action.name}: "
-            f"got {len(call.params)}, expected {len(action.params)}"
-        )
-    params: dict[str, int] = {}
-    for p in call.params:
-        info = action.params_by_id.get(p.param_id)
-        if info is None:
-            raise invalid(f"Unknown action parameter id {p.param_id} for {action.name}")
-        params[info.name] = _value(p.value, info.bitwidth)
-    return action, params
+    with entity_errors():
+        return entities.decode_action(p4info, table_action)
 
 
 def _check_entry_extras(table: Table, entry: p4runtime_pb2.TableEntry) -> None:

@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import bisect
 import itertools
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
 from google.rpc import code_pb2
 
+from homagg.p4rt.entities import MatchValue
 from homagg.p4rt.p4info import ActionInfo, P4InfoIndex, TableInfo
 
 FieldMatch = tuple[int, int]
@@ -100,7 +101,7 @@ class Table:
         self.info = info
         self.name = info.name
         self.alias = info.alias or info.name
-        self._p4info = p4info
+        self.p4info = p4info
         self.has_counter = bool(info.direct_counter_id)
         kinds = [f.match_type for f in info.match_fields]
         self._full = [(1 << f.bitwidth) - 1 for f in info.match_fields]
@@ -177,6 +178,27 @@ class Table:
     def dont_care(self, index: int) -> FieldMatch:
         """The match of an omitted field `index` (see the module docstring)."""
         return (0, self._full[index]) if self._kinds[index] == "range" else (0, 0)
+
+    def match_of(self, named: Mapping[str, MatchValue | None]) -> tuple[FieldMatch, ...]:
+        """The stored form of a key by field name (an entity's match), don't cares filled in."""
+        out: list[FieldMatch] = []
+        for i, (field, full) in enumerate(zip(self.info.match_fields, self._full)):
+            value = named.get(field.name)
+            if value is None:
+                out.append(self.dont_care(i))
+            elif isinstance(value, int):  # exact or optional
+                out.append((value, full))
+            else:
+                out.append(value)
+        return tuple(out)
+
+    def named_match(self, match: tuple[FieldMatch, ...]) -> dict[str, MatchValue]:
+        """A stored key by field name, don't cares left out (the inverse of match_of)."""
+        named: dict[str, MatchValue] = {}
+        for i, (field, kind, pair) in enumerate(zip(self.info.match_fields, self._kinds, match)):
+            if pair != self.dont_care(i):
+                named[field.name] = pair[0] if kind in ("exact", "optional") else pair
+        return named
 
     def insert(
         self,
@@ -347,7 +369,7 @@ class Table:
         which P4Info does not carry, read as 0); else NoAction if the table has it; else an
         empty action named "" (the pipeline does nothing on a miss).
         """
-        info, p4 = self.info, self._p4info
+        info, p4 = self.info, self.p4info
         if info.initial_default_action is not None:
             action = p4.action(info.initial_default_action[0])
             args = dict(info.initial_default_action[1])

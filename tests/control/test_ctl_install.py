@@ -26,11 +26,12 @@ from homagg.control.install import (
     reconcile,
     remove_job,
 )
-from homagg.control.p4runtime_entities import WriteBatch, decode_table_entry, replica_port
 from homagg.control.switch_connection import P4RuntimeWriteError, SwitchError, UpdateError
 from homagg.control.switches import ManagedSwitch, SwitchRejected
+from homagg.control.write_batch import WriteBatch
 from homagg.lab.addresses import host_ip, host_mac, host_switch_port
 from homagg.p4rt.api import p4runtime_pb2
+from homagg.p4rt.entities import MulticastGroupEntry, TableEntry
 from homagg.p4rt.p4info import P4InfoIndex
 from homagg.wire import p4names
 from homagg.wire.constants import WORKER_UDP_BASE
@@ -124,21 +125,20 @@ class ScriptedSwitch:
 
     def read_entries(self, table):
         return [
-            decode_table_entry(P4INFO, u.entity.table_entry)
+            TableEntry.from_proto(u.entity.table_entry, P4INFO)
             for k, u in self.state.items()
             if k[0] == table
         ]
 
     def read_multicast_groups(self):
         groups = [
-            u.entity.packet_replication_engine_entry.multicast_group_entry
+            MulticastGroupEntry.from_proto(
+                u.entity.packet_replication_engine_entry.multicast_group_entry
+            )
             for k, u in self.state.items()
             if k[0] == "group"
         ]
-        return {
-            g.multicast_group_id: [(replica_port(r), r.instance) for r in g.replicas]
-            for g in groups
-        }
+        return {g.group_id: list(g.replicas) for g in groups}
 
 
 class Listener:

@@ -18,10 +18,10 @@ from homagg.control.switch_connection import (
     P4RuntimeWriteError,
     SwitchConnection,
     SwitchError,
-    TableEntry,
 )
 from homagg.p4rt.api import p4runtime_pb2, p4runtime_pb2_grpc
 from homagg.p4rt.bytestrings import ipv4_to_int, mac_to_int
+from homagg.p4rt.entities import TableEntry
 from homagg.p4rt.p4info import P4InfoIndex
 
 TIMEOUT = 3.0

@@ -21,9 +21,10 @@ from homagg.control.aggregation import JobEntries, Worker
 from homagg.control.entries import EntrySpec
 from homagg.control.forwarding import Host, forwarding_entries
 from homagg.control.install import job_specs
-from homagg.control.p4runtime_entities import WriteBatch, decode_table_entry
 from homagg.control.tofino_pipeline import PipelineConfig, from_compiler_output
+from homagg.control.write_batch import WriteBatch
 from homagg.p4rt.api import p4info_pb2
+from homagg.p4rt.entities import TableEntry
 from homagg.p4rt.p4info import P4InfoIndex
 from homagg.wire import p4names
 from homagg.wire.constants import MAX_JOB_ID, MAX_SWITCH_PORT, MAX_WORKERS_PER_JOB, NUM_SLOTS
@@ -129,7 +130,7 @@ def test_every_entry_the_controller_writes_encodes_and_reads_back(chip):
     assert {s.table for s in specs} == set(p4names.TABLES)
     for spec in specs:
         [update] = spec.insert(WriteBatch(index))
-        assert EntrySpec.read(decode_table_entry(index, update.entity.table_entry)) == spec
+        assert EntrySpec.read(TableEntry.from_proto(update.entity.table_entry, index)) == spec
     v1model = P4InfoIndex.from_text_file(V1MODEL_P4INFO)
     for table in p4names.TABLES:
         v1_direct = v1model.table_direct_counter(table)
