@@ -64,6 +64,10 @@ class _LoaderThenRegister(importlib.abc.Loader):
         self._loader.exec_module(module)
         register_backend()
 
+    def __getattr__(self, name: str) -> Any:
+        # the rest of the loader's interface (get_source, is_package, resource readers)
+        return getattr(self._loader, name)
+
 
 class _RegisterOnImport(importlib.abc.MetaPathFinder):
     """Registers the backend right after torch.distributed is imported, once."""
