@@ -25,6 +25,9 @@ from homagg.control.config import (
     load_config,
 )
 from homagg.control.text_table import render_counters, render_jobs, render_pools, render_status
+from homagg.control.top import DETAILS as TOP_DETAILS
+from homagg.control.top import SUMMARY as TOP_SUMMARY
+from homagg.control.top import add_top_options, run_top
 from homagg.environment import (
     CA_FILE_ENV,
     INSECURE_ENV,
@@ -86,6 +89,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "Read from the switch's P4Runtime counters. Example:\n  aggctl counters --job 3\n"
         "  aggctl counters --switch s1 --zero",
     ),
+    "top": (TOP_SUMMARY, TOP_DETAILS),
     "release": (
         "end a job now: entries removed from the switch, pool freed",
         "Its workers' later calls answer FAILED_PRECONDITION. Example:\n  aggctl release 3",
@@ -182,6 +186,7 @@ def _parser() -> argparse.ArgumentParser:
     counters.add_argument(
         "--zero", action="store_true", help="also list reasons and events never counted"
     )
+    add_top_options(add("top"))
     release = add("release")
     release.add_argument("job", type=int, metavar="JOB", help="the job id")
     _shell_options(add("shell"))
@@ -369,6 +374,8 @@ def _query(args: argparse.Namespace) -> int:
         elif args.command == "counters":
             resp = client.counters(args.switch, args.job)
             _print(args, resp, render_counters(resp.switches, args.zero))
+        elif args.command == "top":
+            return run_top(args, client)
         elif args.command == "release":
             return _release(args, client)
         elif args.command == "job":

@@ -1,0 +1,111 @@
+"""`aggctl top` against a running controller: in a pseudo-terminal it shows a running job
+and ends on Ctrl-C (SIGINT) with status 0, the terminal restored and no traceback; --once
+--json is one JSON line; an unreachable controller is one line of error."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import select
+import signal
+import struct
+import subprocess
+import sys
+import termios
+import time
+
+import pytest
+from ctl_helpers import HOSTS, make_config
+
+from homagg.control.cli import main
+from homagg.lab.switch_process import free_port
+
+AGGCTL = (sys.executable, "-m", "homagg.control")
+EXIT_BOUND_S = 5.0  # SIGINT to exit, on a loaded machine
+
+
+@pytest.fixture
+def running(refswitch, tmp_path, start_controller):
+    ctl = start_controller(
+        make_config(refswitch.address, tmp_path, lease=30.0, heartbeat_interval=5.0)
+    )
+    job = ctl.client.create_job("top-job", 2, "lossless", pool_size=16)
+    for rank, h in enumerate(HOSTS[:2]):
+        ctl.client.join(
+            job.job_id, job.token, rank, h["mac"], h["ip"], 41000 + rank, h["switch_port"]
+        )
+    return ctl, job
+
+
+def _read_until(fd: int, want: bytes, deadline: float) -> bytes:
+    """What the terminal showed until `want` appeared (or the deadline passed)."""
+    seen = b""
+    while want not in seen and time.monotonic() < deadline:
+        ready, _, _ = select.select([fd], [], [], 0.1)
+        if ready:
+            try:
+                seen += os.read(fd, 65536)
+            except OSError:  # the child closed the terminal
+                break
+    return seen
+
+
+def test_top_in_a_terminal_shows_the_job_and_exits_cleanly_on_ctrl_c(running):
+    ctl, _ = running
+    master, slave = os.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
+    proc = subprocess.Popen(
+        [*AGGCTL, "--insecure", "--controller", ctl.address, "top", "--interval", "0.3"],
+        stdin=slave,
+        stdout=slave,
+        stderr=slave,
+        env={**os.environ, "TERM": "xterm"},
+    )
+    os.close(slave)
+    try:
+        screen = _read_until(master, b"rates over", time.monotonic() + 20)
+        assert b"\x1b[?1049h" in screen and b"top-job" in screen, screen.decode(errors="replace")
+        assert b"switch s1  primary  slots 16/4096" in screen
+        proc.send_signal(signal.SIGINT)
+        start = time.monotonic()
+        code = proc.wait(EXIT_BOUND_S)
+        assert time.monotonic() - start < EXIT_BOUND_S
+        rest = _read_until(master, b"\x1b[?1049l", time.monotonic() + 1)
+        assert code == 0
+        assert b"\x1b[?1049l" in rest and b"\x1b[?25h" in rest  # the terminal restored
+        assert b"Traceback" not in screen + rest
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(5)
+        os.close(master)
+
+
+def test_once_json_is_one_line_per_refresh(running, capsys):
+    ctl, job = running
+    top = ["top", "--once", "--json", "--interval", "0.2"]
+    code = main(["--insecure", "--controller", ctl.address, *top])
+    out = capsys.readouterr().out
+    assert code == 0 and out.count("\n") == 1
+    doc = json.loads(out)
+    [sw] = doc["switches"]
+    assert sw["name"] == "s1" and sw["connected"] is True
+    assert [(j["job_id"], j["name"], j["packets_per_s"]) for j in sw["jobs"]] == [
+        (job.job_id, "top-job", 0.0)
+    ]
+    assert 0.2 <= doc["interval_s"] < 5 and doc["notes"] == []
+
+
+def test_an_unreachable_controller_is_one_line(capsys):
+    address = f"127.0.0.1:{free_port()}"
+    code = main(["--insecure", "--timeout", "3", "--controller", address, "top", "--once"])
+    err = capsys.readouterr().err
+    assert code == 1 and f"aggctl: UNAVAILABLE: no controller answers at {address}" in err
+    assert "Traceback" not in err
+
+
+def test_the_interval_has_a_floor(capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["top", "--interval", "0.01"])
+    assert info.value.code == 2 and "at least 0.2 s" in capsys.readouterr().err
