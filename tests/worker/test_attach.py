@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+import urllib.request
 
 import grpc
 import pytest
@@ -23,6 +24,8 @@ from homagg.environment import (
     JOB_ID_ENV,
     JOB_TOKEN_ENV,
     JOB_TOKEN_FILE_ENV,
+    METRICS_ADDRESS_ENV,
+    METRICS_PORT_ENV,
     READY_TIMEOUT_ENV,
 )
 from homagg.lab.controlled import Controlled
@@ -60,6 +63,8 @@ def clean_env(monkeypatch):
         CODEC_ENV,
         READY_TIMEOUT_ENV,
         CA_FILE_ENV,
+        METRICS_PORT_ENV,
+        METRICS_ADDRESS_ENV,
     ):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv(INSECURE_ENV, "1")  # the test controller serves plaintext
@@ -156,6 +161,27 @@ def test_auto_options_set_the_controller_and_bad_ones_are_errors():
     wrong = "auto_options apply to codec 'auto', not 'lossless'"
     with pytest.raises(ValueError, match=wrong), pytest.warns(RuntimeWarning, match="falls back"):
         attach.attach(None, "lossless", auto_options={"lag": 0})
+
+
+def test_metrics_port_serves_the_hook_stats_and_a_bad_one_fails_before_the_job(monkeypatch):
+    """attach(metrics_port=...) serves even a fallen-back state's stats (job "none"); a bad
+    port, argument or environment, is an error before anything is set up."""
+    with pytest.raises(ValueError, match="metrics_port=65536"):
+        attach.attach(None, metrics_port=65536)
+    monkeypatch.setenv(METRICS_PORT_ENV, "next")
+    with pytest.raises(ValueError, match="HOMAGG_METRICS_PORT='next'"):
+        attach.attach(None)
+    assert not job_session._sessions
+    monkeypatch.setenv(METRICS_PORT_ENV, "0")  # any free port
+    with pytest.warns(RuntimeWarning, match="falls back"):
+        state = attach.attach(None)
+    try:
+        assert state.metrics is not None and state.metrics.address == "127.0.0.1"
+        with urllib.request.urlopen(state.metrics.url, timeout=5) as answer:
+            text = answer.read().decode()
+        assert 'homagg_worker_buckets_total{job="none",path="fallback"} 0.0' in text
+    finally:
+        state.metrics.close()
 
 
 def test_lane_codecs_are_refused_when_the_switchs_program_has_no_lanes(monkeypatch, controlled):

@@ -22,6 +22,7 @@ import torch.distributed as dist
 from homagg.worker.auto.control import auto_config
 from homagg.worker.codecs import AUTO_CODEC, CODEC_CHOICES, DEFAULT_CODEC
 from homagg.worker.ddp.hook import SwitchHookState, switch_allreduce_hook
+from homagg.worker.ddp.metrics import expose, local_rank, metrics_request
 from homagg.worker.job.setup import Request, Setup, group_members, set_up
 
 
@@ -36,6 +37,8 @@ def attach(
     pool_size: int = 0,
     group: dist.ProcessGroup | None = None,
     name: str = "torchrun",
+    metrics_port: int | None = None,
+    metrics_address: str | None = None,
 ) -> SwitchHookState:
     """Aggregate `model`'s (a DistributedDataParallel) gradients through the switch from the
     next step on; returns the hook state (`stats` says what happened, `close()` stops the
@@ -48,9 +51,13 @@ def attach(
     auto_options: the "auto" controller's settings (auto/control.py's AutoConfig fields but
     its codecs, e.g. {"lag": 0}; auto_option_names lists them).
     model None: set up and return the state without registering it (DeAR's
-    DearDataParallel takes it). The job ends at destroy_process_group or exit."""
+    DearDataParallel takes it). The job ends at destroy_process_group or exit.
+    metrics_port: serve the hook's stats to Prometheus on this port + LOCAL_RANK (0: any
+    free port; None: $HOMAGG_METRICS_PORT, else none), on metrics_address (default
+    $HOMAGG_METRICS_ADDRESS, else 127.0.0.1); `state.metrics.url` (homagg/worker/ddp/metrics.py)."""
     if auto_options:
         auto_config(auto_options, lanes=False)  # a bad option fails before the job exists
+    metrics = metrics_request(metrics_port, metrics_address)  # so does a bad port
     members = group_members(group)
     setup = set_up(
         Request(
@@ -78,6 +85,8 @@ def attach(
         auto=auto_config(auto_options or {}, setup.lane_ops) if chosen == AUTO_CODEC else None,
     )
     state.warned = bool(setup.reason)  # set_up warned once already
+    if metrics is not None:
+        state.metrics = expose(state, metrics, local_rank())
     if setup.session is not None:
         setup.session.states.append(state)
     if model is not None and setup.complete:  # incomplete: a rank issues DDP's own collectives

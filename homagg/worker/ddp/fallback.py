@@ -26,6 +26,12 @@ KIND_TEXT = {
     SWITCH_TIMEOUT: "the switch path failed (TransportError)",
     ERROR: "an unexpected error",
 }
+KIND_NAME = {  # the kinds as metric label values (homagg/worker/ddp/metrics.py)
+    UNHEALTHY: "unhealthy",
+    CODEC_FAILED: "codec_error",
+    SWITCH_TIMEOUT: "switch_failed",
+    ERROR: "error",
+}
 
 
 class Verdict(NamedTuple):

@@ -42,7 +42,7 @@ log = logging.getLogger(__name__)
 CLOSE_AGREEMENT_S = 10.0
 
 # Not pickled: the live objects (an unpickled state is given an agent with `attach`).
-_UNPICKLED = ("agent", "process_group", "group", "comm", "auto_host", "_agreeing")
+_UNPICKLED = ("agent", "process_group", "group", "comm", "auto_host", "_agreeing", "metrics")
 
 
 class SwitchHookState:
@@ -88,6 +88,7 @@ class SwitchHookState:
         self.iteration_seconds = 0.0
         self.codecs = CodecCache(self.world_size, self.rank)
         self.stats = HookStats()
+        self.metrics: Any = None  # its WorkerMetrics endpoint, when served (ddp/metrics.py)
         self.fallback = FallbackAgreement(cooldown_steps)
         self.warned = False
         self.steps = 0
@@ -108,7 +109,7 @@ class SwitchHookState:
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self.agent, self.process_group = None, None
-        self.group, self.comm, self._agreeing = None, None, deque()
+        self.group, self.comm, self._agreeing, self.metrics = None, None, deque(), None
         self.auto_host = AutoHostPath(self.controller) if self.controller is not None else None
         self.unavailable_reason = "state was unpickled without its agent"
         self.fallback.use = None
