@@ -85,6 +85,7 @@ class Job:
     installed: bool = False  # entries verified or written since the switch (re)connected
     idle_deadline: float = 0.0  # monotonic; ends a job that no live rank holds
     gave_up: GaveUp | None = None  # the give-up of the newest call a rank told (not persisted)
+    gave_ups: int = 0  # calls given up and told since the controller started (not persisted)
 
     @property
     def complete(self) -> bool:
@@ -106,6 +107,7 @@ class Job:
         if self.gave_up is not None and gave_up.chunk <= self.gave_up.chunk:
             return False
         self.gave_up = gave_up
+        self.gave_ups += 1
         return True
 
     def live_ranks(self) -> list[JobWorker]:

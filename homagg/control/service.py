@@ -109,6 +109,7 @@ def job_info(m: JobManager, job: Job) -> Any:
         created=job.created,
         ended=job.ended or 0.0,
         end_reason=job.end_reason,
+        gave_ups=job.gave_ups,
     )
     for w in sorted(job.workers.values(), key=lambda w: w.rank):
         info.workers.add(

@@ -5,10 +5,11 @@ JSON document of `--json`. Pure functions: no terminal, no controller."""
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from homagg.control.text_table import clock, duration
+from homagg.control.text_table import duration
 from homagg.control.top_view import NO_SWITCH, JobRow, SwitchRow, TopView
 
 MIN_WIDTH = 20  # narrower terminals are drawn as if this wide (and wrap)
@@ -39,17 +40,18 @@ class Column:
 
 
 COLUMNS = (
-    Column("JOB", lambda j: str(j.job_id), 9),
-    Column("NAME", lambda j: j.name, 6),
-    Column("STATE", lambda j: j.state, 7),
-    Column("RANKS", lambda j: f"{j.joined}/{j.world_size}", 4),
+    Column("JOB", lambda j: str(j.job_id), 10),
+    Column("NAME", lambda j: j.name, 7),
+    Column("STATE", lambda j: j.state, 8),
+    Column("RANKS", lambda j: f"{j.joined}/{j.world_size}", 5),
     Column("CODEC", lambda j: j.codec, 3),
     Column("POOL", lambda j: str(j.pool_size), 1, True),
-    Column("PKT/S", lambda j: amount(j.packets_per_s), 8, True),
+    Column("PKT/S", lambda j: amount(j.packets_per_s), 9, True),
     Column(
-        "MB/S", lambda j: amount(None if j.bytes_per_s is None else j.bytes_per_s / 1e6), 5, True
+        "MB/S", lambda j: amount(None if j.bytes_per_s is None else j.bytes_per_s / 1e6), 6, True
     ),
     Column("PACKETS", lambda j: amount(j.packets), 2, True),
+    Column("GAVE UP", lambda j: str(j.gave_ups), 4, True),
 )
 
 
@@ -110,7 +112,7 @@ def _header(view: TopView) -> str:
     parts.append(f"{jobs} job{'s' if jobs != 1 else ''}")
     if view.interval_s is not None:
         parts.append(f"rates over {view.interval_s:.1f}s")
-    parts.append(clock(view.time))
+    parts.append(time.strftime("%H:%M:%S", time.localtime(view.time)))
     return "  ".join(parts)
 
 

@@ -69,6 +69,7 @@ class JobRow:
     world_size: int
     codec: str
     pool_size: int
+    gave_ups: int = 0  # calls a rank gave up and told the controller (the ranks fell back)
     packets: int | None = None  # packets of the job the switch counted (all ranks)
     bytes: int | None = None
     packets_per_s: float | None = None
@@ -155,6 +156,7 @@ def _job_row(job: Any, now: Any | None, before: Any | None, dt: float | None) ->
         job.world_size,
         job.codec,
         job.pool_size,
+        job.gave_ups,
     )
     if now is not None:
         row.packets, row.bytes = now.packets, now.bytes

@@ -325,3 +325,5 @@ def test_heartbeats_carry_the_newest_give_up_to_every_rank(controller):
     c.heartbeat(job.job_id, job.token, 1, GaveUp(1, 41, "a newer call"))
     assert c.heartbeat(job.job_id, job.token, 0).gave_up.reason == "a newer call"
     assert not c.heartbeat(other.job_id, other.token, 0).HasField("gave_up")
+    counts = {j.job_id: j.gave_ups for j in c.list_jobs().jobs}  # calls 40 and 41, told again
+    assert counts == {job.job_id: 2, other.job_id: 0}
