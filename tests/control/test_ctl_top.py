@@ -16,9 +16,10 @@ import termios
 import time
 
 import pytest
-from ctl_helpers import HOSTS, make_config
+from ctl_helpers import HOSTS, join_all, make_config
 
 from homagg.control.cli import main
+from homagg.environment import OPERATOR_TOKEN_ENV
 from homagg.lab.switch_process import free_port
 
 AGGCTL = (sys.executable, "-m", "homagg.control")
@@ -109,3 +110,35 @@ def test_the_interval_has_a_floor(capsys):
     with pytest.raises(SystemExit) as info:
         main(["top", "--interval", "0.01"])
     assert info.value.code == 2 and "at least 0.2 s" in capsys.readouterr().err
+
+
+def test_a_tenant_sees_its_own_jobs_and_why_the_rest_is_missing(
+    refswitch, tmp_path, start_controller, monkeypatch, capsys
+):
+    """carol's top shows carol's job, never dave's; what her credential may not read is one
+    line each (with tenants' counters allowed, her job's counters instead of that line)."""
+    from test_ctl_roles import CAROL, DAVE, ROOT, client, roles_config
+
+    ctl = start_controller(roles_config(refswitch.address, tmp_path), operator_token=ROOT)
+    for token, name, hosts in ((CAROL, "carol-job", HOSTS[:2]), (DAVE, "dave-job", HOSTS[2:3])):
+        with client(ctl, token) as c:
+            join_all(c, c.create_job(name, len(hosts), "lossless", pool_size=8), hosts)
+
+    def top(token: str) -> dict:
+        monkeypatch.setenv(OPERATOR_TOKEN_ENV, token)
+        top = ["top", "--once", "--json", "--interval", "0.2"]
+        code = main(["--insecure", "--controller", ctl.address, *top])
+        assert code == 0
+        return json.loads(capsys.readouterr().out)
+
+    doc = top(CAROL)
+    jobs = [j for sw in doc["switches"] for j in sw["jobs"]]
+    assert [j["name"] for j in jobs] == ["carol-job"] and "dave-job" not in json.dumps(doc)
+    assert any(
+        n.startswith("switch state not shown (Status: PERMISSION_DENIED") for n in doc["notes"]
+    )
+    refused = [n for n in doc["notes"] if n.startswith("jobs shown without counters")]
+    assert len(refused) == 1 or jobs[0]["packets"] == 0
+    admin = top(ROOT)
+    assert {j["name"] for sw in admin["switches"] for j in sw["jobs"]} == {"carol-job", "dave-job"}
+    assert admin["notes"] == []

@@ -7,6 +7,7 @@ refusals."""
 from __future__ import annotations
 
 import socket
+import threading
 import urllib.request
 from types import SimpleNamespace
 
@@ -63,22 +64,29 @@ def values(family, **match: str) -> dict[tuple, float]:
     return out
 
 
-@pytest.fixture
-def endpoint():
-    served = []
+@pytest.fixture(scope="module")
+def served():
+    """Every endpoint the module's tests start, closed together at its end (each close
+    waits up to the server's 0.5 s poll)."""
+    endpoints: list[metrics.WorkerMetrics] = []
+    yield endpoints
+    closers = [threading.Thread(target=m.close) for m in endpoints]
+    for t in closers:
+        t.start()
+    for t in closers:
+        t.join(5)
+    metrics._endpoints.served.clear()
 
+
+@pytest.fixture
+def endpoint(served):
     def serve(state, request, rank=0):
         got = expose(state, request, rank)
         if got is not None and got not in served:
             served.append(got)
         return got
 
-    yield serve
-    for m in served:
-        m.close()
-        metrics._endpoints.served = {
-            k: v for k, v in metrics._endpoints.served.items() if v is not m
-        }
+    return serve
 
 
 def test_a_scrape_parses_with_names_types_labels_and_the_stats_values(endpoint):
