@@ -140,7 +140,7 @@ def _switch_rates(row: SwitchRow, now: Any, before: Any | None, dt: float | None
     row.results_per_s = _rate(ev_now.get("RESULT"), ev_before.get("RESULT"), dt)
     row.resent_per_s = _rate(ev_now.get("RESENT"), ev_before.get("RESENT"), dt)
     dr_now, dr_before = _drops(now), _drops(before) if before is not None else {}
-    rates = {r: _rate(n, dr_before.get(r), dt) for r, n in dr_now.items()}
+    rates = {r: _rate(n, dr_before.get(r, 0), dt) for r, n in dr_now.items()}  # unlisted: 0
     if before is not None and all(v is not None for v in rates.values()):
         row.drops_per_s = sum(v for v in rates.values() if v is not None)
         row.drops_per_s_by_reason = {r: v for r, v in sorted(rates.items()) if v}

@@ -216,3 +216,12 @@ AMOUNTS += [(12345, "12.3k"), (99999, "100k"), (4.1e6, "4.1M"), (2e9, "2.0G")]
 )
 def test_amounts_fit_in_five_characters(value, text):
     assert amount(value) == text
+
+
+def test_a_drop_reason_first_listed_counts_from_zero():
+    """A counter cell is listed once it counted something: absent before, it was 0."""
+    before = sample(0.0, [job(1)], counters({1: 0}, 0, 0, 0))
+    now = counters({1: 0}, 0, 0, 0)
+    now.switches[0].ingress_drops.add(name="index_20", index=20, packets=4)
+    [sw] = build_view(before, sample(2.0, [job(1)], now), "c").switches
+    assert sw.drops_per_s == 2 and sw.drops_per_s_by_reason == {"index_20": 2}
