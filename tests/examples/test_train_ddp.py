@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from prometheus_client.parser import text_string_to_metric_families
 
 from homagg.lab.controlled import Controlled, rank_env, run_in_hosts
 from homagg.lab.namespace import have_privileges
@@ -102,11 +103,38 @@ def job_ids(c: Controlled) -> set[int]:
     return {j.job_id for j in c.client.list_jobs(include_ended=True).jobs}
 
 
+# The example run through runpy, then the rank scrapes its own metrics endpoint into a file.
+SCRAPED = (
+    "import runpy, sys, urllib.request; sys.argv = sys.argv[1:]; "
+    "runpy.run_path(sys.argv[0], run_name='__main__'); "
+    "open({!r}, 'wb').write(urllib.request.urlopen('http://127.0.0.1:9400/metrics').read())"
+)
+
+
 def test_example_through_the_switch_equals_gloo(fab, gloo_params, tmp_path):
+    """... and each rank's metrics endpoint (HOMAGG_METRICS_PORT, each rank in its own
+    namespace) says what its hook stats say."""
     before = job_ids(fab)
-    logs = run_example(fab, tmp_path, "switch", 29611)
+    envs = [
+        rank_env(fab, r, WORLD, 29611, controller=fab.address, metrics_port="9400")
+        for r in range(WORLD)
+    ]
+    scraped = [tmp_path / f"r{r}.prom" for r in range(WORLD)]
+    prefix = [["-c", SCRAPED.format(str(path))] for path in scraped]
+    logs = run_example(fab, tmp_path, "switch", 29611, envs, prefix)
     stats = json.loads((tmp_path / "switch.pt.json").read_text())
     assert stats["switch_buckets"] >= 8 and stats["fallbacks"] == 0, (stats, logs)
+    for path in scraped:
+        fam = {f.name: f for f in text_string_to_metric_families(path.read_text())}
+        buckets = {s.labels["path"]: s.value for s in fam["homagg_worker_buckets"].samples}
+        assert buckets["fallback"] == 0 and buckets["switch"] >= 8
+        waited = [
+            s for s in fam["homagg_worker_hook_seconds"].samples if s.labels["part"] == "wait"
+        ]
+        assert waited[0].value > 0
+    rank0 = text_string_to_metric_families(scraped[0].read_text())
+    [buckets] = [f for f in rank0 if f.name == "homagg_worker_buckets"]
+    assert {s.labels["path"]: s.value for s in buckets.samples}["switch"] == stats["switch_buckets"]
     assert stats["codec"] == "lossless" and all("falls back" not in t for t in logs)
     assert_params(tmp_path / "switch.pt", gloo_params)
     [job] = jobs_after(fab, before)
