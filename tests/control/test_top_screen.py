@@ -1,16 +1,20 @@
 """`aggctl top`'s view and screen without a controller: rates from two samples (resets and
 new jobs give no rate), what a tenant's refused calls leave out, the screen at 80 columns
-and narrower, and --json's document."""
+and narrower, --json's document, and a controller lost while top runs."""
 
 from __future__ import annotations
 
+import argparse
+import io
 import json
 import re
+import sys
 
 import grpc
 import pytest
 
 from homagg.api import jobs_pb2 as pb
+from homagg.control import top
 from homagg.control.top_screen import amount, render, to_json
 from homagg.control.top_view import Sample, Sampler, build_view
 
@@ -225,3 +229,43 @@ def test_a_drop_reason_first_listed_counts_from_zero():
     now.switches[0].ingress_drops.add(name="index_20", index=20, packets=4)
     [sw] = build_view(before, sample(2.0, [job(1)], now), "c").switches
     assert sw.drops_per_s == 2 and sw.drops_per_s_by_reason == {"index_20": 2}
+
+
+class Unavailable(grpc.RpcError, grpc.Call):
+    def code(self):
+        return grpc.StatusCode.UNAVAILABLE
+
+    def details(self):
+        return "connection refused"
+
+
+class FlakyClient(TenantClient):
+    """An admin's client whose controller is away for the second refresh; Ctrl-C at the
+    fourth."""
+
+    def __init__(self):
+        super().__init__()
+        self.refreshes = 0
+
+    def status(self):
+        self.refreshes += 1
+        if self.refreshes == 2:
+            raise Unavailable()
+        if self.refreshes == 4:
+            raise KeyboardInterrupt
+        return STATUS
+
+    def counters(self):
+        return counters({7: 10 * self.refreshes}, 0, 0, 0)
+
+
+def test_a_controller_lost_while_top_runs_is_a_line_and_rates_start_again(monkeypatch):
+    out = io.StringIO()
+    monkeypatch.setattr(sys, "stdout", out)
+    monkeypatch.setattr(top.time, "sleep", lambda s: None)
+    args = argparse.Namespace(controller="c:1", json=True, once=False, interval=1.0)
+    assert top.run_top(args, FlakyClient()) == 0  # Ctrl-C: status 0
+    first, lost, back = (json.loads(line) for line in out.getvalue().splitlines())
+    assert first["switches"][0]["jobs"][0]["packets"] == 10 and first["interval_s"] is None
+    assert lost["error"] == "UNAVAILABLE: connection refused" and lost["controller"] == "c:1"
+    assert back["switches"][0]["jobs"][0]["packets"] == 30 and back["interval_s"] is None
