@@ -12,6 +12,7 @@ import json
 import subprocess
 import sys
 import time
+import urllib.request
 from datetime import timedelta
 from pathlib import Path
 
@@ -21,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 import homagg
+from homagg.environment import METRICS_PORT_ENV
 from homagg.lab.controlled import Controlled, rank_env, run_in_hosts
 from homagg.lab.namespace import have_privileges
 from homagg.lab.poll import wait_for
@@ -97,6 +99,27 @@ def test_backend_codec_is_checked_at_init(monkeypatch):
         pg = SwitchProcessGroup(dist.HashStore(), 0, 1, timedelta(seconds=10))
     assert pg.state.agent is None and pg.getBackendName() == "homagg"
     pg.shutdown()
+
+
+def test_backend_serves_the_metrics_of_its_environment(monkeypatch):
+    """$HOMAGG_METRICS_PORT under the backend as under attach: served (0: any free port),
+    its all_reduces counted; a bad value an error at init."""
+    monkeypatch.delenv("HOMAGG_CONTROLLER", raising=False)
+    monkeypatch.delenv("HOMAGG_CODEC", raising=False)
+    monkeypatch.setenv(METRICS_PORT_ENV, "port")
+    with pytest.raises(ValueError, match="HOMAGG_METRICS_PORT='port'"):
+        SwitchProcessGroup(dist.HashStore(), 0, 1, timedelta(seconds=10))
+    monkeypatch.setenv(METRICS_PORT_ENV, "0")
+    with pytest.warns(RuntimeWarning, match="no controller"):
+        pg = SwitchProcessGroup(dist.HashStore(), 0, 1, timedelta(seconds=10))
+    try:
+        pg.allreduce([torch.arange(4.0)]).wait()
+        with urllib.request.urlopen(pg.state.metrics.url, timeout=5) as answer:
+            text = answer.read().decode()
+        assert 'homagg_worker_buckets_total{job="none",path="fallback"} 1.0' in text
+    finally:
+        pg.shutdown()
+        pg.state.metrics.close()
 
 
 def test_a_world_above_the_switch_limit_runs_over_gloo(monkeypatch, tmp_path):

@@ -30,6 +30,7 @@ from homagg.wire.constants import Op
 from homagg.worker.codecs import DEFAULT_CODEC, CorruptResultError, Phase
 from homagg.worker.ddp import sparse_bucket
 from homagg.worker.ddp.hook import SwitchHookState
+from homagg.worker.ddp.metrics import expose, local_rank, metrics_request
 from homagg.worker.ddp.switch_path import Gradient, RawPhases, Via, agreed_sum
 from homagg.worker.job.setup import Members, Request, set_up
 
@@ -128,6 +129,7 @@ class SwitchProcessGroup(dist.ProcessGroup):
         )
         self.gloo_calls: Counter[str] = Counter()  # all_reduces sent to gloo, by reason
         request = Request(refusal_note=_NO_AUTO)
+        metrics = metrics_request(None, None)  # $HOMAGG_METRICS_PORT: a bad one fails here
         self.setup = set_up(request, Members(store, rank, world_size))
         self.state = _State(
             self.gloo,
@@ -140,6 +142,8 @@ class SwitchProcessGroup(dist.ProcessGroup):
         self.state.warned = bool(self.setup.reason)  # set_up warned once already
         if self.setup.session is not None:
             self.setup.session.states.append(self.state)
+        if metrics is not None:
+            self.state.metrics = expose(self.state, metrics, local_rank())
 
     def getBackendName(self) -> str:
         """The name it is registered under."""
