@@ -23,7 +23,8 @@ from homagg.wire.constants import CELLS_PER_PKT, Flag, Op
 from homagg.wire.header import header_view
 from homagg.wire.packer import parse_payloads
 from homagg.worker.transport import switch_transport
-from homagg.worker.transport.switch_transport import SwitchTransport, TransportConfig, _Flight
+from homagg.worker.transport.flight import Flight
+from homagg.worker.transport.switch_transport import SwitchTransport, TransportConfig
 from tests.worker.test_transport_header import LoseFirstSend
 
 PRIMING = 20  # one-chunk calls: the estimate forgets a slow first one
@@ -181,9 +182,9 @@ def test_a_lost_chunk_is_resent_once_three_later_ones_are_answered(clock: Virtua
 
 
 def test_which_chunks_were_passed_over():
-    """_Flight.passed_over: a chunk sent once with at least `answers` later chunks answered;
+    """Flight.passed_over: a chunk sent once with at least `answers` later chunks answered;
     not one overtaken by fewer (a reordered datagram), nor one already resent."""
-    flight = _Flight(8, restarts=True)
+    flight = Flight(8, restarts=True)
     for i in range(8):
         flight.sent(i, float(i))
     flight.next_to_send = 8
@@ -228,9 +229,9 @@ def test_a_pool_lost_whole_is_resent_at_once_after_the_first_answer(clock: Virtu
 
 
 def test_when_each_timer_started():
-    """_Flight.starts: a queued chunk's timer starts at the latest answer ahead of it, a
+    """Flight.starts: a queued chunk's timer starts at the latest answer ahead of it, a
     skipped one's (a later chunk answered since its last send) at its last send."""
-    flight = _Flight(5, restarts=True)
+    flight = Flight(5, restarts=True)
     for i in range(5):
         flight.sent(i, float(i))
     flight.next_to_send = 5
@@ -243,7 +244,7 @@ def test_when_each_timer_started():
     np.testing.assert_array_equal(flight.starts()[[0, 2]], [2, 13])
     flight.resent(2, 14.0)  # no answer since its resend: queued again
     np.testing.assert_array_equal(flight.starts()[[0, 2]], [14, 13])
-    assert _Flight(5, restarts=False).starts().size == 0
+    assert Flight(5, restarts=False).starts().size == 0
 
 
 class StrayFlood(LoseFirstSend):
