@@ -8,7 +8,8 @@ skipped is resent at its own timeout, whatever else expires; one that three late
 passed over is resent at once (fails without fast retransmit).
 
 The queueing switch runs on a virtual clock that the transport reads too: waiting for an
-answer advances it, nothing sleeps, so the timings are exact on a loaded machine."""
+answer advances it, nothing sleeps, so the timings are exact on a loaded machine. Every
+test on that clock runs on both I/O paths (the batched one takes the same rules)."""
 
 from __future__ import annotations
 
@@ -18,12 +19,14 @@ import types
 import numpy as np
 import pytest
 
+from homagg.environment import TRANSPORT_IO_ENV
 from homagg.lab.threads import run_threads
 from homagg.wire.constants import CELLS_PER_PKT, Flag, Op
 from homagg.wire.header import header_view
 from homagg.wire.packer import parse_payloads
 from homagg.worker.transport import switch_transport
 from homagg.worker.transport.flight import Flight
+from homagg.worker.transport.io_path import IO_PATHS
 from homagg.worker.transport.switch_transport import SwitchTransport, TransportConfig
 from tests.worker.test_transport_header import LoseFirstSend
 
@@ -40,9 +43,11 @@ class VirtualClock:
         return self.now
 
 
-@pytest.fixture
-def clock(monkeypatch: pytest.MonkeyPatch) -> VirtualClock:
-    """The transport's clock replaced by a virtual one (its stats' perf_counter too)."""
+@pytest.fixture(params=IO_PATHS)
+def clock(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> VirtualClock:
+    """The transport's clock replaced by a virtual one (its stats' perf_counter too), on
+    each I/O path in turn (the batched path reads the transport's clock)."""
+    monkeypatch.setenv(TRANSPORT_IO_ENV, request.param)
     c = VirtualClock()
     monkeypatch.setattr(
         switch_transport, "time", types.SimpleNamespace(monotonic=c, perf_counter=c)

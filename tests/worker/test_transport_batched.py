@@ -1,0 +1,127 @@
+"""The batched I/O path's pieces without a switch: sendmmsg / recvmmsg on loopback UDP
+sockets (lengths, a datagram from elsewhere ignored, a full batch), the batch updates of
+Flight against the per-chunk ones, and the choice of the path."""
+
+from __future__ import annotations
+
+import socket
+
+import numpy as np
+import pytest
+
+from homagg.environment import TRANSPORT_IO_ENV
+from homagg.worker.transport.channel import UdpChannel, recv_many
+from homagg.worker.transport.flight import Flight
+from homagg.worker.transport.io_path import BATCHED, PYTHON, resolve_io_path
+from homagg.worker.transport.mmsg import mmsg_problem
+from homagg.worker.transport.switch_transport import SwitchTransport, TransportConfig
+
+pytestmark = pytest.mark.skipif(bool(mmsg_problem()), reason=mmsg_problem() or "-")
+
+
+@pytest.fixture
+def pair():
+    """Two UDP channels on loopback, each towards the other."""
+    socks = []
+    for _ in range(2):
+        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        s.bind(("127.0.0.1", 0))
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
+        socks.append(s)
+    a = UdpChannel(socks[0], socks[1].getsockname())
+    b = UdpChannel(socks[1], socks[0].getsockname())
+    yield a, b
+    a.close()
+    b.close()
+
+
+def receive_all(channel, count: int, row_bytes: int) -> tuple[np.ndarray, np.ndarray]:
+    rows, lengths = [], []
+    for _ in range(50):
+        r, n = recv_many(channel, 0.05, row_bytes)
+        rows.append(r.copy())
+        lengths.append(n)
+        if sum(len(x) for x in lengths) >= count:
+            break
+    return np.concatenate(rows), np.concatenate(lengths)
+
+
+def test_a_batch_goes_and_comes_whole(pair):
+    a, b = pair
+    rows = np.random.default_rng(0).integers(0, 256, (300, 1040), dtype=np.uint8)  # > 1 call
+    a.send_many(rows)
+    got, lengths = receive_all(b, 300, 1041)
+    assert got.shape == (300, 1041) and (lengths == 1040).all()
+    np.testing.assert_array_equal(got[:, :1040], rows)
+
+
+def test_lengths_say_short_and_long_datagrams_and_strangers_are_ignored(pair):
+    a, b = pair
+    a.send(b"x" * 10)
+    a.send(b"y" * 2000)
+    stranger = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    stranger.sendto(b"z" * 1040, b.sock.getsockname())
+    stranger.close()
+    a.send(b"w" * 1040)
+    got, lengths = receive_all(b, 3, 1041)
+    assert lengths.tolist() == [10, 1041, 1040]  # the long one capped: not a payload
+    assert bytes(got[0, :10]) == b"x" * 10 and bytes(got[2, :1040]) == b"w" * 1040
+
+
+def test_a_send_error_names_its_errno(pair):
+    a, _ = pair
+    a.service = ("0.0.0.0", 0)  # port 0: EINVAL from the kernel
+    a._mmsg = None
+    with pytest.raises(OSError) as err:
+        a.send_many(np.zeros((2, 8), np.uint8))
+    assert err.value.errno is not None
+
+
+def test_flight_batches_equal_chunk_by_chunk():
+    """sendable / sent_many / answered_many / resent_many leave a Flight as the per-chunk
+    updates do."""
+    rng = np.random.default_rng(1)
+    one, many = Flight(40, restarts=True), Flight(40, restarts=True)
+    pool, now = 8, 0.0
+    while one.remaining:
+        now += 1.0
+        k = many.sendable(pool)
+        start = one.next_to_send
+        while one.next_to_send < one.count and (
+            one.next_to_send < pool or one.done[one.next_to_send - pool]
+        ):
+            one.sent(one.next_to_send, now)
+            one.next_to_send += 1
+        assert k == one.next_to_send - start
+        many.sent_many(start, start + k, now)
+        open_ = np.flatnonzero(~one.done[: one.next_to_send])
+        again = rng.choice(open_, min(2, open_.size), replace=False)
+        for i in again:
+            one.resent(int(i), now)
+        many.resent_many(np.sort(again), now)
+        idx = np.sort(rng.choice(open_, min(open_.size, int(rng.integers(1, 6))), replace=False))
+        for i in idx:
+            one.answered(int(i), now)
+        many.answered_many(idx, now)
+        for name in ("done", "tries", "last_sent", "first_resent", "answered_at", "sent_at"):
+            np.testing.assert_array_equal(getattr(one, name), getattr(many, name))
+        assert (one.oldest, one.remaining, one.answered_before_oldest) == (
+            many.oldest,
+            many.remaining,
+            many.answered_before_oldest,
+        )
+
+
+def test_the_path_is_the_config_then_the_environment_then_batched(monkeypatch, pair):
+    monkeypatch.delenv(TRANSPORT_IO_ENV, raising=False)
+    assert resolve_io_path() == BATCHED
+    monkeypatch.setenv(TRANSPORT_IO_ENV, PYTHON)
+    assert resolve_io_path() == PYTHON
+    assert resolve_io_path(BATCHED) == BATCHED
+    cfg = TransportConfig(job_id=1, rank=0, world_size=1, pool_size=4)
+    assert SwitchTransport(cfg, pair[0]).io_path == PYTHON
+    monkeypatch.setenv(TRANSPORT_IO_ENV, "fast")
+    with pytest.raises(ValueError, match="HOMAGG_TRANSPORT_IO must be one of batched, python"):
+        SwitchTransport(cfg, pair[0])
+    with pytest.raises(ValueError, match="TransportConfig.io_path must be one of"):
+        resolve_io_path("mmap")
