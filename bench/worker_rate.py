@@ -217,7 +217,9 @@ def main(argv: list[str] | None = None) -> int:
         print("bench.worker_rate needs root (network namespaces)", file=sys.stderr)
         return 1
     args.targets = args.targets or ([] if ebpf_problem() else ["ebpf"]) + ["refswitch"]
-    start, record, profiles = time.perf_counter(), {}, {}
+    start = time.perf_counter()
+    record: dict = {}
+    profiles: dict = {}
     with rawsend.BpfStats():
         for target in args.targets:
             print(f"worker rate: {NAMES[target]}, n = {args.n:,}, {args.reps} reps", flush=True)

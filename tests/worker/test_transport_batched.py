@@ -123,5 +123,5 @@ def test_the_path_is_the_config_then_the_environment_then_batched(monkeypatch, p
     monkeypatch.setenv(TRANSPORT_IO_ENV, "fast")
     with pytest.raises(ValueError, match="HOMAGG_TRANSPORT_IO must be one of batched, python"):
         SwitchTransport(cfg, pair[0])
-    with pytest.raises(ValueError, match="TransportConfig.io_path must be one of"):
+    with pytest.raises(ValueError, match=r"TransportConfig\.io_path must be one of"):
         resolve_io_path("mmap")
