@@ -113,19 +113,25 @@ def _step(group: SwitchGroup, codecs: list, xs: list, path: str):
 
 
 def _profile(group: SwitchGroup, codecs: list, xs: list, path: str) -> list[str]:
-    """cProfile of one step of the one worker of `group` on `path`, in this thread: the
-    functions with the most own time, as lines."""
+    """cProfile of one step of the one worker of `group` on `path`, in this thread, in CPU
+    time (the thread's, so that waiting for a core on a loaded machine is not counted;
+    system calls count the kernel's work in them): the functions with the most own time."""
     t = group.transports[0]
     t.io_path = path
-    prof = cProfile.Profile()
-    start = time.perf_counter()
+    prof = cProfile.Profile(time.thread_time)
+    start, cpu, sent = time.perf_counter(), time.thread_time(), t.stats.packets_sent
     prof.runcall(lambda: t.run(codecs[0].aggregate(xs[0])))
-    wall = time.perf_counter() - start
+    wall, cpu = time.perf_counter() - start, time.thread_time() - cpu
     text = io.StringIO()
     pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(12)
     body = [ln for ln in text.getvalue().splitlines() if ln.strip()]
     start_at = next(i for i, ln in enumerate(body) if ln.lstrip().startswith("ncalls"))
-    return [f"wall {wall:.2f} s under the profiler", *body[start_at:]]
+    sent = t.stats.packets_sent - sent
+    return [
+        f"{sent:,} packets; wall {wall:.2f} s, CPU {cpu:.2f} s ({1e6 * cpu / sent:.1f} us per "
+        "packet) under the profiler",
+        *body[start_at:],
+    ]
 
 
 def _rates(values: list[float], scale: float = 1.0, fmt: str = ",.0f") -> str:
@@ -190,6 +196,7 @@ def report(record: dict, profiles: dict, elapsed: float, args) -> tuple[list[str
         f"worker packet rate, batched vs per-datagram path: {ratios}; best batched "
         f"{best:,.0f} packets/s/worker (target >= {TARGET_RATE:,}: {met})"
     )
+    lines += [f"Summary: {summary}.", ""]
     return lines, summary
 
 
