@@ -123,7 +123,7 @@ def _profile(group: SwitchGroup, codecs: list, xs: list, path: str) -> list[str]
     prof.runcall(lambda: t.run(codecs[0].aggregate(xs[0])))
     wall, cpu = time.perf_counter() - start, time.thread_time() - cpu
     text = io.StringIO()
-    pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(12)
+    pstats.Stats(prof, stream=text).strip_dirs().sort_stats("tottime").print_stats(12)
     body = [ln for ln in text.getvalue().splitlines() if ln.strip()]
     start_at = next(i for i, ln in enumerate(body) if ln.lstrip().startswith("ncalls"))
     sent = t.stats.packets_sent - sent

@@ -58,10 +58,12 @@ class BatchedExchange:
             if self._drain(0.0):
                 continue
             now = t.clock()
-            expired = t._expired(self.first, flight, now)
-            if expired:
-                self._resend(np.asarray(expired, np.int64), now)
             inflight, _, deadline = flight.deadlines(t.timer)
+            if inflight.size and deadline.min() <= now:  # else nothing to judge: no expiry
+                expired = t._expired(self.first, flight, now)
+                if expired:
+                    self._resend(np.asarray(expired, np.int64), now)
+                inflight, _, deadline = flight.deadlines(t.timer)
             wait = max(0.0, float(deadline.min()) - t.clock()) if inflight.size else 0.0
             self._drain(wait)
         t.wait.keep_probe()
