@@ -28,12 +28,15 @@ import pstats
 import statistics
 import sys
 import time
+from dataclasses import replace
 
 import numpy as np
 
 from bench import rawsend
 from bench.aggregation import NAMES, POOL_SIZE, SwitchGroup
 from bench.publish import publish
+from homagg.wire.constants import CELLS_PER_PKT, Flag
+from homagg.wire.header import header_view
 from homagg.worker.transport.io_path import BATCHED, IO_PATHS, PYTHON
 
 TARGET_RATE = 100_000  # packets/s per worker (issue 30)
@@ -134,6 +137,75 @@ def _profile(group: SwitchGroup, codecs: list, xs: list, path: str) -> list[str]
     ]
 
 
+class EchoSwitch:
+    """A one-worker switch inside this process: every contribution comes back at once as
+    its result (no kernel, no network), so a worker's CPU per packet against it is the
+    worker's own: the codec, packing, parsing, timers. `batched`: it takes and gives whole
+    batches (send_many / recv_many) as a UDP channel does."""
+
+    def __init__(self, batched: bool) -> None:
+        self.answers: list[np.ndarray] = []
+        if batched:
+            self.send_many, self.recv_many = self._send_many, self._recv_many
+
+    def _answer(self, rows: np.ndarray) -> None:
+        out = np.zeros((rows.shape[0], rows.shape[1] + 1), np.uint8)  # recv_many's rows
+        out[:, :-1] = rows
+        header_view(out)["flags"] = int(Flag.RESULT)
+        self.answers.append(out)
+
+    def send(self, payload: bytes) -> None:
+        self._answer(np.frombuffer(payload, np.uint8)[None, :])
+
+    def recv(self, timeout: float) -> bytes | None:
+        if not self.answers:
+            return None
+        rows = self.answers.pop(0)
+        if rows.shape[0] > 1:
+            self.answers.insert(0, rows[1:])
+        return rows[0, :-1].tobytes()
+
+    def close(self) -> None:
+        pass
+
+    def _send_many(self, rows: np.ndarray) -> None:
+        self._answer(rows)
+
+    def _recv_many(self, timeout: float, row_bytes: int) -> tuple[np.ndarray, np.ndarray]:
+        rows = np.concatenate(self.answers) if self.answers else np.zeros((0, row_bytes), np.uint8)
+        self.answers = []
+        return rows, np.full(rows.shape[0], rows.shape[1] - 1)
+
+
+def worker_cpu(n: int, reps: int) -> dict[str, float]:
+    """CPU us per packet of one worker's dense fixed-point step against EchoSwitch, per
+    path, and of the codec alone (its phases summed in place): the best of `reps`."""
+    from homagg.worker.codecs import FixedPoint
+    from homagg.worker.transport.switch_transport import SwitchTransport, TransportConfig
+
+    x = np.random.default_rng(1).standard_normal(n).astype(np.float32)
+    codec, best = FixedPoint(1), dict[str, float]()
+    for _ in range(reps):
+        cpu = time.thread_time()
+        gen = codec.aggregate(x)
+        try:
+            phase = next(gen)
+            while True:
+                phase = gen.send(np.array(phase.cells, np.int32))
+        except StopIteration:
+            pass
+        packets = -(-n // CELLS_PER_PKT)
+        best["codec alone"] = min(best.get("codec alone", 1e9), time.thread_time() - cpu)
+        for path in (PYTHON, BATCHED):
+            cfg = TransportConfig(job_id=1, rank=0, world_size=1, pool_size=POOL_SIZE)
+            t = SwitchTransport(replace(cfg, io_path=path), EchoSwitch(path == BATCHED))
+            cpu = time.thread_time()
+            t.run(codec.aggregate(x))
+            best[path] = min(best.get(path, 1e9), time.thread_time() - cpu)
+            packets = t.stats.packets_sent
+    return {k: 1e6 * v / packets for k, v in best.items()}
+
+
 def _rates(values: list[float], scale: float = 1.0, fmt: str = ",.0f") -> str:
     v = [x * scale for x in values]
     return f"{statistics.median(v):{fmt}} [{min(v):{fmt}}, {max(v):{fmt}}]"
@@ -183,6 +255,18 @@ def report(record: dict, profiles: dict, elapsed: float, args) -> tuple[list[str
                     f"{user:.1f} + {sys_:.1f} | {bpf} | {rec['retx']} |"
                 )
     lines.append("")
+    if "cpu" in record:
+        cpu = record["cpu"]
+        lines += [
+            "Without a switch (one worker against a switch inside the process that answers "
+            "every datagram at once: no kernel, no network), CPU us per packet of one "
+            "dense fixed-point step, best of the repetitions: what the worker itself costs.",
+            "",
+            "| codec alone | python path (codec included) | batched path (codec included) |",
+            "|---:|---:|---:|",
+            f"| {cpu['codec alone']:.1f} | {cpu[PYTHON]:.1f} | {cpu[BATCHED]:.1f} |",
+            "",
+        ]
     for (target, path), prof in profiles.items():
         lines += [f"### Profile: {NAMES[target]}, W = 1, {path}", "", "```", *prof, "```", ""]
     ratios = ", ".join(
@@ -227,6 +311,7 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     record: dict = {}
     profiles: dict = {}
+    record["cpu"] = worker_cpu(args.n, args.reps)
     with rawsend.BpfStats():
         for target in args.targets:
             print(f"worker rate: {NAMES[target]}, n = {args.n:,}, {args.reps} reps", flush=True)

@@ -1,6 +1,7 @@
 """The batched I/O path's pieces without a switch: sendmmsg / recvmmsg on loopback UDP
 sockets (lengths, a datagram from elsewhere ignored, a full batch), the batch updates of
-Flight against the per-chunk ones, and the choice of the path."""
+Flight against the per-chunk ones, a batch of results out of order, duplicated and mixed
+with strays placed exactly once each, and the choice of the path."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import numpy as np
 import pytest
 
 from homagg.environment import TRANSPORT_IO_ENV
+from homagg.wire.constants import CELLS_PER_PKT, Flag, Op
+from homagg.wire.header import header_view
 from homagg.worker.transport.channel import UdpChannel, recv_many
 from homagg.worker.transport.flight import Flight
 from homagg.worker.transport.io_path import BATCHED, PYTHON, resolve_io_path
@@ -17,6 +20,7 @@ from homagg.worker.transport.mmsg import mmsg_problem
 from homagg.worker.transport.switch_transport import SwitchTransport, TransportConfig
 
 pytestmark = pytest.mark.skipif(bool(mmsg_problem()), reason=mmsg_problem() or "-")
+I32 = np.iinfo(np.int32)
 
 
 @pytest.fixture
@@ -125,3 +129,55 @@ def test_the_path_is_the_config_then_the_environment_then_batched(monkeypatch, p
         SwitchTransport(cfg, pair[0])
     with pytest.raises(ValueError, match=r"TransportConfig\.io_path must be one of"):
         resolve_io_path("mmap")
+
+
+class CraftedBatches:
+    """A one-worker switch that answers each batch of sends with one batch of its own:
+    the results in reverse order, each twice, among a result of another job, one for
+    another rank, a contribution (no RESULT flag) and a datagram too short."""
+
+    def __init__(self) -> None:
+        self.pending: list[np.ndarray] = []
+        self.rows_seen = 0
+
+    def send_many(self, rows: np.ndarray) -> None:
+        self.rows_seen += rows.shape[0]
+        answers = rows[::-1].copy()
+        header_view(answers)["flags"] = int(Flag.RESULT)
+        strays = rows[:4].copy()
+        header_view(strays)["flags"] = int(Flag.RESULT)
+        header_view(strays[0:1])["job_id"] = 99
+        header_view(strays[1:2])["rank"] = 3
+        header_view(strays[2:3])["flags"] = 0
+        batch = np.concatenate([strays[:3], answers, answers, strays[3:]])
+        out = np.zeros((batch.shape[0], batch.shape[1] + 1), np.uint8)
+        out[:, :-1] = batch
+        lengths = np.full(out.shape[0], batch.shape[1])
+        lengths[-1] = 10  # too short: not a payload
+        self.pending.append((out, lengths))
+
+    def recv_many(self, timeout: float, row_bytes: int) -> tuple[np.ndarray, np.ndarray]:
+        if not self.pending:
+            return np.zeros((0, row_bytes), np.uint8), np.zeros(0, np.int64)
+        return self.pending.pop(0)
+
+    def send(self, payload: bytes) -> None:
+        raise AssertionError("the batched path sends batches")
+
+    def recv(self, timeout: float) -> bytes | None:
+        raise AssertionError("the batched path receives batches")
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_batch_with_duplicates_strays_and_reordering_places_each_result_once():
+    switch = CraftedBatches()
+    cfg = TransportConfig(job_id=7, rank=0, world_size=1, pool_size=8, io_path=BATCHED)
+    t = SwitchTransport(cfg, switch)
+    cells = np.arange(20 * CELLS_PER_PKT - 3, dtype=np.int32) * -7919
+    cells[:3] = [I32.min, I32.max, -1]
+    np.testing.assert_array_equal(t.allreduce(Op.MAX, cells), cells)
+    assert t.stats.results == 20 and t.stats.retransmissions == 0
+    batches = -(-20 // 8)  # 8, then as the pool frees
+    assert t.stats.ignored >= 20 + 4 * batches  # the duplicates and the strays

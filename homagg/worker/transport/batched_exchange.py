@@ -141,8 +141,11 @@ class BatchedExchange:
         )
         pos = np.flatnonzero(ok)
         pos = pos[~self.flight.done[idx[pos]]]
-        chunks, first_seen = np.unique(idx[pos], return_index=True)  # a duplicate once
-        return chunks, pos[first_seen]
+        chunks = idx[pos]
+        if chunks.size > 1 and not (chunks[1:] > chunks[:-1]).all():  # not in order: sort
+            chunks, first_seen = np.unique(chunks, return_index=True)  # a duplicate once
+            pos = pos[first_seen]
+        return chunks, pos
 
     def _proven_lost(self, answered_resends: np.ndarray, newest: int) -> np.ndarray:
         """The open chunks that this batch's answers prove lost: those last sent before the
