@@ -1,10 +1,12 @@
 """The batched I/O path's pieces without a switch: sendmmsg / recvmmsg on loopback UDP
 sockets (lengths, a datagram from elsewhere ignored, a full batch), the batch updates of
-Flight against the per-chunk ones, a batch of results out of order, duplicated and mixed
+Flight against the per-chunk ones, a C library without the calls (one warning, datagram
+by datagram), a batch of results out of order, duplicated and mixed
 with strays placed exactly once each, and the choice of the path."""
 
 from __future__ import annotations
 
+import logging
 import socket
 
 import numpy as np
@@ -13,6 +15,7 @@ import pytest
 from homagg.environment import TRANSPORT_IO_ENV
 from homagg.wire.constants import CELLS_PER_PKT, Flag, Op
 from homagg.wire.header import header_view
+from homagg.worker.transport import channel as channel_module
 from homagg.worker.transport.channel import UdpChannel, recv_many
 from homagg.worker.transport.flight import Flight
 from homagg.worker.transport.io_path import BATCHED, PYTHON, resolve_io_path
@@ -181,3 +184,29 @@ def test_a_batch_with_duplicates_strays_and_reordering_places_each_result_once()
     assert t.stats.results == 20 and t.stats.retransmissions == 0
     batches = -(-20 // 8)  # 8, then as the pool frees
     assert t.stats.ignored >= 20 + 4 * batches  # the duplicates and the strays
+
+
+def test_without_sendmmsg_a_channel_says_so_once_and_sends_one_by_one(monkeypatch, caplog):
+    """Where the C library lacks the calls, UDP channels warn once per process and send and
+    receive one datagram per call; the batches still go and come whole."""
+    monkeypatch.setattr(channel_module, "mmsg_problem", lambda: "no sendmmsg here")
+    channel_module._note_no_mmsg.cache_clear()
+    socks = [socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for _ in range(2)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    with caplog.at_level(logging.WARNING):
+        a = UdpChannel(socks[0], socks[1].getsockname())
+        b = UdpChannel(socks[1], socks[0].getsockname())
+    try:
+        assert not a.batched and not b.batched
+        said = [r for r in caplog.records if "batched datagram I/O unavailable" in r.message]
+        assert len(said) == 1 and "no sendmmsg here" in said[0].message
+        rows = np.arange(3 * 40, dtype=np.int64).astype(np.uint8).reshape(3, 40)
+        a.send_many(rows)
+        got, lengths = receive_all(b, 3, 41)
+        np.testing.assert_array_equal(got[:, :40], rows)
+        assert (lengths == 40).all() and a._mmsg is None and b._mmsg is None
+    finally:
+        a.close()
+        b.close()
+        channel_module._note_no_mmsg.cache_clear()
