@@ -16,7 +16,7 @@ from homagg.environment import TRANSPORT_IO_ENV
 from homagg.wire.constants import CELLS_PER_PKT, Flag, Op
 from homagg.wire.header import header_view
 from homagg.worker.transport import channel as channel_module
-from homagg.worker.transport.channel import UdpChannel, recv_many
+from homagg.worker.transport.channel import FaultyChannel, UdpChannel, recv_many
 from homagg.worker.transport.flight import Flight
 from homagg.worker.transport.io_path import BATCHED, PYTHON, resolve_io_path
 from homagg.worker.transport.mmsg import mmsg_problem
@@ -210,3 +210,24 @@ def test_without_sendmmsg_a_channel_says_so_once_and_sends_one_by_one(monkeypatc
         a.close()
         b.close()
         channel_module._note_no_mmsg.cache_clear()
+
+
+def test_the_fault_wrapper_passes_batches_through_with_per_datagram_faults(pair):
+    """Every datagram duplicated on the way out, and on the way in: 4x each, as batches."""
+    a, b = pair
+    fa, fb = FaultyChannel(a, duplicate=1.0), FaultyChannel(b, duplicate=1.0)
+    rows = np.arange(3 * 40, dtype=np.int64).astype(np.uint8).reshape(3, 40)
+    fa.send_many(rows)
+    got, lengths = fb.recv_many(0.5, 41)
+    for _ in range(20):
+        if len(lengths) >= 12:
+            break
+        more = fb.recv_many(0.05, 41)
+        got, lengths = np.concatenate([got, more[0]]), np.concatenate([lengths, more[1]])
+    assert (lengths == 40).all() and sorted(bytes(r[:40]) for r in got) == sorted(
+        bytes(r) for r in rows for _ in range(4)
+    )
+    assert fa.injected["duplicated"] == 3 and fb.injected["duplicated"] == 6
+    lossy = FaultyChannel(a, loss=1.0)
+    lossy.send_many(rows)
+    assert len(recv_many(b, 0.05, 41)[1]) == 0 and lossy.injected["lost"] == 3

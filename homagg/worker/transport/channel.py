@@ -4,8 +4,9 @@ injects loss, duplication and reordering for tests (tc netem is not available he
 A channel sends and receives one datagram at a time (`send`, `recv`: the transport's
 per-datagram path). The batched path takes whole batches through `send_many` and
 `recv_many` below: a UdpChannel's are one sendmmsg / recvmmsg each
-(homagg/worker/transport/mmsg.py); any other channel (the fault wrapper, tests' simulated
-switches) is driven datagram by datagram through its `send` and `recv`."""
+(homagg/worker/transport/mmsg.py), the fault wrapper's pass batches through; any other
+channel (tests' simulated switches) is driven datagram by datagram through its `send` and
+`recv`."""
 
 from __future__ import annotations
 
@@ -120,7 +121,9 @@ class FaultyChannel:
     """Wraps a channel and loses, duplicates or reorders datagrams in both directions.
 
     Probabilities are per datagram; reordering holds a datagram back until the next one
-    passes (or a short while). Seeded, so a failing test can be replayed.
+    passes (or a short while). Seeded, so a failing test can be replayed. Batches (the
+    batched path's `send_many` / `recv_many`) meet the same faults datagram by datagram and
+    reach the wrapped channel as batches.
     """
 
     def __init__(
@@ -200,6 +203,65 @@ class FaultyChannel:
                 self._inbox.append(self._held_in)
                 self._held_in = None
 
+    def send_many(self, rows: np.ndarray) -> None:
+        """Send a batch through the faults, datagram by datagram as `send` decides, in one
+        batch to the wrapped channel (one sendmmsg under a UdpChannel)."""
+        out: list[bytes] = []
+        for row in rows:
+            fate = self._fate()
+            if fate != "pass":
+                self.injected[fate] += 1
+            if fate == "lost":
+                continue
+            if fate == "reordered" and self._held_out is None:
+                self._held_out = row.tobytes()
+                continue
+            out += [row.tobytes()] * (2 if fate == "duplicated" else 1)
+            if self._held_out is not None and fate != "reordered":
+                out.append(self._held_out)
+                self._held_out = None
+        if out and len({len(d) for d in out}) == 1:
+            send_many(self.inner, np.frombuffer(b"".join(out), np.uint8).reshape(len(out), -1))
+        else:
+            for d in out:
+                self.inner.send(d)
+
+    def recv_many(self, timeout: float, row_bytes: int) -> tuple[np.ndarray, np.ndarray]:
+        """Receive a batch (one recvmmsg under a UdpChannel) through the faults, datagram by
+        datagram as `recv` decides."""
+        deadline = time.monotonic() + timeout
+        while not self._inbox:
+            if self._held_out is not None:  # a held-back send must not wait forever
+                self.inner.send(self._held_out)
+                self._held_out = None
+            left = max(0.0, deadline - time.monotonic())
+            wait = min(left, 0.005) if self._held_in is not None else left
+            rows, lengths = recv_many(self.inner, wait, row_bytes)
+            for row, length in zip(rows, lengths):
+                self._arrived(row[:length].tobytes())
+            if not lengths.size and self._held_in is not None:
+                self._inbox.append(self._held_in)
+                self._held_in = None
+            elif not lengths.size and time.monotonic() >= deadline:
+                break
+        got = [self._inbox.popleft() for _ in range(len(self._inbox))]
+        return _rows_of(got, row_bytes)
+
+    def _arrived(self, data: bytes) -> None:
+        """One datagram from the wrapped channel, through the faults, into the inbox."""
+        fate = self._fate()
+        if fate != "pass":
+            self.injected[fate] += 1
+        if fate == "lost":
+            return
+        if fate == "reordered" and self._held_in is None:
+            self._held_in = data
+            return
+        self._inbox.extend([data] * (2 if fate == "duplicated" else 1))
+        if self._held_in is not None:
+            self._inbox.append(self._held_in)
+            self._held_in = None
+
     def close(self) -> None:
         """Close the wrapped channel."""
         self.inner.close()
@@ -226,6 +288,11 @@ def recv_many_slowly(
         if len(got) >= limit:
             break
         data = channel.recv(0.0)
+    return _rows_of(got, row_bytes)
+
+
+def _rows_of(got: list[bytes], row_bytes: int) -> tuple[np.ndarray, np.ndarray]:
+    """Datagrams as recv_many gives them: rows cut at `row_bytes` bytes, and lengths."""
     rows = np.zeros((len(got), row_bytes), np.uint8)
     lengths = np.zeros(len(got), np.int64)
     for i, d in enumerate(got):
