@@ -90,6 +90,7 @@ ifeq ($(BENCH),full)
 BENCH_SUFFIX = _full
 BENCH_RATE = --cells 64 128 256
 BENCH_AGGREGATION =
+BENCH_WORKER_RATE = --n 4000000 --reps 5 --profile
 BENCH_TRAINING = --rounds 2 --steps 15 --models ncf,mlp,lm --codecs lossless,fixed_point,lowbit16,lowbit8
 BENCH_PEERS = --rounds 3 --steps 40
 BENCH_REGIMES = --rounds 2 --steps 16 --hosts 2,4,8 --bws 100,1000
@@ -103,17 +104,19 @@ BENCH_SUFFIX =
 BENCH_RATE = --cells 256
 # 10M elements, 3 reps: its dense fixed-point rows take minutes each at 25M (21.5 min in all)
 BENCH_AGGREGATION = --n 10000000 --reps 3
+BENCH_WORKER_RATE = --n 1000000 --reps 3
 BENCH_TRAINING = --rounds 2 --steps 6 --models mlp --codecs $(BENCH_QUICK_CODECS)
 BENCH_PEERS = --rounds 1 --steps 10 --models ncf,mlp
 BENCH_REGIMES = --rounds 1 --steps 6 --hosts 4,8 --bws '' --codecs lossless
 BENCH_OVERLAP = --quick --budget 900
 BENCH_EXTRA =
 endif
-bench: venv  ## benchmarks (needs root, ~18 min on 2 cores; BENCH=full: hours, *_full results): switch rate, codecs, aggregation, training, peer methods, link rates and W, overlap and auto; tables and plots in bench/results/
+bench: venv  ## benchmarks (needs root, ~18 min on 2 cores; BENCH=full: hours, *_full results): switch rate, codecs, aggregation, worker packet rate, training, peer methods, link rates and W, overlap and auto; tables and plots in bench/results/
 	@start=$$(date +%s); set -e; \
 	echo "== switch packet rate (bench.switch_rate)"; $(PY) -m bench.switch_rate $(BENCH_RATE) --reps $(BENCH_REPS) --name switch_rate$(BENCH_SUFFIX); \
 	echo "== codecs (bench.codecs)"; $(PY) -m bench.codecs --reps $(BENCH_REPS); \
 	echo "== aggregation throughput (bench.aggregation)"; $(PY) -m bench.aggregation $(BENCH_AGGREGATION); \
+	echo "== worker packet rate per I/O path (bench.worker_rate)"; $(PY) -m bench.worker_rate $(BENCH_WORKER_RATE) --name worker_rate$(BENCH_SUFFIX); \
 	echo "== training iteration time (bench.training)"; $(PY) -m bench.training $(BENCH_TRAINING) $(BENCH_TARGETS) --name training$(BENCH_SUFFIX); \
 	echo "== the switch beside the peer methods (bench.peers)"; $(PY) -m bench.peers $(BENCH_PEERS) --name peers$(BENCH_SUFFIX); \
 	echo "== link rates and W (bench.regimes)"; $(PY) -m bench.regimes $(BENCH_REGIMES) --name regimes$(BENCH_SUFFIX); \

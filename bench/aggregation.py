@@ -19,7 +19,10 @@ elements (1M) and fewer repetitions. --targets picks the switches (default: the 
 switch, and BMv2 where installed).
 
     python -m bench.aggregation [--n 25000000] [--bmv2-n 1000000] [--reps 5] [--bmv2-reps 2]
-        [--targets refswitch bmv2 ebpf] [--name aggregation]
+        [--targets refswitch bmv2 ebpf] [--io batched|python] [--name aggregation]
+
+--io picks the workers' transport I/O path (homagg/worker/transport/io_path.py);
+bench/worker_rate.py measures both paths' packet rate side by side with these groups.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from pathlib import Path
 import numpy as np
 
 from bench.publish import plot_path, publish, pyplot
+from homagg.worker.transport.io_path import IO_PATHS
 
 DENSITIES = (0.001, 0.01, 0.1)
 WORLD_SIZES = (2, 4)
@@ -122,7 +126,7 @@ class GlooPool:
 class SwitchGroup:
     """A job of w workers on a fabric's first w hosts, one SwitchTransport each."""
 
-    def __init__(self, fabric, w: int, initial_timeout: float) -> None:
+    def __init__(self, fabric, w: int, initial_timeout: float, io_path: str = "") -> None:
         from homagg.lab.aggjob import Job
         from homagg.worker.transport.switch_transport import SwitchTransport, TransportConfig
 
@@ -136,6 +140,7 @@ class SwitchGroup:
                 world_size=w,
                 pool_size=POOL_SIZE,
                 initial_timeout=initial_timeout,
+                io_path=io_path,
             )
             self.transports.append(SwitchTransport(cfg, self.job.channel(r, rcvbuf=4 << 20)))
 
@@ -181,7 +186,9 @@ def make_codecs(method: str, w: int, density: float) -> list:
     return [CLTK(w, r, ratio=density) for r in range(w)]
 
 
-def measure_target(target: str, n: int, reps: int, gloo: GlooPool, record: dict) -> None:
+def measure_target(
+    target: str, n: int, reps: int, gloo: GlooPool, record: dict, io_path: str = ""
+) -> None:
     """Alternate every method on `target` (and gloo at the same n), reps times."""
     from homagg.lab.fabric import Fabric
 
@@ -195,7 +202,7 @@ def measure_target(target: str, n: int, reps: int, gloo: GlooPool, record: dict)
             fabrics[w] = Fabric(target, w)
             for h in fabrics[w].hosts:
                 h.enable_ip_stack()
-            groups[w] = SwitchGroup(fabrics[w], w, timeout)
+            groups[w] = SwitchGroup(fabrics[w], w, timeout, io_path)
         for w in WORLD_SIZES:  # warm-up: one small step per method
             for m in ("fixed_point", "lossless", "lossless_sketch", "cltk"):
                 groups[w].step(make_codecs(m, w, 0.01), [x[:100_000] for x in inputs[(w, 0.01)]])
@@ -269,7 +276,8 @@ def _intro(elapsed: float, args) -> list[str]:
         f"{time.strftime('%Y-%m-%d')})",
         "",
         f"`python -m bench.aggregation --n {args.n} --bmv2-n {args.bmv2_n} --reps {args.reps} "
-        f"--bmv2-reps {args.bmv2_reps}{_targets_flag(args)}`; ran in {elapsed:.0f} s. "
+        f"--bmv2-reps {args.bmv2_reps}{_targets_flag(args)}"
+        f"{f' --io {args.io}' if getattr(args, 'io', '') else ''}`; ran in {elapsed:.0f} s. "
         f"Plot: {getattr(args, 'name', 'aggregation')}.png.",
         "",
         "Million gradient elements aggregated per second per worker (n / wall time of one "
@@ -420,6 +428,13 @@ def main(argv: list[str] | None = None) -> int:
         help="switch targets, in turn (default: refswitch, and bmv2 where installed); "
         "bmv2 gets --bmv2-n and --bmv2-reps, the others --n and --reps",
     )
+    p.add_argument(
+        "--io",
+        choices=IO_PATHS,
+        default="",
+        help="the switch workers' transport I/O path (default: HOMAGG_TRANSPORT_IO, else "
+        "batched); bench.worker_rate puts both side by side",
+    )
     p.add_argument("--name", default="aggregation", help="results file stem")
     args = p.parse_args(argv)
     from homagg.lab.namespace import have_privileges
@@ -438,7 +453,7 @@ def main(argv: list[str] | None = None) -> int:
         for target in targets:
             n, reps = (args.bmv2_n, args.bmv2_reps) if target == "bmv2" else (args.n, args.reps)
             print(f"aggregation: {NAMES[target]}, n = {n:,}, {reps} reps", flush=True)
-            measure_target(target, n, reps, gloo, record)
+            measure_target(target, n, reps, gloo, record, args.io)
     finally:
         gloo.close()
     lines, summary = report(record, time.perf_counter() - start, args)

@@ -18,7 +18,7 @@ import sys
 from bench.publish import RESULTS
 
 # Parts whose own "Summary: ..." line joins the summary, in this order.
-PARTS = ("training", "peers", "regimes", "lowbit", "overlap")
+PARTS = ("worker_rate", "training", "peers", "regimes", "lowbit", "overlap")
 
 
 def _find(name: str, pattern: str, suffix: str = "") -> str | None:

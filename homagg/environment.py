@@ -27,3 +27,6 @@ INSECURE_ENV = "HOMAGG_INSECURE"  # "1": plaintext to a controller without TLS (
 BMV2_OPT_ENV = "HOMAGG_BMV2_OPT"  # the optimized BMv2 build's prefix (homagg/lab/switch_process.py)
 CELLS_PER_PKT_ENV = "HOMAGG_CELLS_PER_PKT"  # cells a packet (homagg/wire/constants.py; 256)
 LOG_ENV = "HOMAGG_LOG"  # the log level of make run's ranks (run/train.py; WARNING)
+
+# The worker's transport (homagg/worker/transport/io_path.py): every process that aggregates.
+TRANSPORT_IO_ENV = "HOMAGG_TRANSPORT_IO"  # "batched" or "python": the transport's I/O path

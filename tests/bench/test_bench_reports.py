@@ -170,3 +170,28 @@ def test_straggler_report_spreads_the_repetitions_and_names_why_steps_ended():
     assert "| bmv2 | rank 1 killed | 3.5 [3.2, 3.9] | 11 [10, 12] | 3 [3, 3] | 2 | no |" in table
     assert "1.30 x the lease at most (1 of 2 because the controller ended" in table
     assert "fell back on a spent retry budget 2 of 2 times" in table
+
+
+@pytest.mark.parametrize("batched_pps, verdict", [(120_000.0, "MET"), (20_000.0, "MISSED")])
+def test_worker_rate_report_judges_the_target_from_medians(batched_pps, verdict):
+    from bench import worker_rate
+
+    args = Namespace(n=1000, reps=3, targets=["refswitch"], world_sizes=[1, 4], profile=False)
+    rec = {}
+    for w in (1, 4):
+        for path, pps in (("python", 10_000.0), ("batched", batched_pps)):
+            rec[("refswitch", w, path)] = {
+                "secs": [1.0, 2.0, 3.0],
+                "pps": [pps / 2, pps, pps * 3],  # the median is pps
+                "retx": 1,
+                "sent": 1000,
+                "user": 0.004,
+                "sys": 0.006,
+                "bpf_ns": 0,
+            }
+    lines, line = worker_rate.report(rec, {}, 5.0, args)
+    ratio = batched_pps / 10_000.0
+    assert f"W=1 {ratio:.1f}x, reference switch W=4 {ratio:.1f}x" in line
+    assert f"(target >= 100,000: {verdict})" in line
+    assert f"| reference switch | 4 | batched | {batched_pps:,.0f} [" in "\n".join(lines)
+    assert "| 4.0 + 6.0 | - | 1 |" in "\n".join(lines)

@@ -9,15 +9,24 @@ import time
 import numpy as np
 import pytest
 
+from homagg.environment import TRANSPORT_IO_ENV
 from homagg.wire.constants import AGG_HEADER_BYTES, AGG_VERSION, CELLS_PER_PKT, Flag, Op
 from homagg.wire.header import FIELD_NAMES, HEADER_DTYPE, header_view
 from homagg.wire.packer import parse_payloads
 from homagg.worker.codecs import CodecError, Phase
+from homagg.worker.transport.io_path import IO_PATHS
 from homagg.worker.transport.switch_transport import (
     OpUnsupportedError,
     SwitchTransport,
     TransportConfig,
 )
+
+
+@pytest.fixture(autouse=True, params=IO_PATHS)
+def io_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every test on each I/O path in turn."""
+    monkeypatch.setenv(TRANSPORT_IO_ENV, request.param)
+    return str(request.param)
 
 
 def chunk_of(payload: bytes) -> int:

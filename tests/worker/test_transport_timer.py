@@ -8,7 +8,8 @@ skipped is resent at its own timeout, whatever else expires; one that three late
 passed over is resent at once (fails without fast retransmit).
 
 The queueing switch runs on a virtual clock that the transport reads too: waiting for an
-answer advances it, nothing sleeps, so the timings are exact on a loaded machine."""
+answer advances it, nothing sleeps, so the timings are exact on a loaded machine. Every
+test on that clock runs on both I/O paths (the batched one takes the same rules)."""
 
 from __future__ import annotations
 
@@ -18,12 +19,15 @@ import types
 import numpy as np
 import pytest
 
+from homagg.environment import TRANSPORT_IO_ENV
 from homagg.lab.threads import run_threads
 from homagg.wire.constants import CELLS_PER_PKT, Flag, Op
 from homagg.wire.header import header_view
 from homagg.wire.packer import parse_payloads
 from homagg.worker.transport import switch_transport
-from homagg.worker.transport.switch_transport import SwitchTransport, TransportConfig, _Flight
+from homagg.worker.transport.flight import Flight
+from homagg.worker.transport.io_path import IO_PATHS
+from homagg.worker.transport.switch_transport import SwitchTransport, TransportConfig
 from tests.worker.test_transport_header import LoseFirstSend
 
 PRIMING = 20  # one-chunk calls: the estimate forgets a slow first one
@@ -39,9 +43,11 @@ class VirtualClock:
         return self.now
 
 
-@pytest.fixture
-def clock(monkeypatch: pytest.MonkeyPatch) -> VirtualClock:
-    """The transport's clock replaced by a virtual one (its stats' perf_counter too)."""
+@pytest.fixture(params=IO_PATHS)
+def clock(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> VirtualClock:
+    """The transport's clock replaced by a virtual one (its stats' perf_counter too), on
+    each I/O path in turn (the batched path reads the transport's clock)."""
+    monkeypatch.setenv(TRANSPORT_IO_ENV, request.param)
     c = VirtualClock()
     monkeypatch.setattr(
         switch_transport, "time", types.SimpleNamespace(monotonic=c, perf_counter=c)
@@ -181,9 +187,9 @@ def test_a_lost_chunk_is_resent_once_three_later_ones_are_answered(clock: Virtua
 
 
 def test_which_chunks_were_passed_over():
-    """_Flight.passed_over: a chunk sent once with at least `answers` later chunks answered;
+    """Flight.passed_over: a chunk sent once with at least `answers` later chunks answered;
     not one overtaken by fewer (a reordered datagram), nor one already resent."""
-    flight = _Flight(8, restarts=True)
+    flight = Flight(8, restarts=True)
     for i in range(8):
         flight.sent(i, float(i))
     flight.next_to_send = 8
@@ -228,9 +234,9 @@ def test_a_pool_lost_whole_is_resent_at_once_after_the_first_answer(clock: Virtu
 
 
 def test_when_each_timer_started():
-    """_Flight.starts: a queued chunk's timer starts at the latest answer ahead of it, a
+    """Flight.starts: a queued chunk's timer starts at the latest answer ahead of it, a
     skipped one's (a later chunk answered since its last send) at its last send."""
-    flight = _Flight(5, restarts=True)
+    flight = Flight(5, restarts=True)
     for i in range(5):
         flight.sent(i, float(i))
     flight.next_to_send = 5
@@ -243,7 +249,7 @@ def test_when_each_timer_started():
     np.testing.assert_array_equal(flight.starts()[[0, 2]], [2, 13])
     flight.resent(2, 14.0)  # no answer since its resend: queued again
     np.testing.assert_array_equal(flight.starts()[[0, 2]], [14, 13])
-    assert _Flight(5, restarts=False).starts().size == 0
+    assert Flight(5, restarts=False).starts().size == 0
 
 
 class StrayFlood(LoseFirstSend):

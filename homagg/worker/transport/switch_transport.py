@@ -2,27 +2,30 @@
 
 Chunk k of the job's stream carries the tag k mod P(S) and goes to slot tag mod S, shadow
 copy (tag div S) mod 2, where S is the pool size and P(S) the numbering period
-(homagg/worker/transport/chunk_numbering.py); chunk k + S is sent only once chunk k's result is back
-(SwitchML's pool rule, docs/protocol.md), so every worker numbers chunks alike as long as
-all of them call `allreduce` with the same lengths in the same order (what the codecs
-guarantee).
+(homagg/worker/transport/chunk_numbering.py); chunk k + S is sent only once chunk k's
+result is back (SwitchML's pool rule, docs/protocol.md), so every worker numbers chunks
+alike as long as all of them call `allreduce` with the same lengths in the same order
+(what the codecs guarantee).
 Lost packets are retransmitted after a timeout from measured round trips (RFC 6298,
-homagg/worker/transport/retransmission_timer.py) that doubles per try. As with RFC 6298's one
-timer, an
-answer restarts the timers of the chunks behind it and an expiry resends only the earliest
-chunk and restarts the others (`_Flight`): a pool that is late (queued in the switch, or
-waiting for a slower rank) costs one resend per doubling, not the whole pool per expiry; the
-resend's answer, which the switch sends after every chunk sent before it, proves those
-still unanswered lost, and they go at once. A chunk sent once that three later chunks
-overtook was lost too and goes at once, without waiting for its timeout (fast retransmit).
+homagg/worker/transport/retransmission_timer.py) that doubles per try. As with RFC 6298's
+one timer, an answer restarts the timers of the chunks behind it and an expiry resends only
+the earliest chunk and restarts the others (`Flight`, homagg/worker/transport/flight.py): a
+pool that is late (queued in the switch, or waiting for a slower rank) costs one resend per
+doubling, not the whole pool per expiry; the resend's answer, which the switch sends after
+every chunk sent before it, proves those still unanswered lost, and they go at once. A
+chunk sent once that three later chunks overtook was lost too and goes at once, without
+waiting for its timeout (fast retransmit).
 Duplicate, stray, late and reordered results are recognised by job and chunk and ignored.
 A chunk that spent its retry budget keeps waiting while the switch path and the peers are
-proven alive (a slow rank is not a dead path, homagg/worker/transport/straggler_wait.py). A local
-send error
-(a link down: ENETUNREACH) is the switch path failing: a TransportError that names the cause.
+proven alive (a slow rank is not a dead path, homagg/worker/transport/straggler_wait.py). A
+local send error (a link down: ENETUNREACH) is the switch path failing: a TransportError
+that names the cause.
 A rank that gives up a call for a reason of its own tells the others (`tell`), who stop
 waiting on it when they learn it (`told`); setting `next_chunk` (the ranks realigning their
 counters after a fallback) starts a new alignment, to which older give-ups do not apply.
+Two I/O paths take the same rules (homagg/worker/transport/io_path.py): batched (whole
+batches per system call, parsed with numpy: homagg/worker/transport/batched_exchange.py; the
+default) and one datagram at a time (below: the reference).
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ from homagg.wire.constants import (
 from homagg.wire.header import HEADER_DTYPE, marked_retx
 from homagg.wire.packer import pack_payloads, parse_payloads, payload_bytes
 from homagg.worker.codecs.base import CodecError, Phase
+from homagg.worker.transport.batched_exchange import BatchedExchange
 from homagg.worker.transport.channel import Channel
 from homagg.worker.transport.chunk_numbering import (
     chunk_period,
@@ -54,10 +58,10 @@ from homagg.worker.transport.chunk_numbering import (
     slot_of,
     tag_offset,
 )
+from homagg.worker.transport.flight import MAX_DRAIN, Flight
+from homagg.worker.transport.io_path import BATCHED, resolve_io_path
 from homagg.worker.transport.retransmission_timer import RetransmissionTimer
 from homagg.worker.transport.straggler_wait import PeersProblem, StragglerWait, Tell, Told
-
-MAX_DRAIN = 512  # datagrams taken per look at the socket before the timers are checked
 
 
 class TransportError(RuntimeError):
@@ -91,6 +95,9 @@ class TransportConfig:
     max_straggler_wait: float = 120.0  # once the budget is spent: the longest wait for a peer
     lane_ops: bool = True  # the switch adds ADD16 / ADD8 lanes (Assignment.lane_ops)
     cells_per_packet: int = CELLS_PER_PKT  # the switch's program's (Assignment.cells_per_packet)
+    # "batched" or "python" (homagg/worker/transport/io_path.py); "": HOMAGG_TRANSPORT_IO,
+    # else batched
+    io_path: str = ""
 
     @property
     def frame_bytes(self) -> int:
@@ -148,6 +155,7 @@ class SwitchTransport:
             )
         if first_chunk < 0:
             raise ValueError(f"first_chunk must be >= 0, not {first_chunk}")
+        self.io_path = resolve_io_path(config.io_path)  # raises on an unknown path
         self.config = config
         self.payload_size = payload_bytes(config.cells_per_packet)  # a result's, exactly
         self.channel = channel
@@ -236,9 +244,13 @@ class SwitchTransport:
         return pack_payloads(headers, cells)
 
     def _exchange(self, first: int, payloads: np.ndarray, out: np.ndarray) -> None:
-        """Keep up to `pool_size` chunks in flight until every result is in `out`."""
+        """Keep up to `pool_size` chunks in flight until every result is in `out`: batch by
+        batch, or on the per-datagram path (the reference) datagram by datagram."""
+        if self.io_path == BATCHED:
+            BatchedExchange(self, first, payloads, out).run()
+            return
         cfg, timer = self.config, self.timer
-        flight = _Flight(payloads.shape[0], restarts=timer.adaptive)
+        flight = Flight(payloads.shape[0], restarts=timer.adaptive)
         self._exchanging = first
         while flight.remaining:
             now = time.monotonic()
@@ -254,25 +266,39 @@ class SwitchTransport:
             if self._drain(0.0, first, payloads, flight, out):
                 continue
             now = time.monotonic()
-            inflight, start, deadline = flight.deadlines(timer)
-            expired = np.flatnonzero(deadline <= now)
-            if flight.restarts:
-                expired = flight.probe_if_silent(expired, inflight, start, now)
-            for k in expired:
-                i = inflight[k]
-                if flight.tries[i] >= cfg.max_retries:
-                    self._wait_for_peers(first, int(inflight[0]), int(i), now - flight.sent_at[i])
-                elif flight.tries[i] and (gone := self.wait.peers_gone()):
-                    raise self._no_result(first + int(i), gone)  # no need to spend the budget
-                timer.timed_out(start[k], now)  # once per expiry event
+            for i in self._expired(first, flight, now):
                 self._resend(payloads, flight, int(i), now)
             inflight, _, deadline = flight.deadlines(timer)
             wait = max(0.0, float(deadline.min()) - time.monotonic()) if inflight.size else 0.0
             self._drain(wait, first, payloads, flight, out)
         self.wait.keep_probe()
 
+    def _expired(self, first: int, flight: Flight, now: float) -> list[int]:
+        """The chunks to resend at `now` because their timers expired (backing the timer off
+        once per expiry event); a chunk past its retry budget waits for a slow peer or
+        raises TransportError (`_wait_for_peers`)."""
+        cfg, timer = self.config, self.timer
+        inflight, start, deadline = flight.deadlines(timer)
+        expired = np.flatnonzero(deadline <= now)
+        if flight.restarts:
+            expired = flight.probe_if_silent(expired, inflight, start, now)
+        out = []
+        for k in expired:
+            i = inflight[k]
+            if flight.tries[i] >= cfg.max_retries:
+                self._wait_for_peers(first, int(inflight[0]), int(i), now - flight.sent_at[i])
+            elif flight.tries[i] and (gone := self.wait.peers_gone()):
+                raise self._no_result(first + int(i), gone)  # no need to spend the budget
+            timer.timed_out(start[k], now)  # once per expiry event
+            out.append(int(i))
+        return out
+
+    def clock(self) -> float:
+        """Monotonic seconds: the transport's one clock (tests replace it)."""
+        return time.monotonic()
+
     def _drain(
-        self, wait: float, first: int, payloads: np.ndarray, flight: _Flight, out: np.ndarray
+        self, wait: float, first: int, payloads: np.ndarray, flight: Flight, out: np.ndarray
     ) -> int:
         """Take the datagrams that arrive within `wait` s and then without waiting, at most
         MAX_DRAIN; returns how many were results of this call (neither a flood of datagrams
@@ -286,7 +312,7 @@ class SwitchTransport:
         return taken
 
     def _receive(
-        self, data: bytes, first: int, payloads: np.ndarray, flight: _Flight, out: np.ndarray
+        self, data: bytes, first: int, payloads: np.ndarray, flight: Flight, out: np.ndarray
     ) -> bool:
         """Place a result (False: nothing to place); a resent result that answers a chunk's
         resend proves the chunks sent before its first resend lost (the switch answers in
@@ -312,7 +338,7 @@ class SwitchTransport:
                 self._resend(payloads, flight, int(j), now)
         return True
 
-    def _resend(self, payloads: np.ndarray, flight: _Flight, i: int, now: float) -> None:
+    def _resend(self, payloads: np.ndarray, flight: Flight, i: int, now: float) -> None:
         """Retransmit chunk i (marked RETX)."""
         self._send(marked_retx(payloads[i]))
         flight.resent(i, now)
@@ -352,15 +378,19 @@ class SwitchTransport:
         try:
             self.channel.send(payload)
         except OSError as exc:
-            name = errno.errorcode.get(exc.errno, "") if exc.errno else ""
-            cause = f"{name}: {exc.strerror}" if name else str(exc)
-            raise self._give_up(
-                TransportError(
-                    f"cannot send to the switch of job {self.config.job_id} ({cause}): "
-                    "the switch path failed at this host (a link or route down?)"
-                )
-            ) from exc
+            raise self._send_failed(exc) from exc
         self.stats.packets_sent += 1
+
+    def _send_failed(self, exc: OSError) -> TransportError:
+        """The error of a local send error (after telling the other ranks)."""
+        name = errno.errorcode.get(exc.errno, "") if exc.errno else ""
+        cause = f"{name}: {exc.strerror}" if name else str(exc)
+        return self._give_up(
+            TransportError(
+                f"cannot send to the switch of job {self.config.job_id} ({cause}): "
+                "the switch path failed at this host (a link or route down?)"
+            )
+        )
 
     def _accept(
         self, data: bytes, first: int, count: int, done: np.ndarray, out: np.ndarray
@@ -388,111 +418,3 @@ class SwitchTransport:
             return None
         out[i * per : (i + 1) * per] = cells[0]
         return i, bool(int(h["flags"]) & Flag.RETX)
-
-
-class _Flight:
-    """The chunks of one call: when each was sent, resent and answered, and when each one's
-    retransmission timer started.
-
-    With `restarts` (the measured timer) a chunk's timer follows RFC 6298 section 5 as one
-    TCP timer would: it (re)starts at the chunk's last send and at the answer of any chunk
-    sent before it (5.3: while the switch answers the chunks ahead of it, it is queued, not
-    lost). A chunk skipped over (a later chunk answered since its last send) was lost, or
-    its round waits for a peer: its timer runs from its last send, and it is resent when it
-    expires, whatever else does. Chunks that expire in silence (nothing answered since
-    their timers started: the switch is slow or a peer late, or everything was lost) are one
-    event: the earliest is resent and the timers of every silent chunk restart (5.4-5.6),
-    so a late pool costs one resend per doubling, not every chunk's. Without `restarts`, a
-    chunk's timer runs from its last send and every expired chunk is resent (the former
-    behaviour).
-    """
-
-    def __init__(self, count: int, restarts: bool) -> None:
-        self.count, self.restarts = count, restarts
-        self.sent_at = np.zeros(count)  # first send: round trips
-        self.last_sent = np.zeros(count)
-        self.first_resent = np.full(count, np.inf)
-        self.restarted_at = np.full(count, -np.inf)
-        self.answered_at = np.full(count, -np.inf)
-        self.last_answer = -np.inf
-        self.tries = np.zeros(count, np.int64)
-        self.done = np.zeros(count, bool)
-        self.next_to_send = 0
-        self.remaining = count
-        self.oldest = 0  # every chunk before it is done
-        self.answered_before_oldest = -np.inf
-
-    def sent(self, i: int, now: float) -> None:
-        """Chunk i went out for the first time."""
-        self.sent_at[i] = self.last_sent[i] = now
-
-    def resent(self, i: int, now: float) -> None:
-        """Chunk i went out again."""
-        self.tries[i] += 1
-        self.last_sent[i] = now
-        self.first_resent[i] = min(self.first_resent[i], now)
-
-    def answered(self, i: int, now: float) -> None:
-        """Chunk i's result came."""
-        self.done[i] = True
-        self.remaining -= 1
-        self.answered_at[i] = self.last_answer = now
-        while self.oldest < self.next_to_send and self.done[self.oldest]:
-            self.answered_before_oldest = max(
-                self.answered_before_oldest, self.answered_at[self.oldest]
-            )
-            self.oldest += 1
-
-    def starts(self) -> np.ndarray:
-        """When the timer of each chunk from `oldest` to `next_to_send` started."""
-        window = slice(self.oldest, self.next_to_send)
-        sent = self.last_sent[window]
-        if not self.restarts or not sent.size:
-            return sent
-        answered = self.answered_at[window]
-        ahead = np.maximum.accumulate(np.append(self.answered_before_oldest, answered[:-1]))
-        behind = np.maximum.accumulate(np.append(answered[1:], -np.inf)[::-1])[::-1]
-        queued = np.maximum(np.maximum(sent, ahead), self.restarted_at[window])
-        return np.where(behind > sent, sent, queued)  # skipped: from its last send
-
-    def deadlines(self, timer: RetransmissionTimer) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The chunks in flight (indices, oldest first), when each one's timer started and
-        when it times out."""
-        window = np.arange(self.oldest, self.next_to_send)
-        open_ = ~self.done[window]
-        start = self.starts()[open_]
-        inflight = window[open_]
-        return inflight, start, start + timer.timeouts(self.tries[inflight])
-
-    def probe_if_silent(
-        self, expired: np.ndarray, inflight: np.ndarray, start: np.ndarray, now: float
-    ) -> np.ndarray:
-        """Which of the `expired` positions (in `inflight`) to resend: every one that was
-        skipped (a later chunk answered since its timer started), and of those that expired
-        in silence only the earliest, restarting the timers of every silent chunk in flight."""
-        silent = start >= self.last_answer
-        if not silent[expired].any():
-            return expired
-        self.restarted_at[inflight[silent]] = now
-        return np.sort(np.append(expired[~silent[expired]], expired[silent[expired]][0]))
-
-    def passed_over(self, i: int, answers: int) -> np.ndarray:
-        """The chunks before chunk i (just answered) that were sent once and have at least
-        `answers` chunks sent after them answered: the switch answers a rank's chunks in
-        order, so each was lost, or its round waits for a peer whose contribution was lost
-        (its resend is then dropped as a duplicate). More than one answer is asked for so
-        that a datagram merely overtaken is not resent (TCP's three duplicate ACKs)."""
-        window = np.arange(self.oldest, i)
-        done = self.done[self.oldest : self.next_to_send]
-        later = (np.cumsum(done[::-1])[::-1] - done)[: i - self.oldest]  # answered after each
-        picked = ~done[: i - self.oldest] & (self.tries[window] == 0) & (later >= answers)
-        return window[picked]
-
-    def lost_before(self, i: int) -> np.ndarray:
-        """Chunk i's result answered a resend of it: the chunks still open that were last
-        sent before its first resend. The switch handled them before that resend and answers
-        in order, so they got no answer: lost (or their rounds wait for a peer; the switch
-        then drops their resends as duplicates)."""
-        window = np.arange(self.oldest, self.next_to_send)
-        lost = ~self.done[window] & (self.last_sent[window] < self.first_resent[i])
-        return window[lost]
