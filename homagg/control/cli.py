@@ -21,6 +21,7 @@ from homagg.control.config import (
     ConfigError,
     ControllerConfig,
     check_address,
+    check_metrics_exposure,
     is_loopback,
     load_config,
 )
@@ -83,7 +84,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "counters": (
         "drops per reason, aggregation events, packets per job and rank",
-        "Read from the switch's P4Runtime counters. Example:\n  aggctl counters --job 3\n"
+        "Read from the switch's P4Runtime counters. An admin reads every job and the\n"
+        "switch-wide drops and events; a tenant the packets of its own jobs only. Example:\n"
+        "  aggctl counters --job 3\n"
         "  aggctl counters --switch s1 --zero",
     ),
     "release": (
@@ -220,6 +223,25 @@ def _serve_options(serve: argparse.ArgumentParser) -> None:
         action="store_true",
         help="with --insecure: also listen insecurely on an address other hosts can reach "
         "(a network only trusted hosts reach; logged as a warning)",
+    )
+    serve.add_argument(
+        "--metrics-port",
+        type=int,
+        metavar="PORT",
+        help="serve Prometheus metrics on 127.0.0.1:PORT (controller.metrics_listen; 0: any "
+        "free port, logged)",
+    )
+    serve.add_argument(
+        "--metrics-listen",
+        metavar="HOST:PORT",
+        help="serve Prometheus metrics there instead (another host than loopback needs "
+        "--metrics-non-loopback)",
+    )
+    serve.add_argument(
+        "--metrics-non-loopback",
+        action="store_true",
+        help="allow metrics on an address other hosts reach (controller.metrics_non_loopback): "
+        "they show every job's numbers by job id, never names or tokens",
     )
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning"])
 
@@ -401,6 +423,21 @@ def check_secured(config: ControllerConfig, insecure: bool, non_loopback: bool =
         )
 
 
+def _metrics_overrides(config: ControllerConfig, args: argparse.Namespace) -> ControllerConfig:
+    """--metrics-port, --metrics-listen and --metrics-non-loopback over the configuration."""
+    if args.metrics_port is not None and args.metrics_listen:
+        raise ConfigError("--metrics-port and --metrics-listen: give one of them")
+    listen = args.metrics_listen or (
+        f"127.0.0.1:{args.metrics_port}" if args.metrics_port is not None else ""
+    )
+    if listen:
+        config = replace(config, metrics_listen=check_address(listen, "--metrics", any_port=True))
+    if args.metrics_non_loopback:
+        config = replace(config, metrics_non_loopback=True)
+    check_metrics_exposure(config, "aggctl serve")
+    return config
+
+
 def _serve(args: argparse.Namespace) -> int:
     from homagg.api.tls import TlsError
     from homagg.control.service import ControllerServer
@@ -414,6 +451,7 @@ def _serve(args: argparse.Namespace) -> int:
             config = replace(config, database=args.database)
         if args.tls_cert or args.tls_key:
             config = replace(config, tls_cert=args.tls_cert, tls_key=args.tls_key)
+        config = _metrics_overrides(config, args)
         check_secured(config, args.insecure, args.insecure_non_loopback)
     except ConfigError as exc:
         print(f"aggctl: {exc}", file=sys.stderr)
