@@ -35,6 +35,7 @@ EVENT_METRICS = {
 }
 RankKey = tuple[str, int, int]  # switch, job id, rank
 Family = GaugeMetricFamily | CounterMetricFamily
+SYNC_RETRY = 0.5  # seconds between reads while a switch is still syncing after the start
 
 
 @dataclass
@@ -110,9 +111,12 @@ class CounterPoller:
         if self._thread.is_alive():
             self._thread.join(max(s.config.timeout for s in self.m.switches.values()) + 1)
 
-    def poll(self) -> None:
-        """One read of every switch (outside the manager's lock, as `aggctl counters`)."""
+    def poll(self) -> bool:
+        """One read of every switch (outside the manager's lock, as `aggctl counters`); a
+        switch not read back yet since the controller started (still syncing) is skipped:
+        False when one was."""
         with self.m.lock:
+            syncing = set(self.m.unread)
             ports = {
                 (j.switch, j.job_id, w.rank): w.switch_port
                 for j in self.m.jobs.values()
@@ -123,15 +127,19 @@ class CounterPoller:
         now = time.monotonic()
         with self.lock:
             for read in found:
-                self.cache.update(read, ports, now)
+                if read.switch not in syncing:
+                    self.cache.update(read, ports, now)
+        return not syncing
 
     def _run(self) -> None:
         while not self._stop.is_set():
+            done = True
             try:
-                self.poll()
+                done = self.poll()
             except Exception:  # the metrics must never stop the controller
                 log.exception("reading the switches' counters for the metrics failed")
-            self._stop.wait(self.interval)
+            # a switch still syncing after the start is read as soon as it is synced
+            self._stop.wait(self.interval if done else min(self.interval, SYNC_RETRY))
 
 
 class ControllerCollector(Collector):
