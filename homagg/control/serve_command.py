@@ -102,7 +102,7 @@ def check_secured(config: ControllerConfig, insecure: bool, non_loopback: bool =
         )
 
 
-def _metrics_overrides(config: ControllerConfig, args: argparse.Namespace) -> ControllerConfig:
+def metrics_overrides(config: ControllerConfig, args: argparse.Namespace) -> ControllerConfig:
     """--metrics-port, --metrics-listen and --metrics-non-loopback over the configuration."""
     if args.metrics_port is not None and args.metrics_listen:
         raise ConfigError("--metrics-port and --metrics-listen: give one of them")
@@ -130,7 +130,7 @@ def serve(args: argparse.Namespace) -> int:
             config = replace(config, database=args.database)
         if args.tls_cert or args.tls_key:
             config = replace(config, tls_cert=args.tls_cert, tls_key=args.tls_key)
-        config = _metrics_overrides(config, args)
+        config = metrics_overrides(config, args)
         check_secured(config, args.insecure, args.insecure_non_loopback)
     except ConfigError as exc:
         print(f"aggctl: {exc}", file=sys.stderr)

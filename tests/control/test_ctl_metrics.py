@@ -5,6 +5,8 @@ job or its workers, the endpoint on loopback unless explicitly exposed."""
 
 from __future__ import annotations
 
+import argparse
+import json
 import urllib.request
 from typing import Any
 
@@ -15,6 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from homagg.control.cli import main
 from homagg.control.config import ConfigError
+from homagg.control.serve_command import metrics_overrides
 from homagg.metrics_endpoint import MetricsEndpoint, MetricsExposureError
 from homagg.wire import p4names
 from homagg.wire.constants import DropReason, Event
@@ -76,7 +79,9 @@ def count_on_switch(refswitch: Any, job_id: int) -> None:
             entry.packets = 10 + entry.match[1][0]  # (job id, rank): (value, mask) each
 
 
-def test_scrape_agrees_with_the_counters_and_hides_names(refswitch, tmp_path, start_controller):
+def test_scrape_agrees_with_the_counters_and_hides_names(
+    refswitch, tmp_path, start_controller, capsys
+):
     config = make_config(
         refswitch.address, tmp_path, metrics_listen="127.0.0.1:0", metrics_interval=60.0
     )
@@ -90,6 +95,9 @@ def test_scrape_agrees_with_the_counters_and_hides_names(refswitch, tmp_path, st
     count_on_switch(refswitch, job.job_id)
     metrics.poller.poll()  # the scheduled read, now: scrapes read only what it cached
     [sw] = c.counters().switches  # the same window: nothing counted in between
+    assert main(["--insecure", "--controller", ctl.address, "counters", "--json"]) == 0
+    [shown] = json.loads(capsys.readouterr().out)["switches"]  # what aggctl counters shows
+    assert shown["jobs"][0]["packets"] == sw.jobs[0].packets == 40
     text, fams = scrape(ctl.server.metrics_url)
     for name, (kind, labels) in FAMILIES.items():
         assert fams[name].type == kind, name
@@ -167,6 +175,8 @@ def test_metrics_stay_on_loopback_unless_exposed(tmp_path, capsys):
     )
     with pytest.raises(MetricsExposureError, match="not a loopback address"):
         MetricsEndpoint(None, "10.1.2.3:0")  # type: ignore[arg-type]
+    flags = argparse.Namespace(metrics_port=0, metrics_listen=None, metrics_non_loopback=False)
+    assert metrics_overrides(exposed, flags).metrics_listen == "127.0.0.1:0"  # --metrics-port
     cfg = tmp_path / "c.toml"
     cfg.write_text(
         '[[switch]]\nname = "s1"\naddress = "127.0.0.1:1"\nmac = "02:00:00:00:00:fe"\n'
