@@ -21,7 +21,7 @@ from types import FrameType
 from typing import TYPE_CHECKING
 
 from run import jobs, options
-from run.control import controller_address, controller_process
+from run.control import controller_address, controller_process, metrics_url
 from run.credentials import RunCredentials, make_run_credentials
 from run.names import RunNames
 from run.report import print_report
@@ -77,7 +77,8 @@ def _build(session: _Session, topo: Topology, target: str, out: Path) -> None:
     ctl.wait_synced().close()
     print(
         f"controller on {controller_address(names)} (host {names.controller_host}), switch "
-        f"P4Runtime on {net.switches[0].process.address}; logs in {out}",
+        f"P4Runtime on {net.switches[0].process.address}, controller metrics at "
+        f"{metrics_url(names)}; logs in {out}",
         flush=True,
     )
 

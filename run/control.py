@@ -23,9 +23,18 @@ if TYPE_CHECKING:
     from homagg.lab.switch_process import SwitchProcess
 
 
+METRICS_PORT_BASE = 9700  # run N's controller serves its metrics on 127.0.0.1:9700+N
+
+
 def controller_address(names: RunNames) -> str:
     """host:port of run `names`' controller."""
     return f"{names.controller_ip}:{DEFAULT_PORT}"
+
+
+def metrics_url(names: RunNames) -> str:
+    """Where run `names`' controller serves its Prometheus metrics (loopback of the root
+    namespace, where it runs; docs/controller.md, Metrics)."""
+    return f"http://127.0.0.1:{METRICS_PORT_BASE + names.number}/metrics"
 
 
 def controller_toml(
@@ -48,6 +57,7 @@ def controller_toml(
                 "heartbeat_interval": 1.0,
                 "lease": 10.0,
                 "join_timeout": 120.0,
+                "metrics_listen": f"127.0.0.1:{METRICS_PORT_BASE + names.number}",
                 **creds.controller_keys(),
             },
             "operator": creds.operators(),

@@ -4,26 +4,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import os
-import signal
 import sys
-import threading
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import grpc
 
 from homagg.api.credentials import SecretError, ca_file, operator_token
-from homagg.control.config import (
-    DEFAULT_LISTEN,
-    ConfigError,
-    ControllerConfig,
-    check_address,
-    is_loopback,
-    load_config,
-)
+from homagg.control.config import DEFAULT_LISTEN
+from homagg.control.serve_command import serve, serve_options
 from homagg.control.text_table import render_counters, render_jobs, render_pools, render_status
 from homagg.control.top import DETAILS as TOP_DETAILS
 from homagg.control.top import SUMMARY as TOP_SUMMARY
@@ -86,7 +76,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "counters": (
         "drops per reason, aggregation events, packets per job and rank",
-        "Read from the switch's P4Runtime counters. Example:\n  aggctl counters --job 3\n"
+        "Read from the switch's P4Runtime counters. An admin reads every job and the\n"
+        "switch-wide drops and events; a tenant the packets of its own jobs only. Example:\n"
+        "  aggctl counters --job 3\n"
         "  aggctl counters --switch s1 --zero",
     ),
     "top": (TOP_SUMMARY, TOP_DETAILS),
@@ -170,7 +162,7 @@ def _parser() -> argparse.ArgumentParser:
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
 
-    _serve_options(add("serve"))
+    serve_options(add("serve"))
     add("status")
     jobs = add("jobs")
     jobs.add_argument("--all", action="store_true", help="include the last 100 ended jobs")
@@ -191,42 +183,6 @@ def _parser() -> argparse.ArgumentParser:
     release.add_argument("job", type=int, metavar="JOB", help="the job id")
     _shell_options(add("shell"))
     return p
-
-
-def _serve_options(serve: argparse.ArgumentParser) -> None:
-    """`aggctl serve`: the configuration and what overrides it."""
-    serve.add_argument(
-        "--config", required=True, type=Path, metavar="FILE", help="the TOML configuration"
-    )
-    serve.add_argument("--listen", metavar="ADDR", help="override controller.listen")
-    serve.add_argument("--database", type=Path, metavar="PATH", help="override controller.database")
-    serve.add_argument(
-        "--tls-cert", type=Path, metavar="FILE", help="override controller.tls_cert (PEM)"
-    )
-    serve.add_argument(
-        "--tls-key", type=Path, metavar="FILE", help="override controller.tls_key (PEM)"
-    )
-    serve.add_argument(
-        "--fresh-database",
-        action="store_true",
-        help="start with no jobs: an existing database (e.g. one refused as empty or damaged) "
-        "is kept aside as PATH.damaged-TIME, the switches' job entries are removed and new "
-        "job ids start above every id they hold",
-    )
-    serve.add_argument(
-        "--remove-unknown-jobs",
-        action="store_true",
-        help="remove from the switches the jobs this database has no record of (e.g. an "
-        "older copy restored on purpose); without it (or --fresh-database) such jobs stop "
-        "the controller with status 2 and stay on the switch",
-    )
-    serve.add_argument(
-        "--insecure-non-loopback",
-        action="store_true",
-        help="with --insecure: also listen insecurely on an address other hosts can reach "
-        "(a network only trusted hosts reach; logged as a warning)",
-    )
-    serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning"])
 
 
 def _shell_options(shell: argparse.ArgumentParser) -> None:
@@ -383,88 +339,12 @@ def _query(args: argparse.Namespace) -> int:
     return 0
 
 
-def check_secured(config: ControllerConfig, insecure: bool, non_loopback: bool = False) -> None:
-    """Refuse a controller without TLS or without an operator credential, unless insecure;
-    and an insecure one on an address other hosts can reach, unless non_loopback too."""
-    if (config.tls_cert is None) != (config.tls_key is None):
-        raise ConfigError("--tls-cert and --tls-key go together")
-    missing = []
-    if config.tls_cert is None:
-        missing.append("no TLS certificate (controller.tls_cert and tls_key, or --tls-cert)")
-    if not config.operators:
-        missing.append("no [[operator]] credential")
-    if missing and not insecure:
-        raise ConfigError(
-            f"refusing to serve insecurely: {'; '.join(missing)}. Configure them "
-            "(docs/controller.md, Security), or give --insecure for tests and local use"
-        )
-    if missing and not non_loopback and not is_loopback(config.listen):
-        raise ConfigError(
-            f"refusing to serve insecurely on {config.listen}, which is not a loopback "
-            f"address ({'; '.join(missing)}): anyone who reaches it could release any job "
-            "and read the job tokens. Listen on 127.0.0.1, [::1] or unix:PATH, configure TLS "
-            "and an operator (docs/controller.md, Security), or, on a network only trusted "
-            "hosts reach, add --insecure-non-loopback"
-        )
-
-
-def _serve(args: argparse.Namespace) -> int:
-    from homagg.api.tls import TlsError
-    from homagg.control.service import ControllerServer
-    from homagg.control.store import StoreError
-
-    try:
-        config = load_config(args.config)
-        if args.listen:
-            config = replace(config, listen=check_address(args.listen, "--listen", any_port=True))
-        if args.database:
-            config = replace(config, database=args.database)
-        if args.tls_cert or args.tls_key:
-            config = replace(config, tls_cert=args.tls_cert, tls_key=args.tls_key)
-        check_secured(config, args.insecure, args.insecure_non_loopback)
-    except ConfigError as exc:
-        print(f"aggctl: {exc}", file=sys.stderr)
-        return 2
-    logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s aggctl %(levelname)s %(message)s"
-    )
-    log = logging.getLogger("aggctl")
-    try:
-        server = ControllerServer(
-            config,
-            fresh_database=args.fresh_database,
-            remove_unknown_jobs=args.remove_unknown_jobs,
-        )
-    except StoreError as exc:
-        print(f"aggctl: {exc}", file=sys.stderr)
-        return 2
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
-    try:
-        server.start()
-    except (OSError, TlsError, StoreError) as exc:
-        print(f"aggctl: {exc}", file=sys.stderr)
-        server.stop()
-        return 2 if isinstance(exc, StoreError) else 1
-    try:
-        while not stop.wait(0.2) and not server.refusal:
-            pass
-    finally:
-        log.info("stopping (jobs stay installed and are restored on the next start)")
-        server.stop()
-    if server.refusal:
-        print(f"aggctl: {server.refusal}", file=sys.stderr)
-        return 2
-    return 0
-
-
 def main(argv: list[str] | None = None) -> int:
     """Entry point of `aggctl` and `python -m homagg.control`."""
     args = _parser().parse_args(argv)
     try:
         if args.command == "serve":
-            return _serve(args)
+            return serve(args)
         if args.command == "shell":
             from homagg.control.shell import run_shell
             from homagg.control.switch_connection import SwitchError

@@ -18,6 +18,7 @@ from typing import Any
 from homagg.api.client import DEFAULT_LISTEN
 from homagg.api.credentials import ROLES, TENANT, TENANT_MAX_JOBS, TENANT_MAX_SLOTS, Operator
 from homagg.control.forwarding import Host
+from homagg.metrics_endpoint import is_loopback_host, split_address
 from homagg.p4rt.bytestrings import ipv4_to_int, mac_to_int
 from homagg.wire.constants import (
     CELLS_CHOICES,
@@ -89,6 +90,12 @@ class ControllerConfig:
     tls_key: Path | None = None
     max_job_slots: int = NUM_SLOTS  # per-job quota: the largest pool one job may ask for
     operators: tuple[Operator, ...] = ()  # credentials of operator RPCs and CreateJob
+    # Prometheus metrics (homagg/control/metrics.py): HOST:PORT to serve them on ("" off), a
+    # non-loopback HOST only with metrics_non_loopback, the switches' counters read every
+    # metrics_interval seconds (cached: a scrape never reads a switch).
+    metrics_listen: str = ""
+    metrics_non_loopback: bool = False
+    metrics_interval: float = 5.0
 
     def switch(self, name: str) -> SwitchConfig | None:
         """The switch with this name, if configured."""
@@ -133,6 +140,13 @@ class _Reader:
             raise ConfigError(
                 f"{self.where}.{key}: expected a positive number of seconds, got {value}"
             )
+        return value
+
+    def flag(self, key: str, default: bool) -> bool:
+        self.used.add(key)
+        value = self.data.get(key, default)
+        if not isinstance(value, bool):
+            raise ConfigError(f"{self.where}.{key}: expected true or false, got {value!r}")
         return value
 
     def tables(self, key: str) -> list[Any]:
@@ -324,10 +338,14 @@ def parse_config(
         tls_key=_optional_path(ctl, "tls_key", base_dir),
         max_job_slots=ctl.integer("max_job_slots", NUM_SLOTS, 1, NUM_SLOTS),
         operators=operators,
+        metrics_listen=_metrics_listen(ctl, f"{where}: controller.metrics_listen"),
+        metrics_non_loopback=ctl.flag("metrics_non_loopback", False),
+        metrics_interval=ctl.seconds("metrics_interval", 5.0),
     )
     config = _wait_limits(ctl, config)
     ctl.finish()
     _check_consistent(config, where)
+    check_metrics_exposure(config, where)
     return config
 
 
@@ -363,6 +381,23 @@ def _check_consistent(config: ControllerConfig, where: str) -> None:
         raise ConfigError(
             f"{where}: controller.lease ({config.lease} s) must be at least twice "
             f"heartbeat_interval ({config.heartbeat_interval} s)"
+        )
+
+
+def _metrics_listen(ctl: _Reader, where: str) -> str:
+    """The metrics address: "" (off) or HOST:PORT (port 0: the OS picks one)."""
+    value = ctl.string("metrics_listen", "")
+    return check_address(value, where, any_port=True) if value else ""
+
+
+def check_metrics_exposure(config: ControllerConfig, where: str) -> None:
+    """A metrics address other hosts can reach needs metrics_non_loopback (or its flag)."""
+    listen = config.metrics_listen
+    if listen and not (config.metrics_non_loopback or is_loopback_host(split_address(listen)[0])):
+        raise ConfigError(
+            f"{where}: metrics_listen {listen} is not a loopback address: whoever reaches "
+            "it reads every job's numbers. Listen on 127.0.0.1, or set "
+            "controller.metrics_non_loopback = true (--metrics-non-loopback) to expose it"
         )
 
 

@@ -69,6 +69,7 @@ class JobManager:
             for s in config.switches
         }
         self.jobs: dict[int, Job] = {}
+        self.lease_expiries = 0  # jobs their leases ended (under the lock; for the metrics)
         self.started = wall()
         # No job is created before every switch was read back since the start: a database
         # older than a switch's state (or started fresh) must not hand out an id the switch
@@ -492,4 +493,5 @@ class JobManager:
             due = expired(list(self.jobs.values()), self.clock(), self.config)
             for job, reason in due:
                 self.end_job(job, reason)
+            self.lease_expiries += len(due)
         return [job.job_id for job, _ in due]

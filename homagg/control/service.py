@@ -31,6 +31,7 @@ from homagg.control.config import ControllerConfig, is_loopback
 from homagg.control.counters import CounterValue, SwitchCounters
 from homagg.control.job_record import GaveUp, Job, JobState
 from homagg.control.jobs import JobManager
+from homagg.control.metrics import ControllerMetrics
 from homagg.control.quotas import Quotas
 from homagg.control.store import Store
 from homagg.control.views import controller_status, job_counters, pool_ranges
@@ -78,7 +79,7 @@ def _operator_rpc(method: Callable) -> Callable:
 
 
 def _admin_rpc(method: Callable) -> Callable:
-    """An operator RPC about the whole controller (switches, pools, counters): admins only,
+    """An operator RPC about the whole controller (switches, pools): admins only,
     PERMISSION_DENIED for a tenant's credential."""
 
     @functools.wraps(method)
@@ -151,6 +152,12 @@ def switch_counters(c: SwitchCounters) -> Any:
             ],
         )
     return msg
+
+
+def tenant_view(c: SwitchCounters, owns: Callable[[int], bool]) -> SwitchCounters:
+    """What a tenant reads of a switch's counters: its own jobs only, without the
+    switch-wide drops and events, which sum every tenant's traffic."""
+    return SwitchCounters(c.switch, c.error, jobs=[j for j in c.jobs if owns(j.job_id)])
 
 
 class ControllerService(jobs_pb2_grpc.ControllerServicer):
@@ -328,9 +335,16 @@ class ControllerService(jobs_pb2_grpc.ControllerServicer):
             ]
         )
 
-    @_admin_rpc
+    @_operator_rpc
     def GetCounters(self, request: Any, context: grpc.ServicerContext, op: Operator | None) -> Any:
+        if op is not None and request.job_id and not self.quotas.owns(op, request.job_id):
+            raise PermissionDenied(
+                f"job {request.job_id} was not created with the credential {op.name!r} "
+                "(a tenant reads the counters of its own jobs only)"
+            )
         found = job_counters(self.m, request.switch, request.job_id)
+        if op is not None and not op.admin:
+            found = [tenant_view(c, lambda j: self.quotas.owns(op, j)) for c in found]
         return pb.GetCountersResponse(switches=[switch_counters(c) for c in found])
 
     @_operator_rpc
@@ -374,6 +388,9 @@ class ControllerServer:
             raise
         self._server: grpc.Server | None = None
         self.port = 0
+        # Prometheus metrics, when controller.metrics_listen is set (its URL once started)
+        self.metrics = ControllerMetrics(self.manager) if config.metrics_listen else None
+        self.metrics_url = ""
 
     def start(self) -> int:
         """Start the switch supervisors and serve on config.listen; returns the bound port."""
@@ -384,6 +401,7 @@ class ControllerServer:
             # beyond this many calls in progress or queued, gRPC answers RESOURCE_EXHAUSTED
             # ("Concurrent RPC limit exceeded") instead of queueing without bound
             maximum_concurrent_rpcs=self.config.rpc_threads * MAX_QUEUED_PER_THREAD,
+            interceptors=[self.metrics.rpcs] if self.metrics is not None else None,
         )
         try:
             port = self._add_port(server)
@@ -397,6 +415,9 @@ class ControllerServer:
         self.manager.start()
         server.start()
         self._server, self.port = server, port
+        if self.metrics is not None:
+            cfg = self.config
+            self.metrics_url = self.metrics.start(cfg.metrics_listen, cfg.metrics_non_loopback)
         log.info(
             "controller listening on %s:%d (database %s, %d switch(es))",
             host,
@@ -438,6 +459,8 @@ class ControllerServer:
 
     def stop(self, grace: float = 1.0) -> None:
         """Stop serving, then the supervisors; the switches keep every entry."""
+        if self.metrics is not None:
+            self.metrics.stop()
         if self._server is not None:
             self._server.stop(grace).wait()
             self._server = None

@@ -111,6 +111,7 @@ class ManagedSwitch:
         self.last_error = ""
         self.connects = 0
         self.pipeline_pushes = 0
+        self.reconciliations = 0  # read-backs (or pushes) that made the switch hold its state
         self.needs_sync = False  # a removal failed: re-run the reconciliation
         # The session is trusted only while it is primary and has been reconciled since it
         # last became primary: another primary may have changed any entry meanwhile.
@@ -332,6 +333,7 @@ class ManagedSwitch:
             read_back=not pushed,
             vet=lambda ids: self.listener.vet_stale_jobs(self.name, ids),
         )
+        self.reconciliations += 1
         if done.stale_job_ids:
             self.listener.job_ids_held(self.name, done.stale_job_ids)
         summary = (

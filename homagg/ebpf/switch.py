@@ -9,6 +9,7 @@ import threading
 from homagg.ebpf.build import build
 from homagg.ebpf.dataplane import KernelDataPlane
 from homagg.refswitch.device import Device
+from homagg.refswitch.metrics import SwitchCollector
 from homagg.refswitch.p4runtime_server import P4RuntimeServer
 from homagg.refswitch.switch import check_program
 from homagg.wire import p4names
@@ -29,6 +30,7 @@ class EbpfSwitch:
         stats_interval: float = 10.0,
     ) -> None:
         self.device = Device()
+        self.ports = dict(ports)
         self.dataplane = KernelDataPlane(build(), ports, self.device)
         self.server = P4RuntimeServer(
             self.device,
@@ -59,12 +61,23 @@ class EbpfSwitch:
                 reported = drops
 
     def _drops(self) -> dict[str, int]:
+        """The program's drops by reason, ingress and egress (the maps read now)."""
         with self.device.lock:
             if self.device.p4info is None:
                 return {}
             self.dataplane.refresh()
-            counter = self.device.counter(p4names.INGRESS_DROPS)
-            return {r.name: counter.packets[r] for r in DropReason if counter.packets[r]}
+            drops: dict[str, int] = {}
+            for name in (p4names.INGRESS_DROPS, p4names.EGRESS_DROPS):
+                counter = self.device.counter(name)
+                for r in DropReason:
+                    if counter.packets[r]:
+                        drops[r.name] = drops.get(r.name, 0) + counter.packets[r]
+            return drops
+
+    def collector(self) -> SwitchCollector:
+        """This switch's metrics (homagg/refswitch/metrics.py): its ports' interface counters
+        and the program's drops (no sockets: the kernel forwards)."""
+        return SwitchCollector(self.ports, self._drops)
 
     def close(self) -> None:
         """Stop the server and unload the program."""

@@ -79,8 +79,10 @@ class Fabric:
         num_hosts: int,
         workdir: Path | None = None,
         artifacts: tuple[Path, Path] = (P4INFO_PATH, BMV2_JSON_PATH),
+        metrics_port: int | None = None,
     ) -> None:
         self.target = target
+        self.metrics_port = metrics_port  # the switch's metrics, on its namespace's loopback
         self.artifacts = artifacts
         self.tag = fabric_tag(os.getpid(), next(_fabric_ids))
         self.switch_namespace = f"{self.tag}sw"
@@ -120,6 +122,7 @@ class Fabric:
             self.workdir / "switch.log",
             self.switch_namespace,
             self.tag,
+            metrics_port=self.metrics_port,
         )
         PID_DIR.mkdir(exist_ok=True)
         (PID_DIR / f"{self.tag}.pid").write_text(str(self.switch.proc.pid))
@@ -143,6 +146,7 @@ class Fabric:
             self.workdir / f"switch-{self._restarts}.log",
             self.switch_namespace,
             self.tag,  # the same P4Runtime address
+            metrics_port=self.metrics_port,
         )
         (PID_DIR / f"{self.tag}.pid").write_text(str(self.switch.proc.pid))
 

@@ -152,13 +152,16 @@ def switch_command(
     address: str,
     device_id: int = 0,
     log_level: str | None = None,
+    metrics_port: int | None = None,
 ) -> list[str]:
     """The command line that starts `target` with the given PORT -> interface map and its
     P4Runtime server on `address` (host:port or unix:PATH); the log level defaults to info
-    (reference switch) or warn (BMv2)."""
+    (reference switch) or warn (BMv2); `metrics_port`: the switch's Prometheus metrics on
+    that port of its namespace's loopback (the reference and eBPF switches only)."""
     ifaces = [arg for port, iface in sorted(ports.items()) for arg in ("-i", f"{port}@{iface}")]
     addr = address
     if target in ("refswitch", "ebpf"):
+        metrics = ["--metrics-port", str(metrics_port)] if metrics_port is not None else []
         return [
             sys.executable,
             "-m",
@@ -170,7 +173,10 @@ def switch_command(
             addr,
             "--log-level",
             log_level or "info",
+            *metrics,
         ]
+    if metrics_port is not None:
+        raise ValueError(f"{target} serves no metrics of its own (refswitch and ebpf do)")
     if target in BMV2_TARGETS:
         binary = "simple_switch_grpc"
         if target == "bmv2-opt":
@@ -221,6 +227,7 @@ class SwitchProcess:
         name: str,
         device_id: int = 0,
         startup_timeout: float = 20.0,
+        metrics_port: int | None = None,
     ) -> None:
         self.target, self.netns = target, netns
         self.address = p4runtime_socket(name)
@@ -236,7 +243,7 @@ class SwitchProcess:
         # Kept open while the switch runs (it is the child's stdout); stop() closes it.
         self._log = open(log_path, "wb")  # noqa: SIM115
         self.proc = subprocess.Popen(
-            [*enter, *switch_command(target, ports, self.address, device_id)],
+            [*enter, *switch_command(target, ports, self.address, device_id, None, metrics_port)],
             stdout=self._log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,

@@ -12,6 +12,8 @@ import sys
 from collections.abc import Callable
 from typing import Protocol
 
+from homagg.metrics_endpoint import DEFAULT_METRICS_HOST, MetricsEndpoint
+from homagg.refswitch.metrics import SwitchCollector, serve_switch_metrics
 from homagg.refswitch.ports import parse_port_spec
 from homagg.refswitch.switch import ReferenceSwitch
 
@@ -23,6 +25,7 @@ class Switch(Protocol):
     def stop(self) -> None: ...
     def run(self) -> None: ...
     def close(self) -> None: ...
+    def collector(self) -> SwitchCollector: ...
 
 
 SwitchFactory = Callable[[dict[int, str], str, int, float], Switch]
@@ -70,6 +73,20 @@ def build_parser(prog: str = "refswitch") -> argparse.ArgumentParser:
         default=10.0,
         help="seconds between drop summaries in the log (default 10)",
     )
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        metavar="PORT",
+        help="serve Prometheus metrics (per-port packets, drops by reason, socket overflows) "
+        "on PORT; off unless given",
+    )
+    p.add_argument(
+        "--metrics-addr",
+        default=DEFAULT_METRICS_HOST,
+        metavar="HOST",
+        help=f"address of the metrics endpoint (default {DEFAULT_METRICS_HOST}, loopback: "
+        "another exposes every port's counters to whoever reaches it)",
+    )
     return p
 
 
@@ -115,6 +132,17 @@ def serve(argv: list[str] | None, make_switch: SwitchFactory, prog: str) -> int:
             "rewrite the tables; bind the controller's side only (docs/controller.md, Security)",
             args.grpc_server_addr,
         )
+    metrics: MetricsEndpoint | None = None
+    if args.metrics_port is not None:
+        try:
+            metrics = serve_switch_metrics(switch.collector(), args.metrics_addr, args.metrics_port)
+        except (OSError, ValueError) as exc:
+            log.error(
+                "cannot serve metrics on %s:%s: %s", args.metrics_addr, args.metrics_port, exc
+            )
+            switch.close()
+            return 1
+        log.info("metrics on %s", metrics.url)
     signal.signal(signal.SIGTERM, lambda *_: switch.stop())
     signal.signal(signal.SIGINT, lambda *_: switch.stop())
     log.info(
@@ -126,6 +154,8 @@ def serve(argv: list[str] | None, make_switch: SwitchFactory, prog: str) -> int:
     try:
         switch.run()
     finally:
+        if metrics is not None:
+            metrics.close()
         switch.close()
         log.info("stopped")
     return 0

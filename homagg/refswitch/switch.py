@@ -9,6 +9,7 @@ import time
 
 from homagg.p4rt.api import p4info_pb2
 from homagg.refswitch.device import Device
+from homagg.refswitch.metrics import SwitchCollector
 from homagg.refswitch.p4runtime_server import P4RuntimeServer
 from homagg.refswitch.pipeline import Pipeline
 from homagg.refswitch.ports import PortSet
@@ -112,6 +113,16 @@ class ReferenceSwitch:
             log.warning(
                 "port %d: the kernel dropped %d frames (socket receive buffer full)", port, dropped
             )
+
+    def collector(self) -> SwitchCollector:
+        """This switch's metrics (homagg/refswitch/metrics.py): its ports, its sockets'
+        overflows and the pipeline's drops, read when scraped."""
+        ports = self.ports
+        return SwitchCollector(
+            ports.ports if ports is not None else {},
+            lambda: dict(self.pipeline.drops),
+            (lambda: dict(ports.kernel_drops)) if ports is not None else None,
+        )
 
     def close(self) -> None:
         """Stop the server and close the ports."""

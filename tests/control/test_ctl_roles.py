@@ -1,6 +1,7 @@
 """Roles of the operator credentials (docs/controller.md, Security): an admin makes every call
 on every job; a tenant creates jobs and lists and releases only the jobs it created (so
-only its own workers' addresses), PERMISSION_DENIED for the rest; a tenant's quotas default
+only its own workers' addresses) and reads the counters of its own jobs only,
+PERMISSION_DENIED for the rest; a tenant's quotas default
 to TENANT_MAX_JOBS and TENANT_MAX_SLOTS, an admin's to none; ownership survives a restart."""
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ DENIED = grpc.StatusCode.PERMISSION_DENIED
 ADMIN_CALLS = {
     "Status": lambda c: c.status(),
     "ListPools": lambda c: c.list_pools(),
-    "GetCounters": lambda c: c.counters(),
 }
 
 
@@ -117,3 +117,35 @@ def test_aggctl_with_a_tenants_credential(
     assert main([*base, "status"]) == 1
     assert "PERMISSION_DENIED: Status is an admin call" in capsys.readouterr().err
     assert main([*base, "release", str(made["job_id"])]) == 0
+
+
+def test_a_tenant_reads_the_counters_of_its_own_jobs_only(
+    refswitch, tmp_path, start_controller, capsys, monkeypatch
+):
+    ctl = start_controller(roles_config(refswitch.address, tmp_path), operator_token=ROOT)
+    with client(ctl, CAROL) as carol, client(ctl, DAVE) as dave:
+        mine = carol.create_job("carol-1", 1, "dense", pool_size=4)
+        theirs = dave.create_job("dave-secret", 2, "dense", pool_size=4)
+        join_all(carol, mine, HOSTS[:1])
+        join_all(dave, theirs, HOSTS[1:3])
+        [sw] = carol.counters().switches
+        assert [j.job_id for j in sw.jobs] == [mine.job_id] and sw.switch == "s1"
+        assert not sw.ingress_drops and not sw.egress_drops and not sw.events  # every tenant's
+        [sw] = carol.counters(job_id=mine.job_id).switches
+        assert [(j.name, [w.rank for w in j.workers]) for j in sw.jobs] == [("carol-1", [0])]
+        for job_id in (theirs.job_id, 999):  # another tenant's job, and none at all
+            code, details = rpc_code(lambda: carol.counters(job_id=job_id))  # noqa: B023
+            assert code == DENIED and "reads the counters of its own jobs only" in details
+        assert "dave-secret" not in str(carol.counters(switch="s1"))
+        [sw] = ctl.client.counters().switches  # the admin: every job, the switch-wide counters
+        assert [j.job_id for j in sw.jobs] == [mine.job_id, theirs.job_id] and sw.events
+    for name in (CA_FILE_ENV, OPERATOR_TOKEN_FILE_ENV):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv(OPERATOR_TOKEN_ENV, DAVE)
+    capsys.readouterr()
+    base = ["--insecure", "--controller", ctl.address]
+    assert main([*base, "counters", "--json"]) == 0
+    [sw] = json.loads(capsys.readouterr().out)["switches"]
+    assert [j["name"] for j in sw["jobs"]] == ["dave-secret"]
+    assert main([*base, "counters", "--job", str(mine.job_id)]) == 1
+    assert "PERMISSION_DENIED" in capsys.readouterr().err

@@ -20,8 +20,8 @@ import pytest
 
 from homagg.api.client import ControllerClient
 from homagg.api.credentials import operator_token
-from homagg.control.cli import check_secured
 from homagg.control.config import load_config
+from homagg.control.serve_command import check_secured
 from homagg.control.service import ControllerServer
 from homagg.lab.namespace import (
     add_namespace,

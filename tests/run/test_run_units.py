@@ -8,6 +8,7 @@ import json
 import os
 import signal
 import subprocess
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -302,3 +303,18 @@ def test_overlap_summary_prints_auto_choices_leases_and_whether_ranks_agree(tmp_
     last["leased_steps"] = 0
     text = report.overlap_summary([last], tmp_path)
     assert "DIFFERENT" in text and "without an agreement" not in text
+
+
+def test_the_runs_controller_serves_its_metrics_on_loopback(tmp_path):
+    from types import SimpleNamespace
+
+    from homagg.control.config import parse_config
+    from run.control import controller_toml, metrics_url
+
+    names = RunNames(3)
+    creds = SimpleNamespace(controller_keys=dict, operators=list)
+    switch = SimpleNamespace(address="unix:/x.sock", target="refswitch")
+    text = controller_toml(switch, [], tmp_path, names, creds)  # type: ignore[arg-type]
+    config = parse_config(tomllib.loads(text), tmp_path)
+    assert config.metrics_listen == "127.0.0.1:9703" and not config.metrics_non_loopback
+    assert metrics_url(names) == "http://127.0.0.1:9703/metrics"

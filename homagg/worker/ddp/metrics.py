@@ -21,11 +21,12 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from homagg.environment import METRICS_ADDRESS_ENV, METRICS_PORT_ENV
+from homagg.metrics_endpoint import MetricsEndpoint
 from homagg.worker.ddp.fallback import KIND_NAME, KIND_TEXT
 
 if TYPE_CHECKING:
@@ -173,27 +174,30 @@ def _count(families: dict[str, Any], job: str, state: SwitchHookState, agent: An
 
 
 class WorkerMetrics:
-    """One metrics endpoint: a registry of its own holding a HookCollector, served by
-    prometheus_client's HTTP server on a daemon thread until close()."""
+    """One metrics endpoint: a registry of its own holding a HookCollector, served by the
+    process's metrics endpoint (homagg.metrics_endpoint) until close()."""
 
     def __init__(self, address: str, port: int) -> None:
         self.collector = HookCollector()
         self.registry = CollectorRegistry()
         self.registry.register(self.collector)
-        self._server, self._thread = start_http_server(port, address, self.registry)
-        self.address, self.port = address, int(self._server.server_port)
+        # the address comes from an explicit request (attach's or the environment's), so a
+        # non-loopback one is allowed here (and warned about by the endpoint)
+        self._endpoint = MetricsEndpoint(
+            self.registry,
+            f"[{address}]:{port}" if ":" in address else f"{address}:{port}",
+            allow_non_loopback=True,
+        )
+        self.address, self.port = address, self._endpoint.port
 
     @property
     def url(self) -> str:
         """Where a scraper reads the metrics."""
-        host = f"[{self.address}]" if ":" in self.address else self.address
-        return f"http://{host}:{self.port}/metrics"
+        return self._endpoint.url
 
     def close(self) -> None:
         """Stop serving and free the port."""
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join(2)
+        self._endpoint.close()
 
 
 class _Endpoints:
@@ -237,7 +241,5 @@ def expose(state: SwitchHookState, request: MetricsRequest, rank: int) -> Worker
             if port:
                 _endpoints.served[(request.address, port)] = metrics
     metrics.collector.add(state)
-    if not ipaddress.ip_address(request.address).is_loopback:
-        log.warning("worker metrics on %s: every host that reaches it can read them", metrics.url)
     log.info("rank %d: worker metrics at %s", state.rank, metrics.url)
     return metrics
