@@ -221,7 +221,10 @@ class SwitchProcess:
         name: str,
         device_id: int = 0,
         startup_timeout: float = 20.0,
+        env: dict[str, str] | None = None,
     ) -> None:
+        """`env`: variables the switch process gets on top of its usual environment (e.g.
+        HOMAGG_CELLS_PER_PKT for a program built for another cells-per-packet setting)."""
         self.target, self.netns = target, netns
         self.address = p4runtime_socket(name)
         self.socket = Path(self.address.removeprefix("unix:"))
@@ -241,7 +244,7 @@ class SwitchProcess:
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             start_new_session=True,  # nsenter execs the switch: its PID leads the group
-            env=switch_env(target),
+            env={**(switch_env(target) or os.environ), **env} if env else switch_env(target),
         )
         try:
             self._wait_listening(startup_timeout)
