@@ -292,8 +292,8 @@ def plot(rows: list[dict], path: Path) -> None:
     names = {"refswitch": "reference switch", "bmv2": "BMv2", "bmv2-opt": "BMv2 -O3"}
     names.update({"ebpf": "eBPF (XDP + TC)", "ebpf-tc": "eBPF (TC)"})
     names["ebpf-generic"] = "eBPF (generic XDP)"
-    styles = (("refswitch", "o-"), ("bmv2", "s-"), ("bmv2-opt", "^-"), ("ebpf", "D-"))
-    styles += (("ebpf-tc", "v-"), ("ebpf-generic", "x-"))
+    styles = [("refswitch", "o-"), ("bmv2", "s-"), ("bmv2-opt", "^-"), ("ebpf", "D-")]
+    styles += [("ebpf-tc", "v-"), ("ebpf-generic", "x-")]
     for (t, style), sender in itertools.product(
         styles, dict.fromkeys(r.get("sender") for r in rows)
     ):

@@ -59,6 +59,7 @@ def max_pool_size(target: str) -> int:
 
 
 AUTO_TARGET = "auto"  # not a target: a command line's choice of resolve_target()
+PRESENT_TARGETS = "present"  # not a target: a benchmark's choice of present_targets()
 
 
 def bmv2_available() -> bool:
@@ -127,6 +128,14 @@ def compared_targets() -> list[str]:
         + (["bmv2"] if bmv2_available() else [])
         + (["ebpf"] if ebpf_available() else [])
     )
+
+
+def present_targets() -> list[str]:
+    """What a benchmark's training rows run on when asked for `present` (make bench): the
+    default target (resolve_target) and, beside it, the eBPF target where the kernel
+    allows it."""
+    first = resolve_target(AUTO_TARGET)
+    return [first] + (["ebpf"] if first != "ebpf" and ebpf_available() else [])
 
 
 def switch_env(target: str) -> dict[str, str] | None:
