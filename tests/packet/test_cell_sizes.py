@@ -18,6 +18,7 @@ from homagg.control.artifacts import P4INFO_PATH
 from homagg.environment import CELLS_PER_PKT_ENV
 from homagg.lab.aggjob import CounterDelta, Job, random_cells, wrapped_sum
 from homagg.lab.fabric import SERVICE_IP, SWITCH_MAC, Fabric
+from homagg.lab.poll import wait_for
 from homagg.wire.constants import (
     AGG_UDP_PORT,
     CELLS_CHOICES,
@@ -127,6 +128,7 @@ def test_program_of_every_cell_size(sized: Job, cells: int) -> None:
     job.hosts[0].raw.send(frame(job, 0, random_cells(rng), slot=2, chunk=2))  # default size
     job.hosts[0].raw.send(frame(job, 0, parts[Op.ADD][0], ncells=cells + 1, slot=2, chunk=2))
     job.hosts[0].raw.send(frame(job, 0, parts[Op.ADD][0])[: -4 * (cells // 2)])
-    assert all(not job.hosts[r].raw.receive(0.3) for r in ranks)
-    assert delta.drops() == {DropReason.BAD_LENGTH: 2, DropReason.TRUNCATED: 1}
+    dropped = {DropReason.BAD_LENGTH: 2, DropReason.TRUNCATED: 1}
+    wait_for(lambda: delta.drops() == dropped, WAIT, f"drops {dropped}")
+    assert all(not job.hosts[r].raw.receive(0.02) for r in ranks)
     assert delta.events() == {Event.CONTRIBUTION: 6, Event.RESULT: 2, Event.RESENT: 1}
