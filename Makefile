@@ -82,7 +82,8 @@ BENCH ?= quick
 comma := ,
 # HOMAGG_BMV2_OPT=<prefix of the optimized BMv2 build> (docs/bmv2.md): training on both builds
 # (the quick mode then trains 8-bit lanes only, to keep its time)
-BENCH_TARGETS := $(if $(HOMAGG_BMV2_OPT),--targets bmv2$(comma)bmv2-opt)
+# otherwise the default target and the eBPF target beside it where the kernel allows it
+BENCH_TARGETS := --targets $(if $(HOMAGG_BMV2_OPT),bmv2$(comma)bmv2-opt,present)
 BENCH_QUICK_CODECS := $(if $(HOMAGG_BMV2_OPT),lowbit8,lowbit16$(comma)lowbit8)
 # BENCH=full: the long matrix, written beside quick's results as <name>_full.md / .png, so
 # neither mode overwrites the other's tables (bench.summary --suffix _full reads them first)
@@ -111,7 +112,7 @@ BENCH_REGIMES = --rounds 1 --steps 6 --hosts 4,8 --bws '' --codecs lossless
 BENCH_OVERLAP = --quick --budget 900
 BENCH_EXTRA =
 endif
-bench: venv  ## benchmarks (needs root, ~18 min on 2 cores; BENCH=full: hours, *_full results): switch rate, codecs, aggregation, worker packet rate, training, peer methods, link rates and W, overlap and auto; tables and plots in bench/results/
+bench: venv  ## benchmarks (needs root, ~20 min on 2 cores, more with the eBPF target's rows; BENCH=full: hours, *_full results): switch rate, codecs, aggregation, worker packet rate, training, peer methods, link rates and W, overlap and auto; tables and plots in bench/results/
 	@start=$$(date +%s); set -e; \
 	echo "== switch packet rate (bench.switch_rate)"; $(PY) -m bench.switch_rate $(BENCH_RATE) --reps $(BENCH_REPS) --name switch_rate$(BENCH_SUFFIX); \
 	echo "== codecs (bench.codecs)"; $(PY) -m bench.codecs --reps $(BENCH_REPS); \
@@ -119,7 +120,7 @@ bench: venv  ## benchmarks (needs root, ~18 min on 2 cores; BENCH=full: hours, *
 	echo "== worker packet rate per I/O path (bench.worker_rate)"; $(PY) -m bench.worker_rate $(BENCH_WORKER_RATE) --name worker_rate$(BENCH_SUFFIX); \
 	echo "== training iteration time (bench.training)"; $(PY) -m bench.training $(BENCH_TRAINING) $(BENCH_TARGETS) --name training$(BENCH_SUFFIX); \
 	echo "== the switch beside the peer methods (bench.peers)"; $(PY) -m bench.peers $(BENCH_PEERS) --name peers$(BENCH_SUFFIX); \
-	echo "== link rates and W (bench.regimes)"; $(PY) -m bench.regimes $(BENCH_REGIMES) --name regimes$(BENCH_SUFFIX); \
+	echo "== link rates and W (bench.regimes)"; $(PY) -m bench.regimes $(BENCH_REGIMES) --target present --name regimes$(BENCH_SUFFIX); \
 	echo "== overlap and auto (bench.overlap)"; $(PY) -m bench.overlap $(BENCH_OVERLAP) --name overlap$(BENCH_SUFFIX); \
 	$(BENCH_EXTRA) \
 	echo; $(PY) -m bench.summary $$(( $$(date +%s) - start )) --suffix "$(BENCH_SUFFIX)"

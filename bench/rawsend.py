@@ -83,15 +83,16 @@ def process_cpu(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def bpf_program_ids(name: str = "switch_ingress") -> set[int]:
-    """The ids of the loaded BPF programs called `name` (bpftool prog show); empty without
-    bpftool. The ids that appear while a fabric starts are its switch's."""
+def bpf_program_ids(prefix: str = "switch_ingress") -> set[int]:
+    """The ids of the loaded BPF programs whose name starts with `prefix` (bpftool prog
+    show: the TC program and its XDP stage, whose name the kernel cuts to 15 characters);
+    empty without bpftool. The ids that appear while a fabric starts are its switch's."""
     if shutil.which("bpftool") is None:
         return set()
     out = subprocess.run(
         ["bpftool", "-j", "prog", "show"], capture_output=True, text=True, check=False
     ).stdout
-    return {p["id"] for p in json.loads(out or "[]") if p.get("name") == name}
+    return {p["id"] for p in json.loads(out or "[]") if p.get("name", "").startswith(prefix)}
 
 
 def bpf_program_stats(ids: set[int]) -> tuple[int, int]:

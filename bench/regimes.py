@@ -11,6 +11,10 @@ down): the plot draws both lines beside the measurement.
 
     python -m bench.regimes [--model mlp] [--steps 12] [--rounds 1] [--bws 100,1000]
                             [--hosts 2,4,8] [--codecs lossless,fixed_point] [--name regimes]
+                            [--target auto|present|TARGET]
+
+`--target present` (make bench): the default target's regimes in <name>.md, then the eBPF
+target's in <name>_ebpf.md where the kernel allows it.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from typing import Any
 
 from bench.publish import plot_path, publish, pyplot
 from bench.runs import RunFailed, RunSpec, ms, note_failure, pct, run_once
-from homagg.lab.switch_process import AUTO_TARGET, TARGETS
+from homagg.lab.switch_process import AUTO_TARGET, PRESENT_TARGETS, TARGETS, present_targets
 
 METHODS = ("DDP over gloo", "switch, lossless", "switch, fixed_point")
 Key = tuple[int, float, str]  # (W, link Mbit/s or 0 for unshaped, method)
@@ -162,14 +166,32 @@ def _parser() -> argparse.ArgumentParser:
         default="lossless,fixed_point",
         help="switch codecs; the first one's run also runs DDP over gloo",
     )
-    p.add_argument("--target", default=AUTO_TARGET, choices=[AUTO_TARGET, *TARGETS])
+    p.add_argument(
+        "--target",
+        default=AUTO_TARGET,
+        choices=[AUTO_TARGET, PRESENT_TARGETS, *TARGETS],
+        help="the switch target (default auto); present: auto's, then ebpf where allowed",
+    )
     p.add_argument("--name", default="regimes", help="results file stem (default regimes)")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the regimes, write bench/results/regimes.md and regimes.png."""
+    """Run the regimes, write bench/results/regimes.md and regimes.png (with --target
+    present, one file per target: the eBPF target's named <name>_ebpf)."""
     args = _parser().parse_args(argv)
+    if args.target != PRESENT_TARGETS:
+        run_regimes(args)
+        return 0
+    name = args.name
+    for i, target in enumerate(present_targets()):
+        args.target, args.name = target, name if i == 0 else f"{name}_{target}"
+        run_regimes(args)
+    return 0
+
+
+def run_regimes(args: argparse.Namespace) -> None:
+    """Every regime of args on args.target, rounds alternating; written as it goes."""
     args.failed = []  # runs that failed (note_failure), listed under the tables
     hosts = sorted({int(x) for x in args.hosts.split(",") if x})
     bws = [float(x) for x in args.bws.split(",") if x]
@@ -182,7 +204,6 @@ def main(argv: list[str] | None = None) -> int:
                 target = regime(w, bw, rnd, args, Path(tmp), got)
                 done = cells if rnd else cells[: i + 1]  # written as it goes: runs are long
                 write(args, done, got, target, time.perf_counter() - start, rnd + 1)
-    return 0
 
 
 def write(

@@ -1,6 +1,8 @@
 """Switch packet rate, reference switch vs BMv2 (and the optimized BMv2 build, target
 bmv2-opt, when HOMAGG_BMV2_OPT or --bmv2-opt names its prefix) vs the eBPF target, side
-by side in one run.
+by side in one run. The eBPF target runs with its XDP stage in front (ebpf: native XDP),
+and as variants: ebpf-tc (the TC program alone) and ebpf-generic (generic XDP), set by
+HOMAGG_EBPF_XDP for their switch processes.
 
 Each target runs in its own fabric (4 hosts in namespaces); batches of a full pool
 (32 slots x 4 workers) are sent as fast as the hosts can, then every result is awaited.
@@ -16,7 +18,8 @@ bench/results/switch_rate.md and switch_rate.png (switch_rate_ops.* when lane op
 measured; --name sets the stem).
 
     python -m bench.switch_rate [--cells 64 128 256] [--ops ADD ADD16 ADD8] [--reps 7]
-        [--targets refswitch bmv2 bmv2-opt ebpf] [--senders python c:4] [--bmv2-opt PREFIX]
+        [--targets refswitch bmv2 bmv2-opt ebpf ebpf-tc ebpf-generic] [--senders python c:4]
+        [--bmv2-opt PREFIX]
         [--name switch_rate]
 """
 
@@ -37,11 +40,13 @@ from pathlib import Path
 
 from bench import rawsend
 from bench.publish import plot_path, publish, pyplot
-from homagg.environment import BMV2_OPT_ENV, CELLS_PER_PKT_ENV
+from homagg.environment import BMV2_OPT_ENV, CELLS_PER_PKT_ENV, EBPF_XDP_ENV
 from homagg.lab import REPO_ROOT
 from homagg.lab.switch_process import TARGETS, available_targets, target_problem
 from homagg.wire.constants import CELL_BITS, LANE_BITS_OF_OP, Op
 
+EBPF_VARIANTS = {"ebpf-tc": "off", "ebpf-generic": "generic"}  # -> HOMAGG_EBPF_XDP
+BENCH_TARGETS = (*TARGETS, *EBPF_VARIANTS)
 PY_BATCHES = 4  # full pools per measurement with the Python sender
 C_BATCHES = 64  # ... with the C sender: a window long enough to time at its rate
 
@@ -144,13 +149,12 @@ def run_child(
     """Measure the targets, ops and senders with the current HOMAGG_CELLS_PER_PKT; they
     alternate measurement by measurement, one row per op and sender."""
     from homagg.lab.aggjob import Job
-    from homagg.lab.fabric import Fabric
 
     fabrics, progs = {}, {}
     try:
         for t in targets:  # the BPF programs that appear with a fabric are its switch's
             before = rawsend.bpf_program_ids()
-            fabrics[t] = Fabric(t, 4, artifacts=artifacts) if artifacts else Fabric(t, 4)
+            fabrics[t] = _fabric(t, artifacts)
             progs[t] = rawsend.bpf_program_ids() - before
         jobs = {t: Job(f, f.hosts, pool_size=32) for t, f in fabrics.items()}
         keys = [(o, s) for o in ops for s in senders]
@@ -177,6 +181,24 @@ def run_child(
             f.close()
 
 
+def _fabric(target: str, artifacts: tuple[Path, Path] | None):
+    """A 4-host fabric of `target`; an eBPF variant is the ebpf target with its
+    HOMAGG_EBPF_XDP, set while its switch process starts."""
+    from homagg.lab.fabric import Fabric
+
+    kind, mode = ("ebpf", EBPF_VARIANTS[target]) if target in EBPF_VARIANTS else (target, None)
+    saved = os.environ.get(EBPF_XDP_ENV)
+    if mode is not None:
+        os.environ[EBPF_XDP_ENV] = mode
+    try:
+        return Fabric(kind, 4, artifacts=artifacts) if artifacts else Fabric(kind, 4)
+    finally:
+        if saved is None:
+            os.environ.pop(EBPF_XDP_ENV, None)
+        else:
+            os.environ[EBPF_XDP_ENV] = saved
+
+
 def _row(cells: int, op: str, sender: str, got: dict[str, list[dict]]) -> dict:
     """A report row from the measurements of each target: rates, missing, CPU sums."""
     sums = ("packets", "wall", "sender_cpu", "switch_cpu", "bpf_ns", "bpf_cnt")
@@ -196,6 +218,9 @@ RATIOS = (
     ("ebpf", "refswitch"),
     ("ebpf", "bmv2-opt"),
     ("ebpf", "bmv2"),
+    ("ebpf-tc", "refswitch"),
+    ("ebpf-generic", "refswitch"),
+    ("ebpf", "ebpf-tc"),
 )  # (numerator, denominator) of a row
 
 
@@ -222,11 +247,14 @@ def sender_label(sender: str) -> str:
 
 def limit_rows(row: dict) -> list[str]:
     """Per target, where the time went: cores busy in the senders and in the switch
-    process, and the eBPF program's own run time (kernel BPF statistics)."""
+    process, and the eBPF programs' own run time (kernel BPF statistics): per contribution
+    (XDP and TC runs together) and per run."""
     out = []
     for t, c in row.get("cpu", {}).items():
         prog = (
-            f"{c['bpf_ns'] / c['bpf_cnt'] / 1e3:.2f} us, {c['bpf_ns'] / 1e9 / c['wall']:.2f}"
+            f"{c['bpf_ns'] / c['packets'] / 1e3:.2f} us ({c['bpf_cnt'] / c['packets']:.2f} "
+            f"runs of {c['bpf_ns'] / c['bpf_cnt'] / 1e3:.2f} us), "
+            f"{c['bpf_ns'] / 1e9 / c['wall']:.2f}"
             if c["bpf_cnt"]
             else "-"
         )
@@ -262,8 +290,10 @@ def plot(rows: list[dict], path: Path) -> None:
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
     names = {"refswitch": "reference switch", "bmv2": "BMv2", "bmv2-opt": "BMv2 -O3"}
-    names["ebpf"] = "eBPF"
-    styles = (("refswitch", "o-"), ("bmv2", "s-"), ("bmv2-opt", "^-"), ("ebpf", "D-"))
+    names.update({"ebpf": "eBPF (XDP + TC)", "ebpf-tc": "eBPF (TC)"})
+    names["ebpf-generic"] = "eBPF (generic XDP)"
+    styles = [("refswitch", "o-"), ("bmv2", "s-"), ("bmv2-opt", "^-"), ("ebpf", "D-")]
+    styles += [("ebpf-tc", "v-"), ("ebpf-generic", "x-")]
     for (t, style), sender in itertools.product(
         styles, dict.fromkeys(r.get("sender") for r in rows)
     ):
@@ -319,9 +349,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--targets",
         nargs="+",
-        choices=TARGETS,
+        choices=BENCH_TARGETS,
         default=None,
-        help="switches to compare, alternating (default: every one available here)",
+        help="switches to compare, alternating (default: every one available here, the "
+        "eBPF target also without its XDP stage: ebpf-tc)",
     )
     p.add_argument(
         "--bmv2-opt",
@@ -398,17 +429,23 @@ def report(rows: list[dict], targets: list[str], name: str) -> list[str]:
         f"Where the time went ({os.cpu_count()} cores; summed over the reps): cores busy in "
         "the senders (user + system: on a veth the kernel's path to the switch, and the eBPF "
         "program itself, run in the sending process's system time) and in the switch "
-        "process; the eBPF program's run time per run (one run per contribution, its clones "
-        "to the workers included) and the cores it kept busy, from `bpftool prog show` "
-        "run_time_ns / run_cnt with kernel.bpf_stats_enabled = 1.",
+        "process; the eBPF programs' run time per contribution (the XDP stage's run and, for "
+        "the contributions it passes on, the TC program's, clones to the workers included), "
+        "the runs per contribution and the time of one, and the cores they kept busy, from "
+        "`bpftool prog show` run_time_ns / run_cnt with kernel.bpf_stats_enabled = 1.",
         "",
         "| cells/packet | op | senders | target | packets/s | sender cores (CPU per packet) "
-        "| switch process cores | eBPF program per packet, cores |",
+        "| switch process cores | eBPF programs per contribution, cores |",
         "|---:|---|---|---|---:|---|---:|---|",
     ]
     for row in rows:
         lines += limit_rows(row)
     return [*lines, "", f"![switch packet rate]({name}.png)"]
+
+
+def _problem(target: str) -> str:
+    """Why `target` (or an eBPF variant) cannot run here ("" when it can)."""
+    return target_problem("ebpf" if target in EBPF_VARIANTS else target)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -418,7 +455,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.bmv2_opt is not None:
         os.environ[BMV2_OPT_ENV] = str(args.bmv2_opt)  # the child and its switches read it
     targets = args.targets or available_targets()
-    problems = [f"{t}: {target_problem(t)}" for t in targets if target_problem(t)]
+    if not args.targets and "ebpf" in targets:
+        targets.append("ebpf-tc")
+    problems = [f"{t}: {_problem(t)}" for t in targets if _problem(t)]
     if problems:
         p.error("; ".join(problems))
     if args.child:

@@ -33,7 +33,7 @@ from bench import runs as bench_runs
 from bench.publish import plot_path, publish, pyplot
 from bench.runs import RunSpec, ms, pct, retransmissions, run_once, split_cell, time_split
 from homagg.environment import BMV2_OPT_ENV
-from homagg.lab.switch_process import AUTO_TARGET, TARGETS
+from homagg.lab.switch_process import AUTO_TARGET, PRESENT_TARGETS, TARGETS, present_targets
 
 GLOO = "DDP over gloo"
 DESCRIPTION = {"ncf": "NCF (sparse)", "mlp": "MLP (dense)", "lm": "transformer LM (dense)"}
@@ -277,7 +277,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--targets",
         default=AUTO_TARGET,
-        help=f"comma-separated switch targets, alternated: auto or {', '.join(TARGETS)}",
+        help="comma-separated switch targets, alternated: auto, present (auto's target and "
+        f"ebpf beside it where the kernel allows it) or {', '.join(TARGETS)}",
     )
     p.add_argument(
         "--bmv2-opt",
@@ -299,12 +300,14 @@ def main(argv: list[str] | None = None) -> int:
     models = [m for m in args.models.split(",") if m]
     args.codec_list = [c for c in args.codecs.split(",") if c]
     args.target_list = [t for t in args.targets.split(",") if t]
+    if PRESENT_TARGETS in args.target_list:
+        args.target_list = present_targets()
     if not models or any(m not in DESCRIPTION for m in models):
         p.error(f"--models takes a comma-separated list of {', '.join(DESCRIPTION)}")
     if not args.codec_list:
         p.error("--codecs needs at least one codec")
     if not args.target_list or any(t not in (AUTO_TARGET, *TARGETS) for t in args.target_list):
-        p.error(f"--targets takes auto or a comma-separated list of {', '.join(TARGETS)}")
+        p.error(f"--targets takes auto, present or a comma-separated list of {', '.join(TARGETS)}")
     if args.steps < 2:
         p.error("--steps must be at least 2 (each run's first step is not timed)")
     if args.bmv2_opt is not None:

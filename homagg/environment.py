@@ -25,6 +25,7 @@ INSECURE_ENV = "HOMAGG_INSECURE"  # "1": plaintext to a controller without TLS (
 
 # The lab's switches, make run and the benchmarks.
 BMV2_OPT_ENV = "HOMAGG_BMV2_OPT"  # the optimized BMv2 build's prefix (homagg/lab/switch_process.py)
+EBPF_XDP_ENV = "HOMAGG_EBPF_XDP"  # the eBPF switch's XDP stage: native, generic or off
 CELLS_PER_PKT_ENV = "HOMAGG_CELLS_PER_PKT"  # cells a packet (homagg/wire/constants.py; 256)
 LOG_ENV = "HOMAGG_LOG"  # the log level of make run's ranks (run/train.py; WARNING)
 

@@ -17,6 +17,7 @@ SOURCE_DIR = ROOT / "p4src" / "ebpf"
 MAIN_SOURCE = SOURCE_DIR / "homagg_tc.c"
 BUILD_DIR = ROOT / "build" / "ebpf"
 PROGRAM = "switch_ingress"  # the SEC("tc") function of MAIN_SOURCE
+XDP_PROGRAM = "switch_ingress_xdp"  # its SEC("xdp") function: the XDP stage (absorb.h)
 
 
 def multiarch_include() -> list[str]:

@@ -4,13 +4,22 @@ change, counters folded back into the Device before every read."""
 
 from __future__ import annotations
 
+import errno
 import logging
+import os
 import socket
 from pathlib import Path
 
 from homagg.ebpf import maps
-from homagg.ebpf.build import PROGRAM
-from homagg.ebpf.libbpf import BpfMap, BpfObject
+from homagg.ebpf.build import PROGRAM, XDP_PROGRAM
+from homagg.ebpf.libbpf import (
+    XDP_FLAGS_DRV_MODE,
+    XDP_FLAGS_SKB_MODE,
+    BpfError,
+    BpfMap,
+    BpfObject,
+)
+from homagg.environment import EBPF_XDP_ENV
 from homagg.refswitch.device import Device
 from homagg.wire.constants import NUM_DROP_REASONS, NUM_EVENTS, NUM_SLOT_COPIES
 
@@ -19,15 +28,45 @@ PERCPU_MAPS = ("job_packets", "worker_packets", *maps.COUNTER_MAPS.values())
 ZERO_COUNT = maps.COUNT.pack(0, 0)
 COUNTER_CELLS = {"ingress_drops": NUM_DROP_REASONS, "egress_drops": NUM_DROP_REASONS}
 COUNTER_CELLS["event_counter"] = NUM_EVENTS
+XDP_MODES = {"native": XDP_FLAGS_DRV_MODE, "generic": XDP_FLAGS_SKB_MODE, "off": 0}
+
+
+def xdp_mode() -> str:
+    """The XDP stage's mode from HOMAGG_EBPF_XDP (docs/ebpf.md): native (the default),
+    generic or off; ValueError for anything else."""
+    mode = os.environ.get(EBPF_XDP_ENV, "native") or "native"
+    if mode not in XDP_MODES:
+        raise ValueError(f"{EBPF_XDP_ENV}={mode!r}: expected one of {', '.join(XDP_MODES)}")
+    return mode
+
+
+def attach_xdp_stage(obj: BpfObject, ifindex: int, iface: str, mode: str) -> str:
+    """Attach the XDP stage to one port in `mode`; a driver without native XDP gets the
+    generic mode (logged). Returns the mode attached ("off": none)."""
+    if mode == "off":
+        return mode
+    try:
+        obj.attach_xdp(XDP_PROGRAM, ifindex, XDP_MODES[mode])
+        return mode
+    except BpfError as exc:
+        if mode != "native" or exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+            raise
+    log.warning("%s has no native XDP: the XDP stage runs in generic mode there", iface)
+    obj.attach_xdp(XDP_PROGRAM, ifindex, XDP_FLAGS_SKB_MODE)
+    return "generic"
 
 
 class KernelDataPlane:
     """The program of `obj_path` on the TC ingress of every port (PORT -> interface name in
-    the current network namespace); the DeviceObserver of the P4Runtime server."""
+    the current network namespace), with its XDP stage in front in `mode` (xdp_mode()); the
+    DeviceObserver of the P4Runtime server."""
 
-    def __init__(self, obj_path: Path, ports: dict[int, str], device: Device) -> None:
+    def __init__(
+        self, obj_path: Path, ports: dict[int, str], device: Device, mode: str = "native"
+    ) -> None:
         self.device = device
         self.obj = BpfObject(obj_path)
+        self.xdp_modes: dict[str, str] = {}
         try:
             self.maps = {
                 name: self.obj.map(name, percpu=name in PERCPU_MAPS)
@@ -39,6 +78,7 @@ class KernelDataPlane:
                 self.maps["port_ifindex"].update(maps.U32.pack(port), maps.U32.pack(ifindex))
                 self.maps["ifindex_port"].update(maps.U32.pack(ifindex), maps.U32.pack(port))
                 self.obj.attach_tc_ingress(PROGRAM, ifindex)
+                self.xdp_modes[iface] = attach_xdp_stage(self.obj, ifindex, iface, mode)
         except BaseException:
             self.obj.close()
             raise

@@ -11,9 +11,19 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-BPF_TCX_INGRESS = 46  # enum bpf_attach_type, Linux >= 6.6
+BPF_XDP = 37  # enum bpf_attach_type
+BPF_TCX_INGRESS = 46  # ... Linux >= 6.6
+XDP_FLAGS_SKB_MODE = 1 << 1  # generic XDP: after the kernel built the socket buffer
+XDP_FLAGS_DRV_MODE = 1 << 2  # native XDP: in the driver (veth: before a socket buffer)
 BPF_ANY = 0
 BPF_NOEXIST = 1
+
+
+class LinkCreateOpts(ctypes.Structure):
+    """The head of libbpf's struct bpf_link_create_opts (sz, flags): libbpf reads the
+    fields after it as zero."""
+
+    _fields_ = [("sz", ctypes.c_size_t), ("flags", ctypes.c_uint32), ("pad", ctypes.c_uint32)]
 
 
 class BpfError(OSError):
@@ -132,15 +142,25 @@ class BpfObject:
         key_size, value_size = lib().bpf_map__key_size(m), lib().bpf_map__value_size(m)
         return BpfMap(name, fd, key_size, value_size, percpu)
 
-    def attach_tc_ingress(self, program: str, ifindex: int) -> None:
-        """Attach `program` to the TC ingress of interface `ifindex` with a link owned by
-        this process: the kernel detaches it when the process exits."""
+    def _program_fd(self, program: str) -> int:
         prog = lib().bpf_object__find_program_by_name(self._obj, program.encode())
         if not prog:
             raise KeyError(f"no program {program} in the BPF object")
-        fd = _check(lib().bpf_program__fd(prog), f"fd of {program}")
-        link = lib().bpf_link_create(fd, ifindex, BPF_TCX_INGRESS, None)
+        return _check(lib().bpf_program__fd(prog), f"fd of {program}")
+
+    def attach_tc_ingress(self, program: str, ifindex: int) -> None:
+        """Attach `program` to the TC ingress of interface `ifindex` with a link owned by
+        this process: the kernel detaches it when the process exits."""
+        link = lib().bpf_link_create(self._program_fd(program), ifindex, BPF_TCX_INGRESS, None)
         self._links.append(_check(link, f"attach {program} to TC ingress of ifindex {ifindex}"))
+
+    def attach_xdp(self, program: str, ifindex: int, mode_flags: int) -> None:
+        """Attach `program` as interface `ifindex`'s XDP program in the mode of `mode_flags`
+        (XDP_FLAGS_DRV_MODE or XDP_FLAGS_SKB_MODE), by a link owned by this process."""
+        opts = LinkCreateOpts(ctypes.sizeof(LinkCreateOpts), mode_flags, 0)
+        fd = self._program_fd(program)
+        link = lib().bpf_link_create(fd, ifindex, BPF_XDP, ctypes.byref(opts))
+        self._links.append(_check(link, f"attach {program} as XDP of ifindex {ifindex}"))
 
     def close(self) -> None:
         """Detach every link and unload the object."""

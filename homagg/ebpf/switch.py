@@ -7,7 +7,7 @@ import logging
 import threading
 
 from homagg.ebpf.build import build
-from homagg.ebpf.dataplane import KernelDataPlane
+from homagg.ebpf.dataplane import KernelDataPlane, xdp_mode
 from homagg.refswitch.device import Device
 from homagg.refswitch.metrics import SwitchCollector
 from homagg.refswitch.p4runtime_server import P4RuntimeServer
@@ -31,7 +31,10 @@ class EbpfSwitch:
     ) -> None:
         self.device = Device()
         self.ports = dict(ports)
-        self.dataplane = KernelDataPlane(build(), ports, self.device)
+        self.dataplane = KernelDataPlane(build(), ports, self.device, xdp_mode())
+        log.info(
+            "XDP stage: %s", ", ".join(f"{i} {m}" for i, m in self.dataplane.xdp_modes.items())
+        )
         self.server = P4RuntimeServer(
             self.device,
             device_id,

@@ -126,15 +126,23 @@ class Fabric:
         )
         PID_DIR.mkdir(exist_ok=True)
         (PID_DIR / f"{self.tag}.pid").write_text(str(self.switch.proc.pid))
+        self.load_program(self.artifacts)
+
+    def load_program(self, artifacts: tuple[Path, Path]) -> None:
+        """Connect to the switch as primary and push `artifacts` (P4Info, device config) and
+        the hosts' forwarding entries: what a new fabric starts with."""
+        self.release_connection()
         self.conn = SwitchConnection(self.switch.address)
         self.conn.connect()
-        self.conn.set_pipeline(*self.artifacts)
+        self.conn.set_pipeline(*artifacts)
+        self.artifacts = artifacts
         hosts = [Host(ip=h.ip, mac=h.mac, switch_port=h.switch_port) for h in self.hosts]
         reconcile(self.conn, forwarding_entries(hosts, SERVICE_IP, SWITCH_MAC), read_back=False)
 
-    def restart_switch(self, kill: bool = True) -> None:
+    def restart_switch(self, kill: bool = True, env: dict[str, str] | None = None) -> None:
         """Replace the switch by a fresh one (no pipeline, no entries) on the same ports and
-        P4Runtime address, as after a crash (kill) or a clean restart."""
+        P4Runtime address, as after a crash (kill) or a clean restart; `env`: variables the
+        new switch process gets on top of its usual environment."""
         old = self.switch
         if kill and old.proc.poll() is None:
             os.killpg(old.proc.pid, signal.SIGKILL)
@@ -147,6 +155,7 @@ class Fabric:
             self.switch_namespace,
             self.tag,  # the same P4Runtime address
             metrics_port=self.metrics_port,
+            env=env,
         )
         (PID_DIR / f"{self.tag}.pid").write_text(str(self.switch.proc.pid))
 

@@ -59,6 +59,7 @@ def max_pool_size(target: str) -> int:
 
 
 AUTO_TARGET = "auto"  # not a target: a command line's choice of resolve_target()
+PRESENT_TARGETS = "present"  # not a target: a benchmark's choice of present_targets()
 
 
 def bmv2_available() -> bool:
@@ -127,6 +128,14 @@ def compared_targets() -> list[str]:
         + (["bmv2"] if bmv2_available() else [])
         + (["ebpf"] if ebpf_available() else [])
     )
+
+
+def present_targets() -> list[str]:
+    """What a benchmark's training rows run on when asked for `present` (make bench): the
+    default target (resolve_target) and, beside it, the eBPF target where the kernel
+    allows it."""
+    first = resolve_target(AUTO_TARGET)
+    return [first] + (["ebpf"] if first != "ebpf" and ebpf_available() else [])
 
 
 def switch_env(target: str) -> dict[str, str] | None:
@@ -228,7 +237,10 @@ class SwitchProcess:
         device_id: int = 0,
         startup_timeout: float = 20.0,
         metrics_port: int | None = None,
+        env: dict[str, str] | None = None,
     ) -> None:
+        """`env`: variables the switch process gets on top of its usual environment (e.g.
+        HOMAGG_CELLS_PER_PKT for a program built for another cells-per-packet setting)."""
         self.target, self.netns = target, netns
         self.address = p4runtime_socket(name)
         self.socket = Path(self.address.removeprefix("unix:"))
@@ -248,7 +260,7 @@ class SwitchProcess:
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             start_new_session=True,  # nsenter execs the switch: its PID leads the group
-            env=switch_env(target),
+            env={**(switch_env(target) or os.environ), **env} if env else switch_env(target),
         )
         try:
             self._wait_listening(startup_timeout)

@@ -5,7 +5,12 @@
 #pragma once
 #include "forwarding.h"
 
-enum verdict { VERDICT_FRESH = 1, VERDICT_COMBINE, VERDICT_RESEND, VERDICT_DUPLICATE, VERDICT_STALE };
+/* VERDICT_TO_TC: the XDP stage left the slot copy as it was (the contribution completes
+ * its round or is a resend); the TC program classifies it again. */
+enum verdict {
+    VERDICT_TO_TC = 0, VERDICT_FRESH, VERDICT_COMBINE, VERDICT_RESEND, VERDICT_DUPLICATE,
+    VERDICT_STALE
+};
 
 struct contribution {
     __u32 job_id;
@@ -44,33 +49,47 @@ static __always_inline void combine_cells(struct slot *s, struct cells *c, __u32
 }
 
 /* update_slot and the cells actions, as one critical section; returns the verdict and
- * leaves the slot's count and exponent in *count and *exp. */
+ * leaves the slot's count and exponent in *count and *exp. With absorb_only (the XDP
+ * stage) a contribution that would complete its round, or a resend, changes nothing and
+ * gets VERDICT_TO_TC: every packet's effect happens under the lock in exactly one stage. */
 static __always_inline __u32 update_slot(struct slot *s, struct cells *c,
-                                         const struct contribution *k, __u32 *count, __u32 *exp)
+                                         const struct contribution *k, __u32 *count, __u32 *exp,
+                                         const int absorb_only)
 {
     __u32 verdict;
     bpf_spin_lock(&s->lock);
     __u32 age = k->chunk - s->chunk; /* serial-number arithmetic (RFC 1982) */
     __u32 older = age >> 31;
     if (s->job_id != k->job_id || (age != 0 && !older)) {
-        verdict = VERDICT_FRESH;
-        s->job_id = k->job_id;
-        s->chunk = k->chunk;
-        s->seen = k->worker_bit;
-        s->count = 1;
-        s->exp = k->exp;
-        EACH_CELL(s->cells[i] = (__s32)bpf_ntohl(c->v[i]);)
+        if (absorb_only && k->num_workers == 1) {
+            verdict = VERDICT_TO_TC;
+        } else {
+            verdict = VERDICT_FRESH;
+            s->job_id = k->job_id;
+            s->chunk = k->chunk;
+            s->seen = k->worker_bit;
+            s->count = 1;
+            s->exp = k->exp;
+            EACH_CELL(s->cells[i] = (__s32)bpf_ntohl(c->v[i]);)
+        }
     } else if (older) {
         verdict = VERDICT_STALE;
     } else if ((s->seen & k->worker_bit) == 0) {
-        verdict = VERDICT_COMBINE;
-        s->seen |= k->worker_bit;
-        s->count = (s->count + 1) & 0xff;
-        s->exp = s->exp > k->exp ? s->exp : k->exp;
-        combine_cells(s, c, k->op);
+        if (absorb_only && ((s->count + 1) & 0xff) == k->num_workers) {
+            verdict = VERDICT_TO_TC;
+        } else {
+            verdict = VERDICT_COMBINE;
+            s->seen |= k->worker_bit;
+            s->count = (s->count + 1) & 0xff;
+            s->exp = s->exp > k->exp ? s->exp : k->exp;
+            combine_cells(s, c, k->op);
+        }
     } else if (s->count == k->num_workers) {
         verdict = VERDICT_RESEND;
-        EACH_CELL(c->v[i] = bpf_htonl((__u32)s->cells[i]);)
+        if (absorb_only)
+            verdict = VERDICT_TO_TC;
+        else
+            EACH_CELL(c->v[i] = bpf_htonl((__u32)s->cells[i]);)
     } else {
         verdict = VERDICT_DUPLICATE;
     }
@@ -95,22 +114,26 @@ static __always_inline __u32 invalid(const struct headers *h)
     return DROP_NONE;
 }
 
-/* job_table and worker_table (with their direct counters), the ingress port and the pool:
- * the slot copy's index in *index and the contribution in *k, or the reason to drop. */
+/* job_table and worker_table (with their direct counters unless the XDP stage asks: it
+ * counts only the packets it consumes), the ingress port and the pool: the slot copy's
+ * index in *index and the contribution in *k, or the reason to drop. */
 static __always_inline __u32 find_slot(const struct headers *h, const struct metadata *m,
-                                       struct contribution *k, __u32 *index, __u32 *mcast_grp)
+                                       struct contribution *k, __u32 *index, __u32 *mcast_grp,
+                                       const int count_hits)
 {
     const struct agg_h *agg = h->agg;
     __u32 job_id = bpf_ntohs(agg->job_id);
     struct job_params *job = bpf_map_lookup_elem(&job_table, &job_id);
     if (!job)
         return DROP_UNKNOWN_JOB;
-    count_key(&job_packets, &job_id, m->packet_length);
+    if (count_hits)
+        count_key(&job_packets, &job_id, m->packet_length);
     struct job_rank jr = {.job_id = job_id, .rank = agg->rank};
     struct worker_params *w = bpf_map_lookup_elem(&worker_table, &jr);
     if (!w)
         return DROP_BAD_RANK;
-    count_key(&worker_packets, &jr, m->packet_length);
+    if (count_hits)
+        count_key(&worker_packets, &jr, m->packet_length);
     if (w->port != m->ingress_port)
         return DROP_WRONG_PORT;
     __u32 slot = bpf_ntohs(agg->slot), base = job->pool_base;
@@ -163,7 +186,7 @@ static __always_inline void aggregation(struct __sk_buff *skb, struct headers *h
     }
     m->drop_reason = invalid(h);
     if (m->drop_reason == DROP_NONE)
-        m->drop_reason = find_slot(h, m, &k, &index, &mcast_grp);
+        m->drop_reason = find_slot(h, m, &k, &index, &mcast_grp, 1);
     if (m->drop_reason != DROP_NONE)
         return;
     struct slot *s = bpf_map_lookup_elem(&slots, &index);
@@ -172,7 +195,7 @@ static __always_inline void aggregation(struct __sk_buff *skb, struct headers *h
         m->drop_reason = DROP_TRUNCATED;
         return;
     }
-    __u32 verdict = update_slot(s, c, &k, &count, &exp);
+    __u32 verdict = update_slot(s, c, &k, &count, &exp, 0);
     __u32 flags = answer(m, verdict, count, &k, mcast_grp);
     if (!flags)
         return;

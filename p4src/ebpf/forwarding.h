@@ -47,6 +47,25 @@ static __always_inline void arp_reply(struct headers *h, struct metadata *m)
     m->emit = 1;
 }
 
+/* ipv4_lpm's entry for the packet's destination, NULL when it has none. */
+static __always_inline struct route_params *ipv4_lpm_lookup(const struct iphdr *ip)
+{
+    struct lpm_key key = {.prefixlen = 32};
+    __builtin_memcpy(key.addr, &ip->daddr, 4);
+    return bpf_map_lookup_elem(&ipv4_lpm, &key);
+}
+
+/* Whether Forwarding.apply() hands the packet to aggregation, changing nothing (the XDP
+ * stage asks before it touches a slot). */
+static __always_inline int to_aggregation(const struct headers *h)
+{
+    const struct iphdr *ip = h->ipv4;
+    if (!ip || h->arp || ip->ihl != 5 || ip->ttl <= 1)
+        return 0;
+    struct route_params *r = ipv4_lpm_lookup(ip);
+    return r && r->action == IPV4_AGGREGATE;
+}
+
 static __always_inline void ipv4_forward(struct headers *h, struct metadata *m)
 {
     struct iphdr *ip = h->ipv4;
@@ -58,9 +77,7 @@ static __always_inline void ipv4_forward(struct headers *h, struct metadata *m)
         m->drop_reason = DROP_TTL_EXPIRED;
         return;
     }
-    struct lpm_key key = {.prefixlen = 32};
-    __builtin_memcpy(key.addr, &ip->daddr, 4);
-    struct route_params *r = bpf_map_lookup_elem(&ipv4_lpm, &key);
+    struct route_params *r = ipv4_lpm_lookup(ip);
     if (r && r->action == IPV4_ROUTE) {
         m->egress_port = r->port;
         m->emit = 1;

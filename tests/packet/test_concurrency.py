@@ -4,7 +4,8 @@ MAX_WORKERS_PER_JOB ranks spread over the hosts; each host's thread sends its ra
 contributions to a round back to back, so on the eBPF target (the program runs on the
 sending CPU) packets for the same slot copy meet in the kernel on both cores; only the
 slot's spin lock keeps the count and the sums right (a lost update leaves a round open
-forever, or a sum wrong). Every target runs it."""
+forever, or a sum wrong); there, the XDP stage adds all but each round's last
+contribution and the TC program the last, under the same lock. Every target runs it."""
 
 from __future__ import annotations
 
@@ -115,3 +116,12 @@ def test_every_sum_of_a_flooded_slot_is_exact(fabric, target):
     events = counters.events()
     assert events.get(Event.RESULT, 0) == rounds
     assert events.get(Event.CONTRIBUTION, 0) == rounds * RANKS
+
+
+def test_xdp_stage_runs_natively_on_every_port(fabric, target):
+    """The flood above went through the eBPF target's XDP stage (docs/ebpf.md): native XDP
+    on each of the switch's veth ports, not a silent fallback."""
+    if target != "ebpf":
+        pytest.skip("the XDP stage is the eBPF target's")
+    lines = [ln for ln in fabric.switch.log_path.read_text().splitlines() if "XDP stage:" in ln]
+    assert lines and lines[0].count(" native") == HOSTS, lines
