@@ -70,8 +70,8 @@ def _build(session: _Session, topo: Topology, target: str, out: Path) -> None:
         session.state.add("pgids", h.pid)
     net.start()
     session.state.add("pgids", net.switches[0].process.proc.pid)
-    prepare_hosts(net, sys.executable)
-    session.creds = make_run_credentials(names.directory / "credentials", names.controller_ip)
+    prepare_hosts(net, sys.executable, names)
+    session.creds = make_run_credentials(names.credentials_dir, names.controller_ip)
     session.ctl = ctl = controller_process(net, topo.hosts, out, names, session.creds)
     session.state.add("pgids", ctl.launch())
     ctl.wait_synced().close()
@@ -107,10 +107,11 @@ def run(args: argparse.Namespace) -> int:
     try:  # the claimed run number is released in _teardown, whatever fails
         _prepare_out(args, names)
         print(
-            f"make run: run {names.number} (stop it with `make stop RUN={names.number}`), "
-            f"{topo.hosts} hosts, switch {target}, model {args.model}, codec {args.codec}"
+            f"make run: run {names.number} on {options.describe_target(args.target, target)}; "
+            f"{topo.hosts} hosts, model {args.model}, codec {args.codec}"
             f"{''.join(f' {kv}' for kv in args.codec_option)}, "
-            f"overlap {args.overlap}, links {topo.describe_bw()}, {args.steps} steps",
+            f"overlap {args.overlap}, links {topo.describe_bw()}, {args.steps} steps "
+            f"(stop it with `make stop RUN={names.number}`)",
             flush=True,
         )
         _build(session, topo, target, args.out)

@@ -19,6 +19,13 @@ if TYPE_CHECKING:
     from run.net import Topology
 
 
+SUMMARY_HEAD = (
+    "\nsummary: means over the ranks (the step lines above are rank 0's own), RETX and "
+    "FALLBACK BUCKETS summed over the ranks; wire = bytes each host sent per step, "
+    "everything included; dense = the model's float32 gradients"
+)
+
+
 def read_steps(path: Path) -> list[dict[str, Any]]:
     """The per-step records rank 0 wrote."""
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
@@ -136,23 +143,36 @@ def summary_table(runs: dict[str, list[dict[str, Any]]]) -> str:
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
 
 
+def packet_rate(step: dict[str, Any]) -> float:
+    """The switch's packets per second in a step: every rank's contributions and the results
+    it sent them (run/train.py's switch_packets) over the step's mean iteration time."""
+    return step.get("switch_packets", 0) / step["seconds"] if step["seconds"] > 0 else 0.0
+
+
 def plot(runs: dict[str, list[dict[str, Any]]], path: Path, title: str) -> None:
-    """Loss and iteration time per step of each run, side by side, as a PNG."""
-    import matplotlib
+    """Loss, iteration time and the switch's packet rate per step of each run, side by side,
+    as a PNG (the rate of the runs that went through the switch only)."""
+    from homagg.lab.plotting import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    plt = pyplot()
+    fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(16, 4))
     for name, steps in runs.items():
         x = [s["step"] + 1 for s in steps]
         ax1.plot(x, [s["loss"] for s in steps], label=name)
         ax2.plot(x, [s["seconds"] * 1e3 for s in steps], label=name)
+        if any(s.get("switch_packets") for s in steps):
+            ax3.plot(x, [packet_rate(s) for s in steps], label=name)
     ax1.set(xlabel="step", ylabel="training loss", title="loss")
     ax2.set(xlabel="step", ylabel="iteration time (ms)", title="iteration time", yscale="log")
-    for ax in (ax1, ax2):
+    ax3.set(
+        xlabel="step",
+        ylabel="packets/s (contributions + results)",
+        title="switch packet rate",
+    )
+    for ax in (ax1, ax2, ax3):
         ax.grid(alpha=0.3)
-        ax.legend()
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend()
     fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -168,10 +188,7 @@ def print_report(args: argparse.Namespace, topo: Topology, target: str, counters
         runs["DDP over gloo"] = read_steps(args.out / "gloo.jsonl")
     for peer in args.peer_list:
         runs[peer] = read_steps(args.out / f"{peer}.jsonl")
-    print(
-        "\nsummary (wire = bytes each host sent per step, everything included; "
-        "dense = the model's float32 gradients)"
-    )
+    print(SUMMARY_HEAD)
     print(summary_table(runs))
     overlap = overlap_summary(runs[switch_run], args.out)
     if overlap:

@@ -101,7 +101,14 @@ def test_shortened_make_run_trains_exactly_and_cleans_up(tmp_path):
     names = RunNames(int(re.search(r"make run: run (\d+)", stdout).group(1)))
     assert our_links(names) == []
     assert not names.state_file.exists()
+    assert not names.credentials_dir.exists()  # the run's secrets go with it
     assert _cmdlines_mentioning(str(out)) == []
+    assert "on the reference switch" in stdout.splitlines()[0]
+    # the hosts resolve each other's addresses (c10d logs a warning per failed lookup), and
+    # a normal shutdown ends the switch's log without a traceback
+    for log in out.glob("*-rank*.log"):
+        assert "hostname of the client socket" not in log.read_text(), log
+    assert "Traceback" not in (out / "switch.log").read_text()
 
 
 @pytest.mark.timeout(200)
