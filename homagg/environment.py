@@ -9,6 +9,7 @@ JOB_ID_ENV = "HOMAGG_JOB_ID"  # a job made outside the script (its token: JOB_TO
 CODEC_ENV = "HOMAGG_CODEC"  # the codec the ranks ask for (homagg-run: --codec's default)
 IFACE_ENV = "HOMAGG_IFACE"  # ranks: the data-plane interface, when not the route to the controller
 READY_TIMEOUT_ENV = "HOMAGG_READY_TIMEOUT"  # ranks: s, the wait for every rank (join, WaitReady)
+ATTACH_ENV = "HOMAGG_ATTACH"  # ranks: "0": homagg.attach stays off (the script's own collectives)
 
 # Secrets and TLS of the job API's clients (homagg/api/credentials.py, homagg/api/tls.py):
 # aggctl, python -m homagg.worker, homagg-run and the ranks.

@@ -296,7 +296,8 @@ def test_peers_first_runs_gloo_and_the_peers_before_the_switch(monkeypatch):
             ["--model", "mlp", "--peers", "gloo-fp16"] + (["--peers-first"] if first else [])
         )
         options.settle(args)
-        assert jobs.run_all(1, args, state, 1) == "counters"
+        counted, traffic = jobs.run_all(1, args, state, 1)
+        assert counted == "counters" and list(traffic) == expected
         assert [m for m, _ in order] == expected
         assert len({p for _, p in order}) == 3  # every job its own rendezvous port
 
