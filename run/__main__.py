@@ -110,7 +110,7 @@ def _first_line(args: argparse.Namespace, topo: Topology, target: str, number: i
     shape = f"overlap {args.overlap}, " if args.script is None else ""
     steps = f", {args.steps} steps" if args.script is None else ""
     return (
-        f"make run: run {number} on {options.describe_target(args.target, target)}; "
+        f"make run: run {number} on {options.describe_target(args.target, target)}, "
         f"{topo.hosts} hosts, {job}, {codec}, {shape}links {topo.describe_bw()}{steps} "
         f"(stop it with `make stop RUN={number}`)"
     )

@@ -221,23 +221,24 @@ def check_codec_rules(p: argparse.ArgumentParser, args: argparse.Namespace) -> N
 
 
 TARGET_NAMES = {
-    "bmv2": "BMv2 (simple_switch_grpc)",
-    "bmv2-opt": "BMv2, optimized build (simple_switch_grpc)",
-    "ebpf": "the eBPF target (the program in the kernel)",
-    "refswitch": "the reference switch (embedded, Python)",
+    "bmv2": "BMv2's simple_switch_grpc",
+    "bmv2-opt": "BMv2's simple_switch_grpc, optimized build",
+    "ebpf": "the P4 program as an eBPF program in the kernel",
+    "refswitch": "the reference switch, embedded in Python",
 }
 
 
 def describe_target(requested: str, target: str) -> str:
-    """The switch a run uses, for its first line: which target ran, and when `--target auto`
-    did not find BMv2, that its numbers are not comparable with the README's BMv2 sample."""
-    name = TARGET_NAMES.get(target, target)
+    """The switch a run uses, for its first line ("switch target T (what T is)"), and when
+    `--target auto` did not find BMv2, that its times are not comparable with the README's
+    BMv2 sample."""
+    what = TARGET_NAMES.get(target, target)
     if requested == AUTO_TARGET and target not in ("bmv2", "bmv2-opt"):
-        return (
-            f"{name}, chosen by --target auto: simple_switch_grpc is not installed, so "
-            "times differ from the README's BMv2 sample"
+        what += (
+            "; chosen by --target auto: simple_switch_grpc is not installed, so times differ "
+            "from the README's BMv2 sample"
         )
-    return name
+    return f"switch target {target} ({what})"
 
 
 def settle(args: argparse.Namespace) -> tuple[str, Topology]:

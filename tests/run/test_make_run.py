@@ -103,7 +103,7 @@ def test_shortened_make_run_trains_exactly_and_cleans_up(tmp_path):
     assert not names.state_file.exists()
     assert not names.credentials_dir.exists()  # the run's secrets go with it
     assert _cmdlines_mentioning(str(out)) == []
-    assert "on the reference switch" in stdout.splitlines()[0]
+    assert "on switch target refswitch (the reference switch" in stdout.splitlines()[0]
     # the hosts resolve each other's addresses (c10d logs a warning per failed lookup), and
     # a normal shutdown ends the switch's log without a traceback
     for log in out.glob("*-rank*.log"):

@@ -348,11 +348,12 @@ def test_overlap_summary_prints_auto_choices_leases_and_whether_ranks_agree(tmp_
 def test_the_first_line_says_which_target_runs_and_when_auto_missed_bmv2():
     from run.options import describe_target
 
-    assert describe_target("auto", "bmv2") == "BMv2 (simple_switch_grpc)"
+    assert describe_target("auto", "bmv2") == "switch target bmv2 (BMv2's simple_switch_grpc)"
     missed = describe_target("auto", "refswitch")
-    assert missed.startswith("the reference switch") and "not installed" in missed
+    assert missed.startswith("switch target refswitch (the reference switch")
+    assert "simple_switch_grpc is not installed" in missed
     assert "README" in describe_target("auto", "ebpf")
-    assert describe_target("refswitch", "refswitch") == "the reference switch (embedded, Python)"
+    assert "README" not in describe_target("refswitch", "refswitch")
 
 
 def test_the_summary_says_whose_numbers_and_the_plot_has_the_switch_packet_rate(tmp_path):
