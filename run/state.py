@@ -4,6 +4,7 @@ process name. A run claims its number by creating that file exclusively."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -76,8 +77,10 @@ class RunState:
                 continue
             try:
                 return RunState(names)
-            except FileExistsError:
-                continue  # another run claimed it between the check and the create
+            except (FileExistsError, FileNotFoundError):
+                # another run claimed it between the check and the create, or an ending run
+                # removed its empty directory meanwhile: try the next number
+                continue
         raise RuntimeError(
             f"all {MAX_RUNS} run numbers are taken by live runs or earlier runs' output in "
             f"{STATE_DIR}: `make stop` stops interrupted runs; remove the run<K> directories "
@@ -112,7 +115,8 @@ def remove_credentials(names: RunNames) -> list[str]:
         removed.append(str(names.credentials_dir))
     names.hosts_file.unlink(missing_ok=True)
     if names.directory.exists() and not _holds_anything(names.directory):
-        names.directory.rmdir()
+        with contextlib.suppress(OSError):  # a new run may be claiming the number right now
+            names.directory.rmdir()
     return removed
 
 
