@@ -28,7 +28,7 @@ ARGS ?=
 RUN_OPTS := $(if $(HOSTS),--hosts $(HOSTS)) $(if $(MODEL),--model $(MODEL)) $(if $(SWITCH),--target $(SWITCH)) $(if $(CODEC),--codec $(CODEC)) \
   $(if $(BW),--bw $(BW)) $(if $(TOPO),--topo $(TOPO)) $(if $(STEPS),--steps $(STEPS)) \
   $(if $(MODE),--overlap $(MODE)) $(if $(SCRIPT),--script '$(SCRIPT)') \
-  $(if $(ARGS),--script-args '$(subst ','\'',$(ARGS))')
+  $(if $(ARGS),--script-args='$(subst ','\'',$(ARGS))')
 # Debian packages make run needs: Mininet (no Open vSwitch: our own switch class), venv, tc, ifconfig
 RUN_DEBS := mininet python3-venv iproute2 net-tools
 # Debian packages the eBPF target compiles and loads its program with (docs/ebpf.md)

@@ -5,7 +5,7 @@ summary table, the switch counters, a PNG plot, and the two runs' parameters com
 With --script, your own torchrun script instead of make run's model (run/script.py).
 
 Run as root. Example: python -m run --hosts 2 --steps 20 --target refswitch --bw 100
-Your script: python -m run --script examples/train_ddp.py --script-args "--steps 40"
+Your script: python -m run --script examples/train_ddp.py --script-args="--steps 40"
 Exit status: 0 done (and the final parameters agree, or were not compared), 1 done but
 the parameters differ beyond the fixed-point bound, 2 bad options or not root, 3 a run
 failed (the reason is printed; nothing is left running), 130 interrupted.

@@ -173,14 +173,15 @@ def _script_options(g: argparse._ArgumentGroup) -> None:
         help="run this torchrun script (yours, with homagg's two lines) instead of make run's "
         "model: through the switch, then over gloo with HOMAGG_ATTACH=0; the summary shows "
         "wall time, bytes each host sent and the switch counters (its step times are its own "
-        "output); make run's model options do not apply",
+        "output); make run's model options are refused with it",
     )
     g.add_argument(
         "--script-args",
         default="",
         metavar="ARGS",
-        help="the script's own arguments, one string split as a shell would (e.g. \"--steps "
-        '40"); each run works in <out>/switch or <out>/gloo',
+        help="the script's own arguments, one string split as a shell would (write "
+        '--script-args="--verbose" when it starts with a dash and has no space); each run '
+        "works in <out>/switch or <out>/gloo",
     )
 
 
