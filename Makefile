@@ -22,9 +22,13 @@ TOPO ?=
 STEPS ?=
 MODEL ?=
 MODE ?=
+# your own torchrun script instead of make run's model, and its arguments (run/script.py)
+SCRIPT ?=
+ARGS ?=
 RUN_OPTS := $(if $(HOSTS),--hosts $(HOSTS)) $(if $(MODEL),--model $(MODEL)) $(if $(SWITCH),--target $(SWITCH)) $(if $(CODEC),--codec $(CODEC)) \
   $(if $(BW),--bw $(BW)) $(if $(TOPO),--topo $(TOPO)) $(if $(STEPS),--steps $(STEPS)) \
-  $(if $(MODE),--overlap $(MODE))
+  $(if $(MODE),--overlap $(MODE)) $(if $(SCRIPT),--script '$(SCRIPT)') \
+  $(if $(ARGS),--script-args='$(subst ','\'',$(ARGS))')
 # Debian packages make run needs: Mininet (no Open vSwitch: our own switch class), venv, tc, ifconfig
 RUN_DEBS := mininet python3-venv iproute2 net-tools
 # Debian packages the eBPF target compiles and loads its program with (docs/ebpf.md)
@@ -71,7 +75,7 @@ ebpf-deps:  ## install Debian's clang, llvm, libbpf-dev and bpftool, when missin
 ebpf: venv  ## compile the eBPF target's program into build/ebpf/ (CELLS=; the switch also does it when stale)
 	HOMAGG_CELLS_PER_PKT=$(CELLS) $(PY) -m homagg.ebpf.build
 
-run: run-deps ebpf-deps venv  ## Mininet + switch + controller + torchrun job through the switch vs gloo (needs root; HOSTS= SWITCH= MODEL= CODEC= MODE= BW= TOPO= STEPS=)
+run: run-deps ebpf-deps venv  ## Mininet + switch + controller + torchrun job through the switch vs gloo (needs root; HOSTS= SWITCH= MODEL= CODEC= MODE= BW= TOPO= STEPS=; SCRIPT= ARGS=: your own torchrun script)
 	$(PY) -m run $(RUN_OPTS) $(RUN_ARGS)
 
 demo: venv  ## the data-plane demo: int32 contributions through the switch, every sum checked (needs root)

@@ -11,13 +11,10 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def pyplot() -> Any:
-    """matplotlib.pyplot on the file-only Agg backend (no display on these machines)."""
-    import matplotlib
+    """matplotlib.pyplot on the file-only Agg backend (homagg/lab/plotting.py)."""
+    from homagg.lab.plotting import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
+    return pyplot()
 
 
 def plot_path(name: str) -> Path:

@@ -4,6 +4,7 @@ training benchmarks start it, and the statistics they take of its per-step recor
 from __future__ import annotations
 
 import json
+import re
 import signal
 import statistics
 import subprocess
@@ -122,8 +123,9 @@ def run_once(
         output.extend(stdout.splitlines())
     target = spec.target
     for line in stdout.splitlines():
-        if line.startswith("make run:"):
-            target = line.split("switch ")[1].split(",")[0]
+        found = re.match(r"make run: .*?switch target ([\w-]+)", line)
+        if found:
+            target = found.group(1)
     if proc.returncode == INTERRUPTED:  # Ctrl-C reached the run: the user wants to stop
         raise KeyboardInterrupt(f"{' '.join(cmd[2:])} was interrupted")
     files = {spec.switch_run: "switch", **({"DDP over gloo": "gloo"} if spec.gloo else {})}

@@ -5,7 +5,9 @@ scorer), put on the switch by the two lines marked "homagg". Run it with torchru
   HOMAGG_OPERATOR_TOKEN_FILE=operator.token torchrun --nnodes 2 --nproc-per-node 1 \\
     --node-rank 0 --master-addr 10.0.0.1 examples/train_ddp.py --steps 20
 
-Without a controller (HOMAGG_CONTROLLER unset) it warns once and trains over gloo.
+Without a controller (HOMAGG_CONTROLLER unset) it warns once and trains over gloo; with
+HOMAGG_ATTACH=0 it trains over gloo without a word. In the Mininet lab, through the switch
+and then over gloo: make run SCRIPT=examples/train_ddp.py ARGS="--steps 40" (docs/run.md).
 """
 
 import argparse

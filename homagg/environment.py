@@ -13,6 +13,7 @@ METRICS_PORT_ENV = (
     "HOMAGG_METRICS_PORT"  # ranks: serve the hook's metrics on this port + LOCAL_RANK
 )
 METRICS_ADDRESS_ENV = "HOMAGG_METRICS_ADDRESS"  # ranks: ... on this address (default loopback)
+ATTACH_ENV = "HOMAGG_ATTACH"  # ranks: "0": homagg.attach stays off (the script's own collectives)
 
 # Secrets and TLS of the job API's clients (homagg/api/credentials.py, homagg/api/tls.py):
 # aggctl, python -m homagg.worker, homagg-run and the ranks.

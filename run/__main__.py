@@ -2,8 +2,10 @@
 N hosts, the controller on a host of the topology, then a torchrun job (one rank per host)
 whose gradients the switch sums with a homomorphic codec, then the same job over gloo; a
 summary table, the switch counters, a PNG plot, and the two runs' parameters compared.
+With --script, your own torchrun script instead of make run's model (run/script.py).
 
 Run as root. Example: python -m run --hosts 2 --steps 20 --target refswitch --bw 100
+Your script: python -m run --script examples/train_ddp.py --script-args="--steps 40"
 Exit status: 0 done (and the final parameters agree, or were not compared), 1 done but
 the parameters differ beyond the fixed-point bound, 2 bad options or not root, 3 a run
 failed (the reason is printed; nothing is left running), 130 interrupted.
@@ -24,7 +26,7 @@ from run import jobs, options
 from run.control import controller_address, controller_process, metrics_url
 from run.credentials import RunCredentials, make_run_credentials
 from run.names import RunNames
-from run.report import print_report
+from run.report import print_report, print_script_report
 from run.state import RunState, netns_id, pids_in_netns
 
 if TYPE_CHECKING:
@@ -70,8 +72,8 @@ def _build(session: _Session, topo: Topology, target: str, out: Path) -> None:
         session.state.add("pgids", h.pid)
     net.start()
     session.state.add("pgids", net.switches[0].process.proc.pid)
-    prepare_hosts(net, sys.executable)
-    session.creds = make_run_credentials(names.directory / "credentials", names.controller_ip)
+    prepare_hosts(net, sys.executable, names)
+    session.creds = make_run_credentials(names.credentials_dir, names.controller_ip)
     session.ctl = ctl = controller_process(net, topo.hosts, out, names, session.creds)
     session.state.add("pgids", ctl.launch())
     ctl.wait_synced().close()
@@ -98,6 +100,23 @@ def _teardown(session: _Session) -> None:
     session.state.clear()
 
 
+def _first_line(args: argparse.Namespace, topo: Topology, target: str, number: int) -> str:
+    """What the run is: its number, the switch target that runs, the job, the network."""
+    job = (
+        f"script {args.script}" + (f" {args.script_args}" if args.script_args else "")
+        if args.script is not None
+        else f"model {args.model}"
+    )
+    codec = f"codec {args.codec}{''.join(f' {kv}' for kv in args.codec_option)}"
+    shape = f"overlap {args.overlap}, " if args.script is None else ""
+    steps = f", {args.steps} steps" if args.script is None else ""
+    return (
+        f"make run: run {number} on {options.describe_target(args.target, target)}, "
+        f"{topo.hosts} hosts, {job}, {codec}, {shape}links {topo.describe_bw()}{steps} "
+        f"(stop it with `make stop RUN={number}`)"
+    )
+
+
 def run(args: argparse.Namespace) -> int:
     """Build, train twice, report, and tear everything down (also on errors and Ctrl-C)."""
     target, topo = options.settle(args)
@@ -107,16 +126,12 @@ def run(args: argparse.Namespace) -> int:
         signal.signal(sig, _interrupt)
     try:  # the claimed run number is released in _teardown, whatever fails
         _prepare_out(args, names)
-        print(
-            f"make run: run {names.number} (stop it with `make stop RUN={names.number}`), "
-            f"{topo.hosts} hosts, switch {target}, model {args.model}, codec {args.codec}"
-            f"{''.join(f' {kv}' for kv in args.codec_option)}, "
-            f"overlap {args.overlap}, links {topo.describe_bw()}, {args.steps} steps",
-            flush=True,
-        )
+        print(_first_line(args, topo, target, names.number), flush=True)
         _build(session, topo, target, args.out)
         assert session.net is not None and session.creds is not None
-        counters = jobs.run_all(session.net, args, session.state, session.creds)
+        counters, traffic = jobs.run_all(session.net, args, session.state, session.creds)
+        if args.script is not None:
+            return print_script_report(args, topo, target, counters, traffic)
         return print_report(args, topo, target, counters)
     finally:
         _teardown(session)

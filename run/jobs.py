@@ -1,6 +1,7 @@
 """The training jobs of a `make run`: one torchrun per worker host (rank = host index,
-rank 0's host the rendezvous), rank 0's step lines followed, and the order of the runs:
-the switch run (then the switch counters), DDP over gloo and the peer methods."""
+rank 0's host the rendezvous) of run.train or of the user's --script (run/script.py), rank
+0's lines followed and each host's bytes sampled, and the order of the runs: the switch run
+(then the switch counters), DDP over gloo and the peer methods."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -17,6 +19,7 @@ from homagg.lab import REPO_ROOT
 from run.control import controller_address, counters
 from run.credentials import RunCredentials
 from run.names import RunNames
+from run.script import Traffic, net_dev_tx_bytes, script_command, script_env, script_workdir
 from run.state import RunState
 
 if TYPE_CHECKING:
@@ -53,6 +56,25 @@ def rank_command(
     return cmd
 
 
+def _launch(
+    mode: str,
+    args: argparse.Namespace,
+    names: RunNames,
+    rank: int,
+    world_size: int,
+    port: int,
+    iface: str,
+    creds: RunCredentials | None,
+) -> tuple[list[str], dict[str, str], Path]:
+    """A rank's command, its environment beside os.environ's, and its working directory:
+    run.train's, or with --script the user's script's (run/script.py)."""
+    if args.script is not None:
+        cmd = script_command(args, names, rank, world_size, port)
+        return cmd, script_env(mode, args, names, rank, creds), script_workdir(args.out, mode)
+    cmd = rank_command(mode, args, names, rank, world_size, port, iface)
+    return cmd, creds.client_env(operator=rank == 0) if creds is not None else {}, REPO_ROOT
+
+
 def run_job(
     mode: str,
     net: Mininet,
@@ -60,49 +82,71 @@ def run_job(
     state: RunState,
     port: int,
     creds: RunCredentials | None = None,
-) -> None:
-    """One torchrun per host (rank = host index), rank 0's output streamed here. With `creds`
-    every rank verifies the controller against the run's CA and rank 0, which creates the job,
-    reads the tenant credential from its file (the environment names the files)."""
+) -> Traffic:
+    """One torchrun per host (rank = host index), rank 0's output streamed here; returns its
+    wall time and the bytes each host sent, sampled. With `creds` every rank verifies the
+    controller against the run's CA and rank 0, which creates the job, reads the tenant
+    credential from its file (the environment names the files)."""
     hosts = [h for h in net.hosts if h.inNamespace]
     procs, logs = [], []
+    traffic = Traffic()
+    ifaces = [(h.pid, h.defaultIntf().name) for h in hosts]
+    start = time.monotonic()
     for i, h in enumerate(hosts):
         iface = h.defaultIntf().name
-        cmd = rank_command(mode, args, state.names, i, len(hosts), port, iface)
+        cmd, extra, cwd = _launch(mode, args, state.names, i, len(hosts), port, iface, creds)
         env = {
             **os.environ,
             "PYTHONPATH": str(REPO_ROOT),
             "GLOO_SOCKET_IFNAME": iface,
             "OMP_NUM_THREADS": "1",
             "PYTHONUNBUFFERED": "1",
-            **(creds.client_env(operator=i == 0) if creds is not None else {}),
+            **extra,
         }
         logs.append(args.out / f"{mode}-rank{i}.log")
         with open(logs[-1], "wb") as rank_log:  # the rank keeps its own descriptor
             procs.append(
-                h.popen(cmd, env=env, stdout=rank_log, stderr=subprocess.STDOUT, cwd=str(REPO_ROOT))
+                h.popen(cmd, env=env, stdout=rank_log, stderr=subprocess.STDOUT, cwd=str(cwd))
             )
         state.add("pgids", procs[-1].pid)
+
+    def sample() -> None:
+        sent = [net_dev_tx_bytes(pid, iface) for pid, iface in ifaces]
+        traffic.samples.append((time.monotonic(), sent))
+
     try:
-        follow(mode, procs, logs, args.timeout)
+        follow(mode, procs, logs, args.timeout, sample, every_line=args.script is not None)
     finally:
+        traffic.seconds = time.monotonic() - start
         for p in procs:
             if p.poll() is None:
                 os.killpg(p.pid, signal.SIGKILL)
                 p.wait(10)
+    return traffic
 
 
-def follow(mode: str, procs: list[subprocess.Popen], logs: list[Path], timeout: float) -> None:
-    """Stream rank 0's step lines until every rank ended (or one failed, or `timeout` s
-    passed: TimeoutError); RuntimeError with the log tails of the ranks that failed."""
+def follow(
+    mode: str,
+    procs: list[subprocess.Popen],
+    logs: list[Path],
+    timeout: float,
+    sample: Callable[[], None] = lambda: None,
+    every_line: bool = False,
+) -> None:
+    """Stream rank 0's step lines (`every_line`: all its lines, prefixed with the run) until
+    every rank ended (or one failed, or `timeout` s passed: TimeoutError), calling `sample`
+    on every poll; RuntimeError with the log tails of the ranks that failed."""
     deadline, shown = time.monotonic() + timeout, 0
     while True:
+        sample()
         text = logs[0].read_text(errors="replace")
         for line in text[shown:].splitlines(keepends=True):
             if not line.endswith("\n"):
                 break
             shown += len(line)
-            if line.startswith(("[switch]", "[gloo")):
+            if every_line:
+                print(f"[{mode:6}] {line}", end="", flush=True)
+            elif line.startswith(("[switch]", "[gloo")):
                 print(line, end="", flush=True)
         codes = [p.poll() for p in procs]
         if all(c is not None for c in codes) or any(c not in (None, 0) for c in codes):
@@ -119,18 +163,22 @@ def follow(mode: str, procs: list[subprocess.Popen], logs: list[Path], timeout: 
         raise RuntimeError(f"the {mode} run failed on rank(s) {bad}:\n{tails}")
 
 
-def run_all(net: Mininet, args: argparse.Namespace, state: RunState, creds: RunCredentials) -> str:
+def run_all(
+    net: Mininet, args: argparse.Namespace, state: RunState, creds: RunCredentials
+) -> tuple[str, dict[str, Traffic]]:
     """The switch run (then the switch's counters) and the gloo run and the peer runs, in
-    that order or (--peers-first) the other way round; returns the counters."""
+    that order or (--peers-first) the other way round; returns the counters and what each
+    run sent."""
     others = ([] if args.no_gloo else ["gloo"]) + args.peer_list
     ports = {mode: SWITCH_RENDEZVOUS_PORT + 1 + i for i, mode in enumerate(others)}
+    traffic: dict[str, Traffic] = {}
     if args.peers_first:
         for mode in others:
-            run_job(mode, net, args, state, ports[mode])
+            traffic[mode] = run_job(mode, net, args, state, ports[mode])
     # rank 0 creates the job
-    run_job("switch", net, args, state, SWITCH_RENDEZVOUS_PORT, creds)
+    traffic["switch"] = run_job("switch", net, args, state, SWITCH_RENDEZVOUS_PORT, creds)
     switch_counters = counters(state.names, creds)
     if not args.peers_first:
         for mode in others:
-            run_job(mode, net, args, state, ports[mode])
-    return switch_counters
+            traffic[mode] = run_job(mode, net, args, state, ports[mode])
+    return switch_counters, traffic

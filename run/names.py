@@ -80,6 +80,26 @@ class RunNames:
         return STATE_DIR / f"run{self.number}"
 
     @property
+    def credentials_dir(self) -> Path:
+        """The run's CA, controller key and operator credentials (run/credentials.py): removed
+        when the run ends or `make stop` stops it."""
+        return self.directory / "credentials"
+
+    @property
+    def hosts_file(self) -> Path:
+        """The /etc/hosts its hosts see (run/net.py): every name of the run by address."""
+        return self.directory / "hosts"
+
+    def hosts_lines(self, hosts: int) -> list[str]:
+        """/etc/hosts lines naming the run's worker hosts and controller host, so that a
+        reverse lookup of their addresses (c10d's, for its log lines) is answered locally
+        instead of by a DNS server the lab cannot reach; also as IPv4-mapped IPv6 addresses,
+        which c10d's dual-stack sockets report and the files lookup matches only verbatim."""
+        named = [(self.host_ip(i), self.host(i)) for i in range(hosts)]
+        named.append((self.controller_ip, self.controller_host))
+        return [f"{prefix}{ip}\t{name}" for prefix in ("", "::ffff:") for ip, name in named]
+
+    @property
     def state_file(self) -> Path:
         """What the run started, while it runs (run/state.py)."""
         return self.directory / "state.json"

@@ -128,11 +128,16 @@ def build(topo: Topology, target: str, log_dir: Path, names: RunNames) -> Minine
     return net
 
 
-def prepare_hosts(net: Mininet, python: str) -> None:
+def prepare_hosts(net: Mininet, python: str, names: RunNames) -> None:
     """IPv6 off and offloads off on every interface we made (a software switch must see the
-    frames a wire would carry: no oversized TSO segments, no partial checksums)."""
+    frames a wire would carry: no oversized TSO segments, no partial checksums), and the
+    run's names in each worker host's /etc/hosts (write_hosts_file)."""
+    hosts_file = write_hosts_file(names, sum(1 for h in net.hosts if h.inNamespace))
     for h in net.hosts:
         if h.inNamespace:
+            # Mininet gives each host a mount namespace of its own (mnexec -n), with private
+            # propagation: the bind mount is the host's alone and ends with it.
+            h.cmd(f"mount --bind {hosts_file} /etc/hosts")
             h.cmd(
                 "sysctl -qw net.ipv6.conf.all.disable_ipv6=1 net.ipv6.conf.default.disable_ipv6=1"
             )
@@ -140,3 +145,14 @@ def prepare_hosts(net: Mininet, python: str) -> None:
             h.cmd(f"{python} -c 'from homagg.lab.rawsock import disable_offloads; {call}'")
         else:
             disable_offloads(h.defaultIntf().name)
+
+
+def write_hosts_file(names: RunNames, hosts: int) -> Path:
+    """The machine's /etc/hosts plus the run's hosts by address, in the run's directory:
+    c10d looks up the name of every peer's address for its log lines, and without an entry
+    the lookup goes to a DNS server the hosts cannot reach, fails (EAI_AGAIN) and logs
+    "The hostname of the client socket cannot be retrieved" in every rank's log."""
+    base = Path("/etc/hosts").read_text() if Path("/etc/hosts").exists() else ""
+    lines = ["# make run " + str(names.number) + ": its hosts", *names.hosts_lines(hosts)]
+    names.hosts_file.write_text(base.rstrip("\n") + "\n" + "\n".join(lines) + "\n")
+    return names.hosts_file

@@ -17,6 +17,7 @@ from homagg.worker.codecs import AUTO_CODEC, CODEC_CHOICES, DEFAULT_CODEC
 from run.model import DEFAULT_LR, MODELS
 from run.names import DEFAULT_HOSTS
 from run.peers import PEERS
+from run.script import check_script
 
 if TYPE_CHECKING:
     from run.net import Topology
@@ -40,6 +41,7 @@ def parser(description: str = "", epilog: str = "") -> argparse.ArgumentParser:
     _switch_options(p.add_argument_group("switch run"))
     _training_options(p.add_argument_group("training (every run)"))
     _comparison_options(p.add_argument_group("comparison runs"))
+    _script_options(p.add_argument_group("your own script (run/script.py)"))
     p.add_argument_group("output").add_argument(
         "--out",
         type=Path,
@@ -162,6 +164,27 @@ def _comparison_options(g: argparse._ArgumentGroup) -> None:
     )
 
 
+def _script_options(g: argparse._ArgumentGroup) -> None:
+    g.add_argument(
+        "--script",
+        type=Path,
+        default=None,
+        metavar="PATH",
+        help="run this torchrun script (yours, with homagg's two lines) instead of make run's "
+        "model: through the switch, then over gloo with HOMAGG_ATTACH=0; the summary shows "
+        "wall time, bytes each host sent and the switch counters (its step times are its own "
+        "output); make run's model options are refused with it",
+    )
+    g.add_argument(
+        "--script-args",
+        default="",
+        metavar="ARGS",
+        help="the script's own arguments, one string split as a shell would (write "
+        '--script-args="--verbose" when it starts with a dash and has no space); each run '
+        "works in <out>/switch or <out>/gloo",
+    )
+
+
 def codec_options(pairs: list[str]) -> dict[str, Any]:
     """KEY=VALUE strings as codec options: numbers as int or float, true/false as bool,
     anything else as a string (gamma=0 -> {"gamma": 0})."""
@@ -198,11 +221,33 @@ def check_codec_rules(p: argparse.ArgumentParser, args: argparse.Namespace) -> N
         args.overlap = ASYNC  # auto measures the delay beside backward
 
 
+TARGET_NAMES = {
+    "bmv2": "BMv2's simple_switch_grpc",
+    "bmv2-opt": "BMv2's simple_switch_grpc, optimized build",
+    "ebpf": "the P4 program as an eBPF program in the kernel",
+    "refswitch": "the reference switch, embedded in Python",
+}
+
+
+def describe_target(requested: str, target: str) -> str:
+    """The switch a run uses, for its first line ("switch target T (what T is)"), and when
+    `--target auto` did not find BMv2, that its times are not comparable with the README's
+    BMv2 sample."""
+    what = TARGET_NAMES.get(target, target)
+    if requested == AUTO_TARGET and target not in ("bmv2", "bmv2-opt"):
+        what += (
+            "; chosen by --target auto: simple_switch_grpc is not installed, so times differ "
+            "from the README's BMv2 sample"
+        )
+    return f"switch target {target} ({what})"
+
+
 def settle(args: argparse.Namespace) -> tuple[str, Topology]:
     """Defaults that depend on other options (learning rate, switch target, topology) and
     the checks argparse cannot make; ValueError names the option at fault."""
     from run.net import Topology
 
+    check_script(args)  # before the defaults below: an option of make run's model is refused
     if args.lr is None:
         args.lr = DEFAULT_LR[args.model]
     args.peer_list = [x for x in args.peers.split(",") if x]

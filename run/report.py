@@ -1,6 +1,7 @@
 """The end of `make run` (print_report): the summary table, the switch counters, the
-parameter comparison against the fixed-point bound, and the PNG plot of loss and iteration
-time of the runs."""
+parameter comparison against the fixed-point bound, and the PNG plot of loss, iteration
+time and the switch's packet rate of the runs; for a --script (print_script_report) what
+the lab measures from outside."""
 
 from __future__ import annotations
 
@@ -17,6 +18,14 @@ from homagg.worker.codecs import is_exact
 
 if TYPE_CHECKING:
     from run.net import Topology
+    from run.script import Traffic
+
+
+SUMMARY_HEAD = (
+    "\nsummary: means over the ranks (the step lines above are rank 0's own), RETX and "
+    "FALLBACK BUCKETS summed over the ranks; wire = bytes each host sent per step, "
+    "everything included; dense = the model's float32 gradients"
+)
 
 
 def read_steps(path: Path) -> list[dict[str, Any]]:
@@ -136,23 +145,36 @@ def summary_table(runs: dict[str, list[dict[str, Any]]]) -> str:
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
 
 
+def packet_rate(step: dict[str, Any]) -> float:
+    """The switch's packets per second in a step: every rank's contributions and the results
+    it sent them (run/train.py's switch_packets) over the step's mean iteration time."""
+    return step.get("switch_packets", 0) / step["seconds"] if step["seconds"] > 0 else 0.0
+
+
 def plot(runs: dict[str, list[dict[str, Any]]], path: Path, title: str) -> None:
-    """Loss and iteration time per step of each run, side by side, as a PNG."""
-    import matplotlib
+    """Loss, iteration time and the switch's packet rate per step of each run, side by side,
+    as a PNG (the rate of the runs that went through the switch only)."""
+    from homagg.lab.plotting import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    plt = pyplot()
+    fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(16, 4))
     for name, steps in runs.items():
         x = [s["step"] + 1 for s in steps]
         ax1.plot(x, [s["loss"] for s in steps], label=name)
         ax2.plot(x, [s["seconds"] * 1e3 for s in steps], label=name)
+        if any(s.get("switch_packets") for s in steps):
+            ax3.plot(x, [packet_rate(s) for s in steps], label=name)
     ax1.set(xlabel="step", ylabel="training loss", title="loss")
     ax2.set(xlabel="step", ylabel="iteration time (ms)", title="iteration time", yscale="log")
-    for ax in (ax1, ax2):
+    ax3.set(
+        xlabel="step",
+        ylabel="packets/s (contributions + results)",
+        title="switch packet rate",
+    )
+    for ax in (ax1, ax2, ax3):
         ax.grid(alpha=0.3)
-        ax.legend()
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend()
     fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -168,10 +190,7 @@ def print_report(args: argparse.Namespace, topo: Topology, target: str, counters
         runs["DDP over gloo"] = read_steps(args.out / "gloo.jsonl")
     for peer in args.peer_list:
         runs[peer] = read_steps(args.out / f"{peer}.jsonl")
-    print(
-        "\nsummary (wire = bytes each host sent per step, everything included; "
-        "dense = the model's float32 gradients)"
-    )
+    print(SUMMARY_HEAD)
     print(summary_table(runs))
     overlap = overlap_summary(runs[switch_run], args.out)
     if overlap:
@@ -196,3 +215,69 @@ def _parameters_agree(args: argparse.Namespace, steps: list[dict[str, Any]], hos
     ok, text = verdict(diff, bound, len(steps))
     print(f"{head}, {text}")
     return ok
+
+
+SCRIPT_SUMMARY_HEAD = (
+    "\nsummary of your script (its step times and losses are its own output above; measured "
+    "from outside: WALL s = torchrun's start to the last rank's exit, set-up included; "
+    "WIRE = bytes each host sent, mean over the hosts, everything included)"
+)
+
+
+def script_summary_table(runs: dict[str, Traffic]) -> str:
+    """One line per run of a --script: wall time, bytes a host sent in all and per second."""
+    head = ("RUN", "WALL s", "WIRE MB/HOST", "WIRE MB/s/HOST")
+    rows = [head] + [
+        (
+            name,
+            f"{t.seconds:.1f}",
+            f"{t.bytes_per_host() / 1e6:.2f}",
+            f"{t.bytes_per_host() / t.seconds / 1e6:.3f}" if t.seconds > 0 else "-",
+        )
+        for name, t in runs.items()
+    ]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
+
+
+def plot_traffic(runs: dict[str, Traffic], path: Path, title: str) -> None:
+    """A --script's runs as a PNG: the bytes a host sent per second over each run's wall
+    time, and the wall times side by side."""
+    from homagg.lab.plotting import pyplot
+
+    plt = pyplot()
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    for name, traffic in runs.items():
+        xs, ys = traffic.rate()
+        ax1.plot(xs, [y / 1e6 for y in ys], label=name)
+    ax1.set(xlabel="seconds since torchrun started", ylabel="MB/s a host sent (mean)")
+    ax1.set(title="bytes on the wire")
+    ax1.grid(alpha=0.3)
+    if ax1.get_legend_handles_labels()[0]:
+        ax1.legend()
+    ax2.bar(list(runs), [t.seconds for t in runs.values()])
+    ax2.set(ylabel="seconds", title="wall time (set-up included)")
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def print_script_report(
+    args: argparse.Namespace,
+    topo: Topology,
+    target: str,
+    counters: str,
+    traffic: dict[str, Traffic],
+) -> int:
+    """The summary of a --script's runs (what the lab measures from outside), the switch
+    counters and the plot; 0 (the script's own results are its own: not compared)."""
+    names = {"switch": f"switch ({args.codec}, {target})", "gloo": "DDP over gloo"}
+    runs = {names.get(mode, mode): t for mode, t in traffic.items()}
+    print(SCRIPT_SUMMARY_HEAD)
+    print(script_summary_table(runs))
+    print("\nswitch counters (aggctl counters)\n" + counters.strip())
+    path = args.out / "make-run.png"
+    plot_traffic(runs, path, f"{args.script.name}: {topo.hosts} hosts, {target}")
+    print(f"plot: {path}\nyour script's files: {args.out}/switch, {args.out}/gloo")
+    return 0

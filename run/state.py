@@ -4,8 +4,10 @@ process name. A run claims its number by creating that file exclusively."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
 import signal
 import time
 from pathlib import Path
@@ -66,16 +68,24 @@ class RunState:
 
     @staticmethod
     def claim() -> RunState:
-        """The lowest free run number (no state file, no leftover interface), claimed."""
+        """The lowest run number never used, or whose directory is gone or empty (no output
+        of an earlier run: a number is never reused while its plot is there), with no
+        leftover interface, claimed."""
         for number in range(1, MAX_RUNS + 1):
             names = RunNames(number)
-            if names.state_file.exists() or our_links(names):
+            if _holds_anything(names.directory) or our_links(names):
                 continue
             try:
                 return RunState(names)
-            except FileExistsError:
-                continue  # another run claimed it between the check and the create
-        raise RuntimeError(f"all {MAX_RUNS} run numbers are taken; `make stop` frees them")
+            except (FileExistsError, FileNotFoundError):
+                # another run claimed it between the check and the create, or an ending run
+                # removed its empty directory meanwhile: try the next number
+                continue
+        raise RuntimeError(
+            f"all {MAX_RUNS} run numbers are taken by live runs or earlier runs' output in "
+            f"{STATE_DIR}: `make stop` stops interrupted runs; remove the run<K> directories "
+            "whose output you no longer need"
+        )
 
     def add(self, key: str, value: int | str) -> None:
         """Remember one process group or namespace and write the file."""
@@ -83,8 +93,44 @@ class RunState:
         self.path.write_text(json.dumps(self.data))
 
     def clear(self) -> None:
-        """The run ended cleanly: nothing to remember, its number is free again."""
+        """The run ended: nothing to remember, its credentials removed (the controller that
+        trusted them is gone), and its directory too when no output is in it."""
         self.path.unlink(missing_ok=True)
+        remove_credentials(self.names)
+
+
+def _holds_anything(directory: Path) -> bool:
+    try:
+        return any(directory.iterdir())
+    except FileNotFoundError:
+        return False
+
+
+def remove_credentials(names: RunNames) -> list[str]:
+    """Delete run `names`' credentials and its hosts file, and its directory when that
+    leaves it empty; what was removed."""
+    removed = []
+    if names.credentials_dir.exists():
+        shutil.rmtree(names.credentials_dir)
+        removed.append(str(names.credentials_dir))
+    names.hosts_file.unlink(missing_ok=True)
+    if names.directory.exists() and not _holds_anything(names.directory):
+        with contextlib.suppress(OSError):  # a new run may be claiming the number right now
+            names.directory.rmdir()
+    return removed
+
+
+def stopped_runs_with_credentials() -> list[RunNames]:
+    """Runs without a state file (ended, or stopped) whose credentials are still on disk
+    (left by an earlier version that kept them)."""
+    found = []
+    for d in sorted(STATE_DIR.glob("run*")):
+        number = d.name[3:]
+        if number.isdigit() and 1 <= int(number) <= MAX_RUNS:
+            names = RunNames(int(number))
+            if names.credentials_dir.exists() and not names.state_file.exists():
+                found.append(names)
+    return found
 
 
 def kill_group(pgid: int) -> bool:
@@ -127,7 +173,8 @@ def _end_owner(owners: list[int], wait: float) -> None:
 
 def cleanup(names: RunNames, stop_live: bool = False, wait: float = 60.0) -> list[str]:
     """Remove what run `names` left: processes in its host namespaces, its process groups,
-    its interfaces. A live run is refused, or asked to stop first with `stop_live`."""
+    its credentials, its interfaces. A live run is refused, or asked to stop first with
+    `stop_live`."""
     removed: list[str] = []
     path = names.state_file
     if path.exists():
@@ -149,6 +196,7 @@ def cleanup(names: RunNames, stop_live: bool = False, wait: float = 60.0) -> lis
             if kill_group(pgid):
                 removed.append(f"process group {pgid}")
         path.unlink(missing_ok=True)
+    removed += remove_credentials(names)
     for name in our_links(names):
         delete_link(name)
         removed.append(name)

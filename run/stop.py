@@ -1,8 +1,9 @@
 """`make stop [RUN=N ...]`: stop `make run` number N (each run prints its number) and
 remove what it made: processes in its host namespaces, the process groups it started, its
-hg<N>s-/hg<N>c- interfaces (see run/state.py). A live run is asked to stop (SIGTERM) and
-cleans up itself first. Without a number: every run this user started, listed, and what
-an interrupted demo fabric left (homagg.lab.cleanup). By PIDs and names we own only.
+credentials, its hg<N>s-/hg<N>c- interfaces (see run/state.py). A live run is asked to stop
+(SIGTERM) and cleans up itself first. Without a number: every run this user started,
+listed, the credentials an ended run left, and what an interrupted demo fabric left
+(homagg.lab.cleanup). By PIDs and names we own only.
 
 Example: python -m run.stop 2
 """
@@ -16,7 +17,7 @@ import sys
 from homagg.lab.cleanup import cleanup as cleanup_fabrics
 from homagg.lab.namespace import have_privileges
 from run.names import MAX_RUNS, RunNames
-from run.state import cleanup, recorded_runs
+from run.state import cleanup, recorded_runs, remove_credentials, stopped_runs_with_credentials
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -60,6 +61,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"make stop: {exc}", file=sys.stderr)
             status = 1
     if everything:
+        for names in stopped_runs_with_credentials():
+            removed += remove_credentials(names)
         removed += cleanup_fabrics()
     print("removed: " + (", ".join(removed) if removed else "nothing"))
     return status

@@ -110,7 +110,8 @@ def train(a: argparse.Namespace) -> None:
         snaps: list[dict[str, Any]] = []
         for step in range(a.steps):
             rows.append(_timed_step(a, task, model, opt, state, grad_max, step))
-            if rank == 0:  # what rank 0 sees now; the agreed records are written at the end
+            if rank == 0:  # rank 0's own numbers now (so labelled); the means over the ranks
+                # are agreed and written at the end
                 snaps.append(_snapshot(model, state))
                 local = _record(step, torch.tensor(rows[-1]), 1, dense, rows[-1][3], snaps[-1])
                 print(_progress(a.mode, a.steps, local), flush=True)
@@ -226,6 +227,9 @@ def _record(
         "encode_seconds": float(t[10]) / world_size,
         "wait_seconds": float(t[11]) / world_size,
         "decode_seconds": float(t[12]) / world_size,
+        # what the switch handled this step: every rank's contributions (resends included)
+        # and the results it sent each rank
+        "switch_packets": int(t[13] + t[14]),
         "grad_max": grad_max,
         **snap,
     }
@@ -259,9 +263,10 @@ def _snapshot(model: Any, state: SwitchHookState | None) -> dict[str, Any]:
 
 
 def _stats(state: SwitchHookState | None) -> tuple[float, ...]:
-    """The hook's counters so far, and the transport's time split of its switch time."""
+    """The hook's counters so far, the transport's time split of its switch time, and the
+    packets it sent to the switch and the results it received."""
     if state is None:
-        return (0,) * 4 + (0.0,) * 5
+        return (0,) * 4 + (0.0,) * 5 + (0, 0)
     s = state.stats
     agent = state.agent
     t = agent.transport.stats if agent is not None and agent.transport is not None else None
@@ -275,6 +280,8 @@ def _stats(state: SwitchHookState | None) -> tuple[float, ...]:
         t.encode_seconds if t else 0.0,
         t.exchange_seconds if t else 0.0,
         t.decode_seconds if t else 0.0,
+        t.packets_sent if t else 0,
+        t.results if t else 0,
     )
 
 
@@ -286,7 +293,7 @@ def _progress(mode: str, steps: int, r: dict[str, Any]) -> str:
         else ""
     )
     return (
-        f"[{mode:6}] step {r['step'] + 1:4}/{steps}  loss {r['loss']:.4f}"
+        f"[{mode:6}] step {r['step'] + 1:4}/{steps}  rank 0: loss {r['loss']:.4f}"
         f"  {r['seconds'] * 1e3:7.1f} ms"
         f"  wire {r['tx_bytes'] / 1e3:8.1f} kB/rank = {ratio:5.2f}x dense{extra}"
     )

@@ -71,7 +71,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "  aggctl job release 3",
     ),
     "pools": (
-        "each switch's slots: every job's pool and the free ranges",
+        "each switch's slots: every job's pool and the free ranges, then each port's buffer "
+        "(slots in flight of the jobs with a rank there, against the switch's port_buffer) "
+        "and its headroom",
         "Example:\n  aggctl pools --switch s1",
     ),
     "counters": (
@@ -326,7 +328,7 @@ def _query(args: argparse.Namespace) -> int:
             _print(args, resp, render_jobs(resp.jobs, args.ranks))
         elif args.command == "pools":
             resp = client.list_pools(args.switch)
-            _print(args, resp, render_pools(resp.ranges))
+            _print(args, resp, render_pools(resp.ranges, resp.ports))
         elif args.command == "counters":
             resp = client.counters(args.switch, args.job)
             _print(args, resp, render_counters(resp.switches, args.zero))

@@ -29,6 +29,7 @@ from homagg.wire.constants import (
     NUM_SLOTS,
 )
 
+MAX_PORT_BUFFER = 1 << 20  # slots in flight per port: far beyond any target's buffer
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,31}$")
 
 
@@ -60,6 +61,10 @@ class SwitchConfig:
     # The largest pool a job gets here: chunks in flight per rank, which reach its port back
     # to back. BMv2 buffers about 1,300 frames per port (docs/bmv2.md): 1024 there.
     max_pool_size: int = NUM_SLOTS
+    # Slots in flight one switch port buffers, shared by every job with a rank on the port
+    # (homagg/control/port_buffer.py): the frames the target buffers per port less room for
+    # resends and ARP (BMv2: 1024 of its ~1,300). Default: the switch's max_pool_size.
+    port_buffer: int = NUM_SLOTS
 
     @property
     def lane_ops(self) -> bool:
@@ -258,7 +263,8 @@ def _switch(data: Any, where: str, base_dir: Path) -> SwitchConfig:
         p4info=p4info,
         device_config=_program_file(r, "device_config", base_dir, where),
         cells_per_packet=_cells_per_packet(r, p4info is not None, where),
-        max_pool_size=r.integer("max_pool_size", NUM_SLOTS, 1, NUM_SLOTS),
+        max_pool_size=(most := r.integer("max_pool_size", NUM_SLOTS, 1, NUM_SLOTS)),
+        port_buffer=r.integer("port_buffer", most, 1, MAX_PORT_BUFFER),
     )
     r.finish()
     if (sw.p4info is None) != (sw.device_config is None):

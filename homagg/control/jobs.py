@@ -31,7 +31,7 @@ from homagg.control.artifacts import BMV2_JSON_PATH, P4INFO_PATH
 from homagg.control.config import ControllerConfig
 from homagg.control.job_record import GaveUp, Job, JobState, JobWorker
 from homagg.control.leases import expired, reap_interval
-from homagg.control.placement import attached_port, check_endpoint_free, place, switch_for, unplace
+from homagg.control.placement import admit, attached_port, place, unplace
 from homagg.control.restore import restore_jobs, unknown_jobs_refusal
 from homagg.control.store import Store
 from homagg.control.switch_writes import SwitchWrites
@@ -234,9 +234,7 @@ class JobManager:
                     f"rank {rank} of job {job_id} already joined from {old.ip}:{old.udp_port} "
                     f"({old.mac}, switch port {old.switch_port})"
                 )
-            sw = switch_for(self.switches, job, new)
-            check_endpoint_free(self.jobs.values(), job, new, sw.name)
-            self._add_rank(job, new, sw)
+            self._add_rank(job, new)
             log.info(
                 "job %d: rank %d joined from %s:%d (port %d), %d of %d",
                 job_id,
@@ -256,18 +254,16 @@ class JobManager:
             log.warning("job %d: %s", job_id, exc)
         return job
 
-    def _add_rank(self, job: Job, worker: JobWorker, sw: ManagedSwitch) -> None:
-        """Record a joined rank (placing the job on `sw` with its first rank), persisted first."""
-        placed = job.switch is None
-        if placed:
-            place(self.jobs.values(), job, sw)
+    def _add_rank(self, job: Job, worker: JobWorker) -> None:
+        """Record a joined rank (its endpoint free, the job placed on its switch with its first
+        rank, within its port's buffer: placement.admit), persisted first."""
+        undo = admit(self.switches, list(self.jobs.values()), job, worker)
         job.workers[worker.rank] = worker
         try:
             self.store.save_job(job)
         except BaseException:
             del job.workers[worker.rank]
-            if placed:
-                unplace(self.switches, job)
+            undo()
             raise
         self._renew(job, worker)
 

@@ -5,11 +5,12 @@ switch can tell apart. Pure functions over the manager's jobs and switches (its 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from homagg.api.errors import AlreadyExists, FailedPrecondition, InvalidArgument, ResourceExhausted
 from homagg.control.job_record import Job, JobWorker
 from homagg.control.pools import PoolExhausted
+from homagg.control.port_buffer import port_headroom
 from homagg.control.switches import ManagedSwitch
 from homagg.p4rt.bytestrings import mac_to_int
 
@@ -110,6 +111,74 @@ def place(jobs: Iterable[Job], job: Job, sw: ManagedSwitch) -> None:
             size,
         )
     job.pool_size, job.switch = size, sw.name
+
+
+def fit_port(jobs: Iterable[Job], job: Job, worker: JobWorker, sw: ManagedSwitch) -> int | None:
+    """Make room for the rank's pool in its port's buffer (`port_buffer`), which every job with
+    a rank on that port shares. The job's first rank may shrink the pool to the headroom (no
+    rank holds an assignment yet: the pool is granted, as `max_pool_size` caps it); a later
+    rank's pool is fixed, and ResourceExhausted names the port and its headroom. Returns the
+    size before a shrink (for `unfit_port`), or None."""
+    room = port_headroom(jobs, sw.name, worker.switch_port, sw.config.port_buffer)
+    if room >= job.pool_size:
+        return None
+    if job.workers or room < 1:
+        raise ResourceExhausted(
+            f"switch {sw.name} port {worker.switch_port} (rank {worker.rank}'s) has room for "
+            f"{room} more slots in flight of its port_buffer {sw.config.port_buffer}, "
+            f"shared by the jobs with ranks there; job {job.job_id}'s pool is {job.pool_size}: "
+            "wait for a job on that port to end, or create the job with a smaller pool_size"
+        )
+    assert job.pool_base is not None
+    old = job.pool_size
+    sw.pools.release(job.pool_base)
+    sw.pools.reserve(job.pool_base, room)  # the head of its own range: always free
+    job.pool_size = room
+    log.info(
+        "job %d: pool %d shrunk to %d, the headroom of switch %s port %d (port_buffer %d)",
+        job.job_id,
+        old,
+        room,
+        sw.name,
+        worker.switch_port,
+        sw.config.port_buffer,
+    )
+    return old
+
+
+def unfit_port(job: Job, sw: ManagedSwitch, old: int | None) -> None:
+    """Undo `fit_port`'s shrink (the join failed after it)."""
+    if old is None or job.pool_base is None:
+        return
+    sw.pools.release(job.pool_base)
+    sw.pools.reserve(job.pool_base, old)
+    job.pool_size = old
+
+
+def admit(
+    switches: Mapping[str, ManagedSwitch], jobs: Iterable[Job], job: Job, worker: JobWorker
+) -> Callable[[], None]:
+    """Make room for a joining rank on its switch: its endpoint free there, the job's pool
+    placed with its first rank (when its switch was not known at creation) and within the
+    rank's port buffer (`fit_port`). Returns what undoes it, for a join that fails after."""
+    sw = switch_for(switches, job, worker)
+    check_endpoint_free(jobs, job, worker, sw.name)
+    placed = job.switch is None
+    if placed:
+        place(jobs, job, sw)
+    try:
+        shrunk = fit_port(jobs, job, worker, sw)
+    except BaseException:
+        if placed:
+            unplace(switches, job)
+        raise
+
+    def undo() -> None:
+        unfit_port(job, sw, shrunk)
+        if placed:
+            unplace(switches, job)
+
+    return undo
 
 
 def unplace(switches: Mapping[str, ManagedSwitch], job: Job) -> None:

@@ -34,7 +34,7 @@ from homagg.control.jobs import JobManager
 from homagg.control.metrics import ControllerMetrics
 from homagg.control.quotas import Quotas
 from homagg.control.store import Store
-from homagg.control.views import controller_status, job_counters, pool_ranges
+from homagg.control.views import controller_status, job_counters, pool_ranges, port_buffer_views
 from homagg.control.waiting import WaitLimiter, client_host
 
 log = logging.getLogger(__name__)
@@ -332,7 +332,18 @@ class ControllerService(jobs_pb2_grpc.ControllerServicer):
                     switch=r.switch, base=r.base, size=r.size, job_id=r.job_id, job_name=r.job_name
                 )
                 for r in pool_ranges(self.m, request.switch)
-            ]
+            ],
+            ports=[
+                pb.PortBuffer(
+                    switch=b.switch,
+                    port=b.port,
+                    buffer=b.buffer,
+                    used=b.used,
+                    headroom=b.headroom,
+                    jobs=b.jobs,
+                )
+                for b in port_buffer_views(self.m, request.switch)
+            ],
         )
 
     @_operator_rpc

@@ -131,8 +131,8 @@ def _render_ranks(jobs: Sequence[Any]) -> str:
     return table(headers, rank_rows) if rank_rows else "no ranks joined"
 
 
-def render_pools(ranges: Sequence[Any]) -> str:
-    """`aggctl pools`."""
+def render_pools(ranges: Sequence[Any], ports: Sequence[Any] = ()) -> str:
+    """`aggctl pools`: the slot ranges, then the buffer of each port a running job uses."""
     rows = [
         (
             r.switch,
@@ -142,7 +142,12 @@ def render_pools(ranges: Sequence[Any]) -> str:
         )
         for r in ranges
     ]
-    return table(("SWITCH", "SLOTS", "SIZE", "OWNER"), rows)
+    text = table(("SWITCH", "SLOTS", "SIZE", "OWNER"), rows)
+    if not ports:
+        return text
+    buffers = [(p.switch, p.port, p.jobs, p.used, p.buffer, p.headroom) for p in ports]
+    head = ("SWITCH", "PORT", "JOBS", "IN FLIGHT", "PORT BUFFER", "HEADROOM")
+    return f"{text}\n\n{table(head, buffers)}"
 
 
 def render_counters(switches: Sequence[Any], show_zero: bool) -> str:

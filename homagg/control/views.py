@@ -1,5 +1,6 @@
-"""What operators read: the state of each switch, the pools (allocated and free ranges) and
-the counters, taken from a JobManager under its lock (never held while a switch is read)."""
+"""What operators read: the state of each switch, the pools (allocated and free ranges), the
+ports' buffers and the counters, taken from a JobManager under its lock (never held while a
+switch is read)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from dataclasses import dataclass
 from homagg.api.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
 from homagg.control.counters import SwitchCounters, read_counters
 from homagg.control.jobs import JobManager
+from homagg.control.port_buffer import PortBuffer, port_buffers
 from homagg.control.switch_connection import SwitchConnection, SwitchError
 
 
@@ -98,6 +100,16 @@ def pool_ranges(m: JobManager, switch: str = "") -> list[PoolRange]:
             ]
             ranges += [PoolRange(name, base, size) for base, size in pools.free_ranges()]
             out += sorted(ranges, key=lambda r: r.base)
+        return out
+
+
+def port_buffer_views(m: JobManager, switch: str = "") -> list[PortBuffer]:
+    """The slots in flight and headroom of every port of one or every switch with a rank of a
+    running job on it."""
+    with m.lock:
+        out = []
+        for name in _switch_names(m, switch):
+            out += port_buffers(m.jobs.values(), name, m.switches[name].config.port_buffer)
         return out
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import logging
 import selectors
 import socket
@@ -13,6 +14,9 @@ from homagg.wire.constants import MAX_SWITCH_PORT
 log = logging.getLogger(__name__)
 SOL_PACKET = 263  # linux/socket.h
 PACKET_STATISTICS = 6  # linux/if_packet.h: struct tpacket_stats {tp_packets, tp_drops}
+# What a raw socket's read reports when its interface went down or away (a veth whose peer
+# namespace ended, as at every Mininet or fabric shutdown): the port ends, the switch goes on.
+LINK_GONE = frozenset({errno.ENETDOWN, errno.ENODEV, errno.ENXIO})
 
 
 def socket_drops(sock: socket.socket) -> int:
@@ -57,8 +61,23 @@ class PortSet:
         """Frames received within timeout, as (port, frame), in arrival order per port."""
         out: list[tuple[int, bytes]] = []
         for key, _ in self._selector.select(timeout):
-            out.extend((key.data, frame) for frame in recv_frames(self._socks[key.data]))
+            try:
+                frames = recv_frames(self._socks[key.data])
+            except OSError as exc:
+                if exc.errno not in LINK_GONE:
+                    raise
+                self._close_port(key.data, exc)
+                continue
+            out.extend((key.data, frame) for frame in frames)
         return out
+
+    def _close_port(self, port: int, exc: OSError) -> None:
+        """A port whose link went away ends quietly: later frames to it are dropped as to a
+        port without an interface (any other socket error still ends the switch)."""
+        log.info("port %d (%s): link gone (%s); port closed", port, self.ports[port], exc.strerror)
+        sock = self._socks.pop(port)
+        self._selector.unregister(sock)
+        sock.close()
 
     def update_kernel_drops(self) -> dict[int, int]:
         """Add the kernel's new drops of every port to kernel_drops; returns the new ones."""

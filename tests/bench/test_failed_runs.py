@@ -49,7 +49,8 @@ def test_run_once_raises_run_failed_with_the_reason(tmp_path, monkeypatch, code,
         out,
         code,
         files,
-        "make run: run 1, 4 hosts, switch bmv2, model mlp\nmake run failed: job timed out\n",
+        "make run: run 1 on switch target bmv2 (BMv2), 4 hosts, model mlp\n"
+        "make run failed: job timed out\n",
     )
     monkeypatch.setattr(subprocess, "Popen", fake)
     with pytest.raises(RunFailed, match=why) as got:
@@ -62,6 +63,13 @@ def test_run_once_takes_status_1_with_every_record_as_a_timed_run(tmp_path, monk
     monkeypatch.setattr(subprocess, "Popen", FakeRun(out, 1, ["switch.jsonl", "gloo.jsonl"]))
     got, target = run_once(_spec(), out)
     assert set(got) == {"switch, lossless", "DDP over gloo"} and target == "refswitch"
+
+
+def test_run_once_reads_the_target_that_ran_from_the_first_line(tmp_path, monkeypatch):
+    out = tmp_path / "out"
+    line = "make run: run 2 on switch target ebpf (the P4 program as an eBPF program), 4 hosts\n"
+    monkeypatch.setattr(subprocess, "Popen", FakeRun(out, 0, ["switch.jsonl", "gloo.jsonl"], line))
+    assert run_once(_spec(), out)[1] == "ebpf"
 
 
 def test_an_interrupted_run_stops_the_benchmark(tmp_path, monkeypatch):

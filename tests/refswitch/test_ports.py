@@ -5,9 +5,12 @@ switch is accounted for: read by the pipeline, or counted as a kernel drop."""
 from __future__ import annotations
 
 import contextlib
+import errno
+import logging
 import os
 import re
 import socket
+import time
 
 import pytest
 
@@ -23,11 +26,12 @@ from homagg.lab.namespace import (
     delete_namespace,
     have_privileges,
     in_namespace,
+    ip,
     sysctl,
 )
 from homagg.lab.rawsock import open_raw, recv_frames
 from homagg.lab.switch_process import free_port
-from homagg.refswitch.ports import parse_port_spec, socket_drops
+from homagg.refswitch.ports import PortSet, parse_port_spec, socket_drops
 from homagg.refswitch.switch import KERNEL_DROPS_REASON, ReferenceSwitch
 
 pytestmark = pytest.mark.skipif(
@@ -105,3 +109,37 @@ def test_port_set_counts_kernel_drops_per_port_and_in_the_drop_counter(link):
     finally:
         conn.close()
         switch.close()
+
+
+def test_a_port_whose_link_goes_down_ends_quietly_and_a_real_error_still_shows(
+    link, monkeypatch, caplog
+):
+    """At a normal shutdown a port's link goes away (ENETDOWN on its socket): that port closes
+    with one log line, the others go on; any other socket error is raised."""
+    outside, _, _ = link
+    ports = PortSet({3: outside})
+    try:
+        ip("link", "set", outside, "down")
+        with caplog.at_level(logging.INFO, logger="homagg.refswitch.ports"):
+            deadline = time.monotonic() + 5
+            while 3 in ports._socks and time.monotonic() < deadline:
+                assert ports.poll(0.2) == []
+        assert 3 not in ports._socks and "port 3 (" in caplog.text and "link gone" in caplog.text
+        ports.send(3, FRAME)  # dropped as to a port without an interface
+        assert ports.tx_errors == 0
+    finally:
+        ports.close()
+    ip("link", "set", outside, "up")
+    ports = PortSet({3: outside})
+
+    def broken(sock: socket.socket) -> list[bytes]:
+        raise OSError(errno.EIO, "I/O error")
+
+    try:
+        monkeypatch.setattr("homagg.refswitch.ports.recv_frames", broken)
+        key = ports._selector.get_key(ports._socks[3])
+        monkeypatch.setattr(ports._selector, "select", lambda timeout: [(key, 1)])
+        with pytest.raises(OSError, match="I/O error"):
+            ports.poll(0.2)
+    finally:
+        ports.close()

@@ -101,7 +101,14 @@ def test_shortened_make_run_trains_exactly_and_cleans_up(tmp_path):
     names = RunNames(int(re.search(r"make run: run (\d+)", stdout).group(1)))
     assert our_links(names) == []
     assert not names.state_file.exists()
+    assert not names.credentials_dir.exists()  # the run's secrets go with it
     assert _cmdlines_mentioning(str(out)) == []
+    assert "on switch target refswitch (the reference switch" in stdout.splitlines()[0]
+    # the hosts resolve each other's addresses (c10d logs a warning per failed lookup), and
+    # a normal shutdown ends the switch's log without a traceback
+    for log in out.glob("*-rank*.log"):
+        assert "hostname of the client socket" not in log.read_text(), log
+    assert "Traceback" not in (out / "switch.log").read_text()
 
 
 @pytest.mark.timeout(200)
@@ -132,3 +139,22 @@ def test_dense_model_trains_exactly_through_the_switch(tmp_path):
     for s in steps:
         split = s["encode_seconds"] + s["wait_seconds"] + s["decode_seconds"]
         assert s["wait_seconds"] > 0 and split <= s["switch_seconds"] + 1e-6, s
+
+
+@pytest.mark.timeout(200)
+def test_your_own_script_runs_through_the_switch(tmp_path):
+    """`make run SCRIPT=examples/train_ddp.py`: the example, unchanged, attaches in the lab
+    and every bucket goes through the switch (the gloo run is the same script with
+    HOMAGG_ATTACH=0: its set-up is unit-tested, tests/run/test_script.py)."""
+    out = tmp_path / "out"
+    example = ROOT / "examples" / "train_ddp.py"
+    script = ["--script", str(example), "--script-args", "--steps 6 --save model.pt"]
+    stdout = python_m_run(
+        ["--hosts", "2", "--target", "refswitch", "--no-gloo", "--out", str(out), *script], 170
+    )
+    assert f"script {example} --steps 6" in stdout.splitlines()[0]
+    assert "[switch] step 5 loss" in stdout and "WALL s" in stdout, stdout[-2000:]
+    assert re.search(r"CONTRIBUTION\s+\d+", stdout), stdout[-2000:]
+    stats = json.loads((out / "switch" / "model.pt.json").read_text())
+    assert stats["switch_buckets"] > 0 and stats["fallbacks"] == 0, stats
+    assert (out / "make-run.png").stat().st_size > 10_000

@@ -16,8 +16,16 @@ import torch
 
 from homagg.lab.addresses import CONTROLLER_INDEX, MAX_HOSTS_WITH_CONTROLLER, host_switch_port
 from run import report
+from run.credentials import make_run_credentials
 from run.names import MAX_RUNS, RunNames
-from run.state import RunState, alive, cleanup, recorded_runs
+from run.state import (
+    RunState,
+    alive,
+    cleanup,
+    recorded_runs,
+    remove_credentials,
+    stopped_runs_with_credentials,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -115,9 +123,41 @@ def test_runs_claim_distinct_numbers_and_skip_an_interrupted_one(state_dir):
     with pytest.raises(FileExistsError):
         RunState(RunNames(2))  # a number is owned by one run only
     first.clear()
-    assert RunState.claim().names.number == 1  # freed by a clean end
+    assert not first.names.directory.exists()  # nothing in it: removed
+    assert RunState.claim().names.number == 1  # freed by a clean end that left no output
     assert [r.number for r in recorded_runs(os.geteuid())] == [1, 2]
     assert recorded_runs(os.geteuid() + 1) == []
+
+
+def test_a_number_whose_output_is_there_is_never_reused(state_dir):
+    run = RunState.claim()
+    (run.names.directory / "out").mkdir()
+    (run.names.directory / "out" / "make-run.png").write_bytes(b"plot")
+    run.clear()
+    assert RunState.claim().names.number == 2  # run 1's plot stays run 1's
+
+
+def test_a_run_removes_its_credentials_when_it_ends_and_make_stop_those_of_stopped_runs(
+    state_dir,
+):
+    run = RunState.claim()
+    make_run_credentials(run.names.credentials_dir, run.names.controller_ip)
+    (run.names.directory / "out").mkdir()
+    run.clear()
+    assert not run.names.credentials_dir.exists() and (run.names.directory / "out").exists()
+    # interrupted: its owner died, its credentials are there; make stop removes them
+    dead = RunState(RunNames(7))
+    make_run_credentials(dead.names.credentials_dir, dead.names.controller_ip)
+    data = json.loads(dead.path.read_text())
+    data["owner"] = [2**22 + 1]
+    dead.path.write_text(json.dumps(data))
+    assert str(dead.names.credentials_dir) in cleanup(dead.names)
+    assert not dead.names.directory.exists()
+    # left by an earlier version without a state file: make stop (every run) finds them
+    old = RunNames(9)
+    make_run_credentials(old.credentials_dir, old.controller_ip)
+    assert stopped_runs_with_credentials() == [old]
+    assert remove_credentials(old) == [str(old.credentials_dir)] and not old.directory.exists()
 
 
 def test_stop_refuses_while_the_run_lives_and_forgets_a_dead_one(state_dir):
@@ -257,7 +297,8 @@ def test_peers_first_runs_gloo_and_the_peers_before_the_switch(monkeypatch):
             ["--model", "mlp", "--peers", "gloo-fp16"] + (["--peers-first"] if first else [])
         )
         options.settle(args)
-        assert jobs.run_all(1, args, state, 1) == "counters"
+        counted, traffic = jobs.run_all(1, args, state, 1)
+        assert counted == "counters" and list(traffic) == expected
         assert [m for m, _ in order] == expected
         assert len({p for _, p in order}) == 3  # every job its own rendezvous port
 
@@ -318,3 +359,23 @@ def test_the_runs_controller_serves_its_metrics_on_loopback(tmp_path):
     config = parse_config(tomllib.loads(text), tmp_path)
     assert config.metrics_listen == "127.0.0.1:9703" and not config.metrics_non_loopback
     assert metrics_url(names) == "http://127.0.0.1:9703/metrics"
+
+
+def test_the_first_line_says_which_target_runs_and_when_auto_missed_bmv2():
+    from run.options import describe_target
+
+    assert describe_target("auto", "bmv2") == "switch target bmv2 (BMv2's simple_switch_grpc)"
+    missed = describe_target("auto", "refswitch")
+    assert missed.startswith("switch target refswitch (the reference switch")
+    assert "simple_switch_grpc is not installed" in missed
+    assert "README" in describe_target("auto", "ebpf")
+    assert "README" not in describe_target("refswitch", "refswitch")
+
+
+def test_the_summary_says_whose_numbers_and_the_plot_has_the_switch_packet_rate(tmp_path):
+    switch = [dict(s, switch_packets=400) for s in _steps(4)]  # 0.1 s a step
+    assert report.packet_rate(switch[0]) == pytest.approx(4000.0)
+    assert report.packet_rate(_steps(1)[0]) == 0.0  # gloo: nothing through the switch
+    assert "means over the ranks" in report.SUMMARY_HEAD and "rank 0's" in report.SUMMARY_HEAD
+    report.plot({"switch": switch, "gloo": _steps(4)}, tmp_path / "p.png", "t")
+    assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import socket
 import sys
+from pathlib import Path
 
 import pytest
 from test_make_run import _mininet_reason
@@ -53,8 +54,13 @@ def test_no_host_reaches_a_server_in_the_switchs_namespace(tmp_path):
     try:
         net = build(Topology(hosts=2), "refswitch", tmp_path, state.names)
         net.start()
-        prepare_hosts(net, sys.executable)
+        prepare_hosts(net, sys.executable, state.names)
         names, sw = state.names, net.switches[0]
+        # each host resolves the run's addresses locally (c10d's reverse lookups), in its
+        # own mount namespace: the machine's /etc/hosts is untouched
+        h0_shell = next(h for h in net.hosts if h.inNamespace)
+        assert names.host(1) in h0_shell.cmd(f"getent hosts {names.host_ip(1)}")
+        assert names.host(1) not in Path("/etc/hosts").read_text()
         assert sw.process.address.startswith("unix:/")
         _install_forwarding(net, 2, names)
         switch_ns = f"/proc/{sw.process.proc.pid}/ns/net"

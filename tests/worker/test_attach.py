@@ -16,6 +16,7 @@ from test_agent_assignment import GOOD
 
 from homagg.api.client import release_job
 from homagg.environment import (
+    ATTACH_ENV,
     CA_FILE_ENV,
     CODEC_ENV,
     CONTROLLER_ENV,
@@ -65,6 +66,7 @@ def clean_env(monkeypatch):
         CA_FILE_ENV,
         METRICS_PORT_ENV,
         METRICS_ADDRESS_ENV,
+        ATTACH_ENV,
     ):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv(INSECURE_ENV, "1")  # the test controller serves plaintext
@@ -94,6 +96,28 @@ def test_plaintext_is_never_a_silent_fallback(monkeypatch, controlled):
     assert len(controlled.client.list_jobs(include_ended=True).jobs) == before
     monkeypatch.setenv(INSECURE_ENV, "yes")
     assert f"{INSECURE_ENV}='yes': set it to 1" in fallback(controller=controlled.address)
+
+
+def test_attach_off_sets_nothing_up_and_registers_nothing(monkeypatch, controlled, recwarn):
+    """HOMAGG_ATTACH=0: the same script over its process group, as without the two lines:
+    no controller contacted, no collective, no hook, no warning; a bad value is an error."""
+    import torch
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    def no_setup(*args, **kwargs):
+        raise AssertionError("set_up ran")
+
+    monkeypatch.setattr(attach, "set_up", no_setup)
+    monkeypatch.setenv(ATTACH_ENV, "0")
+    model = DDP(torch.nn.Linear(2, 1))
+    registered = []
+    monkeypatch.setattr(model, "register_comm_hook", lambda *a: registered.append(a))
+    state = attach.attach(model, controller=controlled.address)
+    assert state.agent is None and state.unavailable_reason == f"{ATTACH_ENV}=0"
+    assert registered == [] and not recwarn.list
+    monkeypatch.setenv(ATTACH_ENV, "off")
+    with pytest.raises(ValueError, match=f"{ATTACH_ENV}='off': expected 0"):
+        attach.attach(model)
 
 
 def test_unreachable_controller_fails_within_the_rpc_timeout():

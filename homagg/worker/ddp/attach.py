@@ -15,10 +15,12 @@ hangs (docs/worker.md)."""
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import torch.distributed as dist
 
+from homagg.environment import ATTACH_ENV
 from homagg.worker.auto.control import auto_config
 from homagg.worker.codecs import AUTO_CODEC, CODEC_CHOICES, DEFAULT_CODEC
 from homagg.worker.ddp.hook import SwitchHookState, switch_allreduce_hook
@@ -54,11 +56,23 @@ def attach(
     DearDataParallel takes it). The job ends at destroy_process_group or exit.
     metrics_port: serve the hook's stats to Prometheus on this port + LOCAL_RANK (0: any
     free port; None: $HOMAGG_METRICS_PORT, else none), on metrics_address (default
-    $HOMAGG_METRICS_ADDRESS, else 127.0.0.1); `state.metrics.url` (homagg/worker/ddp/metrics.py)."""
+    $HOMAGG_METRICS_ADDRESS, else 127.0.0.1); `state.metrics.url` (homagg/worker/ddp/metrics.py).
+    $HOMAGG_ATTACH=0 (on every rank): nothing is set up or registered, the state says why."""
     if auto_options:
         auto_config(auto_options, lanes=False)  # a bad option fails before the job exists
     metrics = metrics_request(metrics_port, metrics_address)  # so does a bad port
     members = group_members(group)
+    if attach_off():  # the same script without the switch (make run's gloo run of --script)
+        off = SwitchHookState(
+            None,
+            codec=codec or DEFAULT_CODEC,
+            process_group=group,
+            unavailable_reason=f"{ATTACH_ENV}=0",
+            rank=members.rank,
+            world_size=members.world_size,
+        )
+        off.warned = True  # chosen, not a failure: no warning
+        return off
     setup = set_up(
         Request(
             codec=codec or "",
@@ -94,4 +108,13 @@ def attach(
     return state
 
 
-__all__ = ["CODEC_CHOICES", "Setup", "attach"]
+def attach_off() -> bool:
+    """Whether $HOMAGG_ATTACH asks attach() to stay off ("0"; unset, "" or "1": on); another
+    value is a ValueError naming the variable."""
+    value = os.environ.get(ATTACH_ENV, "")
+    if value not in ("", "0", "1"):
+        raise ValueError(f"{ATTACH_ENV}={value!r}: expected 0 (off) or 1 (on)")
+    return value == "0"
+
+
+__all__ = ["CODEC_CHOICES", "Setup", "attach", "attach_off"]
