@@ -21,6 +21,7 @@ from prometheus_client.registry import Collector
 
 from homagg.control.counters import SwitchCounters
 from homagg.control.jobs import JobManager
+from homagg.control.port_buffer import port_buffers
 from homagg.control.rpc_metrics import RpcMetrics
 from homagg.control.views import job_counters
 from homagg.metrics_endpoint import MetricsEndpoint
@@ -151,7 +152,29 @@ class ControllerCollector(Collector):
     def collect(self) -> Iterator[Family]:
         families, live = self._state()
         yield from families
+        yield from self._ports()
         yield from self._counters(live)
+
+    def _ports(self) -> Iterator[Family]:
+        """Each port in use: its slots in flight across jobs and the headroom its buffer has
+        left (homagg/control/port_buffer.py), so an operator sees a port filling up."""
+        used = GaugeMetricFamily(
+            "homagg_controller_port_slots_in_flight",
+            "Slots in flight on a switch port across the jobs with a rank there",
+            labels=["switch", "port"],
+        )
+        headroom = GaugeMetricFamily(
+            "homagg_controller_port_headroom_slots",
+            "Slots a further rank's pool may still take on the port (its port_buffer less "
+            "the slots in flight)",
+            labels=["switch", "port"],
+        )
+        with self.m.lock:
+            for name, sw in self.m.switches.items():
+                for port in port_buffers(self.m.jobs.values(), name, sw.config.port_buffer):
+                    used.add_metric([name, str(port.port)], port.used)
+                    headroom.add_metric([name, str(port.port)], port.headroom)
+        yield from (used, headroom)
 
     def _state(self) -> tuple[list[Family], set[tuple[str, int]]]:
         """The controller's own state, and the live (switch, job id) pairs."""

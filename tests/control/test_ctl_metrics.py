@@ -33,6 +33,8 @@ FAMILIES = {
     "homagg_controller_switch_reconciliations": ("counter", {"switch"}),
     "homagg_controller_job_pool_slots": ("gauge", {"switch", "job"}),
     "homagg_controller_lease_expiries": ("counter", set()),
+    "homagg_controller_port_slots_in_flight": ("gauge", {"switch", "port"}),
+    "homagg_controller_port_headroom_slots": ("gauge", {"switch", "port"}),
     "homagg_controller_counters_age_seconds": ("gauge", {"switch"}),
     "homagg_controller_counter_read_errors": ("counter", {"switch"}),
     "homagg_switch_drops": ("counter", {"switch", "stage", "reason"}),
@@ -134,6 +136,12 @@ def test_scrape_agrees_with_the_counters_and_hides_names(
     assert values(fams["homagg_switch_port_packets"]) == ports
     state = {k[0][1]: v for k, v in values(fams["homagg_controller_switch_slots_used"], "").items()}
     assert state == {"s1": 8} and values(fams["homagg_controller_jobs"], "") == {(): 1}
+    in_flight = values(fams["homagg_controller_port_slots_in_flight"], "")
+    assert in_flight == {k: 8 for k in ports}  # one rank a port, a pool of 8
+    buffer = config.switches[0].port_buffer
+    assert values(fams["homagg_controller_port_headroom_slots"], "") == {
+        k: buffer - 8 for k in ports
+    }
     rpcs = values(fams["homagg_controller_rpcs"])
     assert rpcs[(("code", "OK"), ("method", "CreateJob"))] == 1
     assert rpcs[(("code", "NOT_FOUND"), ("method", "GetCounters"))] == 1
@@ -147,8 +155,9 @@ def test_scrape_agrees_with_the_counters_and_hides_names(
         "homagg_job_packets",
         "homagg_job_rank_packets",
         "homagg_controller_job_pool_slots",
+        "homagg_controller_port_slots_in_flight",
     ):
-        assert not fams[name].samples or not values(fams[name], "" if "pool" in name else "_total")
+        assert not fams[name].samples or not values(fams[name], "" if "slots" in name else "_total")
     assert values(fams["homagg_switch_port_packets"]) == ports
 
 
