@@ -116,7 +116,7 @@ BENCH_REGIMES = --rounds 1 --steps 6 --hosts 4,8 --bws '' --codecs lossless
 BENCH_OVERLAP = --quick --budget 900
 BENCH_EXTRA =
 endif
-bench: venv  ## benchmarks (needs root, ~20 min on 2 cores, more with the eBPF target's rows; BENCH=full: hours, *_full results): switch rate, codecs, aggregation, worker packet rate, training, peer methods, link rates and W, overlap and auto; tables and plots in bench/results/
+bench: venv  ## benchmarks (needs root, ~15 min on 2 cores, ~25 with the eBPF target's rows; BENCH=full: hours, *_full results): switch rate, codecs, aggregation, worker packet rate, training, peer methods, link rates and W, overlap and auto; tables and plots in bench/results/
 	@start=$$(date +%s); set -e; \
 	echo "== switch packet rate (bench.switch_rate)"; $(PY) -m bench.switch_rate $(BENCH_RATE) --reps $(BENCH_REPS) --name switch_rate$(BENCH_SUFFIX); \
 	echo "== codecs (bench.codecs)"; $(PY) -m bench.codecs --reps $(BENCH_REPS); \
