@@ -80,7 +80,8 @@ def test_cells_follow_the_rows_not_the_elements():
     assert [p.op for p in log] == [Op.OR, Op.ADD]
     exps = EXP_BIT_WORDS * num_blocks(nrows * width, 16384)  # the exponents ride the OR phase
     sizes = [exps + bitmap_words(nrows) + 1]
-    assert [p.cells.size for p in log] == [*sizes, 4 * width + FINGERPRINT_CELLS]
+    witness = num_blocks(nrows * width, 16384)  # a cell per block: "my exponent is agreed"
+    assert [p.cells.size for p in log] == [*sizes, 4 * width + witness + FINGERPRINT_CELLS]
     log = []
     by_rows([LosslessSparse(world) for _ in xs], xs, phases_log=log)  # two levels by size
     assert [p.op for p in log] == [Op.OR, Op.OR, Op.ADD]

@@ -72,6 +72,8 @@ def sparse_exponents(idx: np.ndarray, vals: np.ndarray, length: int, block: int)
 _EXP_MIN = -149
 EXP_BIT_WORDS = 9
 _NONFINITE_BIT = 32 * EXP_BIT_WORDS - 1
+# bits 278..286 (exponents 129..137) of the last word: never set by a worker
+_UNUSED_TOP_WORD = np.uint32(((1 << 31) - 1) & ~((1 << (_EXP_LIMIT - _EXP_MIN + 1 - 256)) - 1))
 
 
 def exponents_as_bits(exps: np.ndarray) -> np.ndarray:
@@ -86,10 +88,13 @@ def exponents_as_bits(exps: np.ndarray) -> np.ndarray:
 
 def exponents_from_bits(words: np.ndarray, blocks: int) -> np.ndarray:
     """The MAX exponent of each block from the OR of every worker's `exponents_as_bits`:
-    its highest bit (a bit no exponent uses decodes above the limit: check_agreed raises)."""
+    its highest bit. A bit no exponent uses is a CorruptResultError, so a corrupted top
+    word reads as a worker's inf or nan (NonFiniteError) only 2^-9 as often as not."""
     if words.size != blocks * EXP_BIT_WORDS:
         raise CorruptResultError(f"{words.size} exponent words received, {blocks} blocks")
     w = np.asarray(words).view(np.uint32).reshape(blocks, EXP_BIT_WORDS)
+    if np.any(w[:, -1] & _UNUSED_TOP_WORD):  # no worker sets these: a corrupt result
+        raise CorruptResultError("exponent bits no exponent uses are set: the OR is corrupt")
     nonzero = w != 0
     top = EXP_BIT_WORDS - 1 - np.argmax(nonzero[:, ::-1], axis=1)
     word = w[np.arange(blocks), top].astype(np.float64)

@@ -206,7 +206,12 @@ class LosslessSparse:
         q = quantize(vals, self.p - np.take(exps, idx // self.exp_block), self.p)
         elements = (union[:, None] * d + np.arange(d)).ravel() if d > 1 else union
         values = self._ranked if self.values == "ranked" else self._sketched
-        sums = yield from values(union, keys, idx - keys * d, q, elements, idx, d, fault)
+        witness = (own == exps).astype(np.int32) if self.exponents == "or" else own[:0]
+        sums, seen = yield from values(
+            union, keys, idx - keys * d, q, elements, idx, d, fault, witness, n
+        )
+        if np.any(seen < 1):  # the OR has no check of its own for a raised exponent
+            raise CorruptResultError("an agreed exponent is no worker's: the OR is corrupt")
         if d > 1:
             beyond = elements >= n  # the last block may be partial
             if np.any(sums[beyond]):
@@ -268,24 +273,28 @@ class LosslessSparse:
         idx: np.ndarray,
         d: int,
         fault: bool,
+        extra: np.ndarray,
+        at: int,
     ):
         ranks = np.minimum(np.searchsorted(union, keys), union.size - 1)
         # A nonzero missing from the union is left out here and caught by the fingerprint
         # on every worker, rather than raised on this one alone.
         there = np.take(union, ranks) == keys
-        cells = np.zeros(union.size * d + FINGERPRINT_CELLS, dtype=np.int32)
+        size = union.size * d
+        cells = np.zeros(size + extra.size + FINGERPRINT_CELLS, dtype=np.int32)
+        cells[size : size + extra.size] = extra
         cells[np.compress(there, ranks * d + cols)] = np.compress(there, q)
-        cells[-FINGERPRINT_CELLS:] = _marked(fingerprint(idx, q), fault)
+        cells[-FINGERPRINT_CELLS:] = _marked(_fingerprint(idx, q, extra, at), fault)
         summed = yield Phase(Op.ADD, cells)
         if summed.size != cells.size:
             raise CorruptResultError(f"{summed.size} cells received, {cells.size} sent")
-        sums = summed[:-FINGERPRINT_CELLS]
-        if not np.array_equal(fingerprint(elements, sums), summed[-FINGERPRINT_CELLS:]):
+        sums, seen = summed[:size], summed[size:-FINGERPRINT_CELLS]
+        if not np.array_equal(_fingerprint(elements, sums, seen, at), summed[-FINGERPRINT_CELLS:]):
             raise CorruptResultError(
                 "decoded values do not match the fingerprint (or a worker's exponent exceeds "
                 "the agreed one)"
             )
-        return sums
+        return sums, seen
 
     def _sketched(
         self,
@@ -297,18 +306,34 @@ class LosslessSparse:
         idx: np.ndarray,
         d: int,
         fault: bool,
+        extra: np.ndarray,
+        at: int,
     ):
         plan = self.plan(union, d)
         cells = np.concatenate(
-            [encode(keys, cols, q, plan.shape), _marked(fingerprint(idx, q), fault)]
+            [
+                encode(keys, cols, q, plan.shape),
+                extra,
+                _marked(_fingerprint(idx, q, extra, at), fault),
+            ]
         )
         summed = yield Phase(Op.ADD, cells)
         if summed.size != cells.size:
             raise CorruptResultError(f"{summed.size} cells received, {cells.size} sent")
-        sums = decode(plan, summed[:-FINGERPRINT_CELLS]).ravel()
-        if not np.array_equal(fingerprint(elements, sums), summed[-FINGERPRINT_CELLS:]):
+        size = cells.size - extra.size - FINGERPRINT_CELLS
+        sums, seen = decode(plan, summed[:size]).ravel(), summed[size:-FINGERPRINT_CELLS]
+        if not np.array_equal(_fingerprint(elements, sums, seen, at), summed[-FINGERPRINT_CELLS:]):
             raise CorruptResultError("decoded values do not match the sketch's fingerprint")
-        return sums
+        return sums, seen
+
+
+def _fingerprint(elements: np.ndarray, q: np.ndarray, extra: np.ndarray, at: int) -> np.ndarray:
+    """The fingerprint of the values and of the `extra` cells sent beside them (taken as
+    the values of elements `at`, `at` + 1, ...: past the tensor's), so both are checked."""
+    if not extra.size:
+        return fingerprint(elements, q)
+    keys = np.r_[elements.astype(np.int64), at + np.arange(extra.size, dtype=np.int64)]
+    return fingerprint(keys, np.r_[q.astype(np.int32), extra.astype(np.int32)])
 
 
 def _marked(fp: np.ndarray, fault: bool) -> np.ndarray:
