@@ -113,6 +113,7 @@ bench: venv  ## benchmarks (needs root, ~18 min on 2 cores; BENCH=full: hours, *
 	@start=$$(date +%s); set -e; \
 	echo "== switch packet rate (bench.switch_rate)"; $(PY) -m bench.switch_rate $(BENCH_RATE) --reps $(BENCH_REPS) --name switch_rate$(BENCH_SUFFIX); \
 	echo "== codecs (bench.codecs)"; $(PY) -m bench.codecs --reps $(BENCH_REPS); \
+	echo "== agreements through the switch and gloo (bench.agreement)"; $(PY) -m bench.agreement --rounds $(BENCH_REPS) --per-round 25; \
 	echo "== aggregation throughput (bench.aggregation)"; $(PY) -m bench.aggregation $(BENCH_AGGREGATION); \
 	echo "== training iteration time (bench.training)"; $(PY) -m bench.training $(BENCH_TRAINING) $(BENCH_TARGETS) --name training$(BENCH_SUFFIX); \
 	echo "== the switch beside the peer methods (bench.peers)"; $(PY) -m bench.peers $(BENCH_PEERS) --name peers$(BENCH_SUFFIX); \

@@ -6,7 +6,11 @@ W ranks as threads of this process, each with its agent (its UDP socket in its h
 namespace, through the target's switch) and its own gloo process group over loopback (the
 ranks' one host: gloo's best case). Rounds alternate the two ways; in a round every rank
 starts each agreement together (a thread barrier) and times its own call. Prints the p50 and
-p99 of those times per way and target, and writes bench/results/agreement.md.
+p99 of those times per way and target, and writes bench/results/agreement.md. Beside it, in
+this process: the switch round trips and process-group agreements of a step of `make run`'s
+NCF (its three buckets: the user and item tables' sparse rows, the dense rest), before (the
+lossless codec's exponents in a MAX phase, every bucket agreed over the process group) and
+now (the exponents in the OR phase, a verdict packet, one agreement sealing the step).
 
     python -m bench.agreement [--world 4] [--rounds 10] [--per-round 50] [--targets refswitch ebpf]
 """
@@ -27,6 +31,7 @@ from bench.publish import publish
 
 POOL_SIZE = 8
 WAYS = ("switch verdict", "gloo all_reduce")
+CELLS = 256  # per packet
 
 
 def open_agents(c, job, world: int) -> list:
@@ -120,6 +125,64 @@ def measure(target: str, world: int, rounds: int, per_round: int) -> dict[str, l
         c.close()
 
 
+def ncf_buckets(world: int, seed: int = 0) -> list[list]:
+    """Every rank's three buckets of a step of make run's NCF (run/model.py): the user and
+    item tables' rows its batch touched (as SparseRows) and the dense rest (flat)."""
+    from homagg.worker.codecs import SparseRows
+
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(world):
+        tables = []
+        for nrows in (20_000, 4_000):
+            rows = np.unique(rng.integers(0, nrows, 64))
+            tables.append(SparseRows(rows, rng.standard_normal((rows.size, 16), np.float32), nrows))
+        out.append([*tables, rng.standard_normal(1_042).astype(np.float32)])
+    return out
+
+
+def round_trips(world: int, exponents: str) -> list[int]:
+    """Switch round trips of each bucket's phases (a phase of more packets than the pool
+    takes one per pool's worth), the lossless codec's exponents as `exponents` says."""
+    from homagg.worker.codecs import LosslessSparse
+    from homagg.worker.codecs.simulate import drive
+
+    buckets, trips = ncf_buckets(world), []
+    for b in range(3):
+        log: list = []
+        codecs = [LosslessSparse(world, exponents=exponents, support_block=16) for _ in buckets]
+        drive(
+            [
+                c.aggregate_rows(x[b]) if b < 2 else c.aggregate(x[b])
+                for c, x in zip(codecs, buckets, strict=True)
+            ],
+            phases_log=log,
+        )
+        packets = [-(-p.cells.size // CELLS) for p in log]  # the log has each phase once
+        trips.append(sum(-(-n // POOL_SIZE) for n in packets))
+    return trips
+
+
+def trips_report(world: int) -> list[str]:
+    """Round trips and agreements per NCF step, before and now."""
+    before, now = round_trips(world, "max"), round_trips(world, "or")
+    lines = [
+        "",
+        f"A step of make run's NCF (W = {world}, pool {POOL_SIZE}; buckets: user rows, item "
+        "rows, the dense rest; the last one seals the step):",
+        "",
+        "| | switch round trips per bucket | per step | process-group agreements per step |",
+        "|---|---|---:|---:|",
+        f"| before (MAX, OR, ADD; every bucket agreed over gloo) | {before} | {sum(before)} | 3 |",
+    ]
+    verdicts = [t + 1 for t in now[:-1]] + [now[-1]]
+    lines.append(
+        f"| now (OR, ADD; a verdict packet but in the last bucket) | {verdicts} "
+        f"| {sum(verdicts)} | 1 |"
+    )
+    return lines
+
+
 def report(results: dict[str, dict[str, list[float]]], world: int, rounds: int) -> list[str]:
     """The markdown table: p50 and p99 per way and target, and the ratio to gloo's."""
     lines = [
@@ -166,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error("needs root and iproute2 (network namespaces)")
     targets = args.targets or compared_targets()
     results = {t: measure(t, args.world, args.rounds, args.per_round) for t in targets}
-    lines = report(results, args.world, args.rounds)
+    lines = report(results, args.world, args.rounds) + trips_report(args.world)
     publish(
         "agreement",
         lines,
