@@ -6,11 +6,11 @@ W ranks as threads of this process, each with its agent (its UDP socket in its h
 namespace, through the target's switch) and its own gloo process group over loopback (the
 ranks' one host: gloo's best case). Rounds alternate the two ways; in a round every rank
 starts each agreement together (a thread barrier) and times its own call. Prints the p50 and
-p99 of those times per way and target, and writes bench/results/agreement.md. Beside it, in
-this process: the switch round trips and process-group agreements of a step of `make run`'s
-NCF (its three buckets: the user and item tables' sparse rows, the dense rest), before (the
-lossless codec's exponents in a MAX phase, every bucket agreed over the process group) and
-now (the exponents in the OR phase, a verdict packet, one agreement sealing the step).
+p99 of those times per way and target. Then whole NCF steps through the same switch and
+groups (make run's NCF's three buckets, lossless, the last sealing the step), "before" (the
+exponents in a MAX phase, every bucket agreed over gloo) against "now", alternating round by
+round. Writes bench/results/agreement.md. Beside it, counted in this process: the round
+trips and process-group agreements of such a step, before and now.
 
     python -m bench.agreement [--world 4] [--rounds 10] [--per-round 50] [--targets refswitch ebpf]
 """
@@ -114,10 +114,17 @@ def measure(target: str, world: int, rounds: int, per_round: int) -> dict[str, l
         }
         for way in WAYS:  # warm up: the first packets, gloo's connections
             timed(calls[way], 5)
-        out: dict[str, list[float]] = {w: [] for w in WAYS}
+        out: dict[str, list[float]] = {w: [] for w in (*WAYS, *VARIANTS)}
         for i in range(rounds):
             for way in WAYS if i % 2 == 0 else WAYS[::-1]:
                 out[way] += timed(calls[way], per_round)
+        hooks = {v: step_hooks(agents, groups, v) for v in VARIANTS}
+        for v in VARIANTS:  # warm up: the codecs, the first agreements
+            ncf_steps(hooks[v], 2)
+        for i in range(rounds):
+            for v in VARIANTS if i % 2 == 0 else list(VARIANTS)[::-1]:
+                out[v] += ncf_steps(hooks[v], max(1, per_round // 10))
+        out["fallbacks"] = [float(sum(h.stats.fallbacks for h in hooks[v])) for v in VARIANTS]
         return out
     finally:
         for a in agents:
@@ -183,6 +190,84 @@ def trips_report(world: int) -> list[str]:
     return lines
 
 
+VARIANTS = {  # name: (verdicts through the switch, the lossless codec's exponents)
+    "before": (False, "max"),
+    "now": (True, "or"),
+}
+
+
+def step_hooks(agents: list, groups: list, variant: str) -> list:
+    """Every rank's hook state for `variant`, agreeing over its gloo group."""
+    import torch
+
+    from homagg.worker.ddp.hook import SwitchHookState
+
+    through_switch, exponents = VARIANTS[variant]
+
+    class Hook(SwitchHookState):
+        pg: object = None  # the rank's gloo process group
+
+        def reduce_max(self, t: torch.Tensor) -> None:
+            gloo_max(self.pg, t)
+
+    hooks = []
+    for r, (a, g) in enumerate(zip(agents, groups, strict=True)):
+        h = Hook(
+            a,
+            "lossless",
+            world_size=len(agents),
+            rank=r,
+            codec_options={"exponents": exponents, "support_block": 16},
+            switch_agreements=through_switch,
+        )
+        h.pg = g
+        hooks.append(h)
+    return hooks
+
+
+def _rows_of(codec, x):
+    """The phases of a table's rows through the lossless codec (a sparse bucket's)."""
+    return codec.aggregate_rows(x)
+
+
+def gloo_max(pg, t) -> None:
+    """MAX over the ranks of `t` in place, through a gloo process group."""
+    import torch.distributed as dist
+
+    opts = dist.AllreduceOptions()
+    opts.reduceOp = dist.ReduceOp(dist.ReduceOp.MAX)
+    pg.allreduce([t], opts).wait()
+
+
+def ncf_steps(hooks: list, steps: int) -> list[float]:
+    """`steps` NCF steps (three buckets, the last one sealing the step) on every rank at
+    once; every rank's seconds per step."""
+    from homagg.worker.ddp.switch_path import Gradient, Via, agreed_sum
+
+    buckets = ncf_buckets(len(hooks), seed=1)
+    barrier = threading.Barrier(len(hooks), timeout=60)
+
+    def rank(r: int) -> list[float]:
+        h, times = hooks[r], []
+        for _ in range(steps):
+            barrier.wait()
+            start = time.perf_counter()
+            h.use_switch()
+            for b, x in enumerate(buckets[r]):
+                payload = Gradient(x) if b == 2 else Via(partial(_rows_of, x=x))
+                n = x.size if b == 2 else x.nrows * x.values.shape[1]
+                agreed_sum(h, b, payload, n, last=b == 2)
+            h.end_step()
+            times.append(time.perf_counter() - start)
+        return times
+
+    from homagg.lab.threads import run_threads
+
+    return [
+        t for ts in run_threads([partial(rank, r) for r in range(len(hooks))], 900)[1] for t in ts
+    ]
+
+
 def report(results: dict[str, dict[str, list[float]]], world: int, rounds: int) -> list[str]:
     """The markdown table: p50 and p99 per way and target, and the ratio to gloo's."""
     lines = [
@@ -197,12 +282,33 @@ def report(results: dict[str, dict[str, list[float]]], world: int, rounds: int) 
     ]
     for target, ways in results.items():
         gloo50 = float(np.percentile(ways[WAYS[1]], 50))
-        for way, times in ways.items():
+        for way in WAYS:
+            times = ways[way]
             ms = np.asarray(times) * 1e3
             p50, p99 = float(np.percentile(ms, 50)), float(np.percentile(ms, 99))
             lines.append(
                 f"| {target} | {way} | {p50:.2f} | {p99:.2f} | {gloo50 * 1e3 / p50:.2f}x "
                 f"| {ms.size} |"
+            )
+    lines += [
+        "",
+        "An NCF step (three buckets of make run's NCF through the switch, lossless; every "
+        "rank's step timed, the variants alternating round by round). before: the "
+        "exponents in a MAX phase, every bucket agreed over gloo; now: the exponents in the "
+        "OR phase, a verdict packet per bucket but the last, one gloo agreement sealing "
+        "the step. ms per step:",
+        "",
+        "| target | variant | p50 | p99 | before / variant (p50) | steps | fallbacks |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for target, ways in results.items():
+        before50 = float(np.percentile(ways["before"], 50))
+        for i, v in enumerate(VARIANTS):
+            ms = np.asarray(ways[v]) * 1e3
+            p50, p99 = float(np.percentile(ms, 50)), float(np.percentile(ms, 99))
+            lines.append(
+                f"| {target} | {v} | {p50:.1f} | {p99:.1f} | {before50 * 1e3 / p50:.2f}x "
+                f"| {ms.size} | {int(ways['fallbacks'][i])} |"
             )
     return lines
 
