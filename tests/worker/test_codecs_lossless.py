@@ -23,7 +23,7 @@ from homagg.worker.codecs.count_sketch import (
     encode,
     plan_peeling,
 )
-from homagg.worker.codecs.exponent import headroom_bits
+from homagg.worker.codecs.exponent import DEFAULT_BLOCK, EXP_BIT_WORDS, headroom_bits, num_blocks
 from homagg.worker.codecs.lossless import sketch_rows
 
 
@@ -128,11 +128,24 @@ def test_phases_and_lengths():
     simulate(codecs, xs, phases_log=log)
     union = np.flatnonzero(np.any(np.array(xs) != 0, axis=0))
     rows = sketch_rows(union.size, codecs[0].last_attempts - 1)
-    assert [p.op for p in log] == [Op.MAX, Op.OR, Op.ADD]
-    assert [p.cells.size for p in log] == [10, math.ceil(n / 32) + 1, rows + FINGERPRINT_CELLS]
+    # the 10 blocks' exponents ride the OR phase, EXP_BIT_WORDS each
+    assert [p.op for p in log] == [Op.OR, Op.ADD]
+    index = math.ceil(n / 32) + 1
+    # and a witness cell per block in the value phase ("my exponent is the agreed one")
+    assert [p.cells.size for p in log] == [
+        10 * EXP_BIT_WORDS + index,
+        rows + 10 + FINGERPRINT_CELLS,
+    ]
     log = []
     simulate([LosslessSparse(world) for _ in xs], xs, phases_log=log)  # the default: ranked
-    assert [p.cells.size for p in log] == [1, math.ceil(n / 32) + 1, union.size + FINGERPRINT_CELLS]
+    assert [p.cells.size for p in log] == [
+        EXP_BIT_WORDS + index,
+        union.size + 1 + FINGERPRINT_CELLS,
+    ]
+    log = []
+    simulate([LosslessSparse(world, exponents="max") for _ in xs], xs, phases_log=log)
+    assert [p.op for p in log] == [Op.MAX, Op.OR, Op.ADD]
+    assert [p.cells.size for p in log] == [1, index, union.size + FINGERPRINT_CELLS]
 
 
 def test_block_granular_support_row_sparse():
@@ -151,9 +164,11 @@ def test_block_granular_support_row_sparse():
     assert out[0].shape == (rows, dim)
     assert_same_bits(out[0], dense)
     union_rows = np.flatnonzero(np.any(np.array(xs) != 0, axis=(0, 2))).size
-    assert log[1].cells.size == math.ceil(rows / 32) + 1  # + the status word
-    assert log[2].cells.size % dim == FINGERPRINT_CELLS
-    assert (log[2].cells.size - FINGERPRINT_CELLS) // dim < 1.5 * union_rows + 20
+    exps = EXP_BIT_WORDS * num_blocks(rows * dim, DEFAULT_BLOCK)
+    assert log[0].cells.size == exps + math.ceil(rows / 32) + 1  # + the status word
+    witness = num_blocks(rows * dim, DEFAULT_BLOCK)
+    assert (log[1].cells.size - witness) % dim == FINGERPRINT_CELLS
+    assert (log[1].cells.size - witness - FINGERPRINT_CELLS) // dim < 1.5 * union_rows + 20
     # a partial last block: n is not a multiple of the support block
     flat = [x.reshape(-1)[:-5] for x in xs]
     dense = simulate([FixedPoint(world) for _ in flat], flat)[0]
@@ -273,12 +288,14 @@ def test_corrupted_bitmap_and_exponents():
     def tamper_or(change):
         return lambda step, phase, c: change(c.copy()) if phase.op == Op.OR else c
 
+    at = EXP_BIT_WORDS  # the bitmap follows the one block's exponent bits
+
     def add_bit(c):
-        c.view(np.uint32)[10] |= np.uint32(1 << 7)
+        c.view(np.uint32)[at + 10] |= np.uint32(1 << 7)
         return c
 
     def drop_bit(c):
-        c.view(np.uint32)[100 // 32] &= ~np.uint32(1 << (100 % 32))
+        c.view(np.uint32)[at + 100 // 32] &= ~np.uint32(1 << (100 % 32))
         return c
 
     def beyond_end(c):
@@ -312,14 +329,28 @@ def test_corrupted_bitmap_and_exponents():
     zero = [np.zeros(n, np.float32)] * world
     log = []
     out = simulate([LosslessSparse(world) for _ in xs], zero, phases_log=log)
-    assert len(log) == 2 and not np.any(out[0])  # an empty union needs no value phase
+    assert len(log) == 1 and not np.any(out[0])  # an empty union needs no value phase
 
     def lower_exponents(step, phase, c):
         return c - 1 if phase.op == Op.MAX else c
 
     # only worker 1 can see it (its 7.0 sets the maximum); its status word stops everyone
     with pytest.raises(CorruptResultError, match="below its own"):
-        simulate([LosslessSparse(world) for _ in xs], xs, tamper=lower_exponents)
+        codecs = [LosslessSparse(world, exponents="max") for _ in xs]
+        simulate(codecs, xs, tamper=lower_exponents)
+
+    def clear_top_exponent_bit(step, phase, c):
+        if step:
+            return c
+        c = c.copy()
+        bits = c[: EXP_BIT_WORDS * num_blocks(n, DEFAULT_BLOCK)].view(np.uint32)
+        top = np.flatnonzero(bits)[-1]
+        bits[top] &= ~np.uint32(1 << (int(bits[top]).bit_length() - 1))
+        return c
+
+    # the same fault with the exponents in the OR phase: worker 1 marks its fingerprint
+    with pytest.raises(CorruptResultError, match="exceeds the agreed"):
+        simulate([LosslessSparse(world) for _ in xs], xs, tamper=clear_top_exponent_bit)
 
 
 def test_wrapping_sketch_cells_still_decode():
@@ -378,9 +409,10 @@ def test_two_level_index_is_exact_and_sends_only_chosen_words(mode):
     assert_same_bits(out[0], dense)
     union = np.flatnonzero(np.any(np.array(xs) != 0, axis=0))
     words = np.unique(union // 32)
-    assert [p.op for p in log] == [Op.MAX, Op.OR, Op.OR, Op.ADD]
-    assert log[1].cells.size == math.ceil(math.ceil(n / 32) / 32) + 1  # one bit per word + status
-    assert log[2].cells.size == words.size
+    exps = EXP_BIT_WORDS * num_blocks(n, DEFAULT_BLOCK)
+    assert [p.op for p in log] == [Op.OR, Op.OR, Op.ADD]
+    assert log[0].cells.size == exps + math.ceil(math.ceil(n / 32) / 32) + 1  # a bit per word
+    assert log[1].cells.size == words.size
     one = []
     assert_same_bits(
         simulate(
@@ -388,22 +420,22 @@ def test_two_level_index_is_exact_and_sends_only_chosen_words(mode):
         )[0],
         dense,
     )
-    assert [p.op for p in one] == [Op.MAX, Op.OR, Op.ADD] and one[1].cells.size == math.ceil(
-        n / 32
-    ) + 1
+    assert [p.op for p in one] == [Op.OR, Op.ADD]
+    assert one[0].cells.size == exps + math.ceil(n / 32) + 1
     # all zero: the first level ends the step
     log = []
     zero = simulate(
         [LosslessSparse(world) for _ in xs], [np.zeros(n, np.float32)] * world, phases_log=log
     )
-    assert len(log) == 2 and not np.any(zero[0])
+    assert len(log) == 1 and not np.any(zero[0])
 
 
 def test_two_level_index_corruption_is_detected():
     rng = np.random.default_rng(14)
     world, n = 3, 100_000
     xs = _sparse(rng, world, n, 50)
-    expected = simulate([LosslessSparse(world) for _ in xs], xs)[0]
+    # the index's words alone in the OR phases (the exponents in a MAX phase of their own)
+    expected = simulate([LosslessSparse(world, exponents="max") for _ in xs], xs)[0]
 
     def on_phase(number, change):
         seen = {"or": 0}
@@ -443,10 +475,17 @@ def test_two_level_index_corruption_is_detected():
 
     for number, change in ((1, extra_word), (1, drop_word), (2, zero_a_word), (2, drop_bit)):
         with pytest.raises(CorruptResultError):
-            simulate([LosslessSparse(world) for _ in xs], xs, tamper=on_phase(number, change))
+            simulate(
+                [LosslessSparse(world, exponents="max") for _ in xs],
+                xs,
+                tamper=on_phase(number, change),
+            )
     # an extra element in a chosen word decodes to an exact zero
     assert_same_bits(
-        simulate([LosslessSparse(world) for _ in xs], xs, tamper=on_phase(2, add_bit))[0], expected
+        simulate(
+            [LosslessSparse(world, exponents="max") for _ in xs], xs, tamper=on_phase(2, add_bit)
+        )[0],
+        expected,
     )
     with pytest.raises(ValueError, match="index_levels"):
         LosslessSparse(world, index_levels=3)

@@ -12,7 +12,7 @@ from homagg.wire.constants import Op
 from homagg.worker.codecs import CorruptResultError, LosslessSparse, Phase, SparseGrad, SparseRows
 from homagg.worker.codecs.bitmap import bitmap_words
 from homagg.worker.codecs.count_sketch import FINGERPRINT_CELLS
-from homagg.worker.codecs.exponent import num_blocks
+from homagg.worker.codecs.exponent import EXP_BIT_WORDS, num_blocks
 from homagg.worker.codecs.simulate import PhaseMismatch, Tamper, drive
 
 
@@ -77,13 +77,16 @@ def test_cells_follow_the_rows_not_the_elements():
     ]
     log: list[Phase] = []
     by_rows([LosslessSparse(world, index_levels=1) for _ in xs], xs, phases_log=log)
-    assert [p.op for p in log] == [Op.MAX, Op.OR, Op.ADD]
-    sizes = [num_blocks(nrows * width, 16384), bitmap_words(nrows) + 1]
-    assert [p.cells.size for p in log] == [*sizes, 4 * width + FINGERPRINT_CELLS]
+    assert [p.op for p in log] == [Op.OR, Op.ADD]
+    exps = EXP_BIT_WORDS * num_blocks(nrows * width, 16384)  # the exponents ride the OR phase
+    sizes = [exps + bitmap_words(nrows) + 1]
+    witness = num_blocks(nrows * width, 16384)  # a cell per block: "my exponent is agreed"
+    assert [p.cells.size for p in log] == [*sizes, 4 * width + witness + FINGERPRINT_CELLS]
     log = []
     by_rows([LosslessSparse(world) for _ in xs], xs, phases_log=log)  # two levels by size
-    assert [p.op for p in log] == [Op.MAX, Op.OR, Op.OR, Op.ADD]
-    assert log[1].cells.size == bitmap_words(bitmap_words(nrows)) + 1 and log[2].cells.size == 3
+    assert [p.op for p in log] == [Op.OR, Op.OR, Op.ADD]
+    assert log[0].cells.size == exps + bitmap_words(bitmap_words(nrows)) + 1
+    assert log[1].cells.size == 3
 
 
 def test_no_rows_anywhere_and_an_empty_table():
@@ -91,7 +94,7 @@ def test_no_rows_anywhere_and_an_empty_table():
     log: list[Phase] = []
     for got in by_rows([LosslessSparse(2) for _ in xs], xs, phases_log=log):
         assert got.rows.size == 0 and got.values.shape == (0, 4)
-    assert [p.op for p in log] == [Op.MAX, Op.OR]  # an empty union needs no value phase
+    assert [p.op for p in log] == [Op.OR]  # an empty union needs no value phase
     empty = [SparseRows(np.zeros(0, np.int64), np.zeros((0, 4), np.float32), 0)] * 2
     log = []
     assert by_rows([LosslessSparse(2) for _ in empty], empty, phases_log=log)[0].nrows == 0
@@ -128,7 +131,8 @@ def test_a_row_lost_from_the_union_is_detected():
         def tamper(step: int, phase: Phase, c: np.ndarray) -> np.ndarray:
             if phase.op == Op.OR:
                 c = c.copy()
-                c.view(np.uint32)[row // 32] &= ~np.uint32(1 << (row % 32))
+                at = EXP_BIT_WORDS + row // 32  # after the one block's exponent bits
+                c.view(np.uint32)[at] &= ~np.uint32(1 << (row % 32))
             return c
 
         return tamper

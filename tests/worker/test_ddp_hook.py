@@ -63,6 +63,10 @@ class FakeAgent:
     transport: FakeTransport = field(default_factory=FakeTransport)
     healthy: bool = True
     unhealthy_reason: str = ""
+    told: list = field(default_factory=list)  # the give-ups this rank told its peers
+
+    def tell_peers(self, gave_up) -> None:
+        self.told.append(gave_up)
 
 
 class Bucket:
@@ -184,7 +188,7 @@ def test_timeout_falls_back_realigns_and_retries_after_cooldown(mode):
     with pytest.warns(RuntimeWarning, match="switch path failed"):
         out = switch_allreduce_hook(state, Bucket(g.clone())).wait()
     torch.testing.assert_close(out, g)  # the bucket was redone by gloo
-    assert agent.transport.next_chunk == 4  # the agreed (max) counter
+    assert agent.transport.next_chunk == 6  # past the agreed (max) counter: 1 + 1 + 3, + 1
     runs = agent.transport.runs
     for _ in range(2):  # the cool-down: no switch attempt
         switch_allreduce_hook(state, Bucket(g.clone())).wait()

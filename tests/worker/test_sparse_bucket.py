@@ -14,6 +14,7 @@ import torch
 from homagg.lab.processes import run_together
 from homagg.wire.constants import Op
 from homagg.worker.codecs import bitmap, make_codec
+from homagg.worker.codecs.exponent import EXP_BIT_WORDS
 from homagg.worker.codecs.simulate import drive
 from homagg.worker.ddp.sparse_bucket import SparseBucket, from_codec_output, to_codec_input
 
@@ -81,8 +82,8 @@ def test_the_union_rides_on_the_codecs_or_phase_or_gets_its_own():
     g = torch.sparse_coo_tensor([[2, 9]], torch.ones(2, 4), (40, 4))
     b = SparseBucket(g)
     by_rows = _phases(b.phases(make_codec("lossless", 1, 0)))
-    assert [p.op for p in by_rows] == [Op.MAX, Op.OR, Op.ADD]
-    assert by_rows[1].cells.size == bitmap.bitmap_words(40) + 1  # the rows, a status word
+    assert [p.op for p in by_rows] == [Op.OR, Op.ADD]  # the exponents ride the OR phase
+    assert by_rows[0].cells.size == EXP_BIT_WORDS + bitmap.bitmap_words(40) + 1
     assert b.by_rows and b.union is not None and b.union.tolist() == [2, 9]
     plain = _phases(make_codec("fixed_point", 1, 0).aggregate(to_codec_input(g)))
     b = SparseBucket(g)

@@ -208,7 +208,9 @@ def fingerprint(elements: np.ndarray, q: np.ndarray) -> np.ndarray:
     pseudo-random c_j; linear, so it survives the switch's ADD and checks the decode."""
     if elements.size == 0:
         return np.zeros(FINGERPRINT_CELLS, dtype=np.int32)
-    c = mix64(elements, _FINGERPRINT_SEED)
+    # odd halves: a change of one cell by d * 2^k (d odd, k < 32) moves both sums, so no
+    # single flipped bit goes unseen (even multipliers lost the top bits' flips)
+    c = mix64(elements, _FINGERPRINT_SEED) | np.uint64(0x0000000100000001)
     qu = q.astype(np.int64).astype(np.uint64)  # two's complement: products agree mod 2^64
     lo = np.sum((c & np.uint64(0xFFFFFFFF)) * qu, dtype=np.uint64)
     hi = np.sum((c >> np.uint64(32)) * qu, dtype=np.uint64)

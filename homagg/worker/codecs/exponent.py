@@ -66,6 +66,43 @@ def sparse_exponents(idx: np.ndarray, vals: np.ndarray, length: int, block: int)
     return out
 
 
+# Exponents as bits, so that OR agrees their MAX (the highest bit set) in a phase that also
+# carries other OR cells: bit e - _EXP_MIN for a finite exponent, the top bit for inf/nan,
+# none for an all-zero block; 9 words per block.
+_EXP_MIN = -149
+EXP_BIT_WORDS = 9
+_NONFINITE_BIT = 32 * EXP_BIT_WORDS - 1
+# bits 278..286 (exponents 129..137) of the last word: never set by a worker
+_UNUSED_TOP_WORD = np.uint32(((1 << 31) - 1) & ~((1 << (_EXP_LIMIT - _EXP_MIN + 1 - 256)) - 1))
+
+
+def exponents_as_bits(exps: np.ndarray) -> np.ndarray:
+    """Each block's exponent as one set bit in EXP_BIT_WORDS int32 words (none: EXP_ZERO)."""
+    exps = np.asarray(exps, np.int64)
+    bits = np.where(exps == EXP_NONFINITE, _NONFINITE_BIT, exps - _EXP_MIN)
+    words = np.zeros((exps.size, EXP_BIT_WORDS), np.uint32)
+    set_ = np.flatnonzero(exps != EXP_ZERO)
+    words[set_, bits[set_] // 32] = np.left_shift(np.uint32(1), (bits[set_] % 32).astype(np.uint32))
+    return words.reshape(-1).view(np.int32)
+
+
+def exponents_from_bits(words: np.ndarray, blocks: int) -> np.ndarray:
+    """The MAX exponent of each block from the OR of every worker's `exponents_as_bits`:
+    its highest bit. A bit no exponent uses is a CorruptResultError, so a corrupted top
+    word reads as a worker's inf or nan (NonFiniteError) only 2^-9 as often as not."""
+    if words.size != blocks * EXP_BIT_WORDS:
+        raise CorruptResultError(f"{words.size} exponent words received, {blocks} blocks")
+    w = np.asarray(words).view(np.uint32).reshape(blocks, EXP_BIT_WORDS)
+    if np.any(w[:, -1] & _UNUSED_TOP_WORD):  # no worker sets these: a corrupt result
+        raise CorruptResultError("exponent bits no exponent uses are set: the OR is corrupt")
+    nonzero = w != 0
+    top = EXP_BIT_WORDS - 1 - np.argmax(nonzero[:, ::-1], axis=1)
+    word = w[np.arange(blocks), top].astype(np.float64)
+    bit = 32 * top + np.frexp(word)[1].astype(np.int64) - 1
+    exps = np.where(bit == _NONFINITE_BIT, EXP_NONFINITE, bit + _EXP_MIN)
+    return np.where(nonzero.any(axis=1), exps, EXP_ZERO).astype(np.int32)
+
+
 def check_agreed(agreed: np.ndarray, own: np.ndarray) -> bool:
     """Validate the MAX-combined exponents. Raises what every worker sees alike
     (NonFiniteError if any worker saw inf/nan, CorruptResultError for impossible values);

@@ -2,11 +2,12 @@
 OR'd bitmap, then values summed by the switch at their ranks in the union (default) or in
 a count sketch decoded exactly by peeling.
 
-Phases per step: MAX of block exponents; OR of the support bitmap plus a status word (a
-big bitmap in two levels: nonzero words, then those words); ADD of the values plus a
-fingerprint. The decoded sum equals the dense fixed-point sum bit for bit (same
-exponents, same quantization). `aggregate_rows` runs the same phases on an embedding's
-rows, with the rows as the support keys."""
+Phases per step: OR of the block exponents (one bit each: the highest set is their MAX), the
+support bitmap and a status word (a big bitmap in two levels: nonzero words, then those
+words); ADD of the values plus a fingerprint. `exponents="max"` agrees the exponents in a
+MAX phase of their own first (one round trip more, the same sums). The decoded sum equals
+the dense fixed-point sum bit for bit (same exponents, same quantization). `aggregate_rows`
+runs the same phases on an embedding's rows, with the rows as the support keys."""
 
 from __future__ import annotations
 
@@ -41,6 +42,8 @@ from .exponent import (
     check_agreed,
     decode_shifts,
     dequantize,
+    exponents_as_bits,
+    exponents_from_bits,
     headroom_bits,
     quantize,
     raise_on_status,
@@ -48,6 +51,7 @@ from .exponent import (
 )
 
 VALUE_MODES = ("sketch", "ranked")
+EXPONENT_MODES = ("or", "max")  # in the (first) OR phase, or in a MAX phase before it
 TWO_LEVEL_MIN_WORDS = 1024  # bitmaps this big (4 packets of 256 cells) go in two levels
 _FAULT, _NONEMPTY = 1, 2  # bits of the OR phase's status word
 
@@ -95,7 +99,10 @@ class LosslessSparse:
         max_attempts: int = 6,
         seed: int = 0,
         index_levels: int | None = None,
+        exponents: str = "or",
     ):
+        if exponents not in EXPONENT_MODES:
+            raise ValueError(f"exponents must be one of {EXPONENT_MODES}, not {exponents!r}")
         if values not in VALUE_MODES:
             raise ValueError(f"values must be one of {VALUE_MODES}, not {values!r}")
         if support_block < 1 or exp_block < 1 or max_attempts < 1:
@@ -103,6 +110,7 @@ class LosslessSparse:
         if index_levels not in (None, 1, 2):
             raise ValueError(f"index_levels must be 1, 2 or None (by size), not {index_levels!r}")
         self.index_levels = index_levels
+        self.exponents = exponents
         self.world_size = world_size
         self.support_block = support_block
         self.exp_block = exp_block
@@ -173,14 +181,22 @@ class LosslessSparse:
         nonzeros (idx, vals) and keys `mine` (sorted, unique): returns the union of the
         keys, its elements below n and their decoded sums."""
         own = sparse_exponents(idx, vals, n, self.exp_block)
-        exps = yield Phase(Op.MAX, own)
-        ok = check_agreed(exps, own)
         nkeys = -(-n // d)
         # The status word rides along the (first) OR phase: a local fault stops every worker
-        # here, and "someone has keys" (nonzeros, or rows) guards the one case no later
+        # there, and "someone has keys" (nonzeros, or rows) guards the one case no later
         # phase can check.
-        status = (0 if ok else _FAULT) | (_NONEMPTY if mine.size else 0)
-        union, status = yield from self._union(bitmap.pack(mine, nkeys), nkeys, status)
+        status = _NONEMPTY if mine.size else 0
+        words = bitmap.pack(mine, nkeys)
+        if self.exponents == "max":
+            exps = yield Phase(Op.MAX, own)
+            status |= 0 if check_agreed(exps, own) else _FAULT
+            union, status, _ = yield from self._union(words, nkeys, status)
+            fault = False  # reported in the status word, raised by every worker above
+        else:  # a fault seen after the OR phase goes in the value phase's fingerprint
+            bits = exponents_as_bits(own)
+            union, status, bits = yield from self._union(words, nkeys, status, bits)
+            exps = exponents_from_bits(bits, own.size)
+            fault = not check_agreed(exps, own)
         if union.size == 0:
             if mine.size or status & _NONEMPTY:
                 raise CorruptResultError("the union support is empty but a worker has nonzeros")
@@ -190,7 +206,12 @@ class LosslessSparse:
         q = quantize(vals, self.p - np.take(exps, idx // self.exp_block), self.p)
         elements = (union[:, None] * d + np.arange(d)).ravel() if d > 1 else union
         values = self._ranked if self.values == "ranked" else self._sketched
-        sums = yield from values(union, keys, idx - keys * d, q, elements, idx, d)
+        witness = (own == exps).astype(np.int32) if self.exponents == "or" else own[:0]
+        sums, seen = yield from values(
+            union, keys, idx - keys * d, q, elements, idx, d, fault, witness, n
+        )
+        if np.any(seen < 1):  # the OR has no check of its own for a raised exponent
+            raise CorruptResultError("an agreed exponent is no worker's: the OR is corrupt")
         if d > 1:
             beyond = elements >= n  # the last block may be partial
             if np.any(sums[beyond]):
@@ -213,25 +234,26 @@ class LosslessSparse:
         view.flags.writeable = False  # a caller's write would break the all-zero invariant
         return view
 
-    def _union(self, words: np.ndarray, nkeys: int, status: int):
-        """The union support (sorted keys) and the combined status word. A big bitmap goes
-        in two levels: first the OR of "word w is nonzero" (one bit per word), then only
-        the words nonzero somewhere, for one more round trip; at 1% density and W = 4
-        that skips ~27% of the words, at 0.1% ~88%."""
+    def _union(self, words: np.ndarray, nkeys: int, status: int, prefix: np.ndarray | None = None):
+        """The union support (sorted keys), the combined status word and the OR of the
+        `prefix` cells sent ahead of the (first) OR phase's index. A big bitmap goes in two
+        levels: first the OR of "word w is nonzero" (one bit per word), then only the words
+        nonzero somewhere, for one more round trip; at 1% density and W = 4 that skips ~27%
+        of the words, at 0.1% ~88%."""
+        ahead = np.zeros(0, np.int32) if prefix is None else prefix
         levels = self.index_levels or (2 if words.size >= TWO_LEVEL_MIN_WORDS else 1)
-        if levels == 1:
-            combined = yield Phase(Op.OR, np.r_[words, np.int32(status)])
-            status = int(combined[-1])
-            raise_on_status(status & _FAULT)
-            return bitmap.unpack(combined[:-1], nkeys), status
-        top = yield Phase(
-            Op.OR, np.r_[bitmap.pack(np.flatnonzero(words), words.size), np.int32(status)]
-        )
-        status = int(top[-1])
+        first = words if levels == 1 else bitmap.pack(np.flatnonzero(words), words.size)
+        combined = yield Phase(Op.OR, np.r_[ahead, first, np.int32(status)])
+        if combined.size != ahead.size + first.size + 1:
+            raise CorruptResultError(f"{combined.size} index words received")
+        status = int(combined[-1])
         raise_on_status(status & _FAULT)
-        chosen = bitmap.unpack(top[:-1], words.size)
+        prefix_or, top = combined[: ahead.size], combined[ahead.size : -1]
+        if levels == 1:
+            return bitmap.unpack(top, nkeys), status, prefix_or
+        chosen = bitmap.unpack(top, words.size)
         if chosen.size == 0:
-            return chosen, status
+            return chosen, status, prefix_or
         picked = yield Phase(Op.OR, np.take(words, chosen))
         if picked.size != chosen.size:
             raise CorruptResultError(f"{picked.size} index words received, {chosen.size} sent")
@@ -239,7 +261,7 @@ class LosslessSparse:
             raise CorruptResultError("an index word that some worker set came back empty")
         full = np.zeros(words.size, dtype=np.int32)
         full[chosen] = picked
-        return bitmap.unpack(full, nkeys), status
+        return bitmap.unpack(full, nkeys), status, prefix_or
 
     def _ranked(
         self,
@@ -250,21 +272,29 @@ class LosslessSparse:
         elements: np.ndarray,
         idx: np.ndarray,
         d: int,
+        fault: bool,
+        extra: np.ndarray,
+        at: int,
     ):
         ranks = np.minimum(np.searchsorted(union, keys), union.size - 1)
         # A nonzero missing from the union is left out here and caught by the fingerprint
         # on every worker, rather than raised on this one alone.
         there = np.take(union, ranks) == keys
-        cells = np.zeros(union.size * d + FINGERPRINT_CELLS, dtype=np.int32)
+        size = union.size * d
+        cells = np.zeros(size + extra.size + FINGERPRINT_CELLS, dtype=np.int32)
+        cells[size : size + extra.size] = extra
         cells[np.compress(there, ranks * d + cols)] = np.compress(there, q)
-        cells[-FINGERPRINT_CELLS:] = fingerprint(idx, q)
+        cells[-FINGERPRINT_CELLS:] = _marked(_fingerprint(idx, q, extra, at), fault)
         summed = yield Phase(Op.ADD, cells)
         if summed.size != cells.size:
             raise CorruptResultError(f"{summed.size} cells received, {cells.size} sent")
-        sums = summed[:-FINGERPRINT_CELLS]
-        if not np.array_equal(fingerprint(elements, sums), summed[-FINGERPRINT_CELLS:]):
-            raise CorruptResultError("decoded values do not match the fingerprint")
-        return sums
+        sums, seen = summed[:size], summed[size:-FINGERPRINT_CELLS]
+        if not np.array_equal(_fingerprint(elements, sums, seen, at), summed[-FINGERPRINT_CELLS:]):
+            raise CorruptResultError(
+                "decoded values do not match the fingerprint (or a worker's exponent exceeds "
+                "the agreed one)"
+            )
+        return sums, seen
 
     def _sketched(
         self,
@@ -275,16 +305,45 @@ class LosslessSparse:
         elements: np.ndarray,
         idx: np.ndarray,
         d: int,
+        fault: bool,
+        extra: np.ndarray,
+        at: int,
     ):
         plan = self.plan(union, d)
-        cells = np.concatenate([encode(keys, cols, q, plan.shape), fingerprint(idx, q)])
+        cells = np.concatenate(
+            [
+                encode(keys, cols, q, plan.shape),
+                extra,
+                _marked(_fingerprint(idx, q, extra, at), fault),
+            ]
+        )
         summed = yield Phase(Op.ADD, cells)
         if summed.size != cells.size:
             raise CorruptResultError(f"{summed.size} cells received, {cells.size} sent")
-        sums = decode(plan, summed[:-FINGERPRINT_CELLS]).ravel()
-        if not np.array_equal(fingerprint(elements, sums), summed[-FINGERPRINT_CELLS:]):
+        size = cells.size - extra.size - FINGERPRINT_CELLS
+        sums, seen = decode(plan, summed[:size]).ravel(), summed[size:-FINGERPRINT_CELLS]
+        if not np.array_equal(_fingerprint(elements, sums, seen, at), summed[-FINGERPRINT_CELLS:]):
             raise CorruptResultError("decoded values do not match the sketch's fingerprint")
-        return sums
+        return sums, seen
+
+
+def _fingerprint(elements: np.ndarray, q: np.ndarray, extra: np.ndarray, at: int) -> np.ndarray:
+    """The fingerprint of the values and of the `extra` cells sent beside them (taken as
+    the values of elements `at`, `at` + 1, ...: past the tensor's), so both are checked."""
+    if not extra.size:
+        return fingerprint(elements, q)
+    keys = np.r_[elements.astype(np.int64), at + np.arange(extra.size, dtype=np.int64)]
+    return fingerprint(keys, np.r_[q.astype(np.int32), extra.astype(np.int32)])
+
+
+def _marked(fp: np.ndarray, fault: bool) -> np.ndarray:
+    """The fingerprint cells, off by one when this worker saw a fault of its own after the
+    OR phase (its exponent above the agreed one): every worker's check then fails alike."""
+    if not fault:
+        return fp
+    out = np.array(fp, dtype=np.int32)
+    out.view(np.uint32)[0] += np.uint32(1)  # modulo 2^32, as the switch adds
+    return out
 
 
 def _check_rows(x: SparseRows) -> tuple[np.ndarray, np.ndarray, int]:

@@ -26,7 +26,7 @@ def asynchronous_hook(
     comm = state.start_comm()
     index, last = bucket.index(), bucket.is_last()
     budgets = state.hand_over(index, last)
-    fut = _issue(state, comm, index, buf)
+    fut = _issue(state, comm, index, buf, last)
     if last:  # after the last bucket's Future completes, on the same thread
         if state.auto_host is not None:
             state.auto_host.deciding()
@@ -35,7 +35,7 @@ def asynchronous_hook(
 
 
 def _issue(
-    state: "SwitchHookState", comm: CommThread, index: int, buf: torch.Tensor
+    state: "SwitchHookState", comm: CommThread, index: int, buf: torch.Tensor, last: bool
 ) -> torch.futures.Future[torch.Tensor]:
     """Bucket `index` queued for the communication thread, or, when codec="auto" sends it
     to the host this step, all-reduced from here as DDP's own."""
@@ -44,4 +44,4 @@ def _issue(
         state.stats.host_buckets += 1
         state.stats.auto_choices[HOST] += 1
         return host.issue(index, buf, state.host_all_reduce_async, state.world_size)
-    return comm.submit(lambda: aggregate_bucket(state, index, buf))
+    return comm.submit(lambda: aggregate_bucket(state, index, buf, last))

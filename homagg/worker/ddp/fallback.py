@@ -1,7 +1,9 @@
 """The collective fallback agreement: for every bucket all ranks take the same path, the
 switch or the process group's all_reduce (docs/worker.md: the decision protocol and its
-cost). Each decision is one tiny MAX all_reduce of a `Verdict`; after a fall-back the switch
-is tried again after `cooldown_steps` whole steps."""
+cost). A bucket within a step is agreed by one MAX packet through the switch (agreement.py);
+the step's last agreement, and each one after a failure, by one tiny MAX all_reduce of a
+`GlooVerdict`; after a fall-back the switch is tried again after `cooldown_steps` whole
+steps."""
 
 from __future__ import annotations
 
@@ -9,17 +11,28 @@ import logging
 import time
 import warnings
 from dataclasses import dataclass
-from typing import NamedTuple, Protocol
+from typing import Protocol
 
 import torch
 
+from homagg.control.job_record import GaveUp
+from homagg.worker.ddp.agreement import (
+    CODEC_FAILED,
+    ERROR,
+    OK,
+    SWITCH_TIMEOUT,
+    UNHEALTHY,
+    GlooVerdict,
+    Resolution,
+    resolve,
+)
 from homagg.worker.ddp.stats import HookStats
 from homagg.worker.job.agent import WorkerAgent
 
 log = logging.getLogger(__name__)
 
-# Failure kinds, exchanged as MAX over ranks: the highest one names the agreed reason.
-OK, UNHEALTHY, CODEC_FAILED, SWITCH_TIMEOUT, ERROR = 0, 1, 2, 3, 4
+__all__ = ["CODEC_FAILED", "ERROR", "OK", "SWITCH_TIMEOUT", "UNHEALTHY", "FallbackAgreement"]
+
 KIND_TEXT = {
     UNHEALTHY: "an agent is missing or unhealthy",
     CODEC_FAILED: "a codec error",
@@ -32,25 +45,6 @@ KIND_NAME = {  # the kinds as metric label values (homagg/worker/ddp/metrics.py)
     SWITCH_TIMEOUT: "switch_failed",
     ERROR: "error",
 }
-
-
-class Verdict(NamedTuple):
-    """The agreement's vector by name: a rank's failure kind, health kind and next chunk
-    (agreed: the MAX of each over ranks)."""
-
-    failure: int
-    health: int
-    chunk: int
-
-    def pack(self) -> torch.Tensor:
-        """The vector the MAX all_reduce takes (int64, in field order)."""
-        return torch.tensor(list(self), dtype=torch.int64)
-
-    @classmethod
-    def from_agreed(cls, t: torch.Tensor) -> Verdict:
-        """The verdict read back from the reduced vector."""
-        failure, health, chunk = (int(v) for v in t.tolist())
-        return cls(failure, health, chunk)
 
 
 class Agreeing(Protocol):
@@ -85,53 +79,74 @@ def next_chunk(agent: WorkerAgent | None) -> int:
 
 
 def realign(agent: WorkerAgent | None, chunk: int) -> None:
-    """Resume at the largest counter any rank reached: each new chunk is newer than whatever
-    a failed round left in the slots, so the switch starts it FRESH."""
+    """Resume past the largest counter any rank reached: each new chunk is newer than
+    whatever a failed round left in the slots, so the switch starts it FRESH, and newer than
+    any give-up a rank told (at most its counter), so none of them applies any more."""
     if agent is not None and agent.transport is not None:
-        agent.transport.next_chunk = chunk
+        agent.transport.next_chunk = chunk + 1
+
+
+def tell_gave_up(agent: WorkerAgent | None, reason: str) -> None:
+    """Tell the other ranks that this one gives up its switch stream (it failed outside the
+    transport, or before it): none of them waits on its next chunks any more."""
+    if agent is not None and agent.transport is not None:
+        transport = agent.transport
+        agent.tell_peers(GaveUp(transport.config.rank, transport.next_chunk, reason))
 
 
 @dataclass
 class FallbackAgreement:
-    """The agreed path for the next bucket (`use`: None until agreed) and the cool-down
-    after a fall-back. Plain numbers: pickles with the hook state."""
+    """The agreed path for the next bucket (`use`: None until agreed), the cool-down after a
+    fall-back (the switch is agreed again after step `resume_after`), the agreements this
+    rank decided (`done`) and those decided through the switch since the last one through
+    the process group (`unsealed`). Plain numbers: pickles with the hook state."""
 
     cooldown_steps: int = 5
     use: bool | None = None
-    cooldown_left: int = 0
-    fell_back_in_step: int = -1
+    resume_after: int = -1
+    done: int = 0
+    unsealed: int = 0
 
-    def agree(self, state: Agreeing, failure: int, health: int) -> Verdict:
-        """MAX over ranks of (failure kind, health kind, next chunk): one tiny all_reduce."""
+    def agree(self, state: Agreeing, failure: int, stream: int = OK) -> Resolution:
+        """One tiny MAX all_reduce of this rank's `GlooVerdict` (its bucket's failure kind,
+        what broke its switch stream, its health), read by `resolve`."""
         start = time.perf_counter()
-        t = Verdict(failure, health, next_chunk(state.agent)).pack()
+        health, chunk = local_health(state.agent), next_chunk(state.agent)
+        t = GlooVerdict.local(self.done, failure, stream, health, chunk, state.steps).pack()
         state.reduce_max(t)
         state.stats.agreed(start)
-        return Verdict.from_agreed(t)
+        resolution = resolve(GlooVerdict.from_agreed(t), self.done)
+        self.done, self.unsealed = resolution.done, 0
+        return resolution
+
+    def decided_by_switch(self) -> None:
+        """One agreement decided by the switch's answer to a verdict packet."""
+        self.done += 1
+        self.unsealed += 1
 
     def use_switch(self, state: Agreeing) -> bool:
         """The agreed path for the next bucket (agreeing first when it is not known)."""
         if self.use is None:
-            agreed = self.agree(state, OK, local_health(state.agent))
-            if agreed.health == OK:
+            agreed = self.agree(state, OK)
+            if agreed.kind == OK:
                 self.use = True
                 realign(state.agent, agreed.chunk)
             else:
-                self.fall_back(state, agreed.health, local_reason(state), agreed.chunk, 4)
+                self.fall_back(state, agreed, local_reason(state), 4)
         return bool(self.use)
 
     def fall_back(
-        self, state: Agreeing, kind: int, reason: str, chunk: int, stacklevel: int = 3
+        self, state: Agreeing, agreed: Resolution, reason: str, stacklevel: int = 3
     ) -> None:
-        """Switch -> fallback for `cooldown_steps` steps; warn once (`stacklevel`: from
-        the caller of the hook's function that fell back), count, realign chunks."""
-        text = KIND_TEXT.get(kind, "unknown")
+        """Switch -> fallback for `cooldown_steps` steps after the agreed step; warn once
+        (`stacklevel`: from the caller of the hook's function that fell back), count,
+        realign chunks."""
+        text = KIND_TEXT.get(agreed.kind, "unknown")
         state.stats.fallbacks += 1
         state.stats.fallback_reasons[text] += 1
         self.use = False
-        self.cooldown_left = self.cooldown_steps
-        self.fell_back_in_step = state.steps
-        realign(state.agent, chunk)
+        self.resume_after = agreed.step + self.cooldown_steps
+        realign(state.agent, agreed.chunk)
         if reason:
             text += f" ({reason})"
         if not state.warned:
@@ -145,10 +160,7 @@ class FallbackAgreement:
         log.info("rank %d: fallback (%s)", state.rank, text)
 
     def count_down(self, step: int) -> None:
-        """After step `step`: one whole step of the cool-down less (not the step that fell
-        back); at its end, agree again before the next bucket."""
-        if self.use is False:
-            if self.fell_back_in_step != step:
-                self.cooldown_left -= 1
-            if self.cooldown_left <= 0:
-                self.use = None
+        """After step `step`: once the cool-down's last step is over (whole steps after the
+        agreed one that fell back), agree again before the next bucket."""
+        if self.use is False and step >= self.resume_after:
+            self.use = None

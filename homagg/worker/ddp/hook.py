@@ -33,7 +33,7 @@ from homagg.worker.ddp.codec_cache import CodecCache
 from homagg.worker.ddp.comm_thread import CommThread
 from homagg.worker.ddp.fallback import FallbackAgreement
 from homagg.worker.ddp.stats import HookStats
-from homagg.worker.ddp.switch_path import switch_or_none
+from homagg.worker.ddp.switch_path import seal_step, switch_or_none
 from homagg.worker.job.agent import WorkerAgent
 
 log = logging.getLogger(__name__)
@@ -65,6 +65,7 @@ class SwitchHookState:
         auto: AutoConfig | None = None,
         rank: int | None = None,
         lane_ops: bool = False,
+        switch_agreements: bool = True,
     ) -> None:
         check_codec(codec, also=(AUTO_CODEC,))
         self.agent = agent
@@ -90,6 +91,8 @@ class SwitchHookState:
         self.stats = HookStats()
         self.metrics: Any = None  # its WorkerMetrics endpoint, when served (ddp/metrics.py)
         self.fallback = FallbackAgreement(cooldown_steps)
+        # buckets within a step agreed by a verdict packet through the switch (agreement.py)
+        self.switch_agreements = switch_agreements
         self.warned = False
         self.steps = 0
         # codec="auto": agreements started and not decided yet (indices, vector, taken, work)
@@ -213,6 +216,7 @@ class SwitchHookState:
         job of its own on the communication thread, after the last bucket's Future is
         complete: its agreement is not in the step's critical path)."""
         try:
+            seal_step(self)
             self.fallback.count_down(self.steps)
             if self.auto_host is not None:
                 self.auto_host.record()
@@ -252,8 +256,9 @@ def blocking_hook(
     """DDP comm hook: the bucket's gradients summed through the switch inside the hook (or,
     agreed by every rank, by the process group's all_reduce) and divided by the world size."""
     buf = bucket.buffer()
-    result = switch_or_none(state, bucket.index(), buf) if state.use_switch() else None
-    if bucket.is_last():
+    last = bucket.is_last()
+    result = switch_or_none(state, bucket.index(), buf, last) if state.use_switch() else None
+    if last:
         state.end_step()
     if result is not None:
         fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()

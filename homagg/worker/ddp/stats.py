@@ -19,7 +19,8 @@ class HookStats:
     switch_buckets: int = 0
     fallback_buckets: int = 0
     fallbacks: int = 0  # switch -> fallback transitions
-    agreements: int = 0  # tiny all_reduces of the decision protocol
+    agreements: int = 0  # tiny all_reduces of the decision protocol (process group)
+    switch_agreements: int = 0  # buckets agreed by a verdict packet through the switch
     dense_bytes: int = 0  # float32 bytes of the buckets sent through the switch
     wire_bytes: int = 0  # aggregation frames sent for them (retransmissions included)
     wire_cells: int = 0  # the cells those frames carried

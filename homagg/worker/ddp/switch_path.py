@@ -18,6 +18,7 @@ from homagg.worker.auto.control import HOST, Choice
 from homagg.worker.auto.host_path import nonzero_share
 from homagg.worker.codecs import Codec, CodecError, GradInput, Phase
 from homagg.worker.ddp import sparse_bucket
+from homagg.worker.ddp.agreement import SwitchRound
 from homagg.worker.ddp.fallback import (
     CODEC_FAILED,
     ERROR,
@@ -26,6 +27,7 @@ from homagg.worker.ddp.fallback import (
     UNHEALTHY,
     local_health,
     local_reason,
+    tell_gave_up,
 )
 from homagg.worker.transport.switch_transport import TransportError
 
@@ -71,16 +73,21 @@ def _phases(state: SwitchHookState, index: int, length: int, payload: Payload) -
 
 
 def _through_switch(
-    state: SwitchHookState, index: int, payload: Payload, length: int
+    state: SwitchHookState, index: int, payload: Payload, length: int, rnd: SwitchRound | None
 ) -> tuple[np.ndarray | None, int, str]:
-    """(decoded sum, OK, "") or (None, failure kind, reason) for one bucket on this rank."""
+    """(decoded sum, OK, "") or (None, failure kind, reason) for one bucket on this rank;
+    with `rnd`, the bucket's phases are followed by its verdict packet (what the rank
+    learnt is in `rnd`, whatever failed)."""
     agent = state.agent
     if agent is None or agent.transport is None or not agent.healthy:
         return None, UNHEALTHY, local_reason(state)
     transport = agent.transport
+    phases = _phases(state, index, length, payload)
+    if rnd is not None:
+        phases = rnd.phases(phases, lambda: local_health(state.agent))
     with state.stats.switch_run(transport):
         try:
-            return transport.run(_phases(state, index, length, payload)), OK, ""
+            return transport.run(phases), OK, ""
         except TransportError as exc:
             return None, SWITCH_TIMEOUT, str(exc)
         except CodecError as exc:
@@ -91,32 +98,66 @@ def _through_switch(
 
 
 def agreed_sum(
-    state: SwitchHookState, index: int, payload: Payload, length: int
+    state: SwitchHookState, index: int, payload: Payload, length: int, last: bool = True
 ) -> np.ndarray | None:
     """The switch's sum of `payload` (`length` dense cells; bucket `index`'s codec) when
-    every rank's succeeded, else None after the agreed fall-back; one agreement either way."""
-    out, failure, reason = _through_switch(state, index, payload, length)
-    agreed = state.fallback.agree(state, failure, local_health(state.agent))
-    if agreed.failure != OK:
-        state.fallback.fall_back(state, agreed.failure, reason, agreed.chunk)
+    every rank's succeeded, else None after the agreed fall-back. A bucket that is not the
+    step's `last` is agreed by a verdict packet through the switch (when the state agrees
+    through the switch), the last one through the process group, which seals the step."""
+    rnd = SwitchRound() if not last and state.switch_agreements else None
+    out, failure, reason = _through_switch(state, index, payload, length, rnd)
+    fallback = state.fallback
+    if rnd is not None and rnd.verdict is not None:  # decided by the switch
+        fallback.decided_by_switch()
+        state.stats.switch_agreements += 1
+        _count_switch_bucket(state, length)
+        if rnd.verdict.health != OK:  # kept; the next bucket falls back, sealed on gloo
+            fallback.fall_back(state, fallback.agree(state, OK, rnd.verdict.health), "")
+        return out
+    stream = OK
+    if rnd is not None and rnd.summed is not None:  # phases done, the verdict unanswered
+        out, failure, stream = rnd.summed, OK, failure
+    elif failure in (UNHEALTHY, CODEC_FAILED, ERROR):  # none may wait on this rank's chunks
+        tell_gave_up(state.agent, reason)
+    agreed = fallback.agree(state, failure, stream)
+    if not agreed.keep:
+        fallback.fall_back(state, agreed, reason)
         return None
     assert out is not None
-    state.stats.switch_buckets += 1
-    state.stats.dense_bytes += length * 4
-    if agreed.health != OK:  # this result is good; the next bucket takes the fallback
-        state.fallback.fall_back(state, agreed.health, local_reason(state), agreed.chunk)
+    _count_switch_bucket(state, length)
+    if agreed.kind != OK:  # this result is good; the next bucket takes the fallback
+        fallback.fall_back(state, agreed, reason or local_reason(state))
     return out
 
 
-def switch_or_none(state: SwitchHookState, index: int, buf: torch.Tensor) -> torch.Tensor | None:
+def seal_step(state: SwitchHookState) -> None:
+    """At a step's end: when agreements since the last one through the process group were
+    decided through the switch only (a codec="auto" step whose last bucket went to the
+    host), one through the process group, where a rank that missed a switch answer meets
+    the others."""
+    if state.fallback.unsealed:
+        agreed = state.fallback.agree(state, OK)
+        if agreed.kind != OK:
+            state.fallback.fall_back(state, agreed, local_reason(state))
+
+
+def _count_switch_bucket(state: SwitchHookState, length: int) -> None:
+    """One bucket summed by the switch: `length` float32 cells."""
+    state.stats.switch_buckets += 1
+    state.stats.dense_bytes += length * 4
+
+
+def switch_or_none(
+    state: SwitchHookState, index: int, buf: torch.Tensor, last: bool = True
+) -> torch.Tensor | None:
     """The bucket summed by the switch into `buf`, or None when the ranks agreed to fall
-    back (the agreement all_reduce is issued on every rank either way)."""
+    back (agreed on every rank either way; `last`: the step's last bucket, see agreed_sum)."""
     if buf.is_sparse:  # a sparse parameter's bucket: its rows, never densified
         sparse = sparse_bucket.SparseBucket(buf)
-        summed = agreed_sum(state, index, Via(sparse.phases), buf.numel())
+        summed = agreed_sum(state, index, Via(sparse.phases), buf.numel(), last)
         return None if summed is None else sparse.result(summed)
     grad = buf.detach().reshape(-1).to("cpu", torch.float32).numpy()
-    out = agreed_sum(state, index, Gradient(grad), grad.size)
+    out = agreed_sum(state, index, Gradient(grad), grad.size, last)
     return None if out is None else _into_bucket(buf, out)
 
 
@@ -130,10 +171,13 @@ def _into_bucket(buf: torch.Tensor, out: np.ndarray) -> torch.Tensor:
     return buf
 
 
-def aggregate_bucket(state: SwitchHookState, index: int, buf: torch.Tensor) -> torch.Tensor:
+def aggregate_bucket(
+    state: SwitchHookState, index: int, buf: torch.Tensor, last: bool = True
+) -> torch.Tensor:
     """Bucket `index` summed (through the switch, or agreed by every rank by the hook
     group's all_reduce) and divided by the world size, in place, before returning: the
-    communication thread's job (and DeAR's). codec="auto": the controller's path, timed."""
+    communication thread's job (and DeAR's; `last`: the step's last bucket, see
+    agreed_sum). codec="auto": the controller's path, timed."""
     start, sent = time.perf_counter(), state.stats.wire_cells
     choice = state.controller.choice(index) if state.controller is not None else None
     result: torch.Tensor | None = None
@@ -143,7 +187,7 @@ def aggregate_bucket(state: SwitchHookState, index: int, buf: torch.Tensor) -> t
         state.stats.host_buckets += 1
         result = buf
     elif state.use_switch():
-        result = switch_or_none(state, index, buf)
+        result = switch_or_none(state, index, buf, last)
     if result is None:
         ran = None  # the agreed fallback: not a measurement of the chosen path
         state.stats.fallback_buckets += 1

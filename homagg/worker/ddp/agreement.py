@@ -1,0 +1,126 @@
+"""The vectors of the hook's decision protocol, by name (docs/worker.md: the collective
+fallback decision), and how the gloo agreement's vector decides.
+
+Within a step, a bucket's outcome is agreed through the switch itself: one MAX packet
+after the bucket's phases (`SwitchVerdict`), sent only by a rank whose phases succeeded, so
+that its result exists only when every rank's did. The step's last agreement, and every
+one after a failure, goes through the process group (`GlooVerdict`, MAX): it seals the
+step, so that a rank that missed the switch's answer (the switch died between its copies)
+and a rank that got it meet again there at the latest. Ranks differ by at most one
+agreement when they meet (a switch verdict completes only once every rank has sent it), and
+`resolve` reads from the agreed vector who was behind: such a rank keeps its bucket (every
+rank's phases had succeeded), every rank falls back from the next bucket on."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Generator
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import numpy as np
+import torch
+
+from homagg.wire.constants import Op
+from homagg.worker.codecs.base import Phase
+
+Phases = Generator[Phase, np.ndarray, np.ndarray]
+
+# Failure kinds, exchanged as MAX over ranks: the highest one names the agreed reason.
+OK, UNHEALTHY, CODEC_FAILED, SWITCH_TIMEOUT, ERROR = 0, 1, 2, 3, 4
+
+
+class SwitchVerdict(NamedTuple):
+    """The cells of the verdict packet (op MAX): each rank's health kind after its bucket;
+    agreed, the worst one. Sent only by a rank whose phases succeeded."""
+
+    health: int
+
+    def cells(self) -> np.ndarray:
+        """The int32 cells the packet carries, in field order."""
+        return np.array(list(self), dtype=np.int32)
+
+    @classmethod
+    def from_cells(cls, cells: np.ndarray) -> SwitchVerdict:
+        """The agreed verdict read back from the switch's result; a result of another
+        length is a corrupt answer (ValueError)."""
+        if cells.size != len(cls._fields):
+            raise ValueError(f"a verdict of {cells.size} cells, expected {len(cls._fields)}")
+        return cls(*(int(v) for v in cells))
+
+
+@dataclass
+class SwitchRound:
+    """One bucket's phases followed by its verdict packet, in one transport run: what the
+    rank learnt (`summed`: its phases succeeded; `verdict`: the switch answered it)."""
+
+    summed: np.ndarray | None = None
+    verdict: SwitchVerdict | None = None
+
+    def phases(self, inner: Phases, health: Callable[[], int]) -> Phases:
+        """`inner`'s phases, then the verdict (this rank's health once they succeeded)."""
+        out = yield from inner
+        self.summed = out
+        agreed = yield Phase(Op.MAX, SwitchVerdict(health()).cells())
+        self.verdict = SwitchVerdict.from_cells(np.asarray(agreed))
+        return out
+
+
+class GlooVerdict(NamedTuple):
+    """The process group's agreement vector, by name (MAX over ranks of each field):
+    `done` agreements this rank decided and its negation (agreed: the most and the fewest),
+    the failure kind of its bucket's phases (OK: they succeeded, or no bucket), the kind of
+    what broke its switch stream (a verdict not answered; or OK), its health kind, its next
+    chunk (the counter every rank resumes at) and its step (a cool-down counts from the
+    latest)."""
+
+    done: int
+    neg_done: int
+    failure: int
+    stream: int
+    health: int
+    chunk: int
+    step: int
+
+    @classmethod
+    def local(
+        cls, done: int, failure: int, stream: int, health: int, chunk: int, step: int
+    ) -> GlooVerdict:
+        """This rank's vector."""
+        return cls(done, -done, failure, stream, health, chunk, step)
+
+    def pack(self) -> torch.Tensor:
+        """The vector the MAX all_reduce takes (int64, in field order)."""
+        return torch.tensor(list(self), dtype=torch.int64)
+
+    @classmethod
+    def from_agreed(cls, t: torch.Tensor) -> GlooVerdict:
+        """The agreed vector read back from the reduced tensor."""
+        return cls(*(int(v) for v in t.tolist()))
+
+
+@dataclass(frozen=True)
+class Resolution:
+    """What an agreed `GlooVerdict` means for one rank: whether its bucket's switch result
+    is the agreed one (`keep`), the kind to fall back for (OK: stay on the switch), the
+    chunk and step to resume from, and the agreements decided once it is applied."""
+
+    keep: bool
+    kind: int
+    chunk: int
+    step: int
+    done: int
+
+
+def resolve(agreed: GlooVerdict, done: int) -> Resolution:
+    """The agreed vector read by a rank that had decided `done` agreements. A rank behind
+    the others missed the switch's answer to a verdict every rank sent, so its phases, like
+    everyone's, succeeded: it keeps its result. A rank ahead decided that verdict and, with
+    a bucket in flight, fails it (the others never sent its phases). Any spread means a
+    switch stream broke: everyone falls back."""
+    fewest = -agreed.neg_done
+    spread = agreed.done > fewest
+    kind = max(agreed.failure, agreed.stream, agreed.health)
+    if spread:
+        kind = kind or SWITCH_TIMEOUT
+    keep = done == fewest if spread else agreed.failure == OK
+    return Resolution(keep, kind, agreed.chunk, agreed.step, agreed.done + 1)

@@ -1,0 +1,28 @@
+"""bench.agreement's tables from given times, and its NCF round-trip count (in process)."""
+
+from __future__ import annotations
+
+from bench.agreement import WAYS, report, round_trips, trips_report
+
+
+def test_the_report_gives_percentiles_and_the_ratio_to_gloo():
+    times = {
+        WAYS[0]: [0.001] * 99 + [0.010],
+        WAYS[1]: [0.004] * 100,
+        "before": [0.040] * 10,
+        "now": [0.030] * 10,
+        "fallbacks": [0.0, 0.0],
+    }
+    lines = report({"ebpf": times}, world=4, rounds=2)
+    rows = [line for line in lines if line.startswith("| ebpf")]
+    assert rows[0].startswith("| ebpf | switch verdict | 1.00 |") and "4.00x" in rows[0]
+    assert rows[1].startswith("| ebpf | gloo all_reduce | 4.00 | 4.00 | 1.00x")
+    assert rows[2] == "| ebpf | before | 40.0 | 40.0 | 1.00x | 10 | 0 |"
+    assert rows[3] == "| ebpf | now | 30.0 | 30.0 | 1.33x | 10 | 0 |"
+
+
+def test_the_exponents_in_the_or_phase_save_a_round_trip_per_bucket():
+    before, now = round_trips(4, "max"), round_trips(4, "or")
+    assert [b - n for b, n in zip(before, now, strict=True)] == [1, 1, 1]
+    lines = trips_report(4)
+    assert lines[-1].endswith(f"| {sum(now) + 2} | 1 |")  # two verdicts, one seal
