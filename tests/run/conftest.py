@@ -10,9 +10,11 @@ from mininet_runs import MLP, TWO_HOSTS, Run, runs_together
 
 @pytest.fixture(scope="session")
 def auto_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Run]:
-    """codec="auto" with the asynchronous hook and in DeAR mode (the MLP, 12 steps, no gloo
-    run), at once: test_overlap_runs checks each, test_two_runs that both finished apart."""
+    """The MLP for 12 steps in DeAR mode with the fixed-point codec (and its gloo run), and
+    codec="auto" with the asynchronous hook and in DeAR mode (no gloo run), at once:
+    test_overlap_runs checks each, test_two_runs that the auto runs finished apart."""
     runs = {
+        "dear": [*MLP, "--overlap", "dear", "--codec", "fixed_point"],
         "auto": [*MLP, "--codec", "auto", "--no-gloo"],
         "auto-dear": [*MLP, "--codec", "auto", "--overlap", "dear", "--no-gloo"],
     }

@@ -1,5 +1,5 @@
 """Shortened `make run`s in Mininet for the tests of tests/run: whether they can run here,
-one run, and a group of runs started at once (each run's names, addresses and directories
+and a group of runs started at once (each run's names, addresses and directories
 are its own: run/names.py), which several tests then check (conftest.py's fixtures)."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from homagg.lab.processes import run_together
 
 ROOT = Path(__file__).resolve().parents[2]
 # A group of runs on 2 cores: each run's own bound, and a little more for the group.
-GROUP_TIMEOUT = 330
+GROUP_TIMEOUT = 360
 TWO_HOSTS = ["--hosts", "2", "--target", "refswitch"]
 MLP = [*TWO_HOSTS, "--model", "mlp", "--steps", "12"]  # the dense MLP's short run
 
@@ -37,21 +37,6 @@ def mininet_reason() -> str:
 
 def _env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(ROOT)}
-
-
-def python_m_run(args: list[str], timeout: float) -> str:
-    """`python -m run ARGS` from the repository (as `make run` starts it); its standard
-    output, after asserting that it exited 0 within `timeout` seconds."""
-    done = subprocess.run(
-        [sys.executable, "-m", "run", *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=_env(),
-    )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    return done.stdout
 
 
 def cmdlines_mentioning(text: str) -> list[str]:

@@ -16,7 +16,7 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-@pytest.mark.timeout(400)
+@pytest.mark.timeout(420)
 def test_shortened_make_run_trains_exactly_and_cleans_up(training_runs):
     run = training_runs["ncf"]
     out, stdout = run.out, run.output()
@@ -33,7 +33,7 @@ def test_shortened_make_run_trains_exactly_and_cleans_up(training_runs):
     assert run_number(stdout) is not None and run.left == ()
 
 
-@pytest.mark.timeout(400)
+@pytest.mark.timeout(420)
 def test_dense_model_trains_exactly_through_the_switch(training_runs):
     run = training_runs["mlp"]
     out, stdout = run.out, run.output()
