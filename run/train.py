@@ -28,6 +28,13 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+
+# Before init_process_group: this module's functions take `group=group.WORLD` as a default
+# argument, evaluated at import. DDP imports it (through torch.distributed._shard); imported
+# after init, its defaults keep the world group alive past destroy_process_group, and gloo's
+# threads and the TCPStore are then torn down inside interpreter finalization (issue 31's
+# "terminate called without an active exception"). Imported here, its defaults are None.
+import torch.distributed.nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from homagg.environment import LOG_ENV

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_make_run import _mininet_reason
+from mininet_runs import mininet_reason
 
 from homagg.control.artifacts import BMV2_JSON_PATH, P4INFO_PATH
 from homagg.control.forwarding import Host, forwarding_entries
@@ -23,7 +23,7 @@ from homagg.lab.namespace import in_namespace, tcp_connects
 from homagg.lab.switch_process import THRIFT_PORT, free_port
 
 pytestmark = pytest.mark.skipif(
-    bool(_mininet_reason()), reason=_mininet_reason() or "runs make run in Mininet"
+    bool(mininet_reason()), reason=mininet_reason() or "runs make run in Mininet"
 )
 
 
