@@ -47,7 +47,7 @@ def line(seconds: float, suffix: str = "") -> str:
         ("refswitch", "bmv2", "refswitch / BMv2"),
         ("bmv2-opt", "bmv2", "optimized / default BMv2"),
         ("ebpf", "refswitch", "eBPF / refswitch"),
-        ("ebpf", "ebpf-tc", "eBPF with / without its XDP stage"),
+        ("ebpf-xdp", "ebpf", "eBPF with / without its XDP stage"),
     ):
         rate = _find("switch_rate", rf"^\| 256 \| ADD \| {a} / {b} \| ([\d.]+x)", suffix)
         if rate:

@@ -1,8 +1,8 @@
 """Switch packet rate, reference switch vs BMv2 (and the optimized BMv2 build, target
 bmv2-opt, when HOMAGG_BMV2_OPT or --bmv2-opt names its prefix) vs the eBPF target, side
-by side in one run. The eBPF target runs with its XDP stage in front (ebpf: native XDP),
-and as variants: ebpf-tc (the TC program alone) and ebpf-generic (generic XDP), set by
-HOMAGG_EBPF_XDP for their switch processes.
+by side in one run. The eBPF target runs as it does by default (ebpf: the TC program
+alone), and as variants with its XDP stage in front: ebpf-xdp (native XDP) and
+ebpf-generic (generic XDP), set by HOMAGG_EBPF_XDP for their switch processes.
 
 Each target runs in its own fabric (4 hosts in namespaces); batches of a full pool
 (32 slots x 4 workers) are sent as fast as the hosts can, then every result is awaited.
@@ -18,7 +18,7 @@ bench/results/switch_rate.md and switch_rate.png (switch_rate_ops.* when lane op
 measured; --name sets the stem).
 
     python -m bench.switch_rate [--cells 64 128 256] [--ops ADD ADD16 ADD8] [--reps 7]
-        [--targets refswitch bmv2 bmv2-opt ebpf ebpf-tc ebpf-generic] [--senders python c:4]
+        [--targets refswitch bmv2 bmv2-opt ebpf ebpf-xdp ebpf-generic] [--senders python c:4]
         [--bmv2-opt PREFIX]
         [--name switch_rate]
 """
@@ -45,7 +45,7 @@ from homagg.lab import REPO_ROOT
 from homagg.lab.switch_process import TARGETS, available_targets, target_problem
 from homagg.wire.constants import CELL_BITS, LANE_BITS_OF_OP, Op
 
-EBPF_VARIANTS = {"ebpf-tc": "off", "ebpf-generic": "generic"}  # -> HOMAGG_EBPF_XDP
+EBPF_VARIANTS = {"ebpf-xdp": "native", "ebpf-generic": "generic"}  # -> HOMAGG_EBPF_XDP
 BENCH_TARGETS = (*TARGETS, *EBPF_VARIANTS)
 PY_BATCHES = 4  # full pools per measurement with the Python sender
 C_BATCHES = 64  # ... with the C sender: a window long enough to time at its rate
@@ -218,9 +218,9 @@ RATIOS = (
     ("ebpf", "refswitch"),
     ("ebpf", "bmv2-opt"),
     ("ebpf", "bmv2"),
-    ("ebpf-tc", "refswitch"),
+    ("ebpf-xdp", "refswitch"),
     ("ebpf-generic", "refswitch"),
-    ("ebpf", "ebpf-tc"),
+    ("ebpf-xdp", "ebpf"),
 )  # (numerator, denominator) of a row
 
 
@@ -290,10 +290,10 @@ def plot(rows: list[dict], path: Path) -> None:
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
     names = {"refswitch": "reference switch", "bmv2": "BMv2", "bmv2-opt": "BMv2 -O3"}
-    names.update({"ebpf": "eBPF (XDP + TC)", "ebpf-tc": "eBPF (TC)"})
+    names.update({"ebpf": "eBPF (TC)", "ebpf-xdp": "eBPF (XDP + TC)"})
     names["ebpf-generic"] = "eBPF (generic XDP)"
     styles = [("refswitch", "o-"), ("bmv2", "s-"), ("bmv2-opt", "^-"), ("ebpf", "D-")]
-    styles += [("ebpf-tc", "v-"), ("ebpf-generic", "x-")]
+    styles += [("ebpf-xdp", "v-"), ("ebpf-generic", "x-")]
     for (t, style), sender in itertools.product(
         styles, dict.fromkeys(r.get("sender") for r in rows)
     ):
@@ -352,7 +352,7 @@ def _parser() -> argparse.ArgumentParser:
         choices=BENCH_TARGETS,
         default=None,
         help="switches to compare, alternating (default: every one available here, the "
-        "eBPF target also without its XDP stage: ebpf-tc)",
+        "eBPF target also with its XDP stage: ebpf-xdp)",
     )
     p.add_argument(
         "--bmv2-opt",
@@ -456,7 +456,7 @@ def main(argv: list[str] | None = None) -> int:
         os.environ[BMV2_OPT_ENV] = str(args.bmv2_opt)  # the child and its switches read it
     targets = args.targets or available_targets()
     if not args.targets and "ebpf" in targets:
-        targets.append("ebpf-tc")
+        targets.append("ebpf-xdp")
     problems = [f"{t}: {_problem(t)}" for t in targets if _problem(t)]
     if problems:
         p.error("; ".join(problems))

@@ -9,11 +9,11 @@ from homagg.ebpf.libbpf import XDP_FLAGS_DRV_MODE, XDP_FLAGS_SKB_MODE
 from homagg.environment import EBPF_XDP_ENV
 
 
-def test_native_is_the_default(monkeypatch):
+def test_off_is_the_default(monkeypatch):
     monkeypatch.delenv(EBPF_XDP_ENV, raising=False)
-    assert xdp_mode() == "native"
+    assert xdp_mode() == "off"
     monkeypatch.setenv(EBPF_XDP_ENV, "")
-    assert xdp_mode() == "native"
+    assert xdp_mode() == "off"
 
 
 @pytest.mark.parametrize("mode", ["native", "generic", "off"])
