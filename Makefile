@@ -52,7 +52,7 @@ $(VENV)/.installed: pyproject.toml homagg/p4rt/generate.py homagg/api/generate.p
 venv: $(VENV)/.installed  ## create the virtual environment with every dependency
 
 test: venv lint ebpf-deps  ## lint, then the whole test suite (packet tests need root; BMv2 and eBPF tests run where their target is available)
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest --durations=25 $(PYTEST_ARGS)
 
 check: venv lint  ## lint, then the unit tier alone (pytest -m "unit and not slow": no root, BMv2 or Mininet; ~2 min on 2 cores)
 	$(PY) -m pytest -m "unit and not slow" $(PYTEST_ARGS)

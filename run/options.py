@@ -42,11 +42,18 @@ def parser(description: str = "", epilog: str = "") -> argparse.ArgumentParser:
     _training_options(p.add_argument_group("training (every run)"))
     _comparison_options(p.add_argument_group("comparison runs"))
     _script_options(p.add_argument_group("your own script (run/script.py)"))
-    p.add_argument_group("output").add_argument(
+    output = p.add_argument_group("output")
+    output.add_argument(
         "--out",
         type=Path,
         default=None,
         help="logs, results and the plot (default: the run's directory/out, printed at start)",
+    )
+    output.add_argument(
+        "--no-plot",
+        action="store_true",
+        help="skip make-run.png (matplotlib costs a few seconds of CPU a run: for scripted "
+        "runs that read the summary and the JSON lines only)",
     )
     return p
 

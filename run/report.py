@@ -196,10 +196,13 @@ def print_report(args: argparse.Namespace, topo: Topology, target: str, counters
     if overlap:
         print(overlap)
     print("\nswitch counters (aggctl counters)\n" + counters.strip())
-    path = args.out / "make-run.png"
-    plot(runs, path, f"{topo.hosts} hosts, {target}, {topo.describe_bw()}")
     ok = args.no_gloo or _parameters_agree(args, runs[switch_run], topo.hosts)
-    print(f"plot: {path}")
+    if args.no_plot:
+        print("plot: none (--no-plot)")
+    else:
+        path = args.out / "make-run.png"
+        plot(runs, path, f"{topo.hosts} hosts, {target}, {topo.describe_bw()}")
+        print(f"plot: {path}")
     return 0 if ok else 1
 
 

@@ -29,7 +29,7 @@ def training_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Run]:
     example = str(ROOT / "examples" / "train_ddp.py")
     runs = {
         "ncf": [*TWO_HOSTS, "--steps", "40", "--users", "2000", "--items", "500", "--lr", "2"],
-        "mlp": [*TWO_HOSTS, "--model", "mlp", "--steps", "15"],
+        "mlp": [*TWO_HOSTS, "--model", "mlp", "--steps", "15", "--no-plot"],
         "script": [
             *TWO_HOSTS,
             "--no-gloo",

@@ -46,6 +46,7 @@ def test_dense_model_trains_exactly_through_the_switch(training_runs):
     out, stdout = run.out, run.output()
     assert "model mlp" in stdout and "AGREE within the bound" in stdout, stdout[-2000:]
     steps = [json.loads(line) for line in (out / "switch.jsonl").read_text().splitlines()]
+    assert "plot: none (--no-plot)" in stdout and not (out / "make-run.png").exists()
     assert steps[-1]["loss"] < steps[0]["loss"]
     assert all(s["fallback_buckets"] == 0 for s in steps)
     # dense gradients: the lossless codec sends about the dense size (bitmap + every value)
