@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from ctl_helpers import HOSTS, make_config
+from ctl_helpers import HOSTS, join_all, make_config
 
 from homagg.api import jobs_pb2
 from homagg.control.cli import COMMANDS, main
@@ -23,10 +23,7 @@ def running(refswitch, tmp_path, start_controller):
         make_config(refswitch.address, tmp_path, lease=30.0, heartbeat_interval=5.0)
     )
     job = ctl.client.create_job("cli-job", 2, "dense", pool_size=32)
-    for rank, h in enumerate(HOSTS[:2]):
-        ctl.client.join(
-            job.job_id, job.token, rank, h["mac"], h["ip"], 41000 + rank, h["switch_port"]
-        )
+    join_all(ctl.client, job, HOSTS[:2])
     return ctl, job
 
 

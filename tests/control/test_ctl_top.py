@@ -32,10 +32,7 @@ def running(refswitch, tmp_path, start_controller):
         make_config(refswitch.address, tmp_path, lease=30.0, heartbeat_interval=5.0)
     )
     job = ctl.client.create_job("top-job", 2, "lossless", pool_size=16)
-    for rank, h in enumerate(HOSTS[:2]):
-        ctl.client.join(
-            job.job_id, job.token, rank, h["mac"], h["ip"], 41000 + rank, h["switch_port"]
-        )
+    join_all(ctl.client, job, HOSTS[:2])
     return ctl, job
 
 
