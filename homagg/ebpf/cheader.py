@@ -1,6 +1,7 @@
 """The C header of the eBPF program's constants, generated from homagg.wire at build time
 so that the kernel program cannot drift from the Python definitions (cells per packet,
-the aggregation header, ops, flags, drop reasons, events, slot counts). Table sizes come
+the aggregation header, ops, flags, drop reasons, events, slot counts, the slot's final
+bit). Table sizes come
 from p4src/include/constants.p4, their only definition."""
 
 from __future__ import annotations
@@ -42,6 +43,8 @@ def _scalars(cells_per_packet: int) -> dict[str, int]:
         "SHADOW_COPIES": c.SHADOW_COPIES,
         "NUM_SLOT_COPIES": c.NUM_SLOT_COPIES,
         "MAX_WORKERS_PER_JOB": c.MAX_WORKERS_PER_JOB,
+        "SLOT_FINAL": c.SLOT_FINAL,
+        "SLOT_COUNT_MASK": c.SLOT_COUNT_MASK,
         "RESULT_TTL": c.RESULT_TTL,
         "ETHERTYPE_IPV4": c.ETHERTYPE_IPV4,
         "ETHERTYPE_ARP": c.ETHERTYPE_ARP,

@@ -20,6 +20,8 @@ _LPM_KEY = struct.Struct("=I4s")
 _ROUTE = struct.Struct("=II6s6s")
 _JOB = struct.Struct("=IIII")
 _WORKER = struct.Struct("=II")
+_UPLINK = struct.Struct("=II")  # port, rank
+_UPLINK_TAIL = struct.Struct("!I6s2x")  # parent_ip, parent_mac: copied into the frame
 _RECIPIENT = struct.Struct("=6s")
 _RECIPIENT_TAIL = struct.Struct("!HI")  # udp_port, ip: copied into the frame as they are
 _REPLICA = struct.Struct("=II")
@@ -30,6 +32,7 @@ TABLE_MAPS: dict[str, tuple[str, str | None]] = {
     p4names.IPV4_LPM: ("ipv4_lpm", None),
     p4names.JOB_TABLE: ("job_table", "job_packets"),
     p4names.WORKER_TABLE: ("worker_table", "worker_packets"),
+    p4names.UPLINK: ("uplink", None),
     p4names.RESULT_REWRITE: ("result_rewrite", None),
 }
 # P4 counter -> its per-CPU array
@@ -44,6 +47,7 @@ SIZES: dict[str, tuple[int, int]] = {
     "ipv4_lpm": (_LPM_KEY.size, _ROUTE.size),
     "job_table": (U32.size, _JOB.size),
     "worker_table": (JOB_RANK.size, _WORKER.size),
+    "uplink": (U32.size, _UPLINK.size + _UPLINK_TAIL.size),
     "result_rewrite": (JOB_RANK.size, _RECIPIENT.size + _RECIPIENT_TAIL.size),
     "multicast_groups": (U32.size, U32.size + MAX_REPLICAS * _REPLICA.size),
     "job_packets": (U32.size, COUNT.size),
@@ -88,6 +92,9 @@ def entry_value(table: str, entry: Entry) -> bytes:
         return _WORKER.pack(p["port"], p["worker_bit"])
     if table == p4names.RESULT_REWRITE:
         return _RECIPIENT.pack(_mac(p["mac"])) + _RECIPIENT_TAIL.pack(p["udp_port"], p["ip"])
+    if table == p4names.UPLINK:
+        head = _UPLINK.pack(p["port"], p["rank"])
+        return head + _UPLINK_TAIL.pack(p["parent_ip"], _mac(p["parent_mac"]))
     raise KeyError(f"no map for table {table}")
 
 

@@ -3,9 +3,12 @@
  * contributions whose effect is only on their slot copy: one that does not complete its
  * round (added under the slot's lock, counted as a contribution), a duplicate and a stale
  * one (counted as drops for their reason). Everything else, a completing contribution, a
- * resend and whatever is not a valid contribution, passes unchanged to the TC program
+ * resend (of a result, or of a leaf's partial up), every result packet (a parent's result
+ * at a leaf) and whatever is not a valid contribution, passes unchanged to the TC program
  * (homagg_tc.c), which classifies it again under the lock: each packet's effect on a slot
- * happens in one stage, so the two stages keep the serial semantics of docs/protocol.md. */
+ * happens in one stage, so the two stages keep the serial semantics of docs/protocol.md.
+ * A tree job's contributions are absorbed like any other's: what differs at a leaf (the
+ * partial, its re-send, the parent's result) all happens in TC. */
 #pragma once
 #include "aggregation.h"
 
@@ -30,7 +33,8 @@ static __always_inline int absorb(struct xdp_md *ctx, const struct headers *h,
 {
     __u32 index = 0, mcast_grp = 0, count = 0, exp = 0, zero = 0;
     struct contribution k = {};
-    if (invalid(h) != DROP_NONE || find_slot(h, m, &k, &index, &mcast_grp, 0) != DROP_NONE)
+    if ((h->agg->flags & AGG_FLAG_RESULT) || invalid(h) != DROP_NONE
+        || find_slot(h, m, &k, &index, &mcast_grp, 0) != DROP_NONE)
         return XDP_PASS;
     __u32 rank = h->agg->rank;
     struct slot *s = bpf_map_lookup_elem(&slots, &index);

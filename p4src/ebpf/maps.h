@@ -18,12 +18,15 @@ struct arp_params { __u8 mac[6]; __u8 pad[2]; };
 struct route_params { __u32 action; __u32 port; __u8 src_mac[6]; __u8 dst_mac[6]; };
 struct job_params { __u32 pool_base; __u32 pool_size; __u32 num_workers; __u32 mcast_grp; };
 struct worker_params { __u32 port; __u32 worker_bit; };
+/* set_uplink: this switch is a leaf of the job; its partials go up to the parent. */
+struct uplink_params { __u32 port; __u32 rank; __be32 parent_ip; __u8 parent_mac[6]; __u8 pad[2]; };
 struct recipient { __u8 mac[6]; __be16 udp_port; __be32 ip; };
 struct replica { __u32 port; __u32 rid; };
 struct mcast_group { __u32 size; struct replica replicas[MAX_REPLICAS]; };
 struct cells { __be32 v[CELLS_PER_PKT]; };
 
-/* One slot copy: slot_state and its cells, under one lock (XDP/TC run on every CPU). */
+/* One slot copy: slot_state and its cells, under one lock (XDP/TC run on every CPU).
+ * count's top bit is SLOT_FINAL (a leaf stored the parent's result), the rest the count. */
 struct slot {
     struct bpf_spin_lock lock;
     __u32 job_id;
@@ -46,6 +49,7 @@ MAP(BPF_MAP_TYPE_LPM_TRIE, ipv4_lpm, struct lpm_key, struct route_params, IPV4_T
     __uint(map_flags, BPF_F_NO_PREALLOC););
 MAP(BPF_MAP_TYPE_HASH, job_table, __u32, struct job_params, MAX_JOBS);
 MAP(BPF_MAP_TYPE_HASH, worker_table, struct job_rank, struct worker_params, MAX_WORKERS);
+MAP(BPF_MAP_TYPE_HASH, uplink, __u32, struct uplink_params, MAX_JOBS);
 MAP(BPF_MAP_TYPE_HASH, result_rewrite, struct job_rank, struct recipient, MAX_WORKERS);
 MAP(BPF_MAP_TYPE_HASH, multicast_groups, __u32, struct mcast_group, MAX_JOBS);
 MAP(BPF_MAP_TYPE_PERCPU_HASH, job_packets, __u32, struct count, MAX_JOBS);
