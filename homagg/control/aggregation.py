@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from homagg.control.entries import EntrySpec
+from homagg.p4rt.bytestrings import ipv4_to_int, mac_to_int
 from homagg.wire import p4names
 from homagg.wire.constants import MAX_JOB_ID, MAX_WORKERS_PER_JOB, NUM_SLOTS
 
@@ -80,5 +81,23 @@ def job_entry(job: JobEntries) -> EntrySpec:
             "pool_size": job.pool_size,
             "num_workers": len(job.workers),
             "mcast_grp": job.mcast_grp,
+        },
+    )
+
+
+def uplink_entry(job_id: int, port: int, rank: int, parent_ip: str, parent_mac: str) -> EntrySpec:
+    """The uplink entry that makes a switch a leaf of a two-level job: its completed slot
+    copies go out of `port` to the parent's service address as uplink rank `rank`, and it
+    takes the parent's results from that port (docs/protocol.md, Two-level aggregation).
+    Written before the leaf's job entry, removed after it."""
+    return EntrySpec.of(
+        p4names.UPLINK,
+        {"hdr.agg.job_id": job_id},
+        p4names.SET_UPLINK,
+        {
+            "port": port,
+            "rank": rank,
+            "parent_ip": ipv4_to_int(parent_ip),
+            "parent_mac": mac_to_int(parent_mac),
         },
     )

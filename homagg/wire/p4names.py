@@ -18,6 +18,10 @@ UNKNOWN_JOB = "SwitchIngress.aggregation.unknown_job"
 WORKER_TABLE = "SwitchIngress.aggregation.worker_table"
 SET_WORKER = "SwitchIngress.aggregation.set_worker"
 EVENT_COUNTER = "SwitchIngress.aggregation.event_counter"
+# A leaf of a two-level job (docs/protocol.md, Two-level aggregation): not in TABLES, which
+# lists the tables every pipeline has; the Tofino pipeline has no tree (NOT_ON_TOFINO).
+UPLINK = "SwitchIngress.aggregation.uplink"
+SET_UPLINK = "SwitchIngress.aggregation.set_uplink"
 
 # Result delivery (p4src/delivery.p4)
 RESULT_REWRITE = "SwitchEgress.delivery.result_rewrite"
@@ -30,3 +34,5 @@ EGRESS_DROPS = "SwitchEgress.drop_counter"
 
 TABLES = (ARP_RESPONDER, IPV4_LPM, JOB_TABLE, WORKER_TABLE, RESULT_REWRITE)
 COUNTERS = (INGRESS_DROPS, EGRESS_DROPS, EVENT_COUNTER)
+# The v1model program's names the TNA program (p4src/tofino) does not have.
+NOT_ON_TOFINO = (UPLINK, SET_UPLINK)
