@@ -15,6 +15,7 @@ from pathlib import Path
 from homagg.lab.fabric import Fabric, FabricHost, new_fabric_tag
 from homagg.lab.namespace import delete_link, in_namespace, ip, tc
 from homagg.lab.rawsock import RawPort
+from homagg.lab.switch_process import BMV2_TARGETS
 
 UPLINK_PORT = 100  # every leaf's port toward the parent (its hosts are on ports 1..n)
 PARENT_SUBNET = 0  # the parent's service address is 10.0.0.254; leaf k's subnet is k + 1
@@ -48,7 +49,8 @@ class TreeLeaf:
     def tap(self) -> RawPort:
         """A raw socket on the parent's end of the link: it receives what the leaf sends up
         (the parent switch receives it too) and sends frames the leaf takes in on its
-        uplink port as if the parent had sent them."""
+        uplink port as if the parent had sent them (TreeFabric.tap_echo: whether the parent
+        switch takes them in as well)."""
         if self._tap is None:
             raise RuntimeError(f"leaf {self.index} has no tap: the tree is not built")
         return self._tap
@@ -68,6 +70,9 @@ class TreeFabric:
         workdir: Path | None = None,
     ) -> None:
         self.target = target
+        # BMv2 captures every frame on its ports, those another socket sends out of them too:
+        # the parent then takes in what a tap sends toward a leaf (and drops it: no route).
+        self.tap_echo = target in BMV2_TARGETS
         self.tag = new_fabric_tag()  # the links' names; each switch has its own fabric tag
         self.workdir = workdir or Path(tempfile.mkdtemp(prefix=f"{self.tag}-"))
         self.leaves: list[TreeLeaf] = []
