@@ -228,3 +228,43 @@ def test_results_from_elsewhere_are_dropped_by_reason(tree):
     up = FrameTemplate(leaf.mac, parent.mac, leaf.ip, parent.ip, AGG_UDP_PORT)
     assert parent.pipe.process(1, forged(up)) == []
     assert parent.drops() == {DropReason.BAD_HEADER: 1}
+
+
+def test_three_levels_fall_out_of_the_same_rules():
+    """A parent with an uplink entry of its own is a leaf of the switch above it: the
+    partial climbs two levels and the result comes down through both."""
+    top, mid, leaf = Switch(0, 0), Switch(3, 0), Switch(4, 2)
+    try:
+        job = JOB + 1
+        install_job(
+            top.conn, JobEntries(job, 0, 2, job, (Worker(0, 1, mid.mac, mid.ip, AGG_UDP_PORT),))
+        )
+        below = (Worker(0, 1, leaf.mac, leaf.ip, AGG_UDP_PORT),)
+        install_leaf(
+            mid.conn,
+            JobEntries(job, 0, 2, job, below),
+            uplink_entry(job, UPLINK, 0, top.ip, top.mac),
+        )
+        workers = tuple(
+            Worker(i, h.switch_port, h.mac, h.ip, 41000 + i) for i, h in enumerate(leaf.hosts)
+        )
+        install_leaf(
+            leaf.conn,
+            JobEntries(job, 0, 2, job, workers),
+            uplink_entry(job, UPLINK, 0, mid.ip, mid.mac),
+        )
+        parts = [np.full(CELLS_PER_PKT, 3 + r, np.int32) for r in range(2)]
+        leaf.pipe.process(1, contribution(leaf, 0, parts[0], job_id=job, slot=0))
+        [(_, up)] = leaf.pipe.process(2, contribution(leaf, 1, parts[1], job_id=job, slot=0))
+        [(port, up2)] = mid.pipe.process(1, up)
+        assert port == UPLINK and Ether(up2)[IP].dst == top.ip and Ether(up2)[Agg].rank == 0
+        [(port, down)] = top.pipe.process(1, up2)
+        [(port, down2)] = mid.pipe.process(UPLINK, down)
+        assert port == 1 and Ether(down2)[IP].dst == leaf.ip
+        copies = leaf.pipe.process(UPLINK, down2)
+        assert sorted(p for p, _ in copies) == [1, 2]
+        assert all(Ether(f)[Agg].cells == [7] * CELLS_PER_PKT for _, f in copies)
+        assert mid.events() == {Event.CONTRIBUTION: 1, Event.PARTIAL: 1, Event.RESULT: 1}
+    finally:
+        for s in (top, mid, leaf):
+            s.close()
