@@ -52,6 +52,24 @@ def _load(name: str):
 sources = _load("sources")
 
 
+def test_the_stamp_sees_what_the_tna_program_sees(tmp_path):
+    """A shared header's `#ifndef HOMAGG_TNA` block (nested conditionals included) is the
+    v1model program's: changing it keeps the stamp; a change outside it does not."""
+    head = "const bit<8> A = 1;\n"
+    block = "#ifndef HOMAGG_TNA\n#if X\nconst bit<8> B = {};\n#endif\n#endif  /* HOMAGG_TNA */\n"
+    texts = {}
+    for name, body in {
+        "v1": head + block.format(1),
+        "v2": head + block.format(2),
+        "out": "const bit<8> A = 2;\n" + block.format(1),
+    }.items():
+        path = tmp_path / f"{name}.p4"
+        path.write_text(body + "const bit<8> C = 3;\n")
+        texts[name] = sources.tna_text(path)
+    assert texts["v1"] == texts["v2"] == (head + "const bit<8> C = 3;\n").encode()
+    assert texts["out"] != texts["v1"]
+
+
 @pytest.mark.parametrize("chip", CHIPS)
 def test_the_committed_build_was_made_from_these_sources(chip):
     """Stale at once when a P4 source changed since the build (no compiler needed); when
