@@ -27,6 +27,13 @@ def check_program(p4info: p4info_pb2.P4Info, device_config: bytes) -> None:
     missing = [n for n in (*p4names.TABLES, p4names.UPLINK, *p4names.COUNTERS) if n not in names]
     if missing:
         raise ValueError(f"P4Info is not the homagg program (missing {', '.join(missing)})")
+    # A table this model does not run would take entries and silently do nothing with them.
+    unknown = sorted({t.preamble.name for t in p4info.tables} - {*p4names.TABLES, p4names.UPLINK})
+    if unknown:
+        raise ValueError(
+            f"P4Info has tables this switch model does not implement ({', '.join(unknown)}): "
+            "push the homagg program this switch was built with"
+        )
     if device_config:
         try:
             config = json.loads(device_config)

@@ -27,6 +27,18 @@ def test_artifacts_are_the_program_the_python_side_expects():
     check_program(load_p4info(), BMV2_JSON_PATH.read_bytes())
 
 
+def test_a_program_with_tables_the_switch_models_lack_is_refused():
+    """Their entries would be taken and do nothing (e.g. a leaf's uplink on a model without
+    it would multicast each partial as the result): the reference and eBPF switches refuse."""
+    p4info = load_p4info()
+    extra = p4info.tables.add()
+    extra.CopyFrom(p4info.tables[0])
+    extra.preamble.name = "SwitchIngress.aggregation.spare"
+    extra.preamble.id += 1000
+    with pytest.raises(ValueError, match=r"does not implement .*spare"):
+        check_program(p4info, BMV2_JSON_PATH.read_bytes())
+
+
 def test_every_name_the_controller_uses_exists():
     p4info = load_p4info()
     names = {
