@@ -7,18 +7,20 @@ Per switch target, one worker (W = 1) streams dense fixed-point steps: its CPU p
 kernel's path, in which the eBPF switch runs too), the serial part of it (user time: the
 worker threads share one interpreter lock), the reference switch's CPU per contribution
 (its process), and the unloaded round trip (a chunk's first send to its result, one packet
-a phase). gloo's alpha (latency per ring step) and per-byte costs (wall and CPU) come from
-all_reduce at W = 2, of a small and a large tensor."""
+a phase). gloo's alpha (latency per ring step), its latency per call, its CPU per step and per
+call come from small all_reduces at W = 2 and 4; its per-byte costs (wall and CPU) from
+a large one at W = 2."""
 
 from __future__ import annotations
 
 import json
-import multiprocessing as mp
 import os
 import platform
 import statistics
+import subprocess
+import sys
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -86,42 +88,51 @@ def _one_step(group: SwitchGroup, codec: list, x: list, pid: int, progs: set[int
     }
 
 
-def _spin(seconds: float, out: Any) -> None:
-    end = time.perf_counter() + seconds
-    while time.perf_counter() < end:
-        pass
-    out.put(time.process_time())
+SPIN = (
+    "import time\ncpu = time.process_time()\nend = time.perf_counter() + {s}\n"
+    "while time.perf_counter() < end:\n    pass\nprint(time.process_time() - cpu)"
+)
 
 
 def available_cores(seconds: float = 0.5) -> float:
     """The cores this benchmark would get now: CPU seconds that os.cpu_count() busy
     processes get in `seconds` of wall time, over those seconds (the machine's other
     load takes the rest)."""
-    ctx = mp.get_context("fork")
-    out = ctx.Queue()
-    procs = [ctx.Process(target=_spin, args=(seconds, out)) for _ in range(os.cpu_count() or 1)]
+    code = SPIN.format(s=seconds)
+    procs = [
+        subprocess.Popen([sys.executable, "-S", "-c", code], stdout=subprocess.PIPE, text=True)
+        for _ in range(os.cpu_count() or 1)
+    ]
+    cpu = 0.0
     for p in procs:
-        p.start()
-    cpu = sum(out.get(timeout=60 + seconds) for _ in procs)
-    for p in procs:
-        p.join(10)
+        out, _ = p.communicate(timeout=60 + seconds)
+        cpu += float(out)
     return cpu / seconds
 
 
 def gloo_costs(gloo: GlooPool, n: int, reps: int) -> dict[str, float]:
-    """gloo's alpha and per-byte costs from all_reduce at W = 2 (the ring's 2(W-1)/W = 1:
-    every rank sends n elements' bytes in 2 steps)."""
+    """gloo's latency per ring step (alpha) and per call, and its CPU per step and per
+    call, from small all_reduces at W = 2 and 4 (2 and 6 steps); its per-byte costs from a
+    large one at W = 2 (where 2(W-1)/W = 1: every rank sends n elements' bytes)."""
     gloo.run(2, n)  # warm-up: connections, buffers
-    small = [gloo.run_cpu(2, GLOO_SMALL) for _ in range(max(5, reps))]
+    small = {}
+    for w in (2, 4):
+        got = [gloo.run_cpu(w, GLOO_SMALL) for _ in range(max(5, reps))]
+        small[w] = (statistics.median(t for t, _ in got), statistics.median(c for _, c in got) / w)
     big = [gloo.run_cpu(2, n) for _ in range(reps)]
-    alpha = statistics.median(t for t, _ in small) / 2
-    call_cpu = statistics.median(c for _, c in small) / 2  # per rank
+    alpha = max(0.0, small[4][0] - small[2][0]) / 4
+    step_cpu = max(0.0, small[4][1] - small[2][1]) / 4
+    call, call_cpu = max(0.0, small[2][0] - 2 * alpha), max(0.0, small[2][1] - 2 * step_cpu)
     payload = BYTES_PER_ELEMENT * n
+    big_wall = statistics.median(t for t, _ in big) - small[2][0]
+    big_cpu = statistics.median(c for _, c in big) / 2 - small[2][1]
     return {
         "alpha_s": alpha,
+        "call_s": call,
+        "step_cpu_s": step_cpu,
         "call_cpu_s": call_cpu,
-        "peer_byte_s": max(0.0, statistics.median(t for t, _ in big) - 2 * alpha) / payload,
-        "peer_cpu_byte_s": max(0.0, statistics.median(c for _, c in big) / 2 - call_cpu) / payload,
+        "peer_byte_s": max(0.0, big_wall) / payload,
+        "peer_cpu_byte_s": max(0.0, big_cpu) / payload,
     }
 
 
@@ -140,7 +151,9 @@ def costs_of(record: dict[str, Any], target: str) -> Costs:
         worker_packet_s=t["worker_cpu_s"],
         rtt_s=t["rtt_s"],
         alpha_s=g["alpha_s"],
+        call_s=g["call_s"],
         call_cpu_s=g["call_cpu_s"],
+        step_cpu_s=g["step_cpu_s"],
         peer_byte_s=g["peer_byte_s"],
         worker_cpu_s=t["worker_cpu_s"],
         worker_serial_s=t["worker_serial_s"],
@@ -154,6 +167,13 @@ def switch_pps_of(record: dict[str, Any], target: str) -> float:
     contribution (the reference switch); 0 (no bound of its own) for the eBPF program."""
     per = record["targets"][target]["switch_process_s"]
     return 1.0 / per if target == "refswitch" and per > 0 else 0.0
+
+
+def cluster_costs(record: dict[str, Any], target: str) -> tuple[Costs, float]:
+    """A calibrated target's costs for a cluster, each worker on a host of its own (no
+    shared-core terms), and its switch packet rate (0: no bound of its own)."""
+    costs = replace(costs_of(record, target), worker_cpu_s=0.0, worker_serial_s=0.0)
+    return replace(costs, switch_cpu_s=0.0), switch_pps_of(record, target)
 
 
 def calibrate(targets: list[str], n: int, reps: int, gloo: GlooPool) -> dict[str, Any]:
@@ -211,8 +231,9 @@ def describe(record: dict[str, Any]) -> list[str]:
     g = record["gloo"]
     lines += [
         "",
-        f"gloo (W = 2, loopback): alpha {g['alpha_s'] * 1e6:.0f} us a step, "
-        f"{g['call_cpu_s'] * 1e6:.0f} us CPU a rank per call, "
+        f"gloo (loopback; small all_reduces at W = 2 and 4, a large one at W = 2): alpha "
+        f"{g['alpha_s'] * 1e6:.0f} us a step and {g['call_s'] * 1e6:.0f} us a call; CPU a "
+        f"rank {g['step_cpu_s'] * 1e6:.0f} us a step and {g['call_cpu_s'] * 1e6:.0f} us a call; "
         f"{g['peer_byte_s'] * 1e9:.2f} ns wall and {g['peer_cpu_byte_s'] * 1e9:.2f} ns CPU "
         "per byte a rank sends.",
         "",

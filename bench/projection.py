@@ -27,6 +27,7 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, replace
 from typing import Any
 
@@ -50,7 +51,13 @@ def _parser() -> argparse.ArgumentParser:
     a = p.add_argument
     a("--workers", type=int, nargs="+", default=[8, 32, 128], help="W values of the table")
     a("--link-gbps", type=float, nargs="+", default=[10, 100, 400], help="link rates (Gbit/s)")
-    a("--density", type=float, nargs="+", default=[1.0, 0.01], help="nonzeros per worker")
+    a(
+        "--density",
+        type=float,
+        nargs="+",
+        default=[1.0, 0.1, 0.01, 0.001],
+        help="nonzeros per worker, at independent positions",
+    )
     a("--elements", type=int, default=25_000_000, help="float32 gradient elements (25M)")
     a("--costs", choices=("line-rate", "refswitch", "ebpf"), default="line-rate")
     a("--worker-us", type=float, help="a worker's cost per packet sent and result received")
@@ -69,6 +76,7 @@ def _parser() -> argparse.ArgumentParser:
     a("--json", action="store_true", help="print the rows as JSON instead of the table")
     a("--no-plot", action="store_true", help="leave the plot out")
     a("--name", default="projection", help="results file stem (projection)")
+    a("--check-name", default="projection_check", help="the check's results file stem")
     a("--calibrate", action="store_true", help="measure the costs here first (root)")
     a("--check", action="store_true", help="calibrate, then check the model here (root)")
     a("--targets", nargs="+", default=None, help="switch targets to calibrate (present ones)")
@@ -83,10 +91,7 @@ def costs_and_switch(args: argparse.Namespace) -> tuple[Costs, float]:
     if args.costs == "line-rate":
         costs, pps = Costs(), 0.0
     else:
-        record = calibration.load()
-        costs = calibration.costs_of(record, args.costs)
-        costs = replace(costs, worker_cpu_s=0.0, worker_serial_s=0.0, switch_cpu_s=0.0)
-        pps = calibration.switch_pps_of(record, args.costs)
+        costs, pps = calibration.cluster_costs(calibration.load(), args.costs)
     for flag, name in (
         ("worker_us", "worker_packet_s"),
         ("rtt_us", "rtt_s"),
@@ -188,16 +193,33 @@ def summary(rows: list[dict]) -> str:
 
 
 def _plot(args: argparse.Namespace, costs: Costs, pps: float) -> None:
-    def speedup(w: int, link: float, d: float) -> float:
-        p = project(cluster_of(args, w, link, d, pps), costs)
-        return p["peer"].seconds / p["switch"].seconds
+    """The plot: the chosen costs, and this machine's calibrated eBPF (else reference
+    switch) costs beside them when they are not the chosen ones and a calibration exists."""
 
-    title = (
-        f"{args.elements:,} float32, costs: {args.costs}"
-        + (f", worker {costs.worker_packet_s * 1e6:g} us/packet" if costs.worker_packet_s else "")
-        + (f", switch {pps:,.0f}/s" if pps else ", line-rate switch")
+    def speedup_of(c: Costs, p: float) -> Callable[[int, float, float], float]:
+        def speedup(w: int, link: float, d: float) -> float:
+            got = project(cluster_of(args, w, link, d, p), c)
+            return got["peer"].seconds / got["switch"].seconds
+
+        return speedup
+
+    rows = [(_costs_title(args.costs, costs, pps), speedup_of(costs, pps))]
+    if args.costs == "line-rate" and calibration.CALIBRATION_PATH.exists():
+        record = calibration.load()
+        target = "ebpf" if "ebpf" in record["targets"] else "refswitch"
+        measured, pps_m = calibration.cluster_costs(record, target)
+        rows.append((_costs_title(target, measured, pps_m), speedup_of(measured, pps_m)))
+    links = sorted({1.0, *args.link_gbps})
+    plot(rows, PLOT_WORKERS, links, args.density, plot_path(f"{args.name}.png"))
+
+
+def _costs_title(name: str, costs: Costs, pps: float) -> str:
+    if name == "line-rate":
+        return f"line-rate workers and switch, round trip {costs.rtt_s * 1e6:g} us"
+    return (
+        f"this project's {name} as measured here: worker {costs.worker_packet_s * 1e6:.0f} "
+        f"us/packet, switch " + (f"{pps:,.0f}/s" if pps else "(in the kernel)")
     )
-    plot(speedup, PLOT_WORKERS, args.link_gbps, args.density, title, plot_path(f"{args.name}.png"))
 
 
 def _measure(args: argparse.Namespace) -> None:
@@ -209,8 +231,9 @@ def _measure(args: argparse.Namespace) -> None:
     targets = args.targets or ["refswitch"] + (["ebpf"] if ebpf_available() else [])
     n = args.check_elements
     small = [w for w in args.check_workers if w <= 8]
-    large = [w for w in args.check_workers if w > 8]
-    worlds = tuple(sorted({2, *args.check_workers}))
+    # worlds above 8 at fewer elements, and W = 8 again beside them at that size
+    large = [w for w in args.check_workers if w >= 8] if max(args.check_workers) > 8 else []
+    worlds = tuple(sorted({2, 4, *args.check_workers}))
     gloo = GlooPool([calibration.GLOO_SMALL, n, LARGE_WORLDS_ELEMENTS], worlds=worlds)
     try:
         record = calibration.calibrate(targets, n, args.reps, gloo)
@@ -220,15 +243,17 @@ def _measure(args: argparse.Namespace) -> None:
             return
         start, lines = time.perf_counter(), ["# Projection checked on this machine", ""]
         lines += calibration.describe(record)
+        checked = []
         for elements, ws in ((n, small), (LARGE_WORLDS_ELEMENTS, large)):
             if ws:
                 measured = {
                     t: projection_check.measure_switch(t, ws, elements, args.reps, gloo)
                     for t in targets
                 }
-                lines += projection_check.report(
-                    projection_check.rows(record, measured, elements), elements
-                )
+                rows = projection_check.rows(record, measured, elements)
+                lines += projection_check.report(record, rows, elements)
+                checked += rows
+        lines.append(f"Summary: {projection_check.summary(checked)}.")
     finally:
         gloo.close()
     lines.insert(
@@ -236,7 +261,7 @@ def _measure(args: argparse.Namespace) -> None:
         f"`python -m bench.projection {' '.join(sys.argv[1:])}`; the check ran in "
         f"{time.perf_counter() - start:.0f} s.\n",
     )
-    publish(f"{args.name}_check", lines)
+    publish(args.check_name, lines)
 
 
 def main(argv: list[str] | None = None) -> int:

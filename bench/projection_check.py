@@ -30,8 +30,9 @@ LOOPBACK_GBPS = 1000.0  # veth and loopback: no wire, the CPU is the limit (nomi
 
 
 def measure_switch(target: str, worlds: list[int], n: int, reps: int, gloo: GlooPool) -> dict:
-    """Per W: the switch's step wall seconds, packets a worker sent, retransmissions, and
-    gloo's all_reduce of the same n at the same W, alternating rep by rep."""
+    """Per W: the switch's steps (wall, CPU of the worker threads and of the switch
+    process, packets, retransmissions) and gloo's all_reduce of the same n at the same W,
+    alternating rep by rep; the cores a probe found free just before."""
     from homagg.lab.fabric import Fabric
     from homagg.worker.codecs import FixedPoint
 
@@ -47,43 +48,44 @@ def measure_switch(target: str, worlds: list[int], n: int, reps: int, gloo: Gloo
             xs = [rng.standard_normal(n).astype(np.float32) for _ in range(w)]
             codecs = [FixedPoint(w) for _ in range(w)]
             group.step(codecs, [x[: n // 8] for x in xs])  # warm-up
-            rec: dict[str, Any] = {"switch": [], "gloo": [], "packets": 0, "retx": 0}
-            rec["cores"] = available_cores()
-            rec.update(switch_cpu=[], gloo_cpu=[])
-            pid = fabric.switch.proc.pid
+            rec: dict[str, Any] = {"cores": available_cores(), "reps": []}
             for rep in range(reps):
-                sent0 = sum(t.stats.packets_sent for t in group.transports)
-                cpu0, switch0 = os.times(), rawsend.process_cpu(pid)
-                secs, results, retx = group.step(codecs, xs)
-                cpu = os.times()
-                rec["switch_cpu"].append(
-                    cpu.user
-                    - cpu0.user
-                    + cpu.system
-                    - cpu0.system
-                    + rawsend.process_cpu(pid)
-                    - switch0
-                )
-                if any(not np.array_equal(results[0], r) for r in results[1:]):
-                    raise RuntimeError(f"{target} W={w}: workers decoded different sums")
-                rec["switch"].append(secs)
-                rec["packets"] += sum(t.stats.packets_sent for t in group.transports) - sent0
-                rec["retx"] += retx
-                gloo_secs, gloo_cpu = gloo.run_cpu(w, n)
-                rec["gloo"].append(gloo_secs)
-                rec["gloo_cpu"].append(gloo_cpu)
+                got = _switch_rep(group, codecs, xs, fabric.switch.proc.pid)
+                got["gloo"], got["gloo_cpu"] = gloo.run_cpu(w, n)
+                rec["reps"].append(got)
                 print(
-                    f"  {target} W={w} rep {rep + 1}/{reps}: switch {secs * 1e3:.0f} ms "
-                    f"(retx {retx}), gloo {rec['gloo'][-1] * 1e3:.1f} ms",
+                    f"  {target} W={w} rep {rep + 1}/{reps}: switch {got['secs'] * 1e3:.0f} ms "
+                    f"(retx {got['retx']}), gloo {got['gloo'] * 1e3:.1f} ms",
                     flush=True,
                 )
-            rec["packets_per_worker"] = rec["packets"] / reps / w
             out[w] = rec
         finally:
             if group is not None:
                 group.close()
             fabric.close()
     return out
+
+
+def _switch_rep(group: SwitchGroup, codecs: list, xs: list, pid: int) -> dict[str, Any]:
+    """One step of every worker: wall, the CPU of this process (the worker threads; on
+    eBPF the switch's program too) and of the switch process, packets the workers sent."""
+    sent0 = sum(t.stats.packets_sent for t in group.transports)
+    cpu0, switch0 = os.times(), rawsend.process_cpu(pid)
+    secs, results, retx = group.step(codecs, xs)
+    cpu, switch = os.times(), rawsend.process_cpu(pid)
+    if any(not np.array_equal(results[0], r) for r in results[1:]):
+        raise RuntimeError(f"W={group.w}: workers decoded different sums")
+    return {
+        "secs": secs,
+        "worker_cpu": cpu.user - cpu0.user + cpu.system - cpu0.system,
+        "switch_cpu": switch - switch0,
+        "packets": sum(t.stats.packets_sent for t in group.transports) - sent0,
+        "retx": retx,
+    }
+
+
+def _median(rec: dict, key: str) -> float:
+    return statistics.median(r[key] for r in rec["reps"])
 
 
 def this_machine(w: int, n: int, record: dict, target: str, cores: float) -> Cluster:
@@ -106,25 +108,30 @@ def rows(record: dict, measured: dict[str, dict], n: int) -> list[dict]:
             cluster = this_machine(w, n, record, target, rec["cores"])
             sw = switch_step(cluster, costs, "fixed_point")
             ring = ring_step(cluster, costs)
+            packets = statistics.median(r["packets"] for r in rec["reps"]) / w
             out.append(
                 {
                     "target": target,
                     "workers": w,
-                    "switch_predicted_s": sw.seconds,
-                    "switch_measured_s": statistics.median(rec["switch"]),
-                    "switch_limit": sw.limit,
-                    "gloo_predicted_s": ring.seconds,
-                    "gloo_measured_s": statistics.median(rec["gloo"]),
-                    "gloo_limit": ring.limit,
-                    "switch_cpu_predicted_s": sw.cpu_seconds,
-                    "switch_cpu_measured_s": statistics.median(rec["switch_cpu"]),
-                    "gloo_cpu_predicted_s": ring.cpu_seconds,
-                    "gloo_cpu_measured_s": statistics.median(rec["gloo_cpu"]),
-                    "switch_bytes_predicted": sw.bytes_per_worker,
-                    "switch_bytes_measured": rec["packets_per_worker"] * frame_bytes(CELLS_PER_PKT),
-                    "ring_bytes": ring.bytes_per_worker,
-                    "retx": rec["retx"],
                     "cores": rec["cores"],
+                    "retx": sum(r["retx"] for r in rec["reps"]),
+                    "switch_predicted_s": sw.seconds,
+                    "switch_measured_s": _median(rec, "secs"),
+                    "switch_limit": sw.limit,
+                    "switch_cpu_predicted_s": sw.cpu_seconds,
+                    "switch_cpu_measured_s": _median(rec, "worker_cpu")
+                    + _median(rec, "switch_cpu"),
+                    # CPU per packet a worker sent: the worker threads', the switch process's
+                    "worker_us_measured": _median(rec, "worker_cpu") / (w * packets) * 1e6,
+                    "switch_us_measured": _median(rec, "switch_cpu") / (w * packets) * 1e6,
+                    "gloo_predicted_s": ring.seconds,
+                    "gloo_measured_s": _median(rec, "gloo"),
+                    "gloo_limit": ring.limit,
+                    "gloo_cpu_predicted_s": ring.cpu_seconds,
+                    "gloo_cpu_measured_s": _median(rec, "gloo_cpu"),
+                    "switch_bytes_predicted": sw.bytes_per_worker,
+                    "switch_bytes_measured": packets * frame_bytes(CELLS_PER_PKT),
+                    "ring_bytes": ring.bytes_per_worker,
                 }
             )
     return out
@@ -135,40 +142,62 @@ def _err(pred: float, meas: float) -> str:
     return f"{e:+.0%}{'' if abs(e) <= TOLERANCE else ' (miss)'}"
 
 
-def report(rows_: list[dict], n: int) -> list[str]:
-    """Markdown: step time and CPU predicted vs measured (switch and gloo), then bytes."""
+def report(record: dict, rows_: list[dict], n: int) -> list[str]:
+    """Markdown: step time, then CPU, predicted vs measured (switch and gloo), then the
+    CPU per packet beside the calibration's, then bytes per worker."""
     lines = [
         f"Dense fixed point through one switch (W worker threads) and gloo's all_reduce "
         f"(W processes), n = {n:,} float32 ({BYTES_PER_ELEMENT * n / 1e6:.1f} MB), median "
-        f"ms of the repetitions; predicted for this machine (W workers and the switch on its "
-        f"{os.cpu_count()} cores, all of them ours); 'miss' where off by more than "
-        f"{TOLERANCE:.0%}. CPU: all workers' (and the reference switch process's) CPU "
-        "seconds per step, which the machine's other load does not change; cores got: "
-        "measured CPU / measured wall.",
+        f"of the repetitions; 'miss' where off by more than "
+        f"{TOLERANCE:.0%}. Predicted for this machine: W workers and the switch on the "
+        "cores a probe found free just before (cores free); cores got: the step's measured "
+        "CPU / its wall time.",
         "",
-        "| target | method | W | predicted ms | measured ms | error | bound by "
-        "| CPU predicted ms | CPU measured ms | error | cores got |",
-        "|---|---|--:|--:|--:|--:|---|--:|--:|--:|--:|",
+        "| target | method | W | cores free | predicted ms | measured ms | error | bound by "
+        "| cores got | CPU predicted ms | CPU measured ms | CPU error |",
+        "|---|---|--:|--:|--:|--:|--:|---|--:|--:|--:|--:|",
     ]
     for r in rows_:
         for m, name in (("switch", "switch, fixed point"), ("gloo", "gloo ring")):
             wall, cpu = r[f"{m}_measured_s"], r[f"{m}_cpu_measured_s"]
             lines.append(
-                f"| {r['target']} | {name} | {r['workers']} | "
+                f"| {r['target']} | {name} | {r['workers']} | {r['cores']:.2f} | "
                 f"{r[f'{m}_predicted_s'] * 1e3:.1f} | {wall * 1e3:.1f} | "
-                f"{_err(r[f'{m}_predicted_s'], wall)} | {r[f'{m}_limit']} | "
+                f"{_err(r[f'{m}_predicted_s'], wall)} | {r[f'{m}_limit']} | {cpu / wall:.2f} | "
                 f"{r[f'{m}_cpu_predicted_s'] * 1e3:.1f} | {cpu * 1e3:.1f} | "
-                f"{_err(r[f'{m}_cpu_predicted_s'], cpu)} | {cpu / wall:.2f} |"
+                f"{_err(r[f'{m}_cpu_predicted_s'], cpu)} |"
             )
-    dense = BYTES_PER_ELEMENT * n
     lines += [
+        "",
+        "Where the switch's CPU went, us per packet a worker sent, beside the calibration "
+        "(W = 1); retransmissions over the repetitions:",
+        "",
+        "| target | W | worker threads measured | calibrated | switch process measured "
+        "| calibrated | retx |",
+        "|---|--:|--:|--:|--:|--:|--:|",
+    ]
+    for r in rows_:
+        cal = record["targets"][r["target"]]
+        lines.append(
+            f"| {r['target']} | {r['workers']} | {r['worker_us_measured']:.1f} | "
+            f"{cal['worker_cpu_s'] * 1e6:.1f} | {r['switch_us_measured']:.1f} | "
+            f"{cal['switch_process_s'] * 1e6:.1f} | {r['retx']} |"
+        )
+    return lines + _bytes_table(rows_, n)
+
+
+def _bytes_table(rows_: list[dict], n: int) -> list[str]:
+    dense = BYTES_PER_ELEMENT * n
+    lines = [
         "",
         "Bytes each worker sends per step, x the dense gradient: the switch's measured "
         "(packets its transport sent x the frame) and predicted, flat in W; the ring's "
-        "2(W-1)/W (its TCP payload; with headers in brackets):",
+        "2(W-1)/W (its TCP payload; with headers in brackets); step time measured, switch "
+        "over gloo:",
         "",
-        "| target | W | switch measured | switch predicted | ring 2(W-1)/W | ring / switch |",
-        "|---|--:|--:|--:|--:|--:|",
+        "| target | W | switch measured | switch predicted | ring 2(W-1)/W | ring / switch "
+        "bytes | switch / gloo time |",
+        "|---|--:|--:|--:|--:|--:|--:|",
     ]
     for r in rows_:
         w = r["workers"]
@@ -176,6 +205,24 @@ def report(rows_: list[dict], n: int) -> list[str]:
             f"| {r['target']} | {w} | {r['switch_bytes_measured'] / dense:.3f} | "
             f"{r['switch_bytes_predicted'] / dense:.3f} | {2 * (w - 1) / w:.3f} "
             f"({r['ring_bytes'] / dense:.3f}) | "
-            f"{r['ring_bytes'] / r['switch_bytes_measured']:.2f}x |"
+            f"{r['ring_bytes'] / r['switch_bytes_measured']:.2f}x | "
+            f"{r['switch_measured_s'] / r['gloo_measured_s']:.0f}x |"
         )
     return [*lines, ""]
+
+
+def summary(rows_: list[dict]) -> str:
+    """The check's one line: how many predictions fell within the tolerance."""
+
+    def within(kind: str) -> str:
+        ok = sum(
+            abs(r[f"{m}{kind}_predicted_s"] / r[f"{m}{kind}_measured_s"] - 1) <= TOLERANCE
+            for r in rows_
+            for m in ("switch", "gloo")
+        )
+        return f"{ok}/{2 * len(rows_)}"
+
+    return (
+        f"projection check: within {TOLERANCE:.0%} of the measured step time in "
+        f"{within('')} rows, of the measured CPU in {within('_cpu')}"
+    )

@@ -46,12 +46,14 @@ class Costs:
     switch_packet_s: float = 0.0  # the switch's work per contribution (0: line rate)
     rtt_s: float = 10e-6  # worker -> switch -> worker, one packet, unloaded
     alpha_s: float = 10e-6  # one step of a peer algorithm (send to a neighbour, unloaded)
+    call_s: float = 0.0  # a peer all-reduce's fixed latency per call, beside its steps
     peer_byte_s: float = 0.0  # a peer's host cost per byte sent (0: the link is the limit)
     # CPU per packet / per byte, for `cores` (shared hosts): worker's, switch's, a peer's
     worker_cpu_s: float = 0.0
     worker_serial_s: float = 0.0  # the part of it one process runs serially (the GIL)
     switch_cpu_s: float = 0.0
-    call_cpu_s: float = 0.0  # a peer's CPU per all-reduce call, in addition to its bytes'
+    call_cpu_s: float = 0.0  # a peer's CPU per all-reduce call ...
+    step_cpu_s: float = 0.0  # ... and per step, in addition to its bytes'
     peer_cpu_byte_s: float = 0.0
 
     def __post_init__(self) -> None:
@@ -209,11 +211,12 @@ def _peer_step(cluster: Cluster, costs: Costs, name: str, steps: int) -> Project
     per_byte = {"link": wire / payload / c.link_bytes_per_s, "host": costs.peer_byte_s}
     limit = max(per_byte, key=lambda k: per_byte[k])
     seconds = payload * per_byte[limit]
-    latency = steps * costs.alpha_s
+    latency = costs.call_s + steps * costs.alpha_s
     if latency > seconds:
         limit = "latency"
     seconds += latency
-    cpu_total = w * (costs.call_cpu_s + payload * costs.peer_cpu_byte_s)
+    per_rank = costs.call_cpu_s + steps * costs.step_cpu_s + payload * costs.peer_cpu_byte_s
+    cpu_total = w * per_rank
     if c.cores and cpu_total / c.cores > seconds:  # the ranks share the cores
         limit, seconds = "cpu", cpu_total / c.cores
     return Projection(name, c.compute_s + seconds, wire, limit, cpu_total)

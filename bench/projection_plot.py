@@ -30,38 +30,39 @@ PUBLISHED = (
 
 
 def plot(
-    speedup: Callable[[int, float, float], float],
+    rows: Sequence[tuple[str, Callable[[int, float, float], float]]],
     workers: Sequence[int],
     links: Sequence[float],
     densities: Sequence[float],
-    title: str,
     path: Path,
 ) -> None:
-    """speedup(W, link Gbit/s, density) over W, per link rate, a panel per density."""
+    """One row of panels per (title, speedup(W, link Gbit/s, density)), a panel per
+    density, speedup over W with a curve per link rate."""
     plt = pyplot()
     fig, axes = plt.subplots(
-        1, len(densities), figsize=(4.6 * len(densities), 4.2), squeeze=False, sharey=True
+        len(rows),
+        len(densities),
+        figsize=(4.2 * len(densities), 3.4 * len(rows) + 1.0),
+        squeeze=False,
+        sharey=True,
     )
-    for ax, d in zip(axes[0], densities):
-        for link in links:
-            ax.plot(
-                workers,
-                [speedup(w, link, d) for w in workers],
-                "o-",
-                ms=3,
-                label=f"{link:g} Gbit/s",
-            )
-        ax.axhline(1.0, color="k", lw=0.8)
-        for p in PUBLISHED:
-            ax.axhline(p.ratio, color=p.style[0], ls=p.style[1:], lw=1.0, label=p.label)
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
+    for i, (title, speedup) in enumerate(rows):
+        for ax, d in zip(axes[i], densities):
+            for link in links:
+                ys = [speedup(w, link, d) for w in workers]
+                ax.plot(workers, ys, "o-", ms=3, label=f"{link:g} Gbit/s links")
+            ax.axhline(1.0, color="k", lw=0.8)
+            for p in PUBLISHED:
+                ax.axhline(p.ratio, color=p.style[0], ls=p.style[1:], lw=1.0, label=p.label)
+            ax.set_xscale("log", base=2)
+            ax.set_yscale("log")
+            ax.set_title(f"{title}\ndensity {d:g}" + (" (dense)" if d == 1 else ""), fontsize=8)
+            ax.grid(True, which="both", alpha=0.3)
+        axes[i][0].set_ylabel("best peer all-reduce / switch\n(> 1: the switch wins)")
+    for ax in axes[-1]:
         ax.set_xlabel("workers W")
-        ax.set_title(f"density {d:g}" + (" (dense)" if d == 1 else ""))
-        ax.grid(True, which="both", alpha=0.3)
-    axes[0][0].set_ylabel("best peer all-reduce time / switch time (> 1: switch wins)")
-    axes[0][-1].legend(fontsize=6, loc="upper left")
-    fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=3, fontsize=7)
+    fig.tight_layout(rect=(0, 0.1, 1, 1))
+    fig.savefig(path, dpi=100)
     plt.close(fig)

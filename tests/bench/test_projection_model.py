@@ -155,7 +155,7 @@ def test_bad_inputs_are_refused() -> None:
 def test_cli_json_and_its_refusal(capsys: pytest.CaptureFixture[str]) -> None:
     assert projection.main(["--json", "--no-plot", "--workers", "8", "--link-gbps", "100"]) == 0
     rows = json.loads(capsys.readouterr().out)["rows"]
-    assert [r["workers"] for r in rows] == [8, 8]  # densities 1 and 0.01
+    assert [r["workers"] for r in rows] == [8] * 4  # densities 1, 0.1, 0.01, 0.001
     assert rows[0]["speedup"] == pytest.approx(1.72, abs=0.02)  # 2(W-1)/W, frame overheads
     assert projection.main(["--json", "--no-plot", "--link-gbps", "0"]) == 2
     assert "link rate must be > 0" in capsys.readouterr().err
