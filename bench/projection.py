@@ -41,12 +41,16 @@ CALIBRATE_ELEMENTS = 1 << 20  # 4,097 packets a worker: short, and enough CPU ti
 LARGE_WORLDS_ELEMENTS = 1 << 18  # per worker at W > 8 (keeps W = 32 to seconds a step)
 
 
+class _Formatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """The description as written, and every option's default in its help."""
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m bench.projection",
         description=__doc__.split("\n\n")[0],
         epilog=__doc__.split("\n\n", 2)[2],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=_Formatter,
     )
     a = p.add_argument
     a("--workers", type=int, nargs="+", default=[8, 32, 128], help="W values of the table")
@@ -59,7 +63,12 @@ def _parser() -> argparse.ArgumentParser:
         help="nonzeros per worker, at independent positions",
     )
     a("--elements", type=int, default=25_000_000, help="float32 gradient elements (25M)")
-    a("--costs", choices=("line-rate", "refswitch", "ebpf"), default="line-rate")
+    a(
+        "--costs",
+        choices=("line-rate", "refswitch", "ebpf"),
+        default="line-rate",
+        help="line-rate hosts and switch, or this project's target as calibrated here",
+    )
     a("--worker-us", type=float, help="a worker's cost per packet sent and result received")
     a("--rtt-us", type=float, help="one worker-switch-worker round trip (line-rate: 10)")
     a("--alpha-us", type=float, help="one step of a peer algorithm (line-rate: 10)")
@@ -79,8 +88,22 @@ def _parser() -> argparse.ArgumentParser:
     a("--check-name", default="projection_check", help="the check's results file stem")
     a("--calibrate", action="store_true", help="measure the costs here first (root)")
     a("--check", action="store_true", help="calibrate, then check the model here (root)")
-    a("--targets", nargs="+", default=None, help="switch targets to calibrate (present ones)")
-    a("--check-workers", type=int, nargs="+", default=[2, 4, 8], help="W of the check")
+    a(
+        "--targets",
+        nargs="+",
+        choices=("refswitch", "ebpf"),
+        default=None,
+        help="switch targets to calibrate and check (default: refswitch, and ebpf where "
+        "the kernel allows it)",
+    )
+    a(
+        "--check-workers",
+        type=int,
+        nargs="+",
+        default=[2, 4, 8],
+        help="W of the check (above 8: threads of one process, at 262,144 elements, with W = 8 "
+        "again at that size beside them)",
+    )
     a("--check-elements", type=int, default=CALIBRATE_ELEMENTS, help="elements of the check")
     a("--reps", type=int, default=3, help="repetitions of each measurement (3)")
     return p
@@ -170,7 +193,7 @@ def report(args: argparse.Namespace, costs: Costs, pps: float, rows: list[dict])
             f"| {r['workers']} | {r['link_gbps']:g} | {r['density']:g} | {r['levels']} | "
             f"{sw['seconds'] * 1e3:.2f} ({codec}, {sw['limit']}) | "
             f"{m['ring']['seconds'] * 1e3:.2f} | {m['halving_doubling']['seconds'] * 1e3:.2f} | "
-            f"**{r['speedup']:.2f}x** | {sw['bytes_per_worker'] / dense:.3f} / "
+            f"**{r['speedup']:.3g}x** | {sw['bytes_per_worker'] / dense:.3f} / "
             f"{m['ring']['bytes_per_worker'] / dense:.3f} |"
         )
     lines += ["", "Published (abstracts; their own testbeds): "]
@@ -187,8 +210,8 @@ def summary(rows: list[dict]) -> str:
         return f"W={r['workers']}, {r['link_gbps']:g} Gbit/s, density {r['density']:g}"
 
     return (
-        f"projection: switch / best peer all-reduce {worst['speedup']:.2f}x ({where(worst)}) "
-        f"to {best['speedup']:.2f}x ({where(best)})"
+        f"projection: switch / best peer all-reduce {worst['speedup']:.3g}x ({where(worst)}) "
+        f"to {best['speedup']:.3g}x ({where(best)})"
     )
 
 
@@ -215,10 +238,9 @@ def _plot(args: argparse.Namespace, costs: Costs, pps: float) -> None:
 
 def _costs_title(name: str, costs: Costs, pps: float) -> str:
     if name == "line-rate":
-        return f"line-rate workers and switch, round trip {costs.rtt_s * 1e6:g} us"
-    return (
-        f"this project's {name} as measured here: worker {costs.worker_packet_s * 1e6:.0f} "
-        f"us/packet, switch " + (f"{pps:,.0f}/s" if pps else "(in the kernel)")
+        return f"line-rate hosts and switch\n(round trip {costs.rtt_s * 1e6:g} us)"
+    return f"{name} as calibrated here\n(worker {costs.worker_packet_s * 1e6:.0f} us/packet" + (
+        f", switch {pps:,.0f}/s)" if pps else ")"
     )
 
 

@@ -50,7 +50,6 @@ class Costs:
     peer_byte_s: float = 0.0  # a peer's host cost per byte sent (0: the link is the limit)
     # CPU per packet / per byte, for `cores` (shared hosts): worker's, switch's, a peer's
     worker_cpu_s: float = 0.0
-    worker_serial_s: float = 0.0  # the part of it one process runs serially (the GIL)
     switch_cpu_s: float = 0.0
     call_cpu_s: float = 0.0  # a peer's CPU per all-reduce call ...
     step_cpu_s: float = 0.0  # ... and per step, in addition to its bytes'
@@ -168,8 +167,9 @@ def switch_step(cluster: Cluster, costs: Costs, codec: str) -> Projection:
     bounds = {
         "worker": costs.worker_packet_s,
         "link": frame / c.link_bytes_per_s,
-        # line rate (0): every port forwards at its link's rate, already the link's bound
-        "switch": w / c.switch_pps if c.switch_pps else 0.0,
+        # line rate (0): every port forwards at its link's rate, already the link's bound;
+        # in a tree each switch holds at most MAX_WORKERS_PER_JOB members (workers or leaves)
+        "switch": min(w, MAX_WORKERS_PER_JOB) / c.switch_pps if c.switch_pps else 0.0,
         "window": rtt / (c.pool_size or max(1, math.ceil(rtt * c.link_bytes_per_s / frame))),
     }
     limit = max(bounds, key=lambda k: bounds[k])
@@ -178,7 +178,8 @@ def switch_step(cluster: Cluster, costs: Costs, codec: str) -> Projection:
     if c.cores:  # workers (and a software switch) share the cores: CPU is a bound too
         cpu = {
             "cpu": cpu_total / c.cores,
-            "worker process": w * total * costs.worker_serial_s,  # one interpreter lock
+            # the worker threads are one process, measured never to pass one core
+            "worker process": w * total * costs.worker_cpu_s,
             "switch process": w * total * costs.switch_cpu_s,
         }
         top = max(cpu, key=lambda k: cpu[k])

@@ -56,9 +56,9 @@ def plot(
                 ax.axhline(p.ratio, color=p.style[0], ls=p.style[1:], lw=1.0, label=p.label)
             ax.set_xscale("log", base=2)
             ax.set_yscale("log")
-            ax.set_title(f"{title}\ndensity {d:g}" + (" (dense)" if d == 1 else ""), fontsize=8)
+            ax.set_title(f"density {d:g}" + (" (dense)" if d == 1 else ""), fontsize=9)
             ax.grid(True, which="both", alpha=0.3)
-        axes[i][0].set_ylabel("best peer all-reduce / switch\n(> 1: the switch wins)")
+        axes[i][0].set_ylabel(f"{title}\n\nbest peer all-reduce / switch\n(> 1: the switch wins)")
     for ax in axes[-1]:
         ax.set_xlabel("workers W")
     handles, labels = axes[0][0].get_legend_handles_labels()

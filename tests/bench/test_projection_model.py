@@ -159,3 +159,14 @@ def test_cli_json_and_its_refusal(capsys: pytest.CaptureFixture[str]) -> None:
     assert rows[0]["speedup"] == pytest.approx(1.72, abs=0.02)  # 2(W-1)/W, frame overheads
     assert projection.main(["--json", "--no-plot", "--link-gbps", "0"]) == 2
     assert "link rate must be > 0" in capsys.readouterr().err
+
+
+def test_a_tree_spreads_the_switch_rate_over_its_leaves() -> None:
+    costs = Costs()
+    one = switch_step(
+        Cluster(workers=32, link_gbps=100, elements=N, switch_pps=1000), costs, "fixed_point"
+    )
+    tree = switch_step(
+        Cluster(workers=64, link_gbps=100, elements=N, switch_pps=1000), costs, "fixed_point"
+    )
+    assert tree.seconds == pytest.approx(one.seconds)  # 32 members per switch either way
