@@ -5,13 +5,15 @@ describes, from measured per-packet costs and round trips (bench/calibration.py)
 
 Switch: each worker streams P packets per phase through a window of `pool_size` slots;
 a packet's steady-state cost is the slowest of the worker's own per-packet cost, the
-link's serialization of one frame, the switch's share (W contributions per slot at its
-packet rate) and the window (pool_size packets per round trip); every phase adds its
-last packet's round trip, and every switch level above the first one more round trip.
-Ring all-reduce: 2(W-1) steps of n/W bytes, alpha each; halving-doubling (the "tree"
-algorithms): 2 log2 W steps, the same 2(W-1)/W n bytes. When the W workers share
-`cores` cores (this machine), the CPU each method needs is also a bound: the model's
-one concession to the check against measurements here, never used for a cluster."""
+link's serialization of one frame, the switch's share (its members' contributions per
+slot at its packet rate: W, or at most 32 a switch in a tree) and the window (pool_size
+packets per round trip); every phase adds its last packet's round trip, and every switch
+level above the first one more round trip. Ring all-reduce: a call's fixed latency and
+2(W-1) steps of n/W bytes, alpha each; halving-doubling (the "tree" algorithms):
+2 ceil(log2 W) steps, the same 2(W-1)/W n bytes. When the W workers share `cores` cores
+(this machine), the CPU each method needs is also a bound, and so are the worker
+threads' process and the reference switch's, one core each: the model's concession to
+the check against measurements here, never used for a cluster."""
 
 from __future__ import annotations
 
