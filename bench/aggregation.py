@@ -53,7 +53,9 @@ JOIN_TIMEOUT = 600.0  # seconds for one aggregation step of W workers
 # ---------------------------------------------------------------- gloo baseline
 
 
-def _gloo_rank(rank: int, world_size: int, store: str, sizes: list[int], cmd, res) -> None:
+def _gloo_rank(
+    rank: int, world_size: int, store: str, sizes: list[int], worlds: tuple[int, ...], cmd, res
+) -> None:
     import torch
     import torch.distributed as dist
 
@@ -62,7 +64,7 @@ def _gloo_rank(rank: int, world_size: int, store: str, sizes: list[int], cmd, re
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world_size)
     groups = {
         w: (None if w == world_size else dist.new_group(list(range(w))))
-        for w in WORLD_SIZES
+        for w in worlds
         if w <= world_size
     }
     tensors = {n: torch.zeros(n, dtype=torch.float32) for n in sizes}
@@ -75,28 +77,37 @@ def _gloo_rank(rank: int, world_size: int, store: str, sizes: list[int], cmd, re
         w, n = msg
         if rank < w:
             dist.barrier(group=groups[w])
-            start = time.perf_counter()
+            start, cpu = time.perf_counter(), time.process_time()
             dist.all_reduce(tensors[n], group=groups[w])
-            res.put((rank, time.perf_counter() - start))
+            res.put((rank, time.perf_counter() - start, time.process_time() - cpu))
         else:
-            res.put((rank, None))
+            res.put((rank, None, 0.0))
     dist.destroy_process_group()
 
 
 class GlooPool:
-    """max(WORLD_SIZES) gloo ranks kept up; run(w, n) times one all_reduce on the first w."""
+    """max(worlds) gloo ranks kept up (each with a group of its first w ranks for every w in
+    worlds); run(w, n) times one all_reduce of n elements on the first w."""
 
-    def __init__(self, sizes: list[int]) -> None:
+    def __init__(self, sizes: list[int], worlds: tuple[int, ...] = WORLD_SIZES) -> None:
         ctx = mp.get_context("spawn")
         self.tmp = tempfile.TemporaryDirectory(prefix="homagg-gloo-")
-        world_size = max(WORLD_SIZES)
+        world_size = max(worlds)
         self.cmds = [ctx.Queue() for _ in range(world_size)]
         self.res = ctx.Queue()
         self.procs = [
             ctx.Process(
                 target=_gloo_rank,
                 daemon=True,
-                args=(r, world_size, f"{self.tmp.name}/store", sizes, self.cmds[r], self.res),
+                args=(
+                    r,
+                    world_size,
+                    f"{self.tmp.name}/store",
+                    sizes,
+                    worlds,
+                    self.cmds[r],
+                    self.res,
+                ),
             )
             for r in range(world_size)
         ]
@@ -104,10 +115,15 @@ class GlooPool:
             p.start()
 
     def run(self, w: int, n: int) -> float:
+        return self.run_cpu(w, n)[0]
+
+    def run_cpu(self, w: int, n: int) -> tuple[float, float]:
+        """One all_reduce of n elements on the first w ranks: (the slowest rank's wall
+        seconds, CPU seconds of all w ranks together)."""
         for q in self.cmds:
             q.put((w, n))
-        times = [self.res.get(timeout=300)[1] for _ in self.cmds]
-        return max(t for t in times if t is not None)
+        got = [self.res.get(timeout=300) for _ in self.cmds]
+        return max(g[1] for g in got if g[1] is not None), sum(g[2] for g in got)
 
     def close(self) -> None:
         for q in self.cmds:

@@ -18,7 +18,16 @@ import sys
 from bench.publish import RESULTS
 
 # Parts whose own "Summary: ..." line joins the summary, in this order.
-PARTS = ("worker_rate", "training", "peers", "regimes", "lowbit", "overlap")
+PARTS = (
+    "worker_rate",
+    "training",
+    "peers",
+    "regimes",
+    "lowbit",
+    "overlap",
+    "projection_check",
+    "projection",
+)
 
 
 def _find(name: str, pattern: str, suffix: str = "") -> str | None:

@@ -1,0 +1,245 @@
+"""The projection's costs measured on this machine with the aggregation benchmark's pieces
+(bench/aggregation.py: SwitchGroup's worker threads, GlooPool's gloo ranks), kept in a
+small JSON under bench/results/ that bench/projection.py reads.
+
+Per switch target, one worker (W = 1) streams dense fixed-point steps: its CPU per packet
+(this process's user + system time: the transport, its system calls and, on a veth, the
+kernel's path, in which the eBPF switch runs too), the reference switch's CPU per contribution
+(its process), and the unloaded round trip (a chunk's first send to its result, one packet
+a phase). gloo's alpha (latency per ring step), its latency per call, its CPU per step and per
+call come from small all_reduces at W = 2 and 4; its per-byte costs (wall and CPU) from
+a large one at W = 2."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bench import rawsend
+from bench.aggregation import GlooPool, SwitchGroup
+from bench.projection_model import BYTES_PER_ELEMENT, Costs, ModelError
+from bench.publish import RESULTS
+
+CALIBRATION_PATH = RESULTS / "projection_calibration.json"
+RTT_STEPS = 40  # tiny steps (one packet a phase) whose chunk latencies give the round trip
+GLOO_SMALL = 256  # elements: an all_reduce this small is alpha alone
+SMALL_REPS = 15  # small all_reduces per W (milliseconds each; their medians fit alpha)
+INITIAL_TIMEOUT = 0.02  # the aggregation benchmark's, on the reference switch and eBPF
+
+
+def switch_costs(target: str, n: int, reps: int) -> dict[str, float]:
+    """Costs per packet of one worker on `target` (W = 1): seconds, medians over reps."""
+    from homagg.lab.fabric import Fabric
+    from homagg.worker.codecs import FixedPoint
+
+    before = rawsend.bpf_program_ids()
+    fabric = Fabric(target, 1)
+    progs = rawsend.bpf_program_ids() - before
+    group = None
+    try:
+        fabric.hosts[0].enable_ip_stack()
+        group = SwitchGroup(fabric, 1, INITIAL_TIMEOUT)
+        x = [np.random.default_rng(1).standard_normal(n).astype(np.float32)]
+        codec = [FixedPoint(1)]
+        group.step(codec, [v[:100_000] for v in x])  # warm-up
+        rows = []
+        pid = fabric.switch.proc.pid
+        with rawsend.BpfStats():
+            for _ in range(reps):
+                rows.append(_one_step(group, codec, x, pid, progs))
+        transport = group.transports[0]
+        transport.stats.latencies.clear()
+        for _ in range(RTT_STEPS):
+            group.step(codec, [v[:64] for v in x])
+        rtt = statistics.median(transport.stats.latencies)
+    finally:
+        if group is not None:
+            group.close()
+        fabric.close()
+    out = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
+    out["rtt_s"] = rtt
+    return out
+
+
+def _one_step(group: SwitchGroup, codec: list, x: list, pid: int, progs: set[int]) -> dict:
+    """One timed step: wall and CPU per packet the worker sent."""
+    transport = group.transports[0]
+    sent0, cpu0 = transport.stats.packets_sent, os.times()
+    switch0, bpf0 = rawsend.process_cpu(pid), rawsend.bpf_program_stats(progs)
+    wall, _, _ = group.step(codec, x)
+    cpu, bpf = os.times(), rawsend.bpf_program_stats(progs)
+    sent = transport.stats.packets_sent - sent0
+    return {
+        "wall_per_packet_s": wall / sent,
+        "worker_cpu_s": (cpu.user - cpu0.user + cpu.system - cpu0.system) / sent,
+        "worker_user_s": (cpu.user - cpu0.user) / sent,
+        "switch_process_s": (rawsend.process_cpu(pid) - switch0) / sent,
+        "bpf_program_s": (bpf[0] - bpf0[0]) * 1e-9 / sent,
+    }
+
+
+SPIN = (
+    "import time\ncpu = time.process_time()\nend = time.perf_counter() + {s}\n"
+    "while time.perf_counter() < end:\n    pass\nprint(time.process_time() - cpu)"
+)
+
+
+def available_cores(seconds: float = 0.5) -> float:
+    """The cores this benchmark would get now: CPU seconds that os.cpu_count() busy
+    processes get in `seconds` of wall time, over those seconds (the machine's other
+    load takes the rest)."""
+    code = SPIN.format(s=seconds)
+    procs = [
+        subprocess.Popen([sys.executable, "-S", "-c", code], stdout=subprocess.PIPE, text=True)
+        for _ in range(os.cpu_count() or 1)
+    ]
+    cpu = 0.0
+    for p in procs:
+        out, _ = p.communicate(timeout=60 + seconds)
+        cpu += float(out)
+    return cpu / seconds
+
+
+def gloo_costs(gloo: GlooPool, n: int, reps: int) -> dict[str, float]:
+    """gloo's latency per ring step (alpha) and per call, and its CPU per step and per
+    call, from small all_reduces at W = 2 and 4 (2 and 6 steps); its per-byte costs from a
+    large one at W = 2 (where 2(W-1)/W = 1: every rank sends n elements' bytes)."""
+    gloo.run(2, n)  # warm-up: connections, buffers
+    small = {}
+    for w in (2, 4):
+        got = [gloo.run_cpu(w, GLOO_SMALL) for _ in range(SMALL_REPS)]
+        small[w] = (statistics.median(t for t, _ in got), statistics.median(c for _, c in got) / w)
+    big = [gloo.run_cpu(2, n) for _ in range(reps)]
+    alpha = max(0.0, small[4][0] - small[2][0]) / 4
+    step_cpu = max(0.0, small[4][1] - small[2][1]) / 4
+    call, call_cpu = max(0.0, small[2][0] - 2 * alpha), max(0.0, small[2][1] - 2 * step_cpu)
+    payload = BYTES_PER_ELEMENT * n
+    big_wall = statistics.median(t for t, _ in big) - small[2][0]
+    big_cpu = statistics.median(c for _, c in big) / 2 - small[2][1]
+    return {
+        "alpha_s": alpha,
+        "call_s": call,
+        "step_cpu_s": step_cpu,
+        "call_cpu_s": call_cpu,
+        "peer_byte_s": max(0.0, big_wall) / payload,
+        "peer_cpu_byte_s": max(0.0, big_cpu) / payload,
+    }
+
+
+def costs_of(record: dict[str, Any], target: str) -> Costs:
+    """The model's Costs for one calibrated target: the reference switch's process is
+    serial (its packet rate goes to the cluster's switch_pps, not here); the eBPF
+    program runs in the workers' system time, so it is already in their CPU."""
+    if target not in record.get("targets", {}):
+        raise ModelError(
+            f"no calibration for target {target!r} in {CALIBRATION_PATH.name}; run "
+            "`python -m bench.projection --calibrate` as root (calibrated: "
+            f"{', '.join(record.get('targets', {})) or 'none'})"
+        )
+    t, g = record["targets"][target], record["gloo"]
+    return Costs(
+        worker_packet_s=t["worker_cpu_s"],
+        rtt_s=t["rtt_s"],
+        alpha_s=g["alpha_s"],
+        call_s=g["call_s"],
+        call_cpu_s=g["call_cpu_s"],
+        step_cpu_s=g["step_cpu_s"],
+        peer_byte_s=g["peer_byte_s"],
+        worker_cpu_s=t["worker_cpu_s"],
+        switch_cpu_s=t["switch_process_s"],
+        peer_cpu_byte_s=g["peer_cpu_byte_s"],
+    )
+
+
+def switch_pps_of(record: dict[str, Any], target: str) -> float:
+    """The calibrated switch's packet rate: one core's worth of its process's work per
+    contribution (the reference switch); 0 (no bound of its own) for the eBPF program."""
+    per = record["targets"][target]["switch_process_s"]
+    return 1.0 / per if target == "refswitch" and per > 0 else 0.0
+
+
+def cluster_costs(record: dict[str, Any], target: str) -> tuple[Costs, float]:
+    """A calibrated target's costs for a cluster, each worker on a host of its own (no
+    shared-core terms), and its switch packet rate (0: no bound of its own)."""
+    costs = replace(costs_of(record, target), worker_cpu_s=0.0, switch_cpu_s=0.0)
+    return costs, switch_pps_of(record, target)
+
+
+def calibrate(targets: list[str], n: int, reps: int, gloo: GlooPool) -> dict[str, Any]:
+    """Measure every target's switch costs and gloo's, with when and where."""
+    record: dict[str, Any] = {
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores",
+        "load_average": round(os.getloadavg()[0], 2),
+        "elements": n,
+        "reps": reps,
+        "targets": {},
+    }
+    for target in targets:
+        print(f"calibration: {target}, W = 1, {n:,} elements, {reps} reps", flush=True)
+        record["targets"][target] = switch_costs(target, n, reps)
+    print("calibration: gloo, W = 2", flush=True)
+    record["gloo"] = gloo_costs(gloo, n, reps)
+    return record
+
+
+def save(record: dict[str, Any], path: Path = CALIBRATION_PATH) -> None:
+    """Write the calibration JSON (committed: the model's default costs)."""
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+
+
+def load(path: Path = CALIBRATION_PATH) -> dict[str, Any]:
+    """The calibration JSON; a ModelError that says how to make it when missing."""
+    if not path.exists():
+        raise ModelError(
+            f"no calibration at {path.name}: run `python -m bench.projection --calibrate` "
+            "as root, or give the costs (--worker-us, --rtt-us, --alpha-us)"
+        )
+    record: dict[str, Any] = json.loads(path.read_text())
+    return record
+
+
+def describe(record: dict[str, Any]) -> list[str]:
+    """Markdown lines: the calibrated costs, in microseconds."""
+    lines = [
+        f"Calibrated {record['date']} on {record['machine']} (load average "
+        f"{record['load_average']}), {record['elements']:,} elements, median of "
+        f"{record['reps']}:",
+        "",
+        "| target | worker CPU us/packet (user part) | switch process us/contribution "
+        "| eBPF program us/packet | wall us/packet at W = 1 | round trip us |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for name, t in record["targets"].items():
+        lines.append(
+            f"| {name} | {t['worker_cpu_s'] * 1e6:.1f} ({t['worker_user_s'] * 1e6:.1f}) | "
+            f"{t['switch_process_s'] * 1e6:.1f} | {t['bpf_program_s'] * 1e6:.2f} | "
+            f"{t['wall_per_packet_s'] * 1e6:.1f} | {t['rtt_s'] * 1e6:.0f} |"
+        )
+    g = record["gloo"]
+    lines += [
+        "",
+        f"gloo (loopback; small all_reduces at W = 2 and 4, a large one at W = 2): alpha "
+        f"{g['alpha_s'] * 1e6:.0f} us a step and {g['call_s'] * 1e6:.0f} us a call; CPU a "
+        f"rank {g['step_cpu_s'] * 1e6:.0f} us a step and {g['call_cpu_s'] * 1e6:.0f} us a call; "
+        f"{g['peer_byte_s'] * 1e9:.2f} ns wall and {g['peer_cpu_byte_s'] * 1e9:.2f} ns CPU "
+        "per byte a rank sends.",
+        "",
+    ]
+    return lines
+
+
+def as_json(costs: Costs) -> dict[str, float]:
+    """Costs as plain numbers (for --json)."""
+    return asdict(costs)
