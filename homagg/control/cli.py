@@ -14,7 +14,13 @@ import grpc
 from homagg.api.credentials import SecretError, ca_file, operator_token
 from homagg.control.config import DEFAULT_LISTEN
 from homagg.control.serve_command import serve, serve_options
-from homagg.control.text_table import render_counters, render_jobs, render_pools, render_status
+from homagg.control.text_table import (
+    job_switches,
+    render_counters,
+    render_jobs,
+    render_pools,
+    render_status,
+)
 from homagg.control.top import DETAILS as TOP_DETAILS
 from homagg.control.top import SUMMARY as TOP_SUMMARY
 from homagg.control.top import add_top_options, run_top
@@ -261,7 +267,9 @@ def _job_action(args: argparse.Namespace, client: Any) -> int:
 def _release(args: argparse.Namespace, client: Any) -> int:
     job = client.release(args.job).job
     freed = (
-        f"{job.pool_size} slots freed on {job.switch}" if job.switch else "no slots were allocated"
+        f"{job.pool_size} slots freed on {job_switches(job)}"
+        if job.switch
+        else "no slots were allocated"
     )
     _print(args, job, f"released job {job.job_id} ({job.name}): entries removed, {freed}")
     return 0

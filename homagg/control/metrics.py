@@ -119,7 +119,7 @@ class CounterPoller:
         with self.m.lock:
             syncing = set(self.m.unread)
             ports = {
-                (j.switch, j.job_id, w.rank): w.switch_port
+                (w.switch or j.switch, j.job_id, w.rank): w.switch_port
                 for j in self.m.jobs.values()
                 if j.switch is not None
                 for w in j.workers.values()
@@ -216,14 +216,14 @@ class ControllerCollector(Collector):
         with self.m.lock:
             jobs.add_metric([], len(self.m.jobs))
             expiries = self.m.lease_expiries
-            live = {(j.switch, j.job_id) for j in self.m.jobs.values() if j.switch is not None}
+            live = {(name, j.job_id) for j in self.m.jobs.values() for name in j.switches}
             for j in self.m.jobs.values():
-                if j.switch is not None and j.pool_base is not None:
-                    pools.add_metric([j.switch, str(j.job_id)], j.pool_size)
+                for name in j.pools:
+                    pools.add_metric([name, str(j.job_id)], j.pool_size)
             for name, sw in self.m.switches.items():
                 values = {
                     "connected": int(sw.connected),
-                    "jobs": sum(1 for j in self.m.jobs.values() if j.switch == name),
+                    "jobs": sum(1 for j in self.m.jobs.values() if name in j.switches),
                     "slots": sw.pools.total,
                     "used": sw.pools.total - sw.pools.slots_free(),
                     "connects": sw.connects,

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from homagg.control.job_record import Job
+from homagg.control.job_record import Job, JobWorker
 
 
 @dataclass(frozen=True)
@@ -30,14 +30,21 @@ class PortBuffer:
         return max(0, self.buffer - self.used)
 
 
+def worker_switch(job: Job, worker: JobWorker) -> str | None:
+    """The switch a rank is attached to: its own (a tree job's leaf), else its job's."""
+    return worker.switch or job.switch
+
+
 def port_load(jobs: Iterable[Job], switch: str, port: int) -> tuple[int, int]:
-    """(slots in flight, jobs) on `port` of `switch`: each rank of a job placed there on that
-    port counts its job's pool."""
+    """(slots in flight, jobs) on `port` of `switch`: each rank of a job attached there on
+    that port counts its job's pool. (A tree's uplink ports are not counted.)"""
     used = count = 0
     for job in jobs:
-        if job.switch != switch:
-            continue
-        ranks = sum(1 for w in job.workers.values() if w.switch_port == port)
+        ranks = sum(
+            1
+            for w in job.workers.values()
+            if worker_switch(job, w) == switch and w.switch_port == port
+        )
         used += ranks * job.pool_size
         count += ranks > 0
     return used, count
@@ -46,7 +53,9 @@ def port_load(jobs: Iterable[Job], switch: str, port: int) -> tuple[int, int]:
 def port_buffers(jobs: Iterable[Job], switch: str, buffer: int) -> list[PortBuffer]:
     """Every port of `switch` with a rank of a running job on it, in port order."""
     jobs = list(jobs)
-    ports = sorted({w.switch_port for j in jobs if j.switch == switch for w in j.workers.values()})
+    ports = sorted(
+        {w.switch_port for j in jobs for w in j.workers.values() if worker_switch(j, w) == switch}
+    )
     return [PortBuffer(switch, p, buffer, *port_load(jobs, switch, p)) for p in ports]
 
 

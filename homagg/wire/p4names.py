@@ -18,6 +18,8 @@ UNKNOWN_JOB = "SwitchIngress.aggregation.unknown_job"
 WORKER_TABLE = "SwitchIngress.aggregation.worker_table"
 SET_WORKER = "SwitchIngress.aggregation.set_worker"
 EVENT_COUNTER = "SwitchIngress.aggregation.event_counter"
+UPLINK = "SwitchIngress.aggregation.uplink"
+SET_UPLINK = "SwitchIngress.aggregation.set_uplink"
 
 # Result delivery (p4src/delivery.p4)
 RESULT_REWRITE = "SwitchEgress.delivery.result_rewrite"
@@ -29,4 +31,6 @@ INGRESS_DROPS = "SwitchIngress.drop_counter"
 EGRESS_DROPS = "SwitchEgress.drop_counter"
 
 TABLES = (ARP_RESPONDER, IPV4_LPM, JOB_TABLE, WORKER_TABLE, RESULT_REWRITE)
+# Tables of two-level aggregation: in the v1model program, not the TNA one (docs/tofino.md).
+TREE_TABLES = (UPLINK,)
 COUNTERS = (INGRESS_DROPS, EGRESS_DROPS, EVENT_COUNTER)
