@@ -1,0 +1,97 @@
+"""A job across a tree of switches in the job manager, with switches that are never reached
+(the entries as data): world sizes above 32 only on a tree, each rank's assignment naming its
+leaf, the entries each switch is to hold, a restart that restores the tree's pools, and an
+end that queues the removals on every switch of the tree and frees every pool."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from ctl_helpers import config_dict, tree_config_dict
+
+from homagg.api.errors import InvalidArgument
+from homagg.control.config import parse_config
+from homagg.control.jobs import JobManager
+from homagg.control.store import Store
+from homagg.control.tree import job_entries
+from homagg.control.views import pool_ranges
+from homagg.lab.addresses import host_entry
+
+ADDRESSES = ("127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3")  # never reached
+
+
+def manager(tmp_path: Path, doc: dict) -> JobManager:
+    m = JobManager(parse_config(doc, tmp_path), Store(tmp_path / "controller.db"))
+    with m.lock:
+        for name in m.switches:
+            m.switch_synced(name, [])  # as if each switch had been read back
+    return m
+
+
+@pytest.fixture
+def m(tmp_path: Path) -> JobManager:
+    return manager(tmp_path, tree_config_dict(ADDRESSES, tmp_path))
+
+
+def join(m: JobManager, job, token: str, rank: int, leaf: int, index: int) -> None:
+    host = host_entry(index, leaf)
+    m.join(job.job_id, token, rank, host["mac"], host["ip"], 41000 + rank)
+
+
+def test_a_world_of_40_needs_a_tree(tmp_path: Path, m: JobManager):
+    flat = manager(tmp_path / "flat", config_dict([("s1", ADDRESSES[0], [])], tmp_path / "flat"))
+    with pytest.raises(InvalidArgument, match="40 ranks need a tree of switches"):
+        flat.create("big", 40, "dense", 8)
+    with pytest.raises(InvalidArgument, match="switch leaf1 cannot hold them"):
+        m.create("big", 40, "dense", 8, switch="leaf1")
+    job, _ = m.create("big", 40, "dense", 8)
+    assert job.switch is None  # placed as its ranks join
+
+
+def test_ranks_on_two_leaves_run_on_the_tree(m: JobManager):
+    job, token = m.create("tree", 4, "dense", 16)
+    for rank, (leaf, index) in enumerate([(1, 0), (2, 0), (1, 1), (2, 1)]):
+        join(m, job, token, rank, leaf, index)
+    assert job.complete and (job.switch, list(job.leaves)) == ("spine", ["leaf1", "leaf2"])
+    assert not job.installed  # the switches are never reached
+    with m.lock:
+        assert [e.job_id for e in m.desired_jobs("leaf2")] == [job.job_id]
+        for name in ("leaf1", "spine", "leaf2"):
+            m.switch_synced(name, [job.job_id])
+    assert job.installed
+    got = {r: m.wait_ready(job.job_id, token, r, 1) for r in range(4)}
+    assert {r: (a.switch, a.service_ip) for r, a in got.items()} == {
+        0: ("leaf1", "10.0.1.254"),
+        1: ("leaf2", "10.0.2.254"),
+        2: ("leaf1", "10.0.1.254"),
+        3: ("leaf2", "10.0.2.254"),
+    }
+    assert got[1].switch_mac == m.configs["leaf2"].mac and got[1].pool_size == 16
+    used = {(r.switch, r.job_id) for r in pool_ranges(m) if r.job_id}
+    assert used == {("spine", job.job_id), ("leaf1", job.job_id), ("leaf2", job.job_id)}
+    with m.lock:
+        m.switch_lost("leaf1")
+    assert not job.installed and job.state.value == "installing"
+
+
+def test_a_restart_restores_the_tree_and_an_end_clears_every_switch(tmp_path: Path):
+    doc = tree_config_dict(ADDRESSES, tmp_path)
+    m = manager(tmp_path, doc)
+    job, token = m.create("tree", 2, "dense", 16)
+    join(m, job, token, 0, 2, 0)
+    join(m, job, token, 1, 1, 0)
+    want = job_entries(job, m.configs)
+    m.store.close()
+    again = manager(tmp_path, doc)
+    back = again.jobs[job.job_id]
+    assert (back.switch, back.leaves, back.pool_base) == (job.switch, job.leaves, job.pool_base)
+    assert [w.switch for w in back.workers.values()] == ["leaf2", "leaf1"]
+    assert job_entries(back, again.configs) == want
+    assert all(s.pools.used_ranges() == [(0, 16)] for s in again.switches.values())
+    again.leave(job.job_id, token, 0)
+    assert again.leave(job.job_id, token, 1)  # the last rank: the job ends
+    for name, sw in again.switches.items():
+        assert sw.pools.used_ranges() == []
+        assert sw.pending_removals == {job.job_id: want[name]}
+    assert again.list_jobs(include_ended=True)[0].leaves == job.leaves
