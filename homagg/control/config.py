@@ -437,6 +437,17 @@ def check_tree(switches: tuple[SwitchConfig, ...], where: str) -> None:
             raise ConfigError(
                 f"{at}.port_on_parent: port {sw.port_on_parent} of {parent.name} is a host's port"
             )
+        ips = [
+            h.ip
+            for s in (parent, *(s for s in switches if s.parent == parent.name))
+            for h in s.hosts
+        ]
+        dup = next((ip for ip in ips if ips.count(ip) > 1), None)
+        if dup is not None:
+            raise ConfigError(
+                f"{at}: host {dup} is listed on two switches of {parent.name}'s tree: the "
+                "switches route each host's address toward its own switch"
+            )
         twin = next(
             (
                 s

@@ -37,7 +37,7 @@ from homagg.control.restore import restore_jobs, unknown_jobs_refusal
 from homagg.control.store import Store
 from homagg.control.switch_writes import SwitchWrites
 from homagg.control.switches import ManagedSwitch, UnknownJobs
-from homagg.control.tree import check_world_fits, job_entries, locate_workers
+from homagg.control.tree import check_world_fits, job_entries, locate_workers, transit_hosts
 from homagg.wire.constants import AGG_UDP_PORT, MAX_JOB_ID
 
 log = logging.getLogger(__name__)
@@ -68,7 +68,15 @@ class JobManager:
         self.lock = threading.RLock()
         self.changed = threading.Condition(self.lock)  # notified on every job state change
         self.switches = {
-            s.name: ManagedSwitch(s, self.lock, self, artifacts, poll_interval, max_backoff)
+            s.name: ManagedSwitch(
+                s,
+                self.lock,
+                self,
+                artifacts,
+                poll_interval,
+                max_backoff,
+                transit_hosts(self.configs, s.name),
+            )
             for s in config.switches
         }
         self.jobs: dict[int, Job] = {}

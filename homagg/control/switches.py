@@ -25,7 +25,7 @@ from homagg.control.aggregation import JobEntries
 from homagg.control.artifacts import BMV2_JSON_PATH, P4INFO_PATH
 from homagg.control.config import SwitchConfig
 from homagg.control.entries import EntrySpec, Spec
-from homagg.control.forwarding import forwarding_entries
+from homagg.control.forwarding import Transit, forwarding_entries
 from homagg.control.install import InstallError, install_job, job_specs, reconcile, remove_job
 from homagg.control.pools import SlotAllocator
 from homagg.control.switch_connection import SwitchConnection, SwitchError
@@ -90,8 +90,10 @@ class ManagedSwitch:
         artifacts: tuple[Path, Path] = (P4INFO_PATH, BMV2_JSON_PATH),
         poll_interval: float = 0.2,
         max_backoff: float = 5.0,
+        transit: Sequence[Transit] = (),
     ) -> None:
         self.config = config
+        self.transit = tuple(transit)  # hosts behind the other switches of its tree
         self.name = config.name
         self.lock = lock  # the job manager's: state only, never held during P4Runtime calls
         self.io = threading.Lock()  # orders every write sequence on this switch
@@ -317,8 +319,10 @@ class ManagedSwitch:
         return True
 
     def forwarding_entries(self) -> list[EntrySpec]:
-        """Proxy ARP and routes for the configured hosts and the aggregation service address."""
-        return forwarding_entries(self.config.hosts, self.config.service_ip, self.config.mac)
+        """Proxy ARP and routes for the configured hosts (also those behind the other switches
+        of its tree) and the aggregation service address."""
+        c = self.config
+        return forwarding_entries(c.hosts, c.service_ip, c.mac, self.transit)
 
     def reconcile(self, conn: SwitchConnection, jobs: Sequence[JobEntries]) -> str:
         """Make the switch hold exactly the forwarding entries and these jobs; returns a summary."""

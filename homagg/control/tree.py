@@ -12,6 +12,7 @@ from homagg.api.errors import InvalidArgument
 from homagg.control.aggregation import JobEntries, Uplink, Worker
 from homagg.control.config import SwitchConfig
 from homagg.control.delivery import mcast_grp_of_job
+from homagg.control.forwarding import Transit
 from homagg.control.job_record import Job, JobWorker
 from homagg.wire.constants import AGG_UDP_PORT, MAX_RANKS, MAX_WORKERS_PER_JOB
 
@@ -21,6 +22,20 @@ Configs = Mapping[str, SwitchConfig]
 def leaves_of(configs: Configs, parent: str) -> list[SwitchConfig]:
     """The configured leaves of `parent`, in configuration order."""
     return [c for c in configs.values() if c.parent == parent]
+
+
+def transit_hosts(configs: Configs, name: str) -> list[Transit]:
+    """The hosts of the other switches of `name`'s tree, each with the port toward it: a leaf
+    routes its parent's and its siblings' hosts up, a parent its leaves' hosts down."""
+    me = configs[name]
+    out: list[Transit] = []
+    if me.parent:
+        parent = configs[me.parent]
+        others = [parent, *(c for c in leaves_of(configs, me.parent) if c.name != name)]
+        out += [Transit(h, _port(me.parent_port), parent.mac) for o in others for h in o.hosts]
+    for leaf in leaves_of(configs, name):
+        out += [Transit(h, _port(leaf.port_on_parent), leaf.mac) for h in leaf.hosts]
+    return out
 
 
 def tree_capacity(configs: Configs, parent: str) -> int:

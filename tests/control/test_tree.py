@@ -16,11 +16,18 @@ from homagg.api.errors import FailedPrecondition, InvalidArgument, ResourceExhau
 from homagg.control.aggregation import JobEntries, Uplink, Worker
 from homagg.control.config import ConfigError, ControllerConfig, parse_config
 from homagg.control.entries import MULTICAST_GROUPS
+from homagg.control.forwarding import forwarding_entries
 from homagg.control.install import in_install_order, job_specs
 from homagg.control.job_record import Job, JobWorker
 from homagg.control.placement import admit, place, unplace
 from homagg.control.switches import ManagedSwitch
-from homagg.control.tree import check_world_fits, job_entries, tree_capacity, tree_rows
+from homagg.control.tree import (
+    check_world_fits,
+    job_entries,
+    transit_hosts,
+    tree_capacity,
+    tree_rows,
+)
 from homagg.lab.addresses import host_entry
 from homagg.p4rt.bytestrings import ipv4_to_int, mac_to_int
 from homagg.wire import p4names
@@ -69,6 +76,10 @@ TREE_MISTAKES = {
     "port out of range": ({"s1": {"parent_port": 511}}, "parent_port: 511 outside 0..510"),
     "uplink on a host port": ({"s1": {"parent_port": 1}}, "is also a host's port of leaf1"),
     "two leaves one port": ({"s2": {"port_on_parent": 1}}, "is also leaf1's"),
+    "one host on two leaves": (
+        {"s2": {"hosts": [host_entry(0, 1)]}},
+        "host 10.0.1.1 is listed on two switches of spine's tree",
+    ),
 }
 
 
@@ -293,3 +304,23 @@ def test_entries_refuse_what_the_program_cannot_hold():
     big = Worker(256, 1, "02:00:00:00:00:01", "10.0.0.1", 1)
     with pytest.raises(ValueError, match=r"in 0\.\.255"):
         replace(leaf, workers=(big,), uplink=up).validate()
+
+
+def test_hosts_behind_the_tree_are_routed_toward_their_switch(config):
+    configs = {s.name: s for s in config.switches}
+    up = {(t.host.ip, t.port, t.next_mac) for t in transit_hosts(configs, "leaf1")}
+    assert up == {
+        (h["ip"], UPLINK_PORT, configs["spine"].mac) for h in map(host_entry, [0, 1], [2, 2])
+    }
+    down = {(t.host.ip, t.port, t.next_mac) for t in transit_hosts(configs, "spine")}
+    assert down == {
+        (host_entry(i, k)["ip"], k, configs[f"leaf{k}"].mac) for i in (0, 1) for k in (1, 2)
+    }
+    routes = [
+        e
+        for e in forwarding_entries(
+            (), "10.0.1.254", configs["leaf1"].mac, transit_hosts(configs, "leaf1")
+        )
+        if e.table == p4names.IPV4_LPM and e.action == p4names.ROUTE
+    ]
+    assert {dict(e.params)["port"] for e in routes} == {UPLINK_PORT} and len(routes) == 2
