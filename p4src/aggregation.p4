@@ -3,7 +3,10 @@
  * resets itself: a contribution of a newer chunk (or of another job) overwrites the slot
  * copy, so no register ever needs a control-plane write (BMv2 cannot do one over
  * P4Runtime). Each register's read-modify-write stays inside one action, which BMv2
- * executes atomically. */
+ * executes atomically.
+ * Two-level jobs: a switch with an uplink entry for the job is a leaf; a completed copy
+ * goes up to the parent as one contribution (to_parent) and the parent's result, stored
+ * in the copy (accept_result, the copy becomes final), is what the workers get. */
 #include "include/headers.p4"
 
 /* Per-lane int32 arithmetic on 8-lane groups: wraps per lane, no carry between lanes. */
@@ -111,6 +114,23 @@ control Aggregation(inout headers_t hdr, inout metadata_t meta,
         size = MAX_WORKERS;
     }
 
+    /* A leaf of a two-level job: the port toward the parent, this leaf's rank in the
+     * parent's job and the parent's service address. */
+    action set_uplink(port_t port, bit<8> rank, ipv4_addr_t parent_ip, mac_addr_t parent_mac) {
+        meta.has_uplink = 1;
+        meta.uplink_port = port;
+        meta.uplink_rank = rank;
+        meta.parent_ip = parent_ip;
+        meta.parent_mac = parent_mac;
+    }
+
+    table uplink {
+        key = { hdr.agg.job_id: exact; }
+        actions = { set_uplink; @defaultonly NoAction; }
+        const default_action = NoAction();
+        size = MAX_JOBS;
+    }
+
     /* Classify the contribution against its slot copy and record it; one access to
      * the state register. Chunk numbers compare as serial numbers (RFC 1982). */
     action update_slot() {
@@ -126,10 +146,13 @@ control Aggregation(inout headers_t hdr, inout metadata_t meta,
         bool older = age[CHUNK_OLDER_BIT] == 1;
         bool fresh = other_job || (age != 0 && !older);
         bool combine = !fresh && !older && (seen & meta.worker_bit) == 0;
+        bool complete = (count & SLOT_COUNT_MASK) == meta.num_workers;
+        /* At a leaf, complete but without the parent's result: the partial goes up again. */
+        bool up = meta.has_uplink == 1 && (count & SLOT_FINAL) == 0;
         meta.verdict = fresh ? VERDICT_FRESH
             : (older ? VERDICT_STALE
             : (combine ? VERDICT_COMBINE
-            : (count == meta.num_workers ? VERDICT_RESEND : VERDICT_DUPLICATE)));
+            : (complete ? (up ? VERDICT_RESEND_UP : VERDICT_RESEND) : VERDICT_DUPLICATE)));
         job_id_t new_job = fresh ? hdr.agg.job_id : st_job;
         chunk_t new_chunk = fresh ? hdr.agg.chunk : st_chunk;
         bit<32> new_seen = fresh ? meta.worker_bit : (combine ? seen | meta.worker_bit : seen);
@@ -139,6 +162,42 @@ control Aggregation(inout headers_t hdr, inout metadata_t meta,
         slot_state.write(meta.slot_index, new_job ++ new_chunk ++ new_seen ++ new_count ++ new_exp);
         meta.count = new_count;
         hdr.agg.exp = new_exp;
+    }
+
+    /* A result from the parent for this leaf's copy: accepted (the copy becomes final and
+     * keeps the parent's exponent; drop_reason stays NONE) when the copy holds this job's
+     * chunk complete and not final; DUPLICATE when it is final already, else STALE. */
+    action accept_result() {
+        bit<SLOT_STATE_BITS> st;
+        slot_state.read(st, meta.slot_index);
+        job_id_t st_job = st[SLOT_STATE_JOB];
+        chunk_t st_chunk = st[SLOT_STATE_CHUNK];
+        bit<32> st_seen = st[SLOT_STATE_SEEN];
+        bit<8> count = st[SLOT_STATE_COUNT];
+        bit<8> st_exp = st[SLOT_STATE_EXP];
+        bool same = st_job == hdr.agg.job_id && st_chunk == hdr.agg.chunk;
+        bool final = (count & SLOT_FINAL) != 0;
+        bool accept = same && !final && (count & SLOT_COUNT_MASK) == meta.num_workers;
+        meta.drop_reason = accept ? DROP_NONE : (same && final ? DROP_DUPLICATE : DROP_STALE);
+        bit<8> new_count = accept ? count | SLOT_FINAL : count;
+        bit<8> new_exp = accept ? hdr.agg.exp : st_exp;
+        slot_state.write(meta.slot_index, st_job ++ st_chunk ++ st_seen ++ new_count ++ new_exp);
+    }
+
+    /* A completed copy (or its re-send) leaves as one contribution to the parent, from
+     * this leaf's service address (the contribution's destination) and uplink rank. */
+    action to_parent() {
+        hdr.agg.flags = 0;
+        hdr.agg.rank = meta.uplink_rank;
+        hdr.ethernet.src_addr = hdr.ethernet.dst_addr;
+        hdr.ethernet.dst_addr = meta.parent_mac;
+        hdr.ipv4.src_addr = hdr.ipv4.dst_addr;
+        hdr.ipv4.dst_addr = meta.parent_ip;
+        hdr.ipv4.ttl = RESULT_TTL;
+        hdr.udp.src_port = AGG_UDP_PORT;
+        hdr.udp.dst_port = AGG_UDP_PORT;
+        hdr.udp.checksum = 0;
+        std.egress_spec = meta.uplink_port;
     }
 
     action store_cells() { FOR_EACH_GROUP(STORE_GROUP) }
@@ -153,8 +212,7 @@ control Aggregation(inout headers_t hdr, inout metadata_t meta,
         if (!hdr.agg.isValid()) {
             /* Routed to the service address but not the aggregation protocol. */
             meta.drop_reason = DROP_BAD_HEADER;
-        } else if (hdr.agg.version != AGG_VERSION || hdr.agg.shadow >= SHADOW_COPIES
-                || (hdr.agg.flags & AGG_FLAG_RESULT) != 0) {
+        } else if (hdr.agg.version != AGG_VERSION || hdr.agg.shadow >= SHADOW_COPIES) {
             meta.drop_reason = DROP_BAD_HEADER;
         } else if (hdr.agg.ncells == 0 || hdr.agg.ncells > CELLS_PER_PKT
                 || hdr.udp.length != AGG_UDP_LENGTH || hdr.ipv4.total_len != AGG_IPV4_LENGTH) {
@@ -162,19 +220,40 @@ control Aggregation(inout headers_t hdr, inout metadata_t meta,
         } else if (hdr.agg.op < AGG_OP_ADD || hdr.agg.op > AGG_OP_LAST) {
             meta.drop_reason = DROP_BAD_OP;
         } else if (job_table.apply().hit) {
-            if (worker_table.apply().hit) {
-                if (meta.worker_port != std.ingress_port) {
+            meta.has_uplink = 0;
+            uplink.apply();
+            /* Never pool_base + slot in 32 bits: a job entry's pool_base near 2^32 would
+             * wrap it round into another job's slots. */
+            bool outside_pool = meta.pool_base >= NUM_SLOTS || hdr.agg.slot >= meta.pool_size
+                || (slot_index_t)hdr.agg.slot >= NUM_SLOTS - meta.pool_base;
+            /* Below NUM_SLOT_COPIES when inside: the shift is times SHADOW_COPIES. */
+            meta.slot_index = ((meta.pool_base + (slot_index_t)hdr.agg.slot) << SHADOW_BITS)
+                | (slot_index_t)hdr.agg.shadow;
+            if ((hdr.agg.flags & AGG_FLAG_RESULT) != 0) {
+                /* Only a leaf takes results, and only its parent's. */
+                if (meta.has_uplink == 0) {
+                    meta.drop_reason = DROP_BAD_HEADER;
+                } else if (std.ingress_port != meta.uplink_port) {
                     meta.drop_reason = DROP_WRONG_PORT;
-                } else if (meta.pool_base >= NUM_SLOTS || hdr.agg.slot >= meta.pool_size
-                        || (slot_index_t)hdr.agg.slot >= NUM_SLOTS - meta.pool_base) {
-                    /* Never pool_base + slot in 32 bits: a job entry's pool_base near 2^32
-                     * would wrap it round into another job's slots. */
+                } else if (hdr.agg.rank != meta.uplink_rank) {
+                    meta.drop_reason = DROP_BAD_RANK;
+                } else if (outside_pool) {
                     meta.drop_reason = DROP_SLOT_OUT_OF_POOL;
                 } else {
-                    /* Below NUM_SLOT_COPIES: the shift is times SHADOW_COPIES. */
-                    meta.slot_index =
-                        ((meta.pool_base + (slot_index_t)hdr.agg.slot) << SHADOW_BITS)
-                        | (slot_index_t)hdr.agg.shadow;
+                    accept_result();
+                    if (meta.drop_reason == DROP_NONE) {
+                        store_cells();
+                        hdr.agg.flags = AGG_FLAG_RESULT;
+                        std.mcast_grp = meta.mcast_grp;
+                        event_counter.count(EVENT_RESULT);
+                    }
+                }
+            } else if (worker_table.apply().hit) {
+                if (meta.worker_port != std.ingress_port) {
+                    meta.drop_reason = DROP_WRONG_PORT;
+                } else if (outside_pool) {
+                    meta.drop_reason = DROP_SLOT_OUT_OF_POOL;
+                } else {
                     update_slot();
                     if (meta.verdict == VERDICT_FRESH) {
                         store_cells();
@@ -190,19 +269,27 @@ control Aggregation(inout headers_t hdr, inout metadata_t meta,
                         } else {
                             max_cells();
                         }
-                    } else if (meta.verdict == VERDICT_RESEND) {
+                    } else if (meta.verdict == VERDICT_RESEND
+                            || meta.verdict == VERDICT_RESEND_UP) {
                         load_cells();
                     }
 
                     if (meta.verdict == VERDICT_FRESH || meta.verdict == VERDICT_COMBINE) {
                         event_counter.count(EVENT_CONTRIBUTION);
-                        if (meta.count == meta.num_workers) {
+                        if (meta.count != meta.num_workers) {
+                            meta.absorbed = 1;
+                        } else if (meta.has_uplink == 1) {
+                            to_parent();
+                            event_counter.count(EVENT_PARTIAL);
+                        } else {
                             hdr.agg.flags = AGG_FLAG_RESULT;
                             std.mcast_grp = meta.mcast_grp;
                             event_counter.count(EVENT_RESULT);
-                        } else {
-                            meta.absorbed = 1;
                         }
+                    } else if (meta.verdict == VERDICT_RESEND_UP) {
+                        to_parent();
+                        hdr.agg.flags = AGG_FLAG_RETX;
+                        event_counter.count(EVENT_PARTIAL);
                     } else if (meta.verdict == VERDICT_RESEND) {
                         hdr.agg.flags = AGG_FLAG_RESULT | AGG_FLAG_RETX;
                         std.egress_spec = std.ingress_port;

@@ -95,19 +95,7 @@ def uplink_entries(job: JobEntries) -> list[EntrySpec]:
     up = job.uplink
     if up is None:
         return []
-    return [
-        EntrySpec.of(
-            p4names.UPLINK,
-            {"hdr.agg.job_id": job.job_id},
-            p4names.SET_UPLINK,
-            {
-                "port": up.port,
-                "rank": up.rank,
-                "parent_ip": ipv4_to_int(up.parent_ip),
-                "parent_mac": mac_to_int(up.parent_mac),
-            },
-        )
-    ]
+    return [uplink_entry(job.job_id, up.port, up.rank, up.parent_ip, up.parent_mac)]
 
 
 def job_entry(job: JobEntries) -> EntrySpec:
@@ -122,5 +110,23 @@ def job_entry(job: JobEntries) -> EntrySpec:
             "pool_size": job.pool_size,
             "num_workers": len(job.workers),
             "mcast_grp": job.mcast_grp,
+        },
+    )
+
+
+def uplink_entry(job_id: int, port: int, rank: int, parent_ip: str, parent_mac: str) -> EntrySpec:
+    """The uplink entry that makes a switch a leaf of a two-level job: its completed slot
+    copies go out of `port` to the parent's service address as uplink rank `rank`, and it
+    takes the parent's results from that port (docs/protocol.md, Two-level aggregation).
+    Written before the leaf's job entry, removed after it."""
+    return EntrySpec.of(
+        p4names.UPLINK,
+        {"hdr.agg.job_id": job_id},
+        p4names.SET_UPLINK,
+        {
+            "port": port,
+            "rank": rank,
+            "parent_ip": ipv4_to_int(parent_ip),
+            "parent_mac": mac_to_int(parent_mac),
         },
     )

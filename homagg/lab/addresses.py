@@ -2,13 +2,13 @@
 (10.0.k.0/24; the test fabric uses 0, `make run` number k uses k), worker host i (0-based)
 has IP 10.0.k.<i+1>, MAC 02:00:00:00:01:<i+1> and sits on switch port i+1; the controller's
 host, when it is in the subnet (`make run`), is host CONTROLLER_INDEX (IP, MAC and port
-alike); the switch answers as 10.0.k.254 with SWITCH_MAC."""
+alike); the switch answers as 10.0.k.254 with SWITCH_MAC. Where several switches each have
+a subnet (the tree fabric: a parent and its leaves), switch k's MAC is switch_mac(k)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-SWITCH_MAC = "02:00:00:00:00:fe"
 PREFIX_LEN = 24
 MAX_HOSTS = 253  # 10.0.k.1 .. 10.0.k.253; .254 is the switch's service address
 MAX_SUBNET = 254
@@ -41,6 +41,15 @@ def service_ip(subnet: int = 0) -> str:
 
 
 SERVICE_IP = service_ip(0)
+
+
+def switch_mac(subnet: int = 0) -> str:
+    """The MAC of the switch of subnet k: 02:00:00:00:00:<fe - k> (hosts' MACs have 01 in
+    their fifth byte, so none is a switch's)."""
+    return f"02:00:00:00:00:{0xFE - _subnet(subnet):02x}"
+
+
+SWITCH_MAC = switch_mac(0)
 
 
 def host_mac(i: int) -> str:

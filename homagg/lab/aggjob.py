@@ -11,7 +11,7 @@ from scapy.layers.l2 import Ether
 from homagg.control.aggregation import JobEntries, Worker
 from homagg.control.delivery import mcast_grp_of_job
 from homagg.control.install import install_job
-from homagg.lab.fabric import SERVICE_IP, SWITCH_MAC, Fabric, FabricHost
+from homagg.lab.fabric import Fabric, FabricHost
 from homagg.lab.namespace import in_namespace
 from homagg.wire import p4names
 from homagg.wire.constants import (
@@ -35,51 +35,32 @@ _job_ids = itertools.count(1)
 POOL_STRIDE = 64
 
 
-class Job:
-    """A job over some of the fabric's hosts: rank r lives on hosts[r]."""
+def next_job_id() -> int:
+    """A job id no other job of this process had (every fabric's jobs draw from one count)."""
+    return next(_job_ids)
 
-    def __init__(self, fabric: Fabric, hosts: list[FabricHost], pool_size: int = 16) -> None:
-        self.fabric = fabric
-        self.hosts = hosts
-        self.job_id = next(_job_ids)
-        # Pools of different jobs never overlap within a module's switch.
-        self.entries = JobEntries(
-            job_id=self.job_id,
-            pool_base=(self.job_id * POOL_STRIDE) % (NUM_SLOTS - POOL_STRIDE),
-            pool_size=pool_size,
-            mcast_grp=mcast_grp_of_job(self.job_id),
-            workers=tuple(
-                Worker(
-                    rank=r,
-                    switch_port=h.switch_port,
-                    mac=h.mac,
-                    ip=h.ip,
-                    udp_port=WORKER_UDP_BASE + r,
-                )
-                for r, h in enumerate(hosts)
-            ),
-        )
-        install_job(fabric.conn, self.entries)
-        self.templates = [
-            FrameTemplate(h.mac, SWITCH_MAC, h.ip, SERVICE_IP, WORKER_UDP_BASE + r)
-            for r, h in enumerate(hosts)
-        ]
+
+def pool_base_of(job_id: int) -> int:
+    """The first slot of a job's pool: pools of different jobs never overlap within a
+    module's switch (pools up to POOL_STRIDE slots)."""
+    return (job_id * POOL_STRIDE) % (NUM_SLOTS - POOL_STRIDE)
+
+
+class RankTraffic:
+    """The frames a job's ranks send and the results they get: rank r lives on hosts[r]
+    and sends through templates[r] (set by the subclass, which installs the job)."""
+
+    job_id: int
+    hosts: list[FabricHost]
+    templates: list[FrameTemplate]
 
     @property
     def world_size(self) -> int:
         return len(self.hosts)
 
-    def channel(self, rank: int, rcvbuf: int = 0) -> UdpChannel:
-        """Rank `rank`'s UDP channel to the switch: a socket made in its host's namespace
-        (which needs enable_ip_stack), bound to the rank's address and port; `rcvbuf`: its
-        receive buffer in bytes (0: the system's default)."""
-        h = self.hosts[rank]
-        with in_namespace(h.namespace):
-            sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        if rcvbuf:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
-        sock.bind((h.ip, WORKER_UDP_BASE + rank))
-        return UdpChannel(sock, (SERVICE_IP, AGG_UDP_PORT))
+    def fabric_of(self, rank: int) -> Fabric:
+        """The switch (fabric) rank `rank` sends to and gets results from."""
+        raise NotImplementedError
 
     def frame(
         self,
@@ -120,6 +101,52 @@ class Job:
             frames = self.hosts[r].raw.receive(timeout, count=per_rank)
             out[r] = [Ether(f) for f in frames]
         return out
+
+
+class Job(RankTraffic):
+    """A job over some of the fabric's hosts: rank r lives on hosts[r]."""
+
+    def __init__(self, fabric: Fabric, hosts: list[FabricHost], pool_size: int = 16) -> None:
+        self.fabric = fabric
+        self.hosts = hosts
+        self.job_id = next_job_id()
+        self.entries = JobEntries(
+            job_id=self.job_id,
+            pool_base=pool_base_of(self.job_id),
+            pool_size=pool_size,
+            mcast_grp=mcast_grp_of_job(self.job_id),
+            workers=tuple(
+                Worker(
+                    rank=r,
+                    switch_port=h.switch_port,
+                    mac=h.mac,
+                    ip=h.ip,
+                    udp_port=WORKER_UDP_BASE + r,
+                )
+                for r, h in enumerate(hosts)
+            ),
+        )
+        install_job(fabric.conn, self.entries)
+        self.templates = [
+            FrameTemplate(h.mac, fabric.switch_mac, h.ip, fabric.service_ip, WORKER_UDP_BASE + r)
+            for r, h in enumerate(hosts)
+        ]
+
+    def fabric_of(self, rank: int) -> Fabric:
+        """Every rank's switch is the job's fabric."""
+        return self.fabric
+
+    def channel(self, rank: int, rcvbuf: int = 0) -> UdpChannel:
+        """Rank `rank`'s UDP channel to the switch: a socket made in its host's namespace
+        (which needs enable_ip_stack), bound to the rank's address and port; `rcvbuf`: its
+        receive buffer in bytes (0: the system's default)."""
+        h = self.hosts[rank]
+        with in_namespace(h.namespace):
+            sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        if rcvbuf:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+        sock.bind((h.ip, WORKER_UDP_BASE + rank))
+        return UdpChannel(sock, (self.fabric.service_ip, AGG_UDP_PORT))
 
 
 def random_cells(

@@ -1,6 +1,7 @@
 """A switch (BMv2 or the reference switch) with hosts in network namespaces around it,
 its pipeline pushed and its forwarding entries installed: the stage of the packet tests
-and of the benchmarks. Everything it makes carries a tag of ours and goes in close()."""
+and of the benchmarks. Everything it makes carries a tag of ours and goes in close().
+homagg/lab/tree_fabric.py joins several of them into a tree of switches."""
 
 from __future__ import annotations
 
@@ -16,7 +17,15 @@ from homagg.control.artifacts import BMV2_JSON_PATH, P4INFO_PATH
 from homagg.control.forwarding import Host, forwarding_entries
 from homagg.control.install import reconcile
 from homagg.control.switch_connection import SwitchConnection
-from homagg.lab.addresses import SERVICE_IP, SWITCH_MAC, host_ip, host_mac, host_switch_port
+from homagg.lab.addresses import (
+    SERVICE_IP,
+    SWITCH_MAC,
+    host_ip,
+    host_mac,
+    host_switch_port,
+    service_ip,
+    switch_mac,
+)
 from homagg.lab.namespace import (
     add_namespace,
     add_veth,
@@ -27,15 +36,32 @@ from homagg.lab.namespace import (
 from homagg.lab.rawsock import RawPort, disable_offloads
 from homagg.lab.switch_process import SwitchProcess
 
+__all__ = [
+    "PID_DIR",
+    "SERVICE_IP",  # the default subnet's addresses, which most fabrics use
+    "SWITCH_MAC",
+    "TAG_PATTERN",
+    "Fabric",
+    "FabricHost",
+    "fabric_tag",
+    "new_fabric_tag",
+]
+
 PID_DIR = Path(tempfile.gettempdir()) / "homagg-fabrics"  # switch PIDs, for `make stop`
 _fabric_ids = itertools.count()
-# hg<owner pid>x<n>{h|s}<host>: a host's namespace and link; hg<owner pid>x<n>sw: the switch's
-TAG_PATTERN = re.compile(r"^hg(\d+)x(\d+)(?:[hs]\d+|sw)$")
+# hg<owner pid>x<n>{h|s}<host>: a host's namespace and link; hg<owner pid>x<n>sw: the switch's;
+# hg<owner pid>x<n>{u|p}<leaf>: a tree fabric's link between a leaf and its parent
+TAG_PATTERN = re.compile(r"^hg(\d+)x(\d+)(?:[hsup]\d+|sw)$")
 
 
 def fabric_tag(owner_pid: int, n: int) -> str:
     """Prefix of every name a fabric makes; interface names stay within 15 characters."""
     return f"hg{owner_pid}x{n}"
+
+
+def new_fabric_tag() -> str:
+    """A tag of this process that no other fabric of it has (nor a tree fabric's links)."""
+    return fabric_tag(os.getpid(), next(_fabric_ids))
 
 
 @dataclass
@@ -71,7 +97,10 @@ class Fabric:
     """num_hosts hosts on ports 1..num_hosts of one switch of kind `target`, running the
     program in `artifacts` (P4Info, BMv2 JSON). The switch and its ends of the links are in a
     namespace of their own (`switch_namespace`; homagg/lab/switch_process.py says why), its
-    P4Runtime on a Unix socket (`switch.address`)."""
+    P4Runtime on a Unix socket (`switch.address`). The hosts and the switch's service
+    address are in subnet `subnet` (homagg/lab/addresses.py); `links`: more switch ports,
+    PORT -> a link made elsewhere in this namespace, which the switch's namespace takes
+    (a link to another switch)."""
 
     def __init__(
         self,
@@ -80,11 +109,17 @@ class Fabric:
         workdir: Path | None = None,
         artifacts: tuple[Path, Path] = (P4INFO_PATH, BMV2_JSON_PATH),
         metrics_port: int | None = None,
+        subnet: int = 0,
+        links: dict[int, str] | None = None,
     ) -> None:
         self.target = target
         self.metrics_port = metrics_port  # the switch's metrics, on its namespace's loopback
         self.artifacts = artifacts
-        self.tag = fabric_tag(os.getpid(), next(_fabric_ids))
+        self.subnet = subnet
+        self.service_ip = service_ip(subnet)
+        self.switch_mac = switch_mac(subnet)
+        self.links = dict(links or {})
+        self.tag = new_fabric_tag()
         self.switch_namespace = f"{self.tag}sw"
         self.workdir = workdir or Path(tempfile.mkdtemp(prefix=f"{self.tag}-"))
         self.hosts: list[FabricHost] = []
@@ -99,6 +134,9 @@ class Fabric:
 
     def _build(self, num_hosts: int) -> None:
         add_namespace(self.switch_namespace)
+        for link in self.links.values():
+            ip("link", "set", "dev", link, "netns", self.switch_namespace)
+            ip("link", "set", "dev", link, "up", netns=self.switch_namespace)
         for i in range(num_hosts):
             host = FabricHost(
                 index=i,
@@ -107,7 +145,7 @@ class Fabric:
                 switch_iface=f"{self.tag}s{i}",
                 switch_port=host_switch_port(i),
                 mac=host_mac(i),
-                ip=host_ip(i),
+                ip=host_ip(i, self.subnet),
             )
             self.hosts.append(host)
             add_namespace(host.namespace)
@@ -118,7 +156,7 @@ class Fabric:
                 host.raw = RawPort(host.iface)
         self.switch = SwitchProcess(
             self.target,
-            {h.switch_port: h.switch_iface for h in self.hosts},
+            self.switch_ports,
             self.workdir / "switch.log",
             self.switch_namespace,
             self.tag,
@@ -137,7 +175,13 @@ class Fabric:
         self.conn.set_pipeline(*artifacts)
         self.artifacts = artifacts
         hosts = [Host(ip=h.ip, mac=h.mac, switch_port=h.switch_port) for h in self.hosts]
-        reconcile(self.conn, forwarding_entries(hosts, SERVICE_IP, SWITCH_MAC), read_back=False)
+        entries = forwarding_entries(hosts, self.service_ip, self.switch_mac)
+        reconcile(self.conn, entries, read_back=False)
+
+    @property
+    def switch_ports(self) -> dict[int, str]:
+        """Every port of the switch: PORT -> its interface in the switch's namespace."""
+        return {**{h.switch_port: h.switch_iface for h in self.hosts}, **self.links}
 
     def restart_switch(self, kill: bool = True, env: dict[str, str] | None = None) -> None:
         """Replace the switch by a fresh one (no pipeline, no entries) on the same ports and
@@ -150,7 +194,7 @@ class Fabric:
         self._restarts += 1
         self.switch = SwitchProcess(
             self.target,
-            {h.switch_port: h.switch_iface for h in self.hosts},
+            self.switch_ports,
             self.workdir / f"switch-{self._restarts}.log",
             self.switch_namespace,
             self.tag,  # the same P4Runtime address

@@ -36,6 +36,15 @@ def ip(*args: str, netns: str | None = None, check: bool = True) -> subprocess.C
     return done
 
 
+def tc(*args: str, netns: str | None = None, check: bool = True) -> subprocess.CompletedProcess:
+    """Run `tc ARGS` (inside netns when given); raises RuntimeError with tc's message."""
+    cmd = [_which("tc") or "tc"] + (["-n", netns] if netns else []) + list(args)
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=20)
+    if check and done.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)}: {done.stderr.strip()}")
+    return done
+
+
 def sysctl(key: str, value: str, netns: str | None = None) -> None:
     """Write a sysctl, inside netns when given (its /proc/sys is per namespace for net.*)."""
     with in_namespace(netns) if netns else _nullcontext():

@@ -114,6 +114,11 @@ class Metadata:
     slot_index: int = 0
     verdict: int = 0
     count: int = 0
+    has_uplink: int = 0
+    uplink_port: int = 0
+    uplink_rank: int = 0
+    parent_ip: int = 0
+    parent_mac: int = 0
 
 
 @dataclass(slots=True)

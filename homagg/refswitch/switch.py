@@ -24,7 +24,7 @@ KERNEL_DROPS_INTERVAL = 1.0  # seconds between reads of the sockets' drop counts
 def check_program(p4info: p4info_pb2.P4Info, device_config: bytes) -> None:
     """Refuse a pipeline this model does not implement (ValueError, sent as INVALID_ARGUMENT)."""
     names = {t.preamble.name for t in p4info.tables} | {c.preamble.name for c in p4info.counters}
-    missing = [n for n in (*p4names.TABLES, *p4names.COUNTERS) if n not in names]
+    missing = [n for n in (*p4names.TABLES, p4names.UPLINK, *p4names.COUNTERS) if n not in names]
     if missing:
         raise ValueError(f"P4Info is not the homagg program (missing {', '.join(missing)})")
     if device_config:

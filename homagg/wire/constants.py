@@ -45,6 +45,10 @@ NUM_SLOT_COPIES = SHADOW_COPIES * NUM_SLOTS
 MAX_WORKERS_PER_JOB = 32  # one bit each in the slot's 32-bit seen bitmap
 RANK_BITS = 8  # the header's rank
 MAX_RANKS = 1 << RANK_BITS  # ranks of a job spanning a tree of switches (32 per switch)
+# The slot state's count field: its top bit marks a leaf's copy final (the parent's result
+# is stored in it), the low bits count the contributions (two-level aggregation).
+SLOT_FINAL = 0x80
+SLOT_COUNT_MASK = 0x7F
 RESULT_TTL = 64  # the TTL the switch gives a result it sends
 
 # Codes of the headers around the aggregation header that the switch matches on.
@@ -133,6 +137,7 @@ class Event(IntEnum):
     CONTRIBUTION = 0
     RESULT = 1
     RESENT = 2
+    PARTIAL = 3  # a leaf's partial sum sent up to its parent (first send or re-send)
 
 
 NUM_EVENTS = 4

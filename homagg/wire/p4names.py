@@ -18,6 +18,8 @@ UNKNOWN_JOB = "SwitchIngress.aggregation.unknown_job"
 WORKER_TABLE = "SwitchIngress.aggregation.worker_table"
 SET_WORKER = "SwitchIngress.aggregation.set_worker"
 EVENT_COUNTER = "SwitchIngress.aggregation.event_counter"
+# A leaf of a two-level job (docs/protocol.md, Two-level aggregation): not in TABLES, which
+# lists the tables every pipeline has; the Tofino pipeline has no tree (NOT_ON_TOFINO).
 UPLINK = "SwitchIngress.aggregation.uplink"
 SET_UPLINK = "SwitchIngress.aggregation.set_uplink"
 
@@ -34,3 +36,5 @@ TABLES = (ARP_RESPONDER, IPV4_LPM, JOB_TABLE, WORKER_TABLE, RESULT_REWRITE)
 # Tables of two-level aggregation: in the v1model program, not the TNA one (docs/tofino.md).
 TREE_TABLES = (UPLINK,)
 COUNTERS = (INGRESS_DROPS, EGRESS_DROPS, EVENT_COUNTER)
+# The v1model program's names the TNA program (p4src/tofino) does not have.
+NOT_ON_TOFINO = (UPLINK, SET_UPLINK)

@@ -89,6 +89,7 @@ const bit<8> DROP_KERNEL_RX_OVERFLOW = 15;
 const bit<32> EVENT_CONTRIBUTION = 0;
 const bit<32> EVENT_RESULT       = 1;
 const bit<32> EVENT_RESENT       = 2;
+const bit<32> EVENT_PARTIAL      = 3;  /* a leaf's partial sum sent up (first send or re-send) */
 #define NUM_EVENTS 4
 
 /* Verdicts of a contribution against its slot copy. */
@@ -97,6 +98,9 @@ const bit<8> VERDICT_COMBINE   = 2;  /* same round, new worker: combine with op 
 const bit<8> VERDICT_RESEND    = 3;  /* same round, worker seen, round complete: result back */
 const bit<8> VERDICT_DUPLICATE = 4;  /* same round, worker seen, round open: drop */
 const bit<8> VERDICT_STALE     = 5;  /* an older round of the same job: drop */
+/* Same round, worker seen, round complete at this leaf, the parent's result not in yet:
+ * the partial goes up again (two-level aggregation, docs/protocol.md). */
+const bit<8> VERDICT_RESEND_UP = 6;
 
 /* Per slot copy state, packed in one register entry so one access reads it all, highest
  * bits first: job id 16 | chunk 32 | seen bitmap 32 | count 8 | exponent 8. The slices
@@ -108,6 +112,10 @@ const bit<8> VERDICT_STALE     = 5;  /* an older round of the same job: drop */
 #define SLOT_STATE_SEEN  47:16
 #define SLOT_STATE_COUNT 15:8
 #define SLOT_STATE_EXP   7:0
+/* The count field's top bit: set at a leaf when the parent's result is stored in the copy
+ * (the copy is final); the low bits count the contributions (at most 32). */
+const bit<8> SLOT_FINAL      = 0x80;
+const bit<8> SLOT_COUNT_MASK = 0x7f;
 
 #ifndef HOMAGG_TNA
 /* FOR_EACH_GROUP(M) expands M(i) for every 8-lane group of the cells. */

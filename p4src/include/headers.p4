@@ -90,6 +90,12 @@ struct metadata_t {
     slot_index_t slot_index; /* (pool_base + slot) * SHADOW_COPIES + shadow */
     bit<8>  verdict;
     bit<8>  count;
+    /* From the job's uplink entry (a leaf of a two-level job): where partials go up. */
+    bit<1>  has_uplink;
+    port_t  uplink_port;
+    bit<8>  uplink_rank;
+    ipv4_addr_t parent_ip;
+    mac_addr_t  parent_mac;
 }
 
 #endif  /* HOMAGG_TNA */

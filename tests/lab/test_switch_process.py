@@ -188,11 +188,12 @@ def test_the_switch_runs_alone_in_its_namespace_and_p4runtime_on_a_unix_socket(t
 
 def test_make_stop_knows_a_fabrics_switch_namespace():
     """`make stop` (homagg/lab/cleanup.py) removes what dead fabrics left by TAG_PATTERN: their
-    switch's namespace too, not only hosts' namespaces and links."""
+    switch's namespace too, not only hosts' namespaces and links (and a tree fabric's
+    links between switches)."""
     from homagg.lab.fabric import TAG_PATTERN, fabric_tag
 
     tag = fabric_tag(4321, 7)
-    for name in (f"{tag}sw", f"{tag}h0", f"{tag}s12"):
+    for name in (f"{tag}sw", f"{tag}h0", f"{tag}s12", f"{tag}u0", f"{tag}p1"):
         match = TAG_PATTERN.match(name)
         assert match and match.groups() == ("4321", "7"), name
     for other in (f"{tag}sx", f"{tag}", "hg1s-eth1", f"{tag}swa"):

@@ -26,6 +26,7 @@ def test_wire_constants_match_the_p4_program():
     assert (p4["ARP_OPER_REQUEST"], p4["ARP_OPER_REPLY"]) == (c.ARP_OPER_REQUEST, c.ARP_OPER_REPLY)
     assert p4["NUM_DROP_REASONS"] == c.NUM_DROP_REASONS
     assert p4["NUM_EVENTS"] == c.NUM_EVENTS
+    assert p4["SLOT_FINAL"] == c.SLOT_FINAL and p4["SLOT_COUNT_MASK"] == c.SLOT_COUNT_MASK
     for flag in c.Flag:
         assert p4[f"AGG_FLAG_{flag.name}"] == flag.value
     for op in c.Op:
@@ -35,6 +36,16 @@ def test_wire_constants_match_the_p4_program():
     for event in c.Event:
         assert p4[f"EVENT_{event.name}"] == event.value
     assert len(c.DropReason) <= c.NUM_DROP_REASONS and len(c.Event) <= c.NUM_EVENTS
+
+
+def test_slot_final_is_the_count_fields_top_bit_above_every_count():
+    assert c.SLOT_FINAL | c.SLOT_COUNT_MASK == 0xFF and c.SLOT_FINAL & c.SLOT_COUNT_MASK == 0
+    assert c.MAX_WORKERS_PER_JOB <= c.SLOT_COUNT_MASK
+
+
+def test_every_p4_event_is_known_to_python():
+    p4 = constant_values()
+    assert {k[len("EVENT_") :] for k in p4 if k.startswith("EVENT_")} == {e.name for e in c.Event}
 
 
 def test_every_p4_drop_reason_is_known_to_python():

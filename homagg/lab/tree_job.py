@@ -1,0 +1,125 @@
+"""A two-level job installed on a tree fabric, the way docs/protocol.md ("Two-level
+aggregation") lays it out: the parent runs an ordinary job whose ranks are the leaves
+(uplink rank u = the leaf's index among the job's leaves), each leaf runs the job for its
+own hosts with an uplink entry toward the parent. Ranks are numbered leaf by leaf."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from homagg.control.aggregation import JobEntries, Worker, job_entry, uplink_entry
+from homagg.control.delivery import job_group, mcast_grp_of_job, result_entries
+from homagg.control.entries import EntrySpec, Spec
+from homagg.control.install import in_install_order, install_job
+from homagg.control.switch_connection import SwitchConnection
+from homagg.lab.aggjob import RankTraffic, next_job_id, pool_base_of
+from homagg.lab.fabric import Fabric, FabricHost
+from homagg.lab.tree_fabric import UPLINK_PORT, TreeFabric, TreeLeaf
+from homagg.wire import p4names
+from homagg.wire.constants import AGG_UDP_PORT, MAX_WORKERS_PER_JOB, WORKER_UDP_BASE
+from homagg.wire.frame import FrameTemplate
+
+# The parent's pool starts this many slots after the leaves' (each switch has its own
+# pool_base; the header's slot is relative to the pool on every switch). Pools up to this
+# size stay within the job's POOL_STRIDE of homagg/lab/aggjob.py.
+PARENT_POOL_OFFSET = 32
+
+
+def leaf_worker_entries(job: JobEntries) -> list[EntrySpec]:
+    """A leaf's worker_table entries: worker_bit is 1 << the rank's index among the leaf's
+    workers (not 1 << rank: a two-level job may have more ranks than the bitmap's 32)."""
+    if len(job.workers) > MAX_WORKERS_PER_JOB:
+        raise ValueError(f"{len(job.workers)} workers on a leaf: at most {MAX_WORKERS_PER_JOB}")
+    return [
+        EntrySpec.of(
+            p4names.WORKER_TABLE,
+            {"hdr.agg.job_id": job.job_id, "hdr.agg.rank": w.rank},
+            p4names.SET_WORKER,
+            {"port": w.switch_port, "worker_bit": 1 << i},
+        )
+        for i, w in enumerate(job.workers)
+    ]
+
+
+def leaf_specs(job: JobEntries) -> list[Spec]:
+    """Everything a leaf needs for its workers of a two-level job but the uplink entry."""
+    return [job_group(job), *result_entries(job), *leaf_worker_entries(job), job_entry(job)]
+
+
+def _insert(conn: SwitchConnection, specs: Sequence[Spec]) -> None:
+    """Insert specs in one batch."""
+    batch = conn.batch()
+    for spec in specs:
+        spec.insert(batch)
+    conn.write_batch(batch)
+
+
+class TreeJob(RankTraffic):
+    """A job over the first hosts_per_leaf[k] hosts of leaf k (leaves with none are not
+    in the job); installs the parent's entries, then per leaf its uplink entry and its
+    job's entries, so that no partial ever reaches a switch not ready for it."""
+
+    def __init__(
+        self, tree: TreeFabric, hosts_per_leaf: Sequence[int], pool_size: int = 16
+    ) -> None:
+        if len(hosts_per_leaf) > len(tree.leaves):
+            raise ValueError(f"{len(hosts_per_leaf)} leaves asked, the tree has {len(tree.leaves)}")
+        self.tree = tree
+        self.job_id = next_job_id()
+        self.leaves: list[TreeLeaf] = [tree.leaves[k] for k, n in enumerate(hosts_per_leaf) if n]
+        self.hosts: list[FabricHost] = []
+        self._fabrics: list[Fabric] = []  # per rank
+        for k, n in enumerate(hosts_per_leaf):
+            self.hosts += tree.leaves[k].hosts[:n]
+            self._fabrics += [tree.leaves[k].fabric] * n
+        base, group = pool_base_of(self.job_id), mcast_grp_of_job(self.job_id)
+        self.parent_entries = JobEntries(
+            self.job_id, base + PARENT_POOL_OFFSET, pool_size, group, self._leaf_workers()
+        )
+        self.leaf_entries = [
+            JobEntries(self.job_id, base, pool_size, group, self._workers_of(leaf))
+            for leaf in self.leaves
+        ]
+        self.templates = [
+            FrameTemplate(h.mac, f.switch_mac, h.ip, f.service_ip, WORKER_UDP_BASE + r)
+            for r, (h, f) in enumerate(zip(self.hosts, self._fabrics, strict=True))
+        ]
+        self._install()
+
+    def _leaf_workers(self) -> tuple[Worker, ...]:
+        """The parent's ranks: one per leaf, its results to the leaf's service address."""
+        return tuple(
+            Worker(
+                u, leaf.parent_port, leaf.fabric.switch_mac, leaf.fabric.service_ip, AGG_UDP_PORT
+            )
+            for u, leaf in enumerate(self.leaves)
+        )
+
+    def _workers_of(self, leaf: TreeLeaf) -> tuple[Worker, ...]:
+        return tuple(
+            Worker(r, h.switch_port, h.mac, h.ip, WORKER_UDP_BASE + r)
+            for r, h in enumerate(self.hosts)
+            if self._fabrics[r] is leaf.fabric
+        )
+
+    def _install(self) -> None:
+        parent = self.tree.parent
+        install_job(parent.conn, self.parent_entries)
+        for u, (leaf, entries) in enumerate(zip(self.leaves, self.leaf_entries, strict=True)):
+            conn = leaf.fabric.conn
+            uplink = uplink_entry(self.job_id, UPLINK_PORT, u, parent.service_ip, parent.switch_mac)
+            _insert(conn, [uplink])
+            for stage in in_install_order(leaf_specs(entries)):
+                _insert(conn, stage)
+
+    def fabric_of(self, rank: int) -> Fabric:
+        """The leaf switch rank `rank` sends to."""
+        return self._fabrics[rank]
+
+    def uplink_rank(self, leaf: TreeLeaf) -> int:
+        """The leaf's rank in the parent's job."""
+        return self.leaves.index(leaf)
+
+    def ranks_of(self, leaf: TreeLeaf) -> list[int]:
+        """The job's ranks on a leaf."""
+        return [r for r, f in enumerate(self._fabrics) if f is leaf.fabric]
