@@ -33,6 +33,7 @@ EVENT_METRICS = {
     Event.CONTRIBUTION: ("contributions", "Contributions the switch added into a slot"),
     Event.RESULT: ("results", "Results the switch sent (a slot completed)"),
     Event.RESENT: ("resends", "Results the switch sent again for a retransmitted chunk"),
+    Event.PARTIAL: ("partials", "Partial sums a leaf sent up to its parent (sends and re-sends)"),
 }
 RankKey = tuple[str, int, int]  # switch, job id, rank
 Family = GaugeMetricFamily | CounterMetricFamily

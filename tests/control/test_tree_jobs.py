@@ -14,6 +14,7 @@ from homagg.api.errors import InvalidArgument
 from homagg.control.config import parse_config
 from homagg.control.jobs import JobManager
 from homagg.control.store import Store
+from homagg.control.switches import ManagedSwitch
 from homagg.control.tree import job_entries
 from homagg.control.views import pool_ranges
 from homagg.lab.addresses import host_entry
@@ -95,3 +96,34 @@ def test_a_restart_restores_the_tree_and_an_end_clears_every_switch(tmp_path: Pa
         assert sw.pools.used_ranges() == []
         assert sw.pending_removals == {job.job_id: want[name]}
     assert again.list_jobs(include_ended=True)[0].leaves == job.leaves
+
+
+def test_the_parent_is_written_first_and_cleared_last(tmp_path: Path, monkeypatch):
+    """The switch writes across a tree: a leaf is installed only once its parent holds the
+    job (its supervisor waits for it), removals go leaves first, parent last."""
+    up: set[str] = set()
+    log: list[tuple[str, str]] = []
+    monkeypatch.setattr(ManagedSwitch, "connected", property(lambda sw: sw.name in up))
+    monkeypatch.setattr(ManagedSwitch, "install", lambda sw, e: log.append((sw.name, "install")))
+    monkeypatch.setattr(
+        ManagedSwitch, "remove", lambda sw, e, strict=False: log.append((sw.name, "remove")) or True
+    )
+    m = manager(tmp_path, tree_config_dict(ADDRESSES, tmp_path))
+    job, token = m.create("tree", 2, "dense", 8)
+    up.update({"leaf1", "leaf2"})  # the parent is away when the world completes
+    join(m, job, token, 0, 1, 0)
+    join(m, job, token, 1, 2, 0)
+    for name in ("leaf1", "leaf2"):
+        m.settle(name)
+    assert log == [] and not job.installed  # no leaf before its parent
+    up.add("spine")
+    m.settle("leaf2")
+    m.settle("spine")
+    m.settle("leaf2")
+    m.settle("leaf1")
+    assert log == [("spine", "install"), ("leaf2", "install"), ("leaf1", "install")]
+    assert job.installed
+    log.clear()
+    m.leave(job.job_id, token, 0)
+    m.leave(job.job_id, token, 1)
+    assert log == [("leaf2", "remove"), ("leaf1", "remove"), ("spine", "remove")]
