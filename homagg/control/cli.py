@@ -211,7 +211,12 @@ def _add_job_actions(job: argparse.ArgumentParser, common: argparse.ArgumentPars
     actions = job.add_subparsers(dest="action", required=True, metavar="ACTION")
     create = actions.add_parser("create", help="a new job", parents=[common])
     create.add_argument("name", help="1..64 printable characters, for operators")
-    create.add_argument("--world-size", type=int, required=True, help="ranks, 1..32")
+    create.add_argument(
+        "--world-size",
+        type=int,
+        required=True,
+        help="ranks, 1..32 (up to 256 on a tree of switches: docs/controller.md)",
+    )
     create.add_argument("--codec", default="lossless", help="the workers' codec (default lossless)")
     create.add_argument(
         "--pool-size", type=int, default=0, help="switch slots (0: the controller's default)"

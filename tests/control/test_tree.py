@@ -324,3 +324,26 @@ def test_hosts_behind_the_tree_are_routed_toward_their_switch(config):
         if e.table == p4names.IPV4_LPM and e.action == p4names.ROUTE
     ]
     assert {dict(e.params)["port"] for e in routes} == {UPLINK_PORT} and len(routes) == 2
+
+
+def test_operators_see_a_tree_jobs_switches():
+    from homagg.api import jobs_pb2 as pb
+    from homagg.control.cli import to_dict
+    from homagg.control.text_table import job_switches, render_jobs
+
+    info = pb.JobInfo(job_id=3, name="t", state="ready", switch="spine", world_size=4, joined=4)
+    for name, role, rank in (("spine", "parent", 0), ("leaf1", "leaf", 0), ("leaf2", "leaf", 1)):
+        info.tree.add(switch=name, role=role, uplink_rank=rank, ranks=2)
+    info.workers.add(rank=0, switch="leaf1", switch_port=1)
+    assert job_switches(info) == "spine>leaf1,leaf2"
+    assert "spine>leaf1,leaf2" in render_jobs([info], ranks=True)
+    assert "leaf1:1" in render_jobs([info], ranks=True)
+    flat = pb.JobInfo(job_id=4, name="f", state="ready", switch="s1")
+    assert job_switches(flat) == "s1" and to_dict(flat)["tree"] == []
+    assert to_dict(info)["tree"][2] == {
+        "switch": "leaf2",
+        "role": "leaf",
+        "pool_base": 0,
+        "uplink_rank": 1,
+        "ranks": 2,
+    }
