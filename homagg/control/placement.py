@@ -153,7 +153,8 @@ def fit_port(
     job's pools on every switch alike); a later rank's pool is fixed, and ResourceExhausted
     names the port and its headroom. Returns the size before a shrink (for `unfit_port`)."""
     sw = switches[worker.switch]
-    room = port_headroom(jobs, sw.name, worker.switch_port, sw.config.port_buffer)
+    configs = {n: s.config for n, s in switches.items()}
+    room = port_headroom(jobs, sw.name, worker.switch_port, sw.config.port_buffer, configs)
     if room >= job.pool_size:
         return None
     if job.workers or room < 1:
@@ -258,10 +259,33 @@ def _grow(configs: Configs, jobs: list[Job], job: Job, leaf: str, undo: _Undo) -
         raise ResourceExhausted(
             f"job {job.job_id} already spans {MAX_WORKERS_PER_JOB} leaves, all a parent holds"
         )
+    new = [leaf] if job.leaves or job.switch == parent else [job.switch, leaf]
+    _check_uplinks(configs, [j for j in jobs if j is not job], job, parent, new)
     if not job.leaves and job.switch != parent:  # flat on a sibling leaf: the parent above
         job.leaves = {job.switch: job.pool_base}
         job.pool_base, job.switch = undo.allocate(parent, jobs), parent
     job.leaves[leaf] = undo.allocate(leaf, jobs)
+
+
+def _check_uplinks(
+    configs: Configs, others: list[Job], job: Job, parent: str, leaves: list[str]
+) -> None:
+    """ResourceExhausted unless each new leaf's uplink port and the parent's port toward it
+    have room for the job's pool in their port_buffer (the other jobs' uplinks and ranks
+    there take theirs)."""
+    for leaf in leaves:
+        c = configs[leaf]
+        assert c.parent_port is not None and c.port_on_parent is not None
+        for name, port in ((leaf, c.parent_port), (parent, c.port_on_parent)):
+            buffer = configs[name].port_buffer
+            room = port_headroom(others, name, port, buffer, configs)
+            if room < job.pool_size:
+                raise ResourceExhausted(
+                    f"switch {name} port {port} (the uplink between {leaf} and {parent}) has "
+                    f"room for {room} more slots in flight of its port_buffer {buffer}; job "
+                    f"{job.job_id}'s pool is {job.pool_size}: wait for a job across that "
+                    "uplink to end, or create the job with a smaller pool_size"
+                )
 
 
 def _joining(job: Job) -> str:

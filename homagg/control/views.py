@@ -111,7 +111,8 @@ def port_buffer_views(m: JobManager, switch: str = "") -> list[PortBuffer]:
     with m.lock:
         out = []
         for name in _switch_names(m, switch):
-            out += port_buffers(m.jobs.values(), name, m.switches[name].config.port_buffer)
+            buffer = m.switches[name].config.port_buffer
+            out += port_buffers(m.jobs.values(), name, buffer, m.configs)
         return out
 
 

@@ -8,15 +8,15 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from ctl_helpers import config_dict, tree_config_dict
+from ctl_helpers import UPLINK_PORT, config_dict, tree_config_dict
 
-from homagg.api.errors import InvalidArgument
+from homagg.api.errors import InvalidArgument, ResourceExhausted
 from homagg.control.config import parse_config
 from homagg.control.jobs import JobManager
 from homagg.control.store import Store
 from homagg.control.switches import ManagedSwitch
 from homagg.control.tree import job_entries
-from homagg.control.views import pool_ranges
+from homagg.control.views import pool_ranges, port_buffer_views
 from homagg.lab.addresses import host_entry
 
 ADDRESSES = ("127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3")  # never reached
@@ -35,9 +35,11 @@ def m(tmp_path: Path) -> JobManager:
     return manager(tmp_path, tree_config_dict(ADDRESSES, tmp_path))
 
 
-def join(m: JobManager, job, token: str, rank: int, leaf: int, index: int) -> None:
+def join(
+    m: JobManager, job, token: str, rank: int, leaf: int, index: int, udp: int = 41000
+) -> None:
     host = host_entry(index, leaf)
-    m.join(job.job_id, token, rank, host["mac"], host["ip"], 41000 + rank)
+    m.join(job.job_id, token, rank, host["mac"], host["ip"], udp + rank)
 
 
 def test_a_world_of_40_needs_a_tree(tmp_path: Path, m: JobManager):
@@ -127,3 +129,24 @@ def test_the_parent_is_written_first_and_cleared_last(tmp_path: Path, monkeypatc
     m.leave(job.job_id, token, 0)
     m.leave(job.job_id, token, 1)
     assert log == [("leaf2", "remove"), ("leaf1", "remove"), ("spine", "remove")]
+
+
+def test_a_trees_uplinks_count_in_their_ports_buffers(tmp_path: Path):
+    """A leaf's partial sums go up its uplink and the parent's results come down its port
+    toward the leaf: a pool's worth in flight on each, shared with other jobs like a rank's
+    port; a job that would overrun an uplink is refused when it would span it."""
+    doc = tree_config_dict(ADDRESSES, tmp_path)
+    for sw in doc["switch"]:
+        sw["port_buffer"] = 24
+    m = manager(tmp_path, doc)
+    a, ta = m.create("a", 2, "dense", 16)
+    join(m, a, ta, 0, 1, 0)
+    join(m, a, ta, 1, 2, 0)
+    ports = {(b.switch, b.port): (b.used, b.headroom) for b in port_buffer_views(m)}
+    assert ports[("leaf1", UPLINK_PORT)] == ports[("spine", 2)] == (16, 8)
+    b, tb = m.create("b", 2, "dense", 16)
+    join(m, b, tb, 0, 1, 1, udp=42000)
+    with pytest.raises(ResourceExhausted, match=r"port 100 \(the uplink between leaf1 and spine"):
+        join(m, b, tb, 1, 2, 1, udp=42000)
+    assert (b.switch, b.leaves, list(b.workers)) == ("leaf1", {}, [0])  # nothing changed
+    assert m.switches["spine"].pools.used_ranges() == [(0, 16)]
