@@ -172,7 +172,8 @@ class ControllerCollector(Collector):
         )
         with self.m.lock:
             for name, sw in self.m.switches.items():
-                for port in port_buffers(self.m.jobs.values(), name, sw.config.port_buffer):
+                buffer = sw.config.port_buffer
+                for port in port_buffers(self.m.jobs.values(), name, buffer, self.m.configs):
                     used.add_metric([name, str(port.port)], port.used)
                     headroom.add_metric([name, str(port.port)], port.headroom)
         yield from (used, headroom)

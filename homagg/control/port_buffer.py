@@ -10,12 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from types import MappingProxyType
 
 from homagg.control.job_record import Job, JobWorker
 from homagg.control.tree import Configs
-
-EMPTY: Configs = MappingProxyType({})
 
 
 @dataclass(frozen=True)
@@ -40,7 +37,7 @@ def worker_switch(job: Job, worker: JobWorker) -> str | None:
     return worker.switch or job.switch
 
 
-def job_ports(job: Job, configs: Configs = EMPTY) -> list[tuple[str | None, int]]:
+def job_ports(job: Job, configs: Configs) -> list[tuple[str | None, int]]:
     """The (switch, port) pairs where the job keeps a pool's worth of frames in flight: each
     rank's port, and in a tree each leaf's uplink port and the parent's port toward it
     (partial sums up, results down), as `configs` says."""
@@ -52,9 +49,7 @@ def job_ports(job: Job, configs: Configs = EMPTY) -> list[tuple[str | None, int]
     return ports
 
 
-def port_load(
-    jobs: Iterable[Job], switch: str, port: int, configs: Configs = EMPTY
-) -> tuple[int, int]:
+def port_load(jobs: Iterable[Job], switch: str, port: int, configs: Configs) -> tuple[int, int]:
     """(slots in flight, jobs) on `port` of `switch`: each rank of a job attached there on
     that port, and each tree uplink there (with `configs`), counts its job's pool."""
     used = count = 0
@@ -66,7 +61,7 @@ def port_load(
 
 
 def port_buffers(
-    jobs: Iterable[Job], switch: str, buffer: int, configs: Configs = EMPTY
+    jobs: Iterable[Job], switch: str, buffer: int, configs: Configs
 ) -> list[PortBuffer]:
     """Every port of `switch` with a rank (or a tree uplink) of a running job on it, in port
     order."""
@@ -76,7 +71,7 @@ def port_buffers(
 
 
 def port_headroom(
-    jobs: Iterable[Job], switch: str, port: int, buffer: int, configs: Configs = EMPTY
+    jobs: Iterable[Job], switch: str, port: int, buffer: int, configs: Configs
 ) -> int:
     """Slots still free in `port`'s buffer of `switch`."""
     return max(0, buffer - port_load(jobs, switch, port, configs)[0])
