@@ -358,6 +358,8 @@ def parse_config(
     )
     top.finish()
     _check_unique(switches, operators, where)
+    from homagg.control.tree_config import check_tree  # it imports this module
+
     check_tree(switches, where)
     database = Path(ctl.string("database", "homagg-controller.db"))
     config = ControllerConfig(
@@ -402,65 +404,6 @@ def _check_unique(
         dup = next((v for v in values if values.count(v) > 1), None)
         if dup is not None:
             raise ConfigError(f"{where}: two switches have {key} {dup!r}")
-
-
-def check_tree(switches: tuple[SwitchConfig, ...], where: str) -> None:
-    """The leaves' parents: configured switches, no cycle, two levels (a parent is no leaf),
-    distinct ports on each parent that are not its hosts', and the v1model program on every
-    switch of a tree (the TNA program has no uplink table: docs/tofino.md)."""
-    by_name = {s.name: s for s in switches}
-    for i, sw in enumerate(switches):
-        if not sw.parent:
-            continue
-        at = f"{where}: switch[{i}] ({sw.name})"
-        parent = by_name.get(sw.parent)
-        if parent is None:
-            raise ConfigError(
-                f"{at}.parent: no switch {sw.parent!r} is configured (configured: "
-                f"{', '.join(by_name)}): add its [[switch]] or fix the name"
-            )
-        if parent.name == sw.name or parent.parent == sw.name:
-            raise ConfigError(f"{at}.parent: {sw.parent!r} makes a cycle of parents")
-        if parent.parent:
-            raise ConfigError(
-                f"{at}.parent: {parent.name} is itself a leaf (of {parent.parent}); the "
-                "controller places jobs on trees of two levels: a leaf's parent has no parent"
-            )
-        for s in (sw, parent):
-            if s.p4info is not None:
-                raise ConfigError(
-                    f"{at}: switch {s.name} runs its own program (p4info), and the Tofino "
-                    "program has no uplink table (docs/tofino.md): a tree needs the v1model "
-                    "program on every switch; remove parent or p4info"
-                )
-        if any(h.switch_port == sw.port_on_parent for h in parent.hosts):
-            raise ConfigError(
-                f"{at}.port_on_parent: port {sw.port_on_parent} of {parent.name} is a host's port"
-            )
-        ips = [
-            h.ip
-            for s in (parent, *(s for s in switches if s.parent == parent.name))
-            for h in s.hosts
-        ]
-        dup = next((ip for ip in ips if ips.count(ip) > 1), None)
-        if dup is not None:
-            raise ConfigError(
-                f"{at}: host {dup} is listed on two switches of {parent.name}'s tree: the "
-                "switches route each host's address toward its own switch"
-            )
-        twin = next(
-            (
-                s
-                for s in switches[:i]
-                if s.parent == sw.parent and s.port_on_parent == sw.port_on_parent
-            ),
-            None,
-        )
-        if twin is not None:
-            raise ConfigError(
-                f"{at}.port_on_parent: port {sw.port_on_parent} of {parent.name} is also "
-                f"{twin.name}'s: each leaf needs its own port on the parent"
-            )
 
 
 def _check_consistent(config: ControllerConfig, where: str) -> None:

@@ -7,7 +7,6 @@ ordered per switch by the switch's io lock (docs/controller.md, "Locks and switc
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 import time
@@ -37,7 +36,7 @@ from homagg.control.restore import restore_jobs, unknown_jobs_refusal
 from homagg.control.store import Store
 from homagg.control.switch_writes import SwitchWrites
 from homagg.control.switches import ManagedSwitch, UnknownJobs
-from homagg.control.tree import check_world_fits, job_entries, locate_workers, transit_hosts
+from homagg.control.tree import check_world_fits, job_entries, locate_workers
 from homagg.wire.constants import AGG_UDP_PORT, MAX_JOB_ID
 
 log = logging.getLogger(__name__)
@@ -69,13 +68,7 @@ class JobManager:
         self.changed = threading.Condition(self.lock)  # notified on every job state change
         self.switches = {
             s.name: ManagedSwitch(
-                s,
-                self.lock,
-                self,
-                artifacts,
-                poll_interval,
-                max_backoff,
-                transit_hosts(self.configs, s.name),
+                s, self.lock, self, artifacts, poll_interval, max_backoff, self.configs
             )
             for s in config.switches
         }
@@ -120,11 +113,8 @@ class JobManager:
     def desired_jobs(self, switch: str) -> list[JobEntries]:
         """Every complete job with a pool on the switch, as that switch holds it: what its
         reconciliation installs (lock held)."""
-        return [
-            self.entries_by_switch(j)[switch]
-            for j in self.jobs.values()
-            if switch in j.switches and j.complete
-        ]
+        jobs = [j for j in self.jobs.values() if switch in j.switches and j.complete]
+        return [self.entries_by_switch(j)[switch] for j in jobs]
 
     def entries_by_switch(self, job: Job) -> dict[str, JobEntries]:
         """What each of a complete job's switches holds for it, in write order (lock held)."""
@@ -312,10 +302,7 @@ class JobManager:
                         waiting = [n for n in job.switches if n not in job.installed_on]
                         for name in waiting:
                             self.switches[name].require()  # Unavailable, saying why
-                        raise Unavailable(
-                            f"job {job_id} is not installed yet: switch(es) "
-                            f"{', '.join(waiting)} syncing"
-                        )
+                        raise Unavailable(f"job {job_id} is not installed yet: {waiting} syncing")
                     missing = [r for r in range(job.world_size) if r not in job.workers]
                     raise DeadlineExceeded(
                         f"job {job_id}: {len(job.workers)} of {job.world_size} ranks joined "
@@ -382,38 +369,8 @@ class JobManager:
             if job.switch is None or not job.complete:
                 self.end_job(job, reason)  # nothing of it is on a switch
                 return job
-            order = list(reversed(self.entries_by_switch(job)))  # leaves first, then the parent
-        with contextlib.ExitStack() as held:
-            # every switch's io lock, in name order (no other writer holds two): no install
-            # of the job comes between its removal and its end
-            for name in sorted(order):
-                held.enter_context(self.switches[name].io)
-            self._remove_everywhere(job_id, order)
-            with self.lock:
-                job = self._running(job_id)
-                self.end_job(job, reason, on_switch=False)
+        self.writes.release(job, lambda: self._running(job_id), reason)
         return job
-
-    def _remove_everywhere(self, job_id: int, order: list[str]) -> None:
-        """Remove a running job's entries from its switches in `order` (their io locks held);
-        Unavailable when one fails, and the switches it was removed from re-install it."""
-        done: list[str] = []
-        try:
-            for name in order:
-                sw = self.switches[name]
-                with self.lock:
-                    job = self._running(job_id)
-                    sw.require()
-                    entries = self.entries_by_switch(job)[name]
-                self.writes.flush_removals(sw)
-                sw.remove(entries, strict=True)
-                done.append(name)
-        except BaseException:
-            with self.lock:
-                running = self.jobs.get(job_id)
-                if running is not None:
-                    running.installed_on.difference_update(done)
-            raise
 
     def _running(self, job_id: int) -> Job:
         job = self.jobs.get(job_id)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+from collections.abc import Callable
 from typing import Protocol
 
 from homagg.api.errors import FailedPrecondition, Unavailable
@@ -111,6 +112,35 @@ class SwitchWrites:
                     del sw.pending_removals[job_id]
             if not gone:
                 break
+
+    def release(self, job: Job, running: Callable[[], Job], reason: str) -> None:
+        """End a complete job now: its entries removed from its switches (leaves first, the
+        parent last), every one of their io locks held (in name order; no other writer holds
+        two) so that no install comes between the removal and the end. Unavailable when a
+        removal fails: the job keeps running, and the switches it was removed from install
+        it again. `running` finds the job again under the lock (raising once it ended)."""
+        book = self.book
+        with book.lock:
+            order = list(reversed(book.entries_by_switch(job)))
+        with contextlib.ExitStack() as held:
+            for name in sorted(order):
+                held.enter_context(book.switches[name].io)
+            done: list[str] = []
+            try:
+                for name in order:
+                    sw = book.switches[name]
+                    with book.lock:
+                        entries = book.entries_by_switch(running())[name]
+                        sw.require()
+                    self.flush_removals(sw)
+                    sw.remove(entries, strict=True)
+                    done.append(name)
+            except BaseException:
+                with book.lock:
+                    job.installed_on.difference_update(done)
+                raise
+            with book.lock:
+                book.end_job(running(), reason, on_switch=False)
 
     def remove_now(self, job: Job) -> None:
         """Remove an ended job's entries before returning, as far as the switches allow (a

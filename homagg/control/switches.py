@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Protocol
 
@@ -25,10 +25,11 @@ from homagg.control.aggregation import JobEntries
 from homagg.control.artifacts import BMV2_JSON_PATH, P4INFO_PATH
 from homagg.control.config import SwitchConfig
 from homagg.control.entries import EntrySpec, Spec
-from homagg.control.forwarding import Transit, forwarding_entries
+from homagg.control.forwarding import forwarding_entries
 from homagg.control.install import InstallError, install_job, job_specs, reconcile, remove_job
 from homagg.control.pools import SlotAllocator
 from homagg.control.switch_connection import SwitchConnection, SwitchError
+from homagg.control.tree import transit_hosts
 from homagg.p4rt.p4info import P4InfoIndex
 from homagg.wire import p4names
 
@@ -90,10 +91,11 @@ class ManagedSwitch:
         artifacts: tuple[Path, Path] = (P4INFO_PATH, BMV2_JSON_PATH),
         poll_interval: float = 0.2,
         max_backoff: float = 5.0,
-        transit: Sequence[Transit] = (),
+        topology: Mapping[str, SwitchConfig] | None = None,
     ) -> None:
         self.config = config
-        self.transit = tuple(transit)  # hosts behind the other switches of its tree
+        # the hosts behind the other switches of its tree (`topology`: every configured switch)
+        self.transit = transit_hosts(topology, config.name) if topology else []
         self.name = config.name
         self.lock = lock  # the job manager's: state only, never held during P4Runtime calls
         self.io = threading.Lock()  # orders every write sequence on this switch
