@@ -7,17 +7,21 @@ close() and `make stop` (homagg/lab/cleanup.py) find everything the tree made.""
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 from homagg.lab.fabric import Fabric, FabricHost, new_fabric_tag
 from homagg.lab.namespace import delete_link, in_namespace, ip, tc
 from homagg.lab.rawsock import RawPort
+from homagg.lab.switch_process import BMV2_TARGETS
+from homagg.lab.threads import run_threads
 
 UPLINK_PORT = 100  # every leaf's port toward the parent (its hosts are on ports 1..n)
 PARENT_SUBNET = 0  # the parent's service address is 10.0.0.254; leaf k's subnet is k + 1
+BUILD_TIMEOUT = 120.0  # seconds for every switch to start and take its pipeline
 
 
 def parent_port_of(leaf: int) -> int:
@@ -48,7 +52,8 @@ class TreeLeaf:
     def tap(self) -> RawPort:
         """A raw socket on the parent's end of the link: it receives what the leaf sends up
         (the parent switch receives it too) and sends frames the leaf takes in on its
-        uplink port as if the parent had sent them."""
+        uplink port as if the parent had sent them (TreeFabric.tap_echo: whether the parent
+        switch takes them in as well)."""
         if self._tap is None:
             raise RuntimeError(f"leaf {self.index} has no tap: the tree is not built")
         return self._tap
@@ -68,6 +73,9 @@ class TreeFabric:
         workdir: Path | None = None,
     ) -> None:
         self.target = target
+        # BMv2 captures every frame on its ports, those another socket sends out of them too:
+        # the parent then takes in what a tap sends toward a leaf (and drops it: no route).
+        self.tap_echo = target in BMV2_TARGETS
         self.tag = new_fabric_tag()  # the links' names; each switch has its own fabric tag
         self.workdir = workdir or Path(tempfile.mkdtemp(prefix=f"{self.tag}-"))
         self.leaves: list[TreeLeaf] = []
@@ -83,22 +91,38 @@ class TreeFabric:
         for link, parent_link in self._links:
             # Made here, moved into the switches' namespaces by their fabrics (down until then).
             ip("link", "add", link, "type", "veth", "peer", "name", parent_link)
-        self._parent = Fabric(
-            self.target,
-            0,
-            self._subdir("parent"),
-            subnet=PARENT_SUBNET,
-            links={parent_port_of(k): p for k, (_, p) in enumerate(self._links)},
-        )
-        for k, (link, parent_link) in enumerate(self._links):
-            fabric = Fabric(
+        parent_links = {parent_port_of(k): p for k, (_, p) in enumerate(self._links)}
+        work: list[Callable[[], Fabric]] = [
+            partial(
+                Fabric,
+                self.target,
+                0,
+                self._subdir("parent"),
+                subnet=PARENT_SUBNET,
+                links=parent_links,
+            )
+        ]
+        work += [
+            partial(
+                Fabric,
                 self.target,
                 hosts_per_leaf,
                 self._subdir(f"leaf{k}"),
                 subnet=PARENT_SUBNET + 1 + k,
                 links={UPLINK_PORT: link},
             )
-            self.leaves.append(TreeLeaf(k, fabric, link, parent_link))
+            for k, (link, _) in enumerate(self._links)
+        ]
+        # The switches start side by side (each waits for its process and its pipeline).
+        _, built = run_threads(work, BUILD_TIMEOUT, return_errors=True)
+        if isinstance(built[0], Fabric):
+            self._parent = built[0]
+        for k, fabric in enumerate(built[1:]):
+            if isinstance(fabric, Fabric):
+                self.leaves.append(TreeLeaf(k, fabric, *self._links[k]))
+        failed = [b for b in built if isinstance(b, BaseException)]
+        if failed:
+            raise failed[0]
         with in_namespace(self.parent.switch_namespace):
             for leaf in self.leaves:
                 leaf._tap = RawPort(leaf.parent_link)
@@ -144,13 +168,17 @@ class TreeFabric:
             if leaf._tap is not None:
                 leaf._tap.close()
                 leaf._tap = None
-            leaf.fabric.close()
-        self.leaves = []
-        if self._parent is not None:
-            self._parent.close()
-            self._parent = None
+        fabrics = [leaf.fabric for leaf in self.leaves]
+        fabrics += [self._parent] if self._parent is not None else []
+        self.leaves, self._parent = [], None
+        # Side by side, as they were built; each close() stops its switch within its bound.
+        work: list[Callable[[], object]] = [f.close for f in fabrics]
+        _, closed = run_threads(work, BUILD_TIMEOUT, return_errors=True)
         for link, _ in self._links:  # a link no fabric took is still here
             delete_link(link)
+        failed = [c for c in closed if isinstance(c, BaseException)]
+        if failed:
+            raise failed[0]
 
     def __enter__(self) -> TreeFabric:
         return self

@@ -54,6 +54,14 @@ def _insert(conn: SwitchConnection, specs: Sequence[Spec]) -> None:
     conn.write_batch(batch)
 
 
+def install_leaf(conn: SwitchConnection, job: JobEntries, uplink: EntrySpec) -> None:
+    """Write a leaf's part of a two-level job: the uplink entry first, then the job's
+    entries in INSTALL_ORDER (job entry last), so no partial is ever multicast as a result."""
+    _insert(conn, [uplink])
+    for stage in in_install_order(leaf_specs(job)):
+        _insert(conn, stage)
+
+
 class TreeJob(RankTraffic):
     """A job over the first hosts_per_leaf[k] hosts of leaf k (leaves with none are not
     in the job); installs the parent's entries, then per leaf its uplink entry and its
@@ -106,11 +114,8 @@ class TreeJob(RankTraffic):
         parent = self.tree.parent
         install_job(parent.conn, self.parent_entries)
         for u, (leaf, entries) in enumerate(zip(self.leaves, self.leaf_entries, strict=True)):
-            conn = leaf.fabric.conn
             uplink = uplink_entry(self.job_id, UPLINK_PORT, u, parent.service_ip, parent.switch_mac)
-            _insert(conn, [uplink])
-            for stage in in_install_order(leaf_specs(entries)):
-                _insert(conn, stage)
+            install_leaf(leaf.fabric.conn, entries, uplink)
 
     def fabric_of(self, rank: int) -> Fabric:
         """The leaf switch rank `rank` sends to."""

@@ -20,11 +20,15 @@ from homagg.wire.constants import MAX_WORKERS_PER_JOB
 SLOT_STATE_ORDER = ["JOB", "CHUNK", "SEEN", "COUNT", "EXP"]  # highest bits first
 
 
-def update_slot_body() -> str:
+def action_body(name: str) -> str:
     text = source(AGGREGATION_P4)
-    match = re.search(r"action\s+update_slot\s*\(\s*\)\s*\{(.*?)\n    \}", text, re.S)
-    assert match, "no update_slot action in aggregation.p4"
+    match = re.search(rf"action\s+{name}\s*\(\s*\)\s*\{{(.*?)\n    \}}", text, re.S)
+    assert match, f"no {name} action in aggregation.p4"
     return match.group(1)
+
+
+def update_slot_body() -> str:
+    return action_body("update_slot")
 
 
 def test_slot_state_slices_tile_the_entry_highest_first():
@@ -70,3 +74,18 @@ def test_slot_copies_and_chunk_order_are_computed_by_name():
     assert "<< SHADOW_BITS" in text and not re.search(r"<<\s*\d", text)
     values = constant_values()
     assert values["SHADOW_COPIES"] == 1 << values["SHADOW_BITS"]
+
+
+def test_accept_result_changes_only_the_count_and_exponent_of_the_state():
+    """A parent's result marks the copy final (count's top bit) and keeps its exponent;
+    job, chunk and seen bitmap are written back as read, in SLOT_STATE_* order."""
+    body = action_body("accept_result")
+    reads = dict(re.findall(r"\b(\w+)\s*=\s*st\[SLOT_STATE_(\w+)\]", body))
+    assert sorted(reads.values()) == sorted(SLOT_STATE_ORDER)
+    write = re.search(r"slot_state\.write\(\s*meta\.slot_index\s*,([^;]*)\);", body)
+    assert write, "accept_result does not write slot_state"
+    parts = [p.strip() for p in write.group(1).split("++")]
+    by_field = {field: var for var, field in reads.items()}
+    assert parts[:3] == [by_field[n] for n in ("JOB", "CHUNK", "SEEN")]
+    assert parts[3:] == ["new_count", "new_exp"]
+    assert "SLOT_FINAL" in body and not re.findall(r"\[\d+:\d+\]", body)
