@@ -232,21 +232,22 @@ class _Undo:
         job.leaves = dict(job.leaves)
 
 
-def _grow(configs: Configs, jobs: list[Job], job: Job, leaf: str, undo: _Undo) -> None:
-    """Put the job on the tree that `leaf` (a joining rank's switch) shares with the job's
+def _grow(configs: Configs, jobs: list[Job], job: Job, worker: JobWorker, undo: _Undo) -> None:
+    """Put the job on the tree that the joining rank's switch (`leaf`) shares with the job's
     switches: a flat job on a sibling leaf becomes a tree under their parent, a job on the
     parent (named at creation) or already a tree gains the leaf. FailedPrecondition when
     there is no such tree."""
     assert job.switch is not None and job.pool_base is not None
+    leaf = worker.switch
     parent = job.switch if job.leaves else common_parent(configs, job.switch, leaf)
     if leaf == parent:
         raise FailedPrecondition(
-            f"rank {_joining(job)} of job {job.job_id} is attached to switch {leaf}, the "
+            f"rank {worker.rank} of job {job.job_id} is attached to switch {leaf}, the "
             f"parent of the job's leaves: a tree job's ranks sit on its leaves only"
         )
     if not parent or configs[leaf].parent != parent:
         raise FailedPrecondition(
-            f"job {job.job_id} runs on switch {job.switch} but rank {_joining(job)} is "
+            f"job {job.job_id} runs on switch {job.switch} but rank {worker.rank} is "
             f"attached to {leaf}, and they are not leaves of one parent: a job spans several "
             "switches only as leaves of one parent (docs/controller.md, Trees of switches)"
         )
@@ -288,10 +289,6 @@ def _check_uplinks(
                 )
 
 
-def _joining(job: Job) -> str:
-    return f"#{len(job.workers) + 1}"
-
-
 def _complete_tree(job: Job, undo: _Undo) -> None:
     """When the job's last rank joins: leaves whose ranks all left give their pools back, and
     a tree whose ranks sit on one leaf runs flat on it (no parent entries)."""
@@ -331,7 +328,7 @@ def admit(
             undo.taken.append((sw.name, job.pool_base))  # type: ignore[arg-type]
         elif sw.name not in job.switches or (job.leaves and sw.name == job.switch):
             configs = {n: s.config for n, s in switches.items()}
-            _grow(configs, jobs, job, sw.name, undo)
+            _grow(configs, jobs, job, worker, undo)
         if len(job.workers) + 1 == job.world_size and job.leaves:
             job.workers[worker.rank] = worker
             try:
