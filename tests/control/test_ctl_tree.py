@@ -14,6 +14,7 @@ from ctl_helpers import UPLINK_PORT, SwitchUnderTest, job_state, rpc_code, tree_
 from homagg.control.config import parse_config
 from homagg.control.switch_connection import SwitchConnection
 from homagg.lab.addresses import host_entry
+from homagg.lab.poll import wait_for
 from homagg.p4rt.bytestrings import ipv4_to_int, mac_to_int
 from homagg.wire import p4names
 from homagg.wire.constants import AGG_UDP_PORT
@@ -31,7 +32,7 @@ def tree(tmp_path: Path, start_controller):
         conn = SwitchConnection(sw.address, election_id=1, timeout=3.0)
         conn.connect(require_primary=False)
         readers[name] = conn
-    yield ctl, readers
+    yield ctl, readers, dict(zip(NAMES, switches, strict=True))
     for conn in readers.values():
         conn.close()
     for sw in switches:
@@ -43,7 +44,7 @@ def uplinks(conn: SwitchConnection) -> dict[int, dict]:
 
 
 def test_a_job_on_two_leaves_is_written_to_the_tree(tree):
-    ctl, readers = tree
+    ctl, readers, _ = tree
     c, configs = ctl.client, ctl.manager.configs
     job = c.create_job("tree", 4, "dense", pool_size=16)
     ranks = [(1, 0), (2, 0), (1, 1), (2, 1)]  # (leaf, host index)
@@ -113,10 +114,41 @@ def test_a_job_on_two_leaves_is_written_to_the_tree(tree):
 
 
 def test_a_world_of_40_needs_the_tree(tree):
-    ctl, _ = tree
+    ctl, _, _ = tree
     c = ctl.client
     code, details = rpc_code(lambda: c.create_job("big", 40, "dense", switch="leaf1"))
     assert code == grpc.StatusCode.INVALID_ARGUMENT and "need a tree of switches" in details
     code, details = rpc_code(lambda: c.create_job("huge", 65, "dense"))
     assert code == grpc.StatusCode.INVALID_ARGUMENT and "largest tree holds 64" in details
     assert c.create_job("big", 40, "dense").switch == ""  # placed as its ranks join
+
+
+def test_a_restarted_leaf_gets_its_part_of_the_tree_back(tree):
+    """A leaf that lost its state (a reboot) is reconciled like any switch: its uplink, its
+    job entries and the routes to the other leaf's hosts come back; the job is ready again."""
+    ctl, readers, switches = tree
+    c = ctl.client
+    job = c.create_job("tree", 2, "dense", pool_size=8)
+    for rank, leaf in enumerate((1, 2)):
+        h = host_entry(0, leaf)
+        c.join(job.job_id, job.token, rank, h["mac"], h["ip"], 41000 + rank, h["switch_port"])
+    before = (job_state(readers["leaf2"]), uplinks(readers["leaf2"]))
+    routes = {
+        e.match["hdr.ipv4.dst_addr"][0]: e.params
+        for e in readers["leaf2"].read_entries(p4names.IPV4_LPM)
+        if e.action == p4names.ROUTE
+    }
+    assert routes[ipv4_to_int(host_entry(0, 1)["ip"])]["port"] == UPLINK_PORT
+    readers["leaf2"].close()
+    switches["leaf2"].restart()
+    wait_for(
+        lambda: (
+            c.list_jobs().jobs[0].state == "ready" and all(s.connected for s in c.status().switches)
+        ),
+        15,
+        "the controller to re-install the restarted leaf",
+    )
+    conn = SwitchConnection(switches["leaf2"].address, election_id=1, timeout=3.0)
+    conn.connect(require_primary=False)
+    readers["leaf2"] = conn
+    assert (job_state(conn), uplinks(conn)) == before
