@@ -71,15 +71,17 @@ def _build(session: _Session, topo: Topology, target: str, out: Path) -> None:
             session.state.add("netns", netns_id(h.pid))
         session.state.add("pgids", h.pid)
     net.start()
-    session.state.add("pgids", net.switches[0].process.proc.pid)
+    for sw in net.switches:
+        session.state.add("pgids", sw.process.proc.pid)
     prepare_hosts(net, sys.executable, names)
     session.creds = make_run_credentials(names.credentials_dir, names.controller_ip)
-    session.ctl = ctl = controller_process(net, topo.hosts, out, names, session.creds)
+    session.ctl = ctl = controller_process(net, topo, out, names, session.creds)
     session.state.add("pgids", ctl.launch())
     ctl.wait_synced().close()
     print(
         f"controller on {controller_address(names)} (host {names.controller_host}), switch "
-        f"P4Runtime on {net.switches[0].process.address}, controller metrics at "
+        f"P4Runtime on {', '.join(sw.process.address for sw in net.switches)}, controller "
+        "metrics at "
         f"{metrics_url(names)}; logs in {out}",
         flush=True,
     )

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from mininet.net import Mininet
 
     from homagg.lab.controller_process import ControllerProcess
-    from homagg.lab.switch_process import SwitchProcess
+    from run.net import Topology
 
 
 METRICS_PORT_BASE = 9700  # run N's controller serves its metrics on 127.0.0.1:9700+N
@@ -37,17 +37,52 @@ def metrics_url(names: RunNames) -> str:
     return f"http://127.0.0.1:{METRICS_PORT_BASE + names.number}/metrics"
 
 
-def controller_toml(
-    switch: SwitchProcess,
-    hosts: list[dict[str, Any]],
-    out: Path,
-    names: RunNames,
-    creds: RunCredentials,
-) -> str:
-    """The controller's configuration: one switch with `hosts` (homagg.lab.addresses.host_entry
-    dicts), its database in `out`, TLS and the operator from `creds`."""
-    from homagg.lab.controller_process import config_toml
+def switch_tables(
+    net: Mininet, topo: Topology, hosts: list[dict[str, Any]], names: RunNames
+) -> list[dict[str, Any]]:
+    """The [[switch]] tables of run `names`: its one switch with every host; or the spine with
+    the controller's host (the last of `hosts`) and each leaf with its hosts on its own ports,
+    named as a leaf of the spine (docs/controller.md, Trees of switches)."""
     from homagg.lab.switch_process import max_pool_size
+    from run.net import UPLINK_PORT
+
+    process = {s.name: s.process for s in net.switches}
+
+    def table(name: str, mac: str, service_ip: str, on: list[dict[str, Any]]) -> dict[str, Any]:
+        sw = process[name]
+        return {
+            "name": name,
+            "address": sw.address,
+            "max_pool_size": max_pool_size(sw.target),  # docs/bmv2.md
+            "mac": mac,
+            "service_ip": service_ip,
+            "hosts": on,
+        }
+
+    if not topo.leaves:
+        return [table(names.switch, SWITCH_MAC, names.service_ip, hosts)]
+    *workers, controller = hosts
+    tables = [table(names.switch, SWITCH_MAC, names.service_ip, [controller])]
+    for k in range(topo.leaves):
+        on = [
+            {**h, "switch_port": topo.place(i)[1]}
+            for i, h in enumerate(workers)
+            if topo.place(i)[0] == k
+        ]
+        leaf = table(
+            names.leaf(k), f"02:00:00:00:{0x10 + k + 1:02x}:fe", names.leaf_service_ip(k), on
+        )
+        leaf.update(parent=names.switch, parent_port=UPLINK_PORT, port_on_parent=k + 1)
+        tables.append(leaf)
+    return tables
+
+
+def controller_toml(
+    switches: list[dict[str, Any]], out: Path, names: RunNames, creds: RunCredentials
+) -> str:
+    """The controller's configuration: the run's `switches` ([[switch]] tables), its database
+    in `out`, TLS and the operator from `creds`."""
+    from homagg.lab.controller_process import config_toml
 
     return config_toml(
         {
@@ -61,32 +96,23 @@ def controller_toml(
                 **creds.controller_keys(),
             },
             "operator": creds.operators(),
-            "switch": [
-                {
-                    "name": "s1",
-                    "address": switch.address,
-                    "max_pool_size": max_pool_size(switch.target),  # docs/bmv2.md
-                    "mac": SWITCH_MAC,
-                    "service_ip": names.service_ip,
-                    "hosts": hosts,
-                }
-            ],
+            "switch": switches,
         }
     )
 
 
 def controller_process(
-    net: Mininet, hosts: int, out: Path, names: RunNames, creds: RunCredentials
+    net: Mininet, topo: Topology, out: Path, names: RunNames, creds: RunCredentials
 ) -> ControllerProcess:
     """`aggctl serve` for the controller's host (root namespace), on TLS with the run's
     tenant and admin credentials: its configuration written, not started yet."""
     from homagg.api.credentials import operator_token
     from homagg.lab.controller_process import ControllerProcess
 
-    entries = [host_entry(i, names.number) for i in range(hosts)]
+    entries = [host_entry(i, names.number) for i in range(topo.hosts)]
     entries.append(host_entry(CONTROLLER_INDEX, names.number))  # reached through the switch
     cfg = out / "controller.toml"
-    cfg.write_text(controller_toml(net.switches[0].process, entries, out, names, creds))
+    cfg.write_text(controller_toml(switch_tables(net, topo, entries, names), out, names, creds))
     (out / "controller.db").unlink(missing_ok=True)
     return ControllerProcess(
         cfg,

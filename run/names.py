@@ -38,6 +38,14 @@ class RunNames:
         """The Mininet switch; its root-namespace interfaces are <switch>-ethN."""
         return f"hg{self.number}s"
 
+    def leaf(self, k: int) -> str:
+        """Leaf switch k (0-based) of a two-level topology, under `switch` (its spine)."""
+        return f"hg{self.number}s{k + 1}"
+
+    def leaf_service_ip(self, k: int) -> str:
+        """Leaf k's aggregation service address: below the spine's (.254), above the hosts'."""
+        return f"10.0.{self.number}.{253 - k}"
+
     @property
     def controller_host(self) -> str:
         """The controller's Mininet host (root namespace; interface <name>-eth0)."""

@@ -1,6 +1,7 @@
 """The Mininet side of `make run`: a Switch class that runs our switch process (BMv2's
 simple_switch_grpc or the reference switch) on its interfaces, as p4-utils/p4app do, and
-the star topology: N hosts and the controller's host around one switch."""
+the star topology (N hosts and the controller's host around one switch) or two levels (the
+hosts split among leaf switches under a spine, the controller's host on the spine)."""
 
 from __future__ import annotations
 
@@ -24,6 +25,9 @@ from homagg.lab.rawsock import disable_offloads
 from homagg.lab.switch_process import SwitchProcess
 from run.names import DEFAULT_HOSTS, RunNames
 
+MAX_LEAVES = 16  # leaves of a two-level topology: spine ports 1..16, below the controller's
+UPLINK_PORT = 101  # a leaf's port toward the spine (the controller's host is on port 100)
+
 
 @dataclass(frozen=True)
 class Topology:
@@ -33,6 +37,9 @@ class Topology:
 
     hosts: int = DEFAULT_HOSTS
     bw_mbit: float = 0.0
+    # 0: one switch (a star); 2 or more: that many leaf switches under a spine, the hosts
+    # split evenly among them and the controller's host on the spine (docs/run.md)
+    leaves: int = 0
 
     def describe_bw(self) -> str:
         """The links' shaping, for titles: '100 Mbit/s (htb)' or 'unshaped'."""
@@ -41,17 +48,35 @@ class Topology:
     def __post_init__(self) -> None:
         if not 1 <= self.hosts <= MAX_HOSTS_WITH_CONTROLLER:
             raise ValueError(f"hosts must be 1..{MAX_HOSTS_WITH_CONTROLLER}, not {self.hosts}")
+        if self.leaves and not (2 <= self.leaves <= MAX_LEAVES and self.hosts % self.leaves == 0):
+            raise ValueError(
+                f"leaves must be 2..{MAX_LEAVES} and divide hosts ({self.hosts}), not "
+                f"{self.leaves} (0: one switch)"
+            )
+
+    @property
+    def per_leaf(self) -> int:
+        """Worker hosts on each leaf (all of them on a star)."""
+        return self.hosts // self.leaves if self.leaves else self.hosts
+
+    def place(self, i: int) -> tuple[int, int]:
+        """(leaf, switch port) of worker host i: leaf -1 and port i + 1 on a star."""
+        if not self.leaves:
+            return -1, host_switch_port(i)
+        return i // self.per_leaf, i % self.per_leaf + 1
 
     @staticmethod
     def load(path: Path, **overrides: Any) -> Topology:
         """Read [topology] hosts / bw_mbit from a TOML file; non-None overrides win."""
         data = tomllib.loads(path.read_text()).get("topology", {})
-        unknown = set(data) - {"hosts", "bw_mbit"}
+        unknown = set(data) - {"hosts", "bw_mbit", "leaves"}
         if unknown:
             raise ValueError(f"{path}: unknown key(s) in [topology]: {', '.join(sorted(unknown))}")
         data.update({k: v for k, v in overrides.items() if v is not None})
         return Topology(
-            hosts=int(data.get("hosts", DEFAULT_HOSTS)), bw_mbit=float(data.get("bw_mbit", 0.0))
+            hosts=int(data.get("hosts", DEFAULT_HOSTS)),
+            bw_mbit=float(data.get("bw_mbit", 0.0)),
+            leaves=int(data.get("leaves", 0)),
         )
 
 
@@ -105,17 +130,25 @@ def build(topo: Topology, target: str, log_dir: Path, names: RunNames) -> Minine
         autoStaticArp=False,
         waitConnected=False,
     )
-    sw = net.addSwitch(
-        names.switch,
-        cls=P4Switch,
-        target=target,
-        log_path=str(log_dir / "switch.log"),
-        dpid=f"{names.number:x}",  # Mininet derives none from a name like hg3s
-    )
+
+    def switch(name: str, log: str) -> Any:
+        return net.addSwitch(
+            name,
+            cls=P4Switch,
+            target=target,
+            log_path=str(log_dir / log),
+            dpid=f"{names.number:x}{name[len(names.switch) :]}",  # none from a name like hg3s
+        )
+
+    sw = switch(names.switch, "switch.log")
+    leaves = [switch(names.leaf(k), f"switch-{names.leaf(k)}.log") for k in range(topo.leaves)]
+    for k, leaf in enumerate(leaves):  # leaf k's uplink on its UPLINK_PORT, port k + 1 above
+        net.addLink(leaf, sw, port1=UPLINK_PORT, port2=k + 1, **link_opts)
     for i in range(topo.hosts):
         ip = f"{names.host_ip(i)}/{names.prefix_len}"
         h = net.addHost(names.host(i), ip=ip, mac=host_mac(i))
-        net.addLink(h, sw, port2=host_switch_port(i), **link_opts)
+        k, port = topo.place(i)
+        net.addLink(h, leaves[k] if leaves else sw, port2=port, **link_opts)
     c = net.addHost(
         names.controller_host,
         cls=Host,

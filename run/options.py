@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from homagg.environment import BMV2_OPT_ENV
+from homagg.lab import REPO_ROOT
 from homagg.lab.switch_process import AUTO_TARGET, TARGETS, resolve_target, target_problem
 from homagg.worker.auto.control import auto_config
 from homagg.worker.codecs import AUTO_CODEC, CODEC_CHOICES, DEFAULT_CODEC
@@ -87,7 +88,11 @@ def _network_options(g: argparse._ArgumentGroup) -> None:
         help="link bandwidth in Mbit/s, htb shaping (default: unshaped)",
     )
     g.add_argument(
-        "--topo", type=Path, default=None, help="topology TOML file ([topology] hosts, bw_mbit)"
+        "--topo",
+        type=Path,
+        default=None,
+        help="topology TOML file ([topology] hosts, bw_mbit, leaves), or the name of one in "
+        "mininet/: star4, two-level (2 leaves x 4 hosts under a spine)",
     )
 
 
@@ -249,6 +254,14 @@ def describe_target(requested: str, target: str) -> str:
     return f"switch target {target} ({what})"
 
 
+def topology_file(topo: Path) -> Path:
+    """A --topo value: a TOML file, or the name of one in mininet/ (two-level, star4)."""
+    named = REPO_ROOT / "mininet" / f"{topo}.toml"
+    if topo.exists() or topo.parent != Path(".") or not named.exists():
+        return topo
+    return named
+
+
 def settle(args: argparse.Namespace) -> tuple[str, Topology]:
     """Defaults that depend on other options (learning rate, switch target, topology) and
     the checks argparse cannot make; ValueError names the option at fault."""
@@ -269,7 +282,7 @@ def settle(args: argparse.Namespace) -> tuple[str, Topology]:
     if problem:
         raise ValueError(f"--target {target}: {problem}")
     topo = (
-        Topology.load(args.topo, hosts=args.hosts, bw_mbit=args.bw)
+        Topology.load(topology_file(args.topo), hosts=args.hosts, bw_mbit=args.bw)
         if args.topo
         else Topology(hosts=args.hosts or DEFAULT_HOSTS, bw_mbit=args.bw or 0.0)
     )

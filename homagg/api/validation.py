@@ -18,8 +18,8 @@ from homagg.p4rt.bytestrings import int_to_mac, ipv4_to_int, mac_to_int
 from homagg.wire.constants import (
     MAX_JOB_ID,
     MAX_L4_PORT,
+    MAX_RANKS,
     MAX_SWITCH_PORT,
-    MAX_WORKERS_PER_JOB,
     NUM_SLOTS,
 )
 
@@ -29,7 +29,9 @@ MAX_WAIT = 300.0
 LIMITED_BROADCAST = ipaddress.IPv4Address("255.255.255.255")
 
 JOB_IDS = range(1, MAX_JOB_ID + 1)  # 0 is never assigned
-WORLD_SIZES = range(1, MAX_WORKERS_PER_JOB + 1)  # one bit each in the slot's seen bitmap
+# Up to 32 on one switch (one bit each in the slot's seen bitmap), up to 256 (the header's
+# 8-bit rank) on a tree of switches: the controller checks its topology can hold the job.
+WORLD_SIZES = range(1, MAX_RANKS + 1)
 POOL_SIZES = range(1, NUM_SLOTS + 1)
 UDP_PORTS = range(1, MAX_L4_PORT + 1)
 SWITCH_PORTS = range(MAX_SWITCH_PORT + 1)
@@ -60,7 +62,8 @@ def check_codec(codec: str) -> str:
 
 
 def check_world_size(world_size: int) -> int:
-    """Ranks in a job: 1..32 (one bit each in the slot's seen bitmap)."""
+    """Ranks in a job: 1..256 (the header's 8-bit rank); above 32 (a switch's seen bitmap)
+    only on a tree of switches, which the controller checks against its topology."""
     if world_size not in WORLD_SIZES:
         raise InvalidArgument(f"world_size: {world_size} outside {span(WORLD_SIZES)}")
     return world_size
@@ -77,7 +80,7 @@ def check_pool_size(pool_size: int, default: int) -> int:
     return pool_size
 
 
-def check_rank(rank: int, world_size: int = MAX_WORKERS_PER_JOB) -> int:
+def check_rank(rank: int, world_size: int = MAX_RANKS) -> int:
     """A rank of the job: 0..world_size-1."""
     if not 0 <= rank < world_size:
         raise InvalidArgument(f"rank: {rank} outside the job's ranks 0..{world_size - 1}")

@@ -14,7 +14,13 @@ import grpc
 from homagg.api.credentials import SecretError, ca_file, operator_token
 from homagg.control.config import DEFAULT_LISTEN
 from homagg.control.serve_command import serve, serve_options
-from homagg.control.text_table import render_counters, render_jobs, render_pools, render_status
+from homagg.control.text_table import (
+    job_switches,
+    render_counters,
+    render_jobs,
+    render_pools,
+    render_status,
+)
 from homagg.control.top import DETAILS as TOP_DETAILS
 from homagg.control.top import SUMMARY as TOP_SUMMARY
 from homagg.control.top import add_top_options, run_top
@@ -205,7 +211,12 @@ def _add_job_actions(job: argparse.ArgumentParser, common: argparse.ArgumentPars
     actions = job.add_subparsers(dest="action", required=True, metavar="ACTION")
     create = actions.add_parser("create", help="a new job", parents=[common])
     create.add_argument("name", help="1..64 printable characters, for operators")
-    create.add_argument("--world-size", type=int, required=True, help="ranks, 1..32")
+    create.add_argument(
+        "--world-size",
+        type=int,
+        required=True,
+        help="ranks, 1..32 (up to 256 on a tree of switches: docs/controller.md)",
+    )
     create.add_argument("--codec", default="lossless", help="the workers' codec (default lossless)")
     create.add_argument(
         "--pool-size", type=int, default=0, help="switch slots (0: the controller's default)"
@@ -261,7 +272,9 @@ def _job_action(args: argparse.Namespace, client: Any) -> int:
 def _release(args: argparse.Namespace, client: Any) -> int:
     job = client.release(args.job).job
     freed = (
-        f"{job.pool_size} slots freed on {job.switch}" if job.switch else "no slots were allocated"
+        f"{job.pool_size} slots freed on {job_switches(job)}"
+        if job.switch
+        else "no slots were allocated"
     )
     _print(args, job, f"released job {job.job_id} ({job.name}): entries removed, {freed}")
     return 0

@@ -65,6 +65,11 @@ class SwitchConfig:
     # (homagg/control/port_buffer.py): the frames the target buffers per port less room for
     # resends and ARP (BMv2: 1024 of its ~1,300). Default: the switch's max_pool_size.
     port_buffer: int = NUM_SLOTS
+    # A leaf of a tree (docs/controller.md, "Trees of switches"): the switch above it, this
+    # switch's port toward it and its port toward this switch. "" and None: not a leaf.
+    parent: str = ""
+    parent_port: int | None = None
+    port_on_parent: int | None = None
 
     @property
     def lane_ops(self) -> bool:
@@ -244,6 +249,27 @@ def _cells_per_packet(r: _Reader, own_program: bool, where: str) -> int:
     return cells
 
 
+def _optional_port(r: _Reader, key: str) -> int | None:
+    """A switch port that may be absent (None)."""
+    return r.integer(key, _REQUIRED, 0, MAX_SWITCH_PORT) if key in r.data else None
+
+
+def _check_uplink_keys(sw: SwitchConfig, where: str) -> None:
+    """A leaf's three keys go together, and its uplink port is not a host's."""
+    keys = ("parent", "parent_port", "port_on_parent")
+    given = [k for k in keys if getattr(sw, k) not in ("", None)]
+    if given and len(given) < 3:
+        raise ConfigError(
+            f"{where}: a leaf switch needs parent, parent_port (its port toward the parent) and "
+            f"port_on_parent (the parent's port toward it); only {', '.join(given)} given"
+        )
+    if sw.parent_port is not None and any(h.switch_port == sw.parent_port for h in sw.hosts):
+        raise ConfigError(
+            f"{where}.parent_port: port {sw.parent_port} is also a host's port of {sw.name}: "
+            "the uplink needs a port of its own"
+        )
+
+
 def _switch(data: Any, where: str, base_dir: Path) -> SwitchConfig:
     r = _Reader(data, where)
     name = r.string("name")
@@ -265,8 +291,12 @@ def _switch(data: Any, where: str, base_dir: Path) -> SwitchConfig:
         cells_per_packet=_cells_per_packet(r, p4info is not None, where),
         max_pool_size=(most := r.integer("max_pool_size", NUM_SLOTS, 1, NUM_SLOTS)),
         port_buffer=r.integer("port_buffer", most, 1, MAX_PORT_BUFFER),
+        parent=r.string("parent", ""),
+        parent_port=_optional_port(r, "parent_port"),
+        port_on_parent=_optional_port(r, "port_on_parent"),
     )
     r.finish()
+    _check_uplink_keys(sw, where)
     if (sw.p4info is None) != (sw.device_config is None):
         raise ConfigError(f"{where}: give both p4info and device_config, or neither")
     ips = [h.ip for h in hosts]
@@ -328,6 +358,9 @@ def parse_config(
     )
     top.finish()
     _check_unique(switches, operators, where)
+    from homagg.control.tree_config import check_tree  # it imports this module
+
+    check_tree(switches, where)
     database = Path(ctl.string("database", "homagg-controller.db"))
     config = ControllerConfig(
         switches=switches,

@@ -29,19 +29,37 @@ def _proxy_arp(ip: str, switch_mac: str) -> EntrySpec:
     )
 
 
+def _route(ip: str, port: int, switch_mac: str, next_mac: str) -> EntrySpec:
+    return EntrySpec.of(
+        p4names.IPV4_LPM,
+        {"hdr.ipv4.dst_addr": (ipv4_to_int(ip), 32)},
+        p4names.ROUTE,
+        {"port": port, "src_mac": mac_to_int(switch_mac), "dst_mac": mac_to_int(next_mac)},
+    )
+
+
 def host_entries(host: Host, switch_mac: str) -> list[EntrySpec]:
     """Answer ARP for the host with the switch's MAC and route its /32 to its port."""
-    route = EntrySpec.of(
-        p4names.IPV4_LPM,
-        {"hdr.ipv4.dst_addr": (ipv4_to_int(host.ip), 32)},
-        p4names.ROUTE,
-        {
-            "port": host.switch_port,
-            "src_mac": mac_to_int(switch_mac),
-            "dst_mac": mac_to_int(host.mac),
-        },
-    )
-    return [_proxy_arp(host.ip, switch_mac), route]
+    return [
+        _proxy_arp(host.ip, switch_mac),
+        _route(host.ip, host.switch_port, switch_mac, host.mac),
+    ]
+
+
+@dataclass(frozen=True)
+class Transit:
+    """A host behind another switch of a tree: the port toward it and the next switch's MAC."""
+
+    host: Host
+    port: int
+    next_mac: str
+
+
+def transit_entries(transit: Transit, switch_mac: str) -> list[EntrySpec]:
+    """Answer ARP for a host behind another switch of the tree and route its /32 toward it
+    (a leaf up to its parent, a parent down to the host's leaf)."""
+    ip = transit.host.ip
+    return [_proxy_arp(ip, switch_mac), _route(ip, transit.port, switch_mac, transit.next_mac)]
 
 
 def service_entries(service_ip: str, switch_mac: str) -> list[EntrySpec]:
@@ -55,8 +73,13 @@ def service_entries(service_ip: str, switch_mac: str) -> list[EntrySpec]:
     return [_proxy_arp(service_ip, switch_mac), aggregate]
 
 
-def forwarding_entries(hosts: Iterable[Host], service_ip: str, switch_mac: str) -> list[EntrySpec]:
-    """Every Forwarding entry of a switch: its hosts and its aggregation service address."""
-    return [e for h in hosts for e in host_entries(h, switch_mac)] + service_entries(
-        service_ip, switch_mac
+def forwarding_entries(
+    hosts: Iterable[Host], service_ip: str, switch_mac: str, transit: Iterable[Transit] = ()
+) -> list[EntrySpec]:
+    """Every Forwarding entry of a switch: its hosts, the hosts behind the other switches of
+    its tree, and its aggregation service address."""
+    return (
+        [e for h in hosts for e in host_entries(h, switch_mac)]
+        + [e for t in transit for e in transit_entries(t, switch_mac)]
+        + service_entries(service_ip, switch_mac)
     )

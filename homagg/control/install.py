@@ -6,6 +6,9 @@ The order is the dependency order of the pipeline: each kind refers only to kind
 it, and a job's job_table entry, the one that makes the switch accept the job's packets,
 comes last. So a job is written up to its job entry and torn down from it, and no packet
 ever finds a job half built (until the job entry exists its packets are UNKNOWN_JOB drops).
+A leaf's uplink entry comes before the rest of its job: a leaf job entry without it would
+multicast a partial sum as a result. (Across the switches of a tree the parent's entries go
+first: homagg/control/switch_writes.py.)
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from homagg.control.aggregation import JobEntries, job_entry, worker_entries
+from homagg.control.aggregation import JobEntries, job_entry, uplink_entries, worker_entries
 from homagg.control.delivery import job_group, result_entries
 from homagg.control.entries import MULTICAST_GROUPS, EntrySpec, GroupSpec, Spec
 from homagg.control.switch_connection import P4RuntimeWriteError, SwitchConnection, SwitchError
@@ -24,6 +27,7 @@ JOB_ID_FIELD = "hdr.agg.job_id"  # the match field of the job's entries in every
 INSTALL_ORDER: tuple[str, ...] = (
     p4names.ARP_RESPONDER,  # Forwarding: hosts and the service address resolve to the switch
     p4names.IPV4_LPM,  # Forwarding: routes to hosts, the hand-off to aggregation
+    p4names.UPLINK,  # aggregation: a leaf's way up to its parent, before anything of its job
     MULTICAST_GROUPS,  # delivery: a job's result copies, one per rank
     p4names.RESULT_REWRITE,  # delivery: where each copy of a result goes
     p4names.WORKER_TABLE,  # aggregation: the ranks a job accepts, and on which port
@@ -53,8 +57,15 @@ class Reconciled:
 
 
 def job_specs(job: JobEntries) -> list[Spec]:
-    """Everything a job needs on its switch: its group and the entries of each P4 control."""
-    return [job_group(job), *result_entries(job), *worker_entries(job), job_entry(job)]
+    """Everything a job needs on a switch: its uplink at a leaf, its group and the entries of
+    each P4 control."""
+    return [
+        *uplink_entries(job),
+        job_group(job),
+        *result_entries(job),
+        *worker_entries(job),
+        job_entry(job),
+    ]
 
 
 def in_install_order(specs: Sequence[Spec]) -> list[list[Spec]]:
@@ -133,9 +144,14 @@ def remove_job(conn: SwitchConnection, job: JobEntries) -> list[SwitchError]:
 
 
 def held(conn: SwitchConnection) -> dict[tuple, Spec]:
-    """What the switch holds: every entry of the program's tables and every multicast group."""
+    """What the switch holds: every entry of the program's tables and every multicast group
+    (a table its program lacks, e.g. the uplink of the Tofino program, holds nothing)."""
+    known = conn.p4info.tables.by_name
     specs: list[Spec] = [
-        EntrySpec.read(e) for table in p4names.TABLES for e in conn.read_entries(table)
+        EntrySpec.read(e)
+        for table in (*p4names.TABLES, *p4names.TREE_TABLES)
+        if table in known
+        for e in conn.read_entries(table)
     ]
     specs += [GroupSpec.of(gid, replicas) for gid, replicas in conn.read_multicast_groups().items()]
     return {s.key: s for s in specs}

@@ -32,6 +32,9 @@ class JobWorker:
     switch_port: int
     left: bool = False
     deadline: float = 0.0  # monotonic time its lease runs out (not persisted)
+    # The switch it is attached to: its job's, or in a tree its leaf (not persisted: set at
+    # the join, and at a restart from the topology)
+    switch: str = ""
 
     def same_endpoint(self, other: JobWorker) -> bool:
         """True when both describe the same worker (a retried join)."""
@@ -68,7 +71,8 @@ class GaveUp:
 
 @dataclass
 class Job:
-    """A job and its ranks; `switch`/`pool_base` are None until the switch is chosen."""
+    """A job and its ranks; `switch`/`pool_base` are None until the switch is chosen. A job
+    spanning a tree runs on `switch`, the parent, with a pool on each of its `leaves` too."""
 
     job_id: int
     name: str
@@ -82,10 +86,30 @@ class Job:
     ended: float | None = None
     end_reason: str = ""
     workers: dict[int, JobWorker] = field(default_factory=dict)
-    installed: bool = False  # entries verified or written since the switch (re)connected
+    # A tree job's leaves and their pool bases (empty: a flat job, on `switch` only)
+    leaves: dict[str, int] = field(default_factory=dict)
+    # The switches whose entries of the job were verified or written since they (re)connected
+    installed_on: set[str] = field(default_factory=set)
     idle_deadline: float = 0.0  # monotonic; ends a job that no live rank holds
     gave_up: GaveUp | None = None  # the give-up of the newest call a rank told (not persisted)
     gave_ups: int = 0  # calls given up and told since the controller started (not persisted)
+
+    @property
+    def switches(self) -> tuple[str, ...]:
+        """Every switch the job holds a pool on: its switch (a tree's parent), then leaves."""
+        return () if self.switch is None else (self.switch, *self.leaves)
+
+    @property
+    def pools(self) -> dict[str, int]:
+        """Each switch's pool base (every pool has `pool_size` slots)."""
+        if self.switch is None or self.pool_base is None:
+            return {}
+        return {self.switch: self.pool_base, **self.leaves}
+
+    @property
+    def installed(self) -> bool:
+        """Its entries are on every one of its switches: the data plane aggregates it."""
+        return bool(self.switch) and set(self.switches) <= self.installed_on
 
     @property
     def complete(self) -> bool:
@@ -115,8 +139,9 @@ class Job:
         return [w for w in self.workers.values() if not w.left]
 
     def entries(self) -> JobEntries:
-        """The data-plane view (only for a complete job with a pool)."""
-        if self.pool_base is None or not self.complete:
+        """The data-plane view of a flat job (only complete, with a pool; a tree job's:
+        homagg/control/tree.py)."""
+        if self.pool_base is None or not self.complete or self.leaves:
             raise ValueError(f"job {self.job_id} has no pool or missing ranks")
         workers = tuple(
             Worker(rank=w.rank, switch_port=w.switch_port, mac=w.mac, ip=w.ip, udp_port=w.udp_port)

@@ -36,6 +36,7 @@ from homagg.control.restore import restore_jobs, unknown_jobs_refusal
 from homagg.control.store import Store
 from homagg.control.switch_writes import SwitchWrites
 from homagg.control.switches import ManagedSwitch, UnknownJobs
+from homagg.control.tree import check_world_fits, job_entries, locate_workers
 from homagg.wire.constants import AGG_UDP_PORT, MAX_JOB_ID
 
 log = logging.getLogger(__name__)
@@ -56,6 +57,7 @@ class JobManager:
         remove_unknown_jobs: bool = False,
     ) -> None:
         self.config, self.store = config, store
+        self.configs = {s.name: s for s in config.switches}
         # A switch holding jobs the database does not know at its first read-back stops the
         # controller (refusal, refused) unless told to remove them (homagg/control/restore.py).
         self.remove_unknown_jobs = remove_unknown_jobs
@@ -65,7 +67,9 @@ class JobManager:
         self.lock = threading.RLock()
         self.changed = threading.Condition(self.lock)  # notified on every job state change
         self.switches = {
-            s.name: ManagedSwitch(s, self.lock, self, artifacts, poll_interval, max_backoff)
+            s.name: ManagedSwitch(
+                s, self.lock, self, artifacts, poll_interval, max_backoff, self.configs
+            )
             for s in config.switches
         }
         self.jobs: dict[int, Job] = {}
@@ -107,15 +111,21 @@ class JobManager:
     # -- called by the switch supervisors ------------------------------------------------
 
     def desired_jobs(self, switch: str) -> list[JobEntries]:
-        """Every complete job of the switch: what its reconciliation installs (lock held)."""
-        return [j.entries() for j in self.jobs.values() if j.switch == switch and j.complete]
+        """Every complete job with a pool on the switch, as that switch holds it: what its
+        reconciliation installs (lock held)."""
+        jobs = [j for j in self.jobs.values() if switch in j.switches and j.complete]
+        return [self.entries_by_switch(j)[switch] for j in jobs]
+
+    def entries_by_switch(self, job: Job) -> dict[str, JobEntries]:
+        """What each of a complete job's switches holds for it, in write order (lock held)."""
+        return job_entries(job, self.configs)
 
     def switch_synced(self, switch: str, job_ids: Sequence[int]) -> None:
         """The switch now holds these jobs (the reconciliation's; lock held)."""
         for job_id in job_ids:
             job = self.jobs.get(job_id)
-            if job is not None and job.switch == switch:
-                job.installed = True
+            if job is not None and switch in job.switches:
+                job.installed_on.add(switch)
         self.unread.discard(switch)
         self.changed.notify_all()
 
@@ -140,8 +150,7 @@ class JobManager:
         """The session ended: whether the entries survive is checked on reconnection (lock
         held)."""
         for job in self.jobs.values():
-            if job.switch == switch:
-                job.installed = False
+            job.installed_on.discard(switch)
         self.changed.notify_all()
 
     def settle(self, switch: str) -> None:
@@ -170,6 +179,7 @@ class JobManager:
             raise InvalidArgument(
                 f"switch: no switch {switch!r} (configured: {', '.join(self.switches)})"
             )
+        check_world_fits(self.configs, world_size, switch)
         token, token_hash = check.new_token()
         job = Job(0, name, token_hash, world_size, codec, pool_size, self.wall())
         target = switch or (next(iter(self.switches)) if len(self.switches) == 1 else "")
@@ -289,11 +299,10 @@ class JobManager:
                 remaining = deadline - self.clock()
                 if remaining <= 0 or not is_active() or self._stop.is_set():
                     if job.complete:
-                        assert job.switch is not None
-                        self.switches[job.switch].require()  # Unavailable, saying why
-                        raise Unavailable(
-                            f"job {job_id} is not installed yet: switch {job.switch} is syncing"
-                        )
+                        waiting = [n for n in job.switches if n not in job.installed_on]
+                        for name in waiting:
+                            self.switches[name].require()  # Unavailable, saying why
+                        raise Unavailable(f"job {job_id} is not installed yet: {waiting} syncing")
                     missing = [r for r in range(job.world_size) if r not in job.workers]
                     raise DeadlineExceeded(
                         f"job {job_id}: {len(job.workers)} of {job.world_size} ranks joined "
@@ -351,25 +360,16 @@ class JobManager:
     # -- operator API -----------------------------------------------------------------
 
     def release(self, job_id: int) -> Job:
-        """End a running job now (operator): entries removed, pool freed. Unavailable, with
-        nothing changed, unless its entries are known to be gone from the switch."""
+        """End a running job now (operator): entries removed, pools freed. Unavailable unless
+        its entries are known to be gone from its switches (the job keeps running; a tree's
+        switches it was removed from re-install it)."""
         reason = "released by the operator"
         with self.lock:
             job = self._running(job_id)
             if job.switch is None or not job.complete:
                 self.end_job(job, reason)  # nothing of it is on a switch
                 return job
-            sw = self.switches[job.switch]
-        with sw.io:  # after any install of the job in flight; before any later one
-            with self.lock:
-                job = self._running(job_id)
-                sw.require()
-                entries = job.entries()
-            self.writes.flush_removals(sw)
-            sw.remove(entries, strict=True)
-            with self.lock:
-                job = self._running(job_id)
-                self.end_job(job, reason, on_switch=False)
+        self.writes.release(job, lambda: self._running(job_id), reason)
         return job
 
     def _running(self, job_id: int) -> Job:
@@ -385,7 +385,10 @@ class JobManager:
         """Running jobs by id, then (optionally) the most recently ended ones."""
         with self.lock:
             jobs = [self.jobs[j] for j in sorted(self.jobs)]
-        return jobs + (self.store.ended_jobs() if include_ended else [])
+        ended = self.store.ended_jobs() if include_ended else []
+        for job in ended:
+            locate_workers(job, self.configs)  # their switches, as far as the topology tells
+        return jobs + ended
 
     def lease_remaining(self, worker: JobWorker) -> float:
         """Seconds left on a rank's lease (-1 once it left)."""
@@ -440,14 +443,15 @@ class JobManager:
         """Free the job's pool and record why it ended (lock held). on_switch: its entries
         may be on the switch; their removal is queued ahead of every later write there (the
         caller or the switch's supervisor performs it outside the lock)."""
-        if job.switch is not None:
-            sw = self.switches[job.switch]
-            if on_switch and job.complete:
-                sw.pending_removals[job.job_id] = job.entries()
+        removals = self.entries_by_switch(job) if on_switch and job.complete else {}
+        for name, base in reversed(job.pools.items()):  # the leaves first, as removed
+            sw = self.switches[name]
+            if name in removals:
+                sw.pending_removals[job.job_id] = removals[name]
                 sw.kick()
-            if job.pool_base is not None:
-                sw.pools.release(job.pool_base)
-        job.ended, job.end_reason, job.installed = self.wall(), reason, False
+            sw.pools.release(base)
+        job.ended, job.end_reason = self.wall(), reason
+        job.installed_on.clear()
         del self.jobs[job.job_id]
         try:
             self.store.save_job(job)
@@ -457,8 +461,9 @@ class JobManager:
         self.changed.notify_all()
 
     def _assignment(self, job: Job, rank: int) -> Assignment:
+        """The rank's assignment: its own switch's (a tree job's: its leaf's) addresses."""
         assert job.switch is not None
-        sw = self.switches[job.switch].config
+        sw = self.configs[job.workers[rank].switch or job.switch]
         return Assignment(
             job.job_id,
             rank,

@@ -33,6 +33,7 @@ EVENT_METRICS = {
     Event.CONTRIBUTION: ("contributions", "Contributions the switch added into a slot"),
     Event.RESULT: ("results", "Results the switch sent (a slot completed)"),
     Event.RESENT: ("resends", "Results the switch sent again for a retransmitted chunk"),
+    Event.PARTIAL: ("partials", "Partial sums a leaf sent up to its parent (sends and re-sends)"),
 }
 RankKey = tuple[str, int, int]  # switch, job id, rank
 Family = GaugeMetricFamily | CounterMetricFamily
@@ -119,7 +120,7 @@ class CounterPoller:
         with self.m.lock:
             syncing = set(self.m.unread)
             ports = {
-                (j.switch, j.job_id, w.rank): w.switch_port
+                (w.switch or j.switch, j.job_id, w.rank): w.switch_port
                 for j in self.m.jobs.values()
                 if j.switch is not None
                 for w in j.workers.values()
@@ -171,7 +172,8 @@ class ControllerCollector(Collector):
         )
         with self.m.lock:
             for name, sw in self.m.switches.items():
-                for port in port_buffers(self.m.jobs.values(), name, sw.config.port_buffer):
+                buffer = sw.config.port_buffer
+                for port in port_buffers(self.m.jobs.values(), name, buffer, self.m.configs):
                     used.add_metric([name, str(port.port)], port.used)
                     headroom.add_metric([name, str(port.port)], port.headroom)
         yield from (used, headroom)
@@ -216,14 +218,14 @@ class ControllerCollector(Collector):
         with self.m.lock:
             jobs.add_metric([], len(self.m.jobs))
             expiries = self.m.lease_expiries
-            live = {(j.switch, j.job_id) for j in self.m.jobs.values() if j.switch is not None}
+            live = {(name, j.job_id) for j in self.m.jobs.values() for name in j.switches}
             for j in self.m.jobs.values():
-                if j.switch is not None and j.pool_base is not None:
-                    pools.add_metric([j.switch, str(j.job_id)], j.pool_size)
+                for name in j.pools:
+                    pools.add_metric([name, str(j.job_id)], j.pool_size)
             for name, sw in self.m.switches.items():
                 values = {
                     "connected": int(sw.connected),
-                    "jobs": sum(1 for j in self.m.jobs.values() if j.switch == name),
+                    "jobs": sum(1 for j in self.m.jobs.values() if name in j.switches),
                     "slots": sw.pools.total,
                     "used": sw.pools.total - sw.pools.slots_free(),
                     "connects": sw.connects,

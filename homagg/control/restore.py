@@ -14,10 +14,11 @@ from collections.abc import Callable, Mapping, Sequence
 
 from homagg.api import validation as check
 from homagg.api.errors import ControllerError
-from homagg.control.config import ControllerConfig
+from homagg.control.config import ControllerConfig, SwitchConfig
 from homagg.control.job_record import Job
 from homagg.control.store import FRESH_HINT, Store, StoreError
 from homagg.control.switches import ManagedSwitch
+from homagg.control.tree import job_entries, locate_workers
 from homagg.wire.constants import MAX_JOB_ID, NUM_SLOTS
 
 log = logging.getLogger(__name__)
@@ -44,18 +45,21 @@ def _problem(job: Job) -> str:
         return f"creation time {job.created!r}"
     if (job.switch is None) != (job.pool_base is None) or not isinstance(job.switch or "", str):
         return f"switch {job.switch!r} and pool base {job.pool_base!r} do not go together"
-    if job.pool_base is not None and (
-        not isinstance(job.pool_base, int) or not 0 <= job.pool_base <= NUM_SLOTS - job.pool_size
-    ):
-        return f"pool {job.pool_base!r}+{job.pool_size} outside the {NUM_SLOTS} slots"
+    for base in (job.pool_base, *job.leaves.values()):
+        if base is not None and (
+            not isinstance(base, int) or not 0 <= base <= NUM_SLOTS - job.pool_size
+        ):
+            return f"pool {base!r}+{job.pool_size} outside the {NUM_SLOTS} slots"
+    if job.leaves and (job.switch is None or job.switch in job.leaves):
+        return f"leaves {sorted(job.leaves)} without a parent switch apart from them"
     for rank, w in job.workers.items():
         check.check_rank(rank, job.world_size)
         check.check_mac(w.mac)
         check.check_ip(w.ip)
         check.check_udp_port(w.udp_port)
         check.check_switch_port(w.switch_port)
-    if job.complete and job.switch is not None:
-        job.entries().validate()  # what the reconciliation would write
+    if job.complete and job.switch is not None and not job.leaves:
+        job.entries().validate()  # what the reconciliation would write (a tree's: restore_jobs)
     return ""
 
 
@@ -100,6 +104,40 @@ def unknown_jobs_refusal(store: Store, switch: str, job_ids: Sequence[int]) -> s
     )
 
 
+def _reserve(job: Job, switches: Mapping[str, ManagedSwitch]) -> str:
+    """Reserve the job's pools again (its switch's, a tree job's leaves' too); what is wrong,
+    or "" (then every pool is reserved)."""
+    taken: list[tuple[ManagedSwitch, int]] = []
+    for name, base in job.pools.items():
+        sw = switches.get(name)
+        problem = f"switch {name} is no longer configured" if sw is None else ""
+        if sw is not None:
+            try:
+                sw.pools.reserve(base, job.pool_size)
+                taken.append((sw, base))
+                continue
+            except ValueError as exc:
+                problem = f"its pool could not be restored: {exc}"
+        for sw, base in taken:
+            sw.pools.release(base)
+        return problem
+    if job.switch and job.switch not in switches:
+        return f"switch {job.switch} is no longer configured"
+    return ""
+
+
+def _tree_problem(job: Job, configs: Mapping[str, SwitchConfig]) -> str:
+    """What keeps a complete tree job from being written as the topology now stands."""
+    if not (job.complete and job.leaves):
+        return ""
+    try:
+        for entries in job_entries(job, configs).values():
+            entries.validate()
+    except (KeyError, ValueError) as exc:
+        return f"its tree no longer fits the topology: {exc}"
+    return ""
+
+
 def restore_jobs(
     store: Store,
     switches: Mapping[str, ManagedSwitch],
@@ -110,17 +148,15 @@ def restore_jobs(
     """The running jobs of the database with their pools re-reserved and fresh leases (a grace
     period: workers heartbeat again); StoreError for an invalid row."""
     jobs: dict[int, Job] = {}
+    configs = {s.name: s for s in config.switches}
     for job in store.active_jobs():
         check_restored(job, str(store.path))
-        sw = switches.get(job.switch) if job.switch else None
-        problem = ""
-        if job.switch and sw is None:
-            problem = f"switch {job.switch} is no longer configured"
-        elif sw is not None and job.pool_base is not None:
-            try:
-                sw.pools.reserve(job.pool_base, job.pool_size)
-            except ValueError as exc:
-                problem = f"its pool could not be restored: {exc}"
+        problem = _reserve(job, switches)
+        if not problem:
+            problem = locate_workers(job, configs) or _tree_problem(job, configs)
+            if problem:  # give back what _reserve took
+                for name, base in job.pools.items():
+                    switches[name].pools.release(base)
         if problem:
             log.warning("job %d ended on restart: %s", job.job_id, problem)
             job.ended, job.end_reason = wall(), problem

@@ -34,6 +34,7 @@ from homagg.control.jobs import JobManager
 from homagg.control.metrics import ControllerMetrics
 from homagg.control.quotas import Quotas
 from homagg.control.store import Store
+from homagg.control.tree import tree_rows
 from homagg.control.views import controller_status, job_counters, pool_ranges, port_buffer_views
 from homagg.control.waiting import WaitLimiter, client_host
 
@@ -112,6 +113,8 @@ def job_info(m: JobManager, job: Job) -> Any:
         end_reason=job.end_reason,
         gave_ups=job.gave_ups,
     )
+    for name, role, base, uplink_rank, ranks in tree_rows(job):
+        info.tree.add(switch=name, role=role, pool_base=base, uplink_rank=uplink_rank, ranks=ranks)
     for w in sorted(job.workers.values(), key=lambda w: w.rank):
         info.workers.add(
             rank=w.rank,
@@ -121,6 +124,7 @@ def job_info(m: JobManager, job: Job) -> Any:
             switch_port=w.switch_port,
             left=w.left,
             lease_remaining_s=-1.0 if job.ended else m.lease_remaining(w),
+            switch=w.switch,
         )
     return info
 
@@ -313,6 +317,7 @@ class ControllerService(jobs_pb2_grpc.ControllerServicer):
                     mac=s.mac,
                     service_ip=s.service_ip,
                     role=s.role,
+                    parent=s.parent,
                 )
                 for s in st.switches
             ],

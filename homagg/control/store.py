@@ -33,6 +33,13 @@ CREATE TABLE IF NOT EXISTS workers (
 OWNERS_TABLE = (
     "CREATE TABLE IF NOT EXISTS job_owners (job_id INTEGER PRIMARY KEY, owner TEXT NOT NULL)"
 )
+# A tree job's leaves and their pools (the parent's is the job's switch and pool_base); made
+# at every open like job_owners
+LEAVES_TABLE = (
+    "CREATE TABLE IF NOT EXISTS job_leaves (job_id INTEGER NOT NULL REFERENCES jobs(job_id) "
+    "ON DELETE CASCADE, switch TEXT NOT NULL, pool_base INTEGER NOT NULL, "
+    "PRIMARY KEY (job_id, switch))"
+)
 JOB_COLUMNS = (
     "job_id, name, token_hash, world_size, codec, pool_size, created, switch, "
     "pool_base, ended, end_reason"
@@ -123,6 +130,7 @@ class Store:
         if not {"meta", "jobs", "workers"} <= tables:
             raise StoreError(f"{self.path} lacks the controller's tables: {FRESH_HINT}")
         db.execute(OWNERS_TABLE)
+        db.execute(LEAVES_TABLE)
         db.execute(f"SELECT {JOB_COLUMNS} FROM jobs LIMIT 1").fetchall()  # columns as expected
         row = db.execute("SELECT value FROM meta WHERE key = 'next_job_id'").fetchone()
         if row is not None and not (str(row[0]).isdigit() and 1 <= int(row[0]) <= MAX_JOB_ID):
@@ -224,6 +232,11 @@ class Store:
                 job.end_reason,
             ),
         )
+        self._db.execute("DELETE FROM job_leaves WHERE job_id = ?", (job.job_id,))
+        self._db.executemany(
+            "INSERT INTO job_leaves VALUES (?,?,?)",
+            [(job.job_id, name, base) for name, base in job.leaves.items()],
+        )
         self._db.execute("DELETE FROM workers WHERE job_id = ?", (job.job_id,))
         self._db.executemany(
             "INSERT INTO workers VALUES (?,?,?,?,?,?,?)",
@@ -255,6 +268,12 @@ class Store:
                     jobs[job_id].workers[rank] = JobWorker(
                         rank, mac, ip, udp_port, port, bool(left)
                     )
+                for job_id, switch, base in self._db.execute(
+                    f"SELECT job_id, switch, pool_base FROM job_leaves WHERE job_id IN ({marks}) "
+                    "ORDER BY rowid",
+                    tuple(jobs),
+                ):
+                    jobs[job_id].leaves[switch] = base
         return list(jobs.values())
 
     def active_jobs(self) -> list[Job]:

@@ -16,9 +16,11 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+from collections.abc import Callable
 from typing import Protocol
 
 from homagg.api.errors import FailedPrecondition, Unavailable
+from homagg.control.aggregation import JobEntries
 from homagg.control.job_record import Job
 from homagg.control.switches import ManagedSwitch, SwitchRejected
 
@@ -35,6 +37,8 @@ class JobBook(Protocol):
 
     def end_job(self, job: Job, reason: str, on_switch: bool = True) -> None: ...
 
+    def entries_by_switch(self, job: Job) -> dict[str, JobEntries]: ...
+
 
 class SwitchWrites:
     """Installs and removals of jobs on their switches (thread-safe)."""
@@ -43,21 +47,30 @@ class SwitchWrites:
         self.book = book
 
     def install(self, job: Job) -> None:
-        """Install a complete job now if its switch is up (else its supervisor does, on
-        reconnection). Unavailable if the link fails, FailedPrecondition if the switch refuses
-        (the job then ends)."""
-        assert job.switch is not None
-        sw = self.book.switches[job.switch]
-        with sw.io:
-            self.install_held(sw, job)
+        """Install a complete job now where its switches are up (else their supervisors do, on
+        reconnection): a tree's parent first, then each leaf, one switch's io lock at a time.
+        Unavailable if a link fails, FailedPrecondition if a switch refuses (the job then
+        ends)."""
+        with self.book.lock:
+            order = list(self.book.entries_by_switch(job))
+        for name in order:
+            sw = self.book.switches[name]
+            with sw.io:
+                self.install_held(sw, job)
 
     def install_held(self, sw: ManagedSwitch, job: Job) -> None:
-        """install() with the switch's io lock held."""
+        """Install the job's entries of one switch, its io lock held (a leaf's only once its
+        parent holds the job: no partial sum goes up to a parent not ready for it)."""
         book = self.book
         with book.lock:
-            if book.jobs.get(job.job_id) is not job or job.installed or not sw.connected:
+            if (
+                book.jobs.get(job.job_id) is not job
+                or sw.name in job.installed_on
+                or not sw.connected
+                or (job.leaves and sw.name != job.switch and job.switch not in job.installed_on)
+            ):
                 return
-            entries, epoch = job.entries(), sw.epoch
+            entries, epoch = book.entries_by_switch(job)[sw.name], sw.epoch
         self.flush_removals(sw)
         try:
             sw.install(entries)
@@ -65,20 +78,25 @@ class SwitchWrites:
             reason = f"switch {sw.name} rejected its entries: {exc}"
             with book.lock:
                 if book.jobs.get(job.job_id) is job:
-                    book.end_job(job, reason, on_switch=False)  # the install removed its writes
+                    # the install removed its writes; a tree's other switches may hold theirs
+                    book.end_job(job, reason, on_switch=bool(job.leaves))
             raise FailedPrecondition(f"job {job.job_id} ended: {reason}") from None
         with book.lock:
             if book.jobs.get(job.job_id) is job and sw.epoch == epoch and sw.connected:
-                job.installed = True
+                job.installed_on.add(sw.name)
                 log.info(
-                    "job %d installed on %s: slots %d..%d, %d ranks",
+                    "job %d installed on %s: slots %d..%d, %d %s",
                     job.job_id,
                     sw.name,
                     entries.pool_base,
                     entries.pool_base + entries.pool_size - 1,
-                    job.world_size,
+                    len(entries.workers),
+                    "leaves" if job.leaves and sw.name == job.switch else "ranks",
                 )
                 book.changed.notify_all()
+                if sw.name == job.switch:
+                    for leaf in job.leaves:  # their supervisors install the rest if we fail
+                        book.switches[leaf].kick()
         self.flush_removals(sw)  # the job, if it ended meanwhile
 
     def flush_removals(self, sw: ManagedSwitch) -> None:
@@ -95,22 +113,52 @@ class SwitchWrites:
             if not gone:
                 break
 
+    def release(self, job: Job, running: Callable[[], Job], reason: str) -> None:
+        """End a complete job now: its entries removed from its switches (leaves first, the
+        parent last), every one of their io locks held (in name order; no other writer holds
+        two) so that no install comes between the removal and the end. Unavailable when a
+        removal fails: the job keeps running, and the switches it was removed from install
+        it again. `running` finds the job again under the lock (raising once it ended)."""
+        book = self.book
+        with book.lock:
+            order = list(reversed(book.entries_by_switch(job)))
+        with contextlib.ExitStack() as held:
+            for name in sorted(order):
+                held.enter_context(book.switches[name].io)
+            done: list[str] = []
+            try:
+                for name in order:
+                    sw = book.switches[name]
+                    with book.lock:
+                        entries = book.entries_by_switch(running())[name]
+                        sw.require()
+                    self.flush_removals(sw)
+                    sw.remove(entries, strict=True)
+                    done.append(name)
+            except BaseException:
+                with book.lock:
+                    job.installed_on.difference_update(done)
+                raise
+            with book.lock:
+                book.end_job(running(), reason, on_switch=False)
+
     def remove_now(self, job: Job) -> None:
-        """Remove an ended job's entries before returning, as far as the switch allows."""
-        if job.switch is not None:
-            sw = self.book.switches[job.switch]
+        """Remove an ended job's entries before returning, as far as the switches allow (a
+        tree's leaves first, then its parent)."""
+        for name in reversed(job.switches):
+            sw = self.book.switches[name]
             with sw.io:
                 self.flush_removals(sw)
 
     def settle(self, sw: ManagedSwitch) -> None:
-        """Removals first, then every complete job of the switch that is not installed (the
-        switch's io lock held): what the supervisor does on each poll."""
+        """Removals first, then every complete job with a pool on the switch that is not
+        installed there (the switch's io lock held): what the supervisor does on each poll."""
         self.flush_removals(sw)
         with self.book.lock:
             todo = [
                 j
                 for j in self.book.jobs.values()
-                if j.switch == sw.name and j.complete and not j.installed
+                if sw.name in j.switches and j.complete and sw.name not in j.installed_on
             ]
         for job in todo:
             with contextlib.suppress(Unavailable, FailedPrecondition):

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Protocol
 
@@ -29,6 +29,7 @@ from homagg.control.forwarding import forwarding_entries
 from homagg.control.install import InstallError, install_job, job_specs, reconcile, remove_job
 from homagg.control.pools import SlotAllocator
 from homagg.control.switch_connection import SwitchConnection, SwitchError
+from homagg.control.tree import transit_hosts
 from homagg.p4rt.p4info import P4InfoIndex
 from homagg.wire import p4names
 
@@ -90,8 +91,11 @@ class ManagedSwitch:
         artifacts: tuple[Path, Path] = (P4INFO_PATH, BMV2_JSON_PATH),
         poll_interval: float = 0.2,
         max_backoff: float = 5.0,
+        topology: Mapping[str, SwitchConfig] | None = None,
     ) -> None:
         self.config = config
+        # the hosts behind the other switches of its tree (`topology`: every configured switch)
+        self.transit = transit_hosts(topology, config.name) if topology else []
         self.name = config.name
         self.lock = lock  # the job manager's: state only, never held during P4Runtime calls
         self.io = threading.Lock()  # orders every write sequence on this switch
@@ -317,8 +321,10 @@ class ManagedSwitch:
         return True
 
     def forwarding_entries(self) -> list[EntrySpec]:
-        """Proxy ARP and routes for the configured hosts and the aggregation service address."""
-        return forwarding_entries(self.config.hosts, self.config.service_ip, self.config.mac)
+        """Proxy ARP and routes for the configured hosts (also those behind the other switches
+        of its tree) and the aggregation service address."""
+        c = self.config
+        return forwarding_entries(c.hosts, c.service_ip, c.mac, self.transit)
 
     def reconcile(self, conn: SwitchConnection, jobs: Sequence[JobEntries]) -> str:
         """Make the switch hold exactly the forwarding entries and these jobs; returns a summary."""

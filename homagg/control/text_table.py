@@ -37,7 +37,7 @@ def render_status(st: Any) -> str:
     )
     rows = [
         (
-            s.name,
+            f"{s.name} (under {s.parent})" if s.parent else s.name,
             s.address,
             s.device_id,
             "yes" if s.connected else "NO",
@@ -84,7 +84,7 @@ def render_jobs(jobs: Sequence[Any], ranks: bool) -> str:
             j.job_id,
             j.name,
             j.state,
-            j.switch or "-",
+            job_switches(j),
             f"{j.joined}/{j.world_size}",
             j.codec,
             f"{j.pool_base}..{j.pool_base + j.pool_size - 1}" if j.switch else "-",
@@ -112,6 +112,14 @@ def render_jobs(jobs: Sequence[Any], ranks: bool) -> str:
     return out + "\n\n" + _render_ranks(jobs) if ranks else out
 
 
+def job_switches(job: Any) -> str:
+    """A JobInfo's switches: the one of a flat job; a tree's parent and its leaves (uplink
+    rank order), as "spine>leaf1,leaf2"."""
+    if not job.tree:
+        return job.switch or "-"
+    return f"{job.switch}>" + ",".join(t.switch for t in job.tree if t.role == "leaf")
+
+
 def _render_ranks(jobs: Sequence[Any]) -> str:
     """A row per joined rank of `jobs`: its addresses and what is left of its lease."""
     rank_rows = [
@@ -121,7 +129,7 @@ def _render_ranks(jobs: Sequence[Any]) -> str:
             w.ip,
             w.udp_port,
             w.mac,
-            w.switch_port,
+            f"{w.switch}:{w.switch_port}" if j.tree else w.switch_port,
             "left" if w.left else ("-" if j.state == "ended" else f"{w.lease_remaining_s:.1f}s"),
         )
         for j in jobs

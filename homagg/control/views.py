@@ -31,6 +31,7 @@ class SwitchState:
     mac: str
     service_ip: str
     role: str = "none"
+    parent: str = ""  # a leaf's configured parent
 
 
 @dataclass(frozen=True)
@@ -71,11 +72,12 @@ def controller_status(m: JobManager) -> ControllerStatus:
                     sw.pipeline_pushes,
                     sw.pools.total,
                     sw.pools.total - sw.pools.slots_free(),
-                    sum(1 for j in m.jobs.values() if j.switch == c.name),
+                    sum(1 for j in m.jobs.values() if c.name in j.switches),
                     len(c.hosts),
                     c.mac,
                     c.service_ip,
                     sw.role,
+                    c.parent,
                 )
             )
         return ControllerStatus(m.started, str(m.store.path), len(m.jobs), switches)
@@ -92,7 +94,7 @@ def pool_ranges(m: JobManager, switch: str = "") -> list[PoolRange]:
     with m.lock:
         out = []
         for name in _switch_names(m, switch):
-            owners = {j.pool_base: j for j in m.jobs.values() if j.switch == name}
+            owners = {j.pools[name]: j for j in m.jobs.values() if name in j.pools}
             pools = m.switches[name].pools
             ranges = [
                 PoolRange(name, base, size, owners[base].job_id, owners[base].name)
@@ -109,7 +111,8 @@ def port_buffer_views(m: JobManager, switch: str = "") -> list[PortBuffer]:
     with m.lock:
         out = []
         for name in _switch_names(m, switch):
-            out += port_buffers(m.jobs.values(), name, m.switches[name].config.port_buffer)
+            buffer = m.switches[name].config.port_buffer
+            out += port_buffers(m.jobs.values(), name, buffer, m.configs)
         return out
 
 
@@ -128,7 +131,7 @@ def job_counters(m: JobManager, switch: str = "", job_id: int = 0) -> list[Switc
                 raise NotFound(f"no job {job_id}")
             if job.switch is None:
                 return []
-            names = [job.switch]
+            names = list(job.switches)
         else:
             names = _switch_names(m, switch)
         job_names = {j.job_id: j.name for j in m.jobs.values()}

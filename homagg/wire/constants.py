@@ -43,6 +43,8 @@ SHADOW_BITS = 1  # the header's shadow chooses one of a slot's copies (shadow se
 SHADOW_COPIES = 1 << SHADOW_BITS
 NUM_SLOT_COPIES = SHADOW_COPIES * NUM_SLOTS
 MAX_WORKERS_PER_JOB = 32  # one bit each in the slot's 32-bit seen bitmap
+RANK_BITS = 8  # the header's rank
+MAX_RANKS = 1 << RANK_BITS  # ranks of a job spanning a tree of switches (32 per switch)
 # The slot state's count field: its top bit marks a leaf's copy final (the parent's result
 # is stored in it), the low bits count the contributions (two-level aggregation).
 SLOT_FINAL = 0x80

@@ -33,6 +33,8 @@ INGRESS_DROPS = "SwitchIngress.drop_counter"
 EGRESS_DROPS = "SwitchEgress.drop_counter"
 
 TABLES = (ARP_RESPONDER, IPV4_LPM, JOB_TABLE, WORKER_TABLE, RESULT_REWRITE)
+# Tables of two-level aggregation: in the v1model program, not the TNA one (docs/tofino.md).
+TREE_TABLES = (UPLINK,)
 COUNTERS = (INGRESS_DROPS, EGRESS_DROPS, EVENT_COUNTER)
 # The v1model program's names the TNA program (p4src/tofino) does not have.
 NOT_ON_TOFINO = (UPLINK, SET_UPLINK)

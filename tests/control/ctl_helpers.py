@@ -140,6 +140,33 @@ def config_dict(
     }
 
 
+UPLINK_PORT = 100  # a leaf's port toward the parent in tree_config_dict
+
+
+def tree_config_dict(
+    addresses: tuple[str, str, str], tmp_path: Path, ranks_per_leaf: int = 2, **controller: Any
+) -> dict:
+    """A tree: 'spine' (no hosts) over 'leaf1' and 'leaf2', leaf k with hosts 0.. of subnet k
+    (10.0.k.0/24), its uplink on port UPLINK_PORT and port k of the spine."""
+    doc = config_dict(
+        [
+            ("spine", addresses[0], []),
+            *[
+                (f"leaf{k}", addresses[k], [host_entry(i, k) for i in range(ranks_per_leaf)])
+                for k in (1, 2)
+            ],
+        ],
+        tmp_path,
+        **controller,
+    )
+    for k, sw in enumerate(doc["switch"]):
+        sw["mac"] = f"02:00:00:00:{k:02x}:fe"
+        sw["service_ip"] = f"10.0.{k or 100}.254"
+        if k:
+            sw.update(parent="spine", parent_port=UPLINK_PORT, port_on_parent=k)
+    return doc
+
+
 def make_config(address: str, tmp_path: Path, **controller: Any) -> ControllerConfig:
     """One switch 's1' at address with HOSTS, short leases."""
     doc = config_dict([("s1", address, HOSTS)], tmp_path, **controller)

@@ -7,12 +7,13 @@ lost link is Unavailable, and a reconciliation writes exactly the difference in 
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
 
 import grpc
 import pytest
 
 from homagg.api.errors import Unavailable
-from homagg.control.aggregation import JobEntries, Worker
+from homagg.control.aggregation import JobEntries, Uplink, Worker
 from homagg.control.artifacts import BMV2_JSON_PATH, P4INFO_PATH
 from homagg.control.config import SwitchConfig
 from homagg.control.entries import MULTICAST_GROUPS
@@ -176,7 +177,7 @@ def stages(log: list[tuple[int, list[str]]]) -> list[tuple[int, str]]:
 
 
 def test_install_order_covers_every_table_and_ends_with_the_job_entry():
-    assert set(INSTALL_ORDER) == set(p4names.TABLES) | {MULTICAST_GROUPS}
+    assert set(INSTALL_ORDER) == {*p4names.TABLES, *p4names.TREE_TABLES, MULTICAST_GROUPS}
     assert INSTALL_ORDER[-1] == p4names.JOB_TABLE
     assert INSTALL_ORDER.index(MULTICAST_GROUPS) < INSTALL_ORDER.index(p4names.RESULT_REWRITE)
 
@@ -195,6 +196,27 @@ def test_install_writes_group_results_workers_then_job_and_removes_in_reverse():
     sw.remove(JOB)
     assert stages(conn.log) == [(Update.DELETE, k) for k in reversed(job_order)]
     assert conn.held == set() and not sw.needs_sync
+
+
+def test_a_leaf_gets_its_uplink_first_and_loses_it_last():
+    """At a leaf of a tree the uplink entry precedes the job's other entries (a job entry
+    without it would multicast a partial sum as a result) and is removed after them."""
+    leaf = replace(JOB, uplink=Uplink(100, 1, "10.0.100.254", "02:00:00:00:64:fe"))
+    conn = ScriptedSwitch()
+    sw = managed(conn)
+    sw.install(leaf)
+    job_order = [
+        p4names.UPLINK,
+        MULTICAST_GROUPS,
+        p4names.RESULT_REWRITE,
+        p4names.WORKER_TABLE,
+        p4names.JOB_TABLE,
+    ]
+    assert stages(conn.log) == [(Update.INSERT, k) for k in job_order]
+    conn.log.clear()
+    sw.remove(leaf)
+    assert stages(conn.log) == [(Update.DELETE, k) for k in reversed(job_order)]
+    assert conn.held == set()
 
 
 def test_direct_install_rolls_back_and_reports_leftovers():
@@ -253,7 +275,7 @@ def test_reconcile_writes_the_difference_in_install_order():
     forwarding = forwarding_entries(hosts, "10.0.0.254", "02:00:00:00:00:fe")
     done = reconcile(conn, forwarding + job_specs(JOB), read_back=False)  # type: ignore[arg-type]
     assert (done.installed, done.modified, done.removed) == (len(forwarding) + 7, 0, 0)
-    assert [k for _, k in stages(conn.log)] == list(INSTALL_ORDER)
+    assert [k for _, k in stages(conn.log)] == [k for k in INSTALL_ORDER if k != p4names.UPLINK]
     conn.log.clear()
     again = reconcile(conn, forwarding + job_specs(JOB))  # type: ignore[arg-type]
     assert again == Reconciled(0, 0, 0)

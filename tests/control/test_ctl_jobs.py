@@ -272,7 +272,7 @@ def test_counters_per_job_and_reason(controller):
     assert sw.switch == "s1" and not sw.error
     assert {d.name for d in sw.ingress_drops} >= {"UNKNOWN_JOB", "BAD_RANK", "WRONG_PORT", "STALE"}
     assert [d.name for d in sw.egress_drops] == ["NO_RECIPIENT"]
-    assert [e.name for e in sw.events] == ["CONTRIBUTION", "RESULT", "RESENT"]
+    assert [e.name for e in sw.events] == ["CONTRIBUTION", "RESULT", "RESENT", "PARTIAL"]
     assert [(j.job_id, j.name, [w.rank for w in j.workers]) for j in sw.jobs] == [
         (job.job_id, "counted", [0, 1])
     ]

@@ -41,6 +41,7 @@ FAMILIES = {
     "homagg_switch_contributions": ("counter", {"switch"}),
     "homagg_switch_results": ("counter", {"switch"}),
     "homagg_switch_resends": ("counter", {"switch"}),
+    "homagg_switch_partials": ("counter", {"switch"}),
     "homagg_job_packets": ("counter", {"switch", "job"}),
     "homagg_job_bytes": ("counter", {"switch", "job"}),
     "homagg_job_rank_packets": ("counter", {"switch", "job", "rank"}),
@@ -120,6 +121,7 @@ def test_scrape_agrees_with_the_counters_and_hides_names(
         ("CONTRIBUTION", "contributions"),
         ("RESULT", "results"),
         ("RESENT", "resends"),
+        ("PARTIAL", "partials"),
     ):
         assert values(fams[f"homagg_switch_{name}"]) == {(("switch", "s1"),): events[event]}
     [counted] = sw.jobs

@@ -20,11 +20,11 @@ from homagg.api.validation import (
     span,
     token_matches,
 )
-from homagg.wire.constants import DROP_PORT, MAX_JOB_ID, MAX_WORKERS_PER_JOB, NUM_SLOTS
+from homagg.wire.constants import DROP_PORT, MAX_JOB_ID, MAX_RANKS, NUM_SLOTS
 
 
 def test_the_ranges_follow_from_the_data_plane():
-    assert span(JOB_IDS) == f"1..{MAX_JOB_ID}" and span(WORLD_SIZES) == f"1..{MAX_WORKERS_PER_JOB}"
+    assert span(JOB_IDS) == f"1..{MAX_JOB_ID}" and span(WORLD_SIZES) == f"1..{MAX_RANKS}"
     assert span(POOL_SIZES) == f"1..{NUM_SLOTS}" and span(UDP_PORTS) == "1..65535"
     assert DROP_PORT not in SWITCH_PORTS and span(SWITCH_PORTS) == "0..510"
 
@@ -35,7 +35,8 @@ def test_the_ranges_follow_from_the_data_plane():
         (check_switch_port, DROP_PORT, "switch_port: 511 outside 0..510"),
         (check_udp_port, 0, "udp_port: 0 outside 1..65535"),
         (check_udp_port, 65536, "udp_port: 65536 outside 1..65535"),
-        (check_world_size, 33, "world_size: 33 outside 1..32"),
+        (check_world_size, 257, "world_size: 257 outside 1..256"),
+        (check_world_size, 0, "world_size: 0 outside 1..256"),
     ],
 )
 def test_checks_refuse_values_outside_the_ranges(check, bad, message):

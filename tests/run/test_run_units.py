@@ -354,8 +354,9 @@ def test_the_runs_controller_serves_its_metrics_on_loopback(tmp_path):
 
     names = RunNames(3)
     creds = SimpleNamespace(controller_keys=dict, operators=list)
-    switch = SimpleNamespace(address="unix:/x.sock", target="refswitch")
-    text = controller_toml(switch, [], tmp_path, names, creds)  # type: ignore[arg-type]
+    switch = {"name": "s1", "address": "unix:/x.sock", "mac": "02:00:00:00:00:fe"}
+    switch["service_ip"] = names.service_ip
+    text = controller_toml([switch], tmp_path, names, creds)  # type: ignore[arg-type]
     config = parse_config(tomllib.loads(text), tmp_path)
     assert config.metrics_listen == "127.0.0.1:9703" and not config.metrics_non_loopback
     assert metrics_url(names) == "http://127.0.0.1:9703/metrics"
@@ -379,3 +380,39 @@ def test_the_summary_says_whose_numbers_and_the_plot_has_the_switch_packet_rate(
     assert "means over the ranks" in report.SUMMARY_HEAD and "rank 0's" in report.SUMMARY_HEAD
     report.plot({"switch": switch, "gloo": _steps(4)}, tmp_path / "p.png", "t")
     assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_the_two_level_topology_makes_a_tree_the_controller_accepts(tmp_path):
+    """make run TOPO=two-level: 2 leaves x 4 hosts under a spine, the controller's host on the
+    spine; the controller's configuration names each leaf's parent and ports."""
+    from types import SimpleNamespace
+
+    from homagg.control.config import parse_config
+    from homagg.lab.addresses import CONTROLLER_INDEX, host_entry
+    from run.control import controller_toml, switch_tables
+    from run.net import UPLINK_PORT, Topology
+    from run.options import topology_file
+
+    topo = Topology.load(topology_file(Path("two-level")))
+    assert (topo.hosts, topo.leaves, topo.per_leaf) == (8, 2, 4)
+    assert [topo.place(i) for i in (0, 3, 4, 7)] == [(0, 1), (0, 4), (1, 1), (1, 4)]
+    with pytest.raises(ValueError, match="divide hosts"):
+        Topology(hosts=7, leaves=2)
+    names = RunNames(3)
+    process = SimpleNamespace(address="unix:/x.sock", target="refswitch")
+    net = SimpleNamespace(
+        switches=[SimpleNamespace(name=n, process=process) for n in ("hg3s", "hg3s1", "hg3s2")]
+    )
+    hosts = [host_entry(i, 3) for i in range(8)] + [host_entry(CONTROLLER_INDEX, 3)]
+    tables = switch_tables(net, topo, hosts, names)  # type: ignore[arg-type]
+    for i, t in enumerate(tables):
+        t["address"] = f"unix:/x{i}.sock"
+    creds = SimpleNamespace(controller_keys=dict, operators=list)
+    text = controller_toml(tables, tmp_path, names, creds)  # type: ignore[arg-type]
+    spine, _, leaf2 = parse_config(tomllib.loads(text), tmp_path).switches
+    assert [h.ip for h in spine.hosts] == [names.controller_ip] and spine.parent == ""
+    assert (leaf2.parent, leaf2.parent_port, leaf2.port_on_parent) == ("hg3s", UPLINK_PORT, 2)
+    assert [(h.ip, h.switch_port) for h in leaf2.hosts] == [
+        (names.host_ip(i), i - 3) for i in range(4, 8)
+    ]
+    assert len({t["service_ip"] for t in tables} | {t["mac"] for t in tables}) == 6

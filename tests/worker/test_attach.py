@@ -128,8 +128,8 @@ def test_unreachable_controller_fails_within_the_rpc_timeout():
 
 
 def test_world_above_the_data_plane_limit(monkeypatch, controlled):
-    monkeypatch.setattr(job_setup, "MAX_WORKERS_PER_JOB", 0)
-    assert "world size 1 is above the 0 workers" in fallback(controller=controlled.address)
+    monkeypatch.setattr(job_setup, "MAX_RANKS", 0)
+    assert "world size 1 is above the 0 ranks" in fallback(controller=controlled.address)
 
 
 def test_refused_token_from_the_launcher(monkeypatch, controlled, tmp_path):

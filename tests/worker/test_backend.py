@@ -133,8 +133,8 @@ def test_a_world_above_the_switch_limit_runs_over_gloo(monkeypatch, tmp_path):
         monkeypatch.setenv("HOMAGG_CONTROLLER", c.address)
         monkeypatch.setenv("HOMAGG_INSECURE", "1")  # the test controller serves plaintext
         monkeypatch.setenv("HOMAGG_IFACE", "lo")
-        monkeypatch.setattr(job_setup, "MAX_WORKERS_PER_JOB", 0)
-        with pytest.warns(RuntimeWarning, match="world size 1 is above the 0 workers") as caught:
+        monkeypatch.setattr(job_setup, "MAX_RANKS", 0)
+        with pytest.warns(RuntimeWarning, match="world size 1 is above the 0 ranks") as caught:
             pg = SwitchProcessGroup(dist.HashStore(), 0, 1, timedelta(seconds=10))
         assert len(caught) == 1 and pg.state.agent is None and pg.setup.session is None
         t = torch.arange(4.0)

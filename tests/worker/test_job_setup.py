@@ -16,8 +16,9 @@ import torch.distributed as dist
 
 from homagg.environment import CA_FILE_ENV, INSECURE_ENV, OPERATOR_TOKEN_ENV, READY_TIMEOUT_ENV
 from homagg.lab.controlled import OPERATOR_TOKEN, Controlled
-from homagg.wire.constants import MAX_WORKERS_PER_JOB
+from homagg.wire.constants import MAX_RANKS
 from homagg.worker.codecs import AUTO_CODEC
+from homagg.worker.job import setup as job_setup
 from homagg.worker.job.setup import Members, Request, _decide_codec, set_up
 from homagg.worker.job.setup_round import SetupRound
 
@@ -79,15 +80,23 @@ def test_codecs_that_differ_stop_every_rank():
 
 
 def test_a_world_above_the_data_plane_limit_is_every_ranks_reason(monkeypatch):
-    """MAX_WORKERS_PER_JOB + 1 ranks, the real limit: one reason on every rank, decided
-    before any job is made (the controller's address leads nowhere and is never asked;
-    plaintext is chosen, so the missing CA is not the reason)."""
+    """Ranks above the limit (the header's 8-bit rank: 256; 33..256 the controller decides by
+    its topology): one reason on every rank, decided before any job is made (the
+    controller's address leads nowhere and is never asked; plaintext is chosen, so the
+    missing CA is not the reason). 33 threads stand for 257 with the limit at 32."""
+    views = {r: {"controller": "127.0.0.1:1", "problem": ""} for r in range(MAX_RANKS + 1)}
+    assert job_setup._environment_problem(views, MAX_RANKS) == ""
+    limit = f"above the {MAX_RANKS} ranks a job can have (32 on one switch, up to 256 on a tree"
+    assert limit in job_setup._environment_problem(views, MAX_RANKS + 1)
     monkeypatch.setenv(INSECURE_ENV, "1")
-    world = MAX_WORKERS_PER_JOB + 1
+    monkeypatch.setattr(job_setup, "MAX_RANKS", 32)
+    world = 33
     got = ranks([req(controller="127.0.0.1:1")] * world)
     assert all(s.agent is None and s.complete for s in got)
-    limit = f"above the {MAX_WORKERS_PER_JOB} workers a job can have on the switch"
-    assert {s.reason for s in got} == {f"world size {world} is {limit}"}
+    assert {s.reason for s in got} == {
+        f"world size {world} is above the 32 ranks a job can have (32 on one switch, up to "
+        "256 on a tree of switches)"
+    }
 
 
 def test_a_refused_operator_credential_is_one_warning_per_rank(monkeypatch, tmp_path):

@@ -34,7 +34,7 @@ from homagg.environment import (
     JOB_TOKEN_FILE_ENV,
     READY_TIMEOUT_ENV,
 )
-from homagg.wire.constants import MAX_WORKERS_PER_JOB, WORKER_UDP_BASE
+from homagg.wire.constants import MAX_RANKS, WORKER_UDP_BASE
 from homagg.worker.codecs import DEFAULT_CODEC, check_codec, uses_lanes
 from homagg.worker.job.agent import AgentConfig, AgentError, WorkerAgent, open_agent
 from homagg.worker.job.route import Route, route_of, route_to
@@ -284,10 +284,10 @@ def _environment_problem(views: dict[int, dict[str, Any]], world_size: int) -> s
     problems = [f"rank {r}: {v['problem']}" for r, v in sorted(views.items()) if v["problem"]]
     if problems:
         return "; ".join(problems)
-    if world_size > MAX_WORKERS_PER_JOB:
+    if world_size > MAX_RANKS:  # above 32 the controller checks its topology has a tree
         return (
-            f"world size {world_size} is above the {MAX_WORKERS_PER_JOB} workers a job can have "
-            "on the switch"
+            f"world size {world_size} is above the {MAX_RANKS} ranks a job can have (32 on "
+            "one switch, up to 256 on a tree of switches)"
         )
     return ""
 
