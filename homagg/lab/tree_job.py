@@ -7,59 +7,19 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from homagg.control.aggregation import JobEntries, Worker, job_entry, uplink_entry
-from homagg.control.delivery import job_group, mcast_grp_of_job, result_entries
-from homagg.control.entries import EntrySpec, Spec
-from homagg.control.install import in_install_order, install_job
-from homagg.control.switch_connection import SwitchConnection
+from homagg.control.aggregation import JobEntries, Uplink, Worker
+from homagg.control.delivery import mcast_grp_of_job
+from homagg.control.install import install_job
 from homagg.lab.aggjob import RankTraffic, next_job_id, pool_base_of
 from homagg.lab.fabric import Fabric, FabricHost
 from homagg.lab.tree_fabric import UPLINK_PORT, TreeFabric, TreeLeaf
-from homagg.wire import p4names
-from homagg.wire.constants import AGG_UDP_PORT, MAX_WORKERS_PER_JOB, WORKER_UDP_BASE
+from homagg.wire.constants import AGG_UDP_PORT, WORKER_UDP_BASE
 from homagg.wire.frame import FrameTemplate
 
 # The parent's pool starts this many slots after the leaves' (each switch has its own
 # pool_base; the header's slot is relative to the pool on every switch). Pools up to this
 # size stay within the job's POOL_STRIDE of homagg/lab/aggjob.py.
 PARENT_POOL_OFFSET = 32
-
-
-def leaf_worker_entries(job: JobEntries) -> list[EntrySpec]:
-    """A leaf's worker_table entries: worker_bit is 1 << the rank's index among the leaf's
-    workers (not 1 << rank: a two-level job may have more ranks than the bitmap's 32)."""
-    if len(job.workers) > MAX_WORKERS_PER_JOB:
-        raise ValueError(f"{len(job.workers)} workers on a leaf: at most {MAX_WORKERS_PER_JOB}")
-    return [
-        EntrySpec.of(
-            p4names.WORKER_TABLE,
-            {"hdr.agg.job_id": job.job_id, "hdr.agg.rank": w.rank},
-            p4names.SET_WORKER,
-            {"port": w.switch_port, "worker_bit": 1 << i},
-        )
-        for i, w in enumerate(job.workers)
-    ]
-
-
-def leaf_specs(job: JobEntries) -> list[Spec]:
-    """Everything a leaf needs for its workers of a two-level job but the uplink entry."""
-    return [job_group(job), *result_entries(job), *leaf_worker_entries(job), job_entry(job)]
-
-
-def _insert(conn: SwitchConnection, specs: Sequence[Spec]) -> None:
-    """Insert specs in one batch."""
-    batch = conn.batch()
-    for spec in specs:
-        spec.insert(batch)
-    conn.write_batch(batch)
-
-
-def install_leaf(conn: SwitchConnection, job: JobEntries, uplink: EntrySpec) -> None:
-    """Write a leaf's part of a two-level job: the uplink entry first, then the job's
-    entries in INSTALL_ORDER (job entry last), so no partial is ever multicast as a result."""
-    _insert(conn, [uplink])
-    for stage in in_install_order(leaf_specs(job)):
-        _insert(conn, stage)
 
 
 class TreeJob(RankTraffic):
@@ -84,9 +44,17 @@ class TreeJob(RankTraffic):
         self.parent_entries = JobEntries(
             self.job_id, base + PARENT_POOL_OFFSET, pool_size, group, self._leaf_workers()
         )
+        parent = tree.parent
         self.leaf_entries = [
-            JobEntries(self.job_id, base, pool_size, group, self._workers_of(leaf))
-            for leaf in self.leaves
+            JobEntries(
+                self.job_id,
+                base,
+                pool_size,
+                group,
+                self._workers_of(leaf),
+                Uplink(UPLINK_PORT, u, parent.service_ip, parent.switch_mac),
+            )
+            for u, leaf in enumerate(self.leaves)
         ]
         self.templates = [
             FrameTemplate(h.mac, f.switch_mac, h.ip, f.service_ip, WORKER_UDP_BASE + r)
@@ -111,11 +79,10 @@ class TreeJob(RankTraffic):
         )
 
     def _install(self) -> None:
-        parent = self.tree.parent
-        install_job(parent.conn, self.parent_entries)
-        for u, (leaf, entries) in enumerate(zip(self.leaves, self.leaf_entries, strict=True)):
-            uplink = uplink_entry(self.job_id, UPLINK_PORT, u, parent.service_ip, parent.switch_mac)
-            install_leaf(leaf.fabric.conn, entries, uplink)
+        """The parent first, then each leaf (install_job writes its uplink entry first)."""
+        install_job(self.tree.parent.conn, self.parent_entries)
+        for leaf, entries in zip(self.leaves, self.leaf_entries, strict=True):
+            install_job(leaf.fabric.conn, entries)
 
     def fabric_of(self, rank: int) -> Fabric:
         """The leaf switch rank `rank` sends to."""

@@ -9,13 +9,12 @@ import pytest
 from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import Ether
 
-from homagg.control.aggregation import JobEntries, Worker, uplink_entry
+from homagg.control.aggregation import JobEntries, Uplink, Worker
 from homagg.control.artifacts import BMV2_JSON_PATH, P4INFO_PATH
 from homagg.control.forwarding import Host, forwarding_entries
 from homagg.control.install import install_job, reconcile
 from homagg.control.switch_connection import SwitchConnection
 from homagg.lab.addresses import host_ip, host_mac, service_ip, switch_mac
-from homagg.lab.tree_job import install_leaf
 from homagg.refswitch import aggregation as agg_mod
 from homagg.refswitch.aggregation import AggregationRegisters, accept_result, update_slot
 from homagg.refswitch.packet import AggH, Metadata
@@ -148,8 +147,8 @@ def tree():
                 Worker(2 * u + i, h.switch_port, h.mac, h.ip, 41000 + 2 * u + i)
                 for i, h in enumerate(leaf.hosts)
             )
-            uplink = uplink_entry(JOB, UPLINK, u, parent.ip, parent.mac)
-            install_leaf(leaf.conn, JobEntries(JOB, 8, 4, JOB, workers), uplink)
+            uplink = Uplink(UPLINK, u, parent.ip, parent.mac)
+            install_job(leaf.conn, JobEntries(JOB, 8, 4, JOB, workers, uplink))
         yield parent, leaves
     finally:
         for s in (parent, *leaves):
@@ -240,18 +239,12 @@ def test_three_levels_fall_out_of_the_same_rules():
             top.conn, JobEntries(job, 0, 2, job, (Worker(0, 1, mid.mac, mid.ip, AGG_UDP_PORT),))
         )
         below = (Worker(0, 1, leaf.mac, leaf.ip, AGG_UDP_PORT),)
-        install_leaf(
-            mid.conn,
-            JobEntries(job, 0, 2, job, below),
-            uplink_entry(job, UPLINK, 0, top.ip, top.mac),
-        )
+        install_job(mid.conn, JobEntries(job, 0, 2, job, below, Uplink(UPLINK, 0, top.ip, top.mac)))
         workers = tuple(
             Worker(i, h.switch_port, h.mac, h.ip, 41000 + i) for i, h in enumerate(leaf.hosts)
         )
-        install_leaf(
-            leaf.conn,
-            JobEntries(job, 0, 2, job, workers),
-            uplink_entry(job, UPLINK, 0, mid.ip, mid.mac),
+        install_job(
+            leaf.conn, JobEntries(job, 0, 2, job, workers, Uplink(UPLINK, 0, mid.ip, mid.mac))
         )
         parts = [np.full(CELLS_PER_PKT, 3 + r, np.int32) for r in range(2)]
         leaf.pipe.process(1, contribution(leaf, 0, parts[0], job_id=job, slot=0))
