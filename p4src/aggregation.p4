@@ -200,6 +200,21 @@ control Aggregation(inout headers_t hdr, inout metadata_t meta,
         std.egress_spec = meta.uplink_port;
     }
 
+    /* A result leaves to the job's group; to_delivery marks it as the aggregation's own,
+     * the only kind of packet the egress delivers (a routed one may carry RESULT too). */
+    action to_group() {
+        hdr.agg.flags = AGG_FLAG_RESULT;
+        std.mcast_grp = meta.mcast_grp;
+        meta.to_delivery = 1;
+    }
+
+    /* A resent result goes back to the worker that asked for it. */
+    action to_sender() {
+        hdr.agg.flags = AGG_FLAG_RESULT | AGG_FLAG_RETX;
+        std.egress_spec = std.ingress_port;
+        meta.to_delivery = 1;
+    }
+
     action store_cells() { FOR_EACH_GROUP(STORE_GROUP) }
     action load_cells() { FOR_EACH_GROUP(LOAD_GROUP) }
     action add_cells() { FOR_EACH_GROUP(ADD_GROUP) }
@@ -243,8 +258,7 @@ control Aggregation(inout headers_t hdr, inout metadata_t meta,
                     accept_result();
                     if (meta.drop_reason == DROP_NONE) {
                         store_cells();
-                        hdr.agg.flags = AGG_FLAG_RESULT;
-                        std.mcast_grp = meta.mcast_grp;
+                        to_group();
                         event_counter.count(EVENT_RESULT);
                     }
                 }
@@ -282,8 +296,7 @@ control Aggregation(inout headers_t hdr, inout metadata_t meta,
                             to_parent();
                             event_counter.count(EVENT_PARTIAL);
                         } else {
-                            hdr.agg.flags = AGG_FLAG_RESULT;
-                            std.mcast_grp = meta.mcast_grp;
+                            to_group();
                             event_counter.count(EVENT_RESULT);
                         }
                     } else if (meta.verdict == VERDICT_RESEND_UP) {
@@ -291,8 +304,7 @@ control Aggregation(inout headers_t hdr, inout metadata_t meta,
                         hdr.agg.flags = AGG_FLAG_RETX;
                         event_counter.count(EVENT_PARTIAL);
                     } else if (meta.verdict == VERDICT_RESEND) {
-                        hdr.agg.flags = AGG_FLAG_RESULT | AGG_FLAG_RETX;
-                        std.egress_spec = std.ingress_port;
+                        to_sender();
                         event_counter.count(EVENT_RESENT);
                     } else if (meta.verdict == VERDICT_DUPLICATE) {
                         meta.drop_reason = DROP_DUPLICATE;

@@ -1,6 +1,6 @@
 /* homagg: in-network gradient aggregation for BMv2 (v1model).
  * Ingress: forwarding, then aggregation for traffic routed to the service address.
- * Egress: result delivery. docs/protocol.md is the specification. */
+ * Egress: delivery of the results the aggregation emitted. docs/protocol.md is the specification. */
 #include <core.p4>
 #include <v1model.p4>
 
@@ -21,6 +21,7 @@ control SwitchIngress(inout headers_t hdr, inout metadata_t meta,
         meta.drop_reason = DROP_NONE;
         meta.to_aggregation = 0;
         meta.absorbed = 0;
+        meta.to_delivery = 0;
         if (std.parser_error != error.NoError) {
             meta.drop_reason = DROP_TRUNCATED;
         } else {
@@ -45,7 +46,9 @@ control SwitchEgress(inout headers_t hdr, inout metadata_t meta,
 
     apply {
         meta.drop_reason = DROP_NONE;
-        if (hdr.agg.isValid() && (hdr.agg.flags & AGG_FLAG_RESULT) != 0) {
+        /* Only what the aggregation emitted as a result: a routed frame with RESULT set
+         * keeps its headers (user metadata reaches every multicast replica in v1model). */
+        if (meta.to_delivery == 1) {
             delivery.apply(hdr, meta, std);
         }
         if (meta.drop_reason != DROP_NONE) {

@@ -127,6 +127,21 @@ def to_parent(
     std.egress_spec = meta.uplink_port
 
 
+def to_group(agg: AggH, meta: Metadata, std: StandardMetadata) -> None:
+    """The to_group action: a result leaves to the job's group; to_delivery marks it as
+    the aggregation's own, the only kind of packet the egress delivers."""
+    agg.flags = Flag.RESULT
+    std.mcast_grp = meta.mcast_grp
+    meta.to_delivery = 1
+
+
+def to_sender(agg: AggH, meta: Metadata, std: StandardMetadata) -> None:
+    """The to_sender action: a resent result goes back to the worker that asked for it."""
+    agg.flags = Flag.RESULT | Flag.RETX
+    std.egress_spec = std.ingress_port
+    meta.to_delivery = 1
+
+
 def slot_in_pool(pool_base: int, pool_size: int, slot: int) -> bool:
     """Whether slot (relative to the pool) is in the job's pool and in the switch: the
     P4 check, which never computes pool_base + slot in 32 bits (it could wrap round into
@@ -230,16 +245,14 @@ def _answer(device: Device, hdr: Headers, meta: Metadata, std: StandardMetadata)
             to_parent(eth, ipv4, udp, agg, meta, std)
             events.count(Event.PARTIAL, std.packet_length)
         else:
-            agg.flags = Flag.RESULT
-            std.mcast_grp = meta.mcast_grp
+            to_group(agg, meta, std)
             events.count(Event.RESULT, std.packet_length)
     elif meta.verdict == VERDICT_RESEND_UP:
         to_parent(eth, ipv4, udp, agg, meta, std)
         agg.flags = Flag.RETX
         events.count(Event.PARTIAL, std.packet_length)
     elif meta.verdict == VERDICT_RESEND:
-        agg.flags = Flag.RESULT | Flag.RETX
-        std.egress_spec = std.ingress_port
+        to_sender(agg, meta, std)
         events.count(Event.RESENT, std.packet_length)
     elif meta.verdict == VERDICT_DUPLICATE:
         meta.drop_reason = DropReason.DUPLICATE
@@ -290,6 +303,5 @@ def _take_result(
     accept_result(regs, agg, meta)
     if meta.drop_reason == DropReason.NONE:
         regs.cells[meta.slot_index] = hdr.cells
-        agg.flags = Flag.RESULT
-        std.mcast_grp = meta.mcast_grp
+        to_group(agg, meta, std)
         device.counter(p4names.EVENT_COUNTER).count(Event.RESULT, std.packet_length)

@@ -10,7 +10,8 @@ from homagg.wire.constants import AGG_UDP_PORT, RESULT_TTL, DropReason
 
 
 def result_delivery(device: Device, hdr: Headers, meta: Metadata, std: StandardMetadata) -> None:
-    """ResultDelivery.apply(); only results reach it, so every header up to agg_h is valid."""
+    """ResultDelivery.apply(); only the results the aggregation emitted reach it (to_delivery),
+    so every header up to agg_h is valid."""
     eth, ip, udp, agg = hdr.ethernet, hdr.ipv4, hdr.udp, hdr.agg
     assert eth is not None and ip is not None and udp is not None and agg is not None
     if std.egress_rid != 0:

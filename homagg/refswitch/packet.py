@@ -105,6 +105,7 @@ class Metadata:
     drop_reason: int = 0
     to_aggregation: int = 0
     absorbed: int = 0
+    to_delivery: int = 0  # a result the aggregation emitted: the egress delivers it
     pool_base: int = 0
     pool_size: int = 0
     num_workers: int = 0

@@ -14,7 +14,7 @@ from homagg.refswitch.forwarding import forwarding
 from homagg.refswitch.packet import Headers, Metadata, StandardMetadata, dup, mark_to_drop
 from homagg.refswitch.parser import parse
 from homagg.wire import p4names
-from homagg.wire.constants import DROP_PORT, DropReason, Flag
+from homagg.wire.constants import DROP_PORT, DropReason
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +81,8 @@ class Pipeline:
     def _egress(self, hdr: Headers, meta: Metadata, std: StandardMetadata) -> bytes | None:
         """SwitchEgress.apply(), then checksum and deparser; None when the packet is dropped."""
         meta.drop_reason = DropReason.NONE
-        if hdr.agg is not None and hdr.agg.flags & Flag.RESULT:
+        # Only what the aggregation emitted as a result: a routed frame keeps its headers.
+        if meta.to_delivery == 1:
             result_delivery(self.device, hdr, meta, std)
         if meta.drop_reason != DropReason.NONE:
             self._drop(p4names.EGRESS_DROPS, meta, std)

@@ -188,6 +188,7 @@ static __always_inline int answer(struct metadata *m, __u32 verdict, __u32 count
             return 0;
         }
         m->mcast_grp = mcast_grp;
+        m->to_delivery = 1;
         count_in(&event_counter, EVENT_RESULT, m->packet_length);
         return AGG_FLAG_RESULT;
     }
@@ -198,6 +199,7 @@ static __always_inline int answer(struct metadata *m, __u32 verdict, __u32 count
     }
     if (verdict == VERDICT_RESEND) {
         m->egress_port = m->ingress_port;
+        m->to_delivery = 1;
         count_in(&event_counter, EVENT_RESENT, m->packet_length);
         return AGG_FLAG_RESULT | AGG_FLAG_RETX;
     }
@@ -291,6 +293,7 @@ static __always_inline void result_from_parent(struct __sk_buff *skb, const stru
     }
     out->flags = AGG_FLAG_RESULT;
     m->mcast_grp = mcast_grp;
+    m->to_delivery = 1;
     count_in(&event_counter, EVENT_RESULT, m->packet_length);
 }
 

@@ -1,5 +1,5 @@
 /* SwitchEgress with ResultDelivery (p4src/delivery.p4) and the checksum: each copy of a
- * result leaves as a unicast UDP datagram from the service address to one worker; replicas
+ * result the aggregation emitted (metadata.to_delivery) leaves as a unicast UDP datagram from the service address to one worker; replicas
  * carry rank + 1 as their rid. Replication (the P4 replication engine) is a loop of
  * bpf_clone_redirect over the group's replicas, each rewritten for its recipient. */
 #pragma once
@@ -8,7 +8,6 @@
 /* What every copy starts from: the packet as the ingress left it. */
 struct egress_src {
     __u8 eth_dst[6];
-    __u8 is_result;
     __u8 rank;
     __be32 ip_dst;
     __u32 has_ipv4;
@@ -63,7 +62,8 @@ static __always_inline int switch_egress(struct __sk_buff *skb, const struct met
                                          __u32 rid, const struct egress_src *o)
 {
     void *data = (void *)(long)skb->data, *end = (void *)(long)skb->data_end;
-    if (o->is_result && result_delivery(data, end, rid, o)) {
+    /* Only what the aggregation emitted as a result: a routed frame keeps its headers. */
+    if (m->to_delivery && result_delivery(data, end, rid, o)) {
         count_in(&egress_drops, DROP_NO_RECIPIENT, m->packet_length);
         return -1;
     }
@@ -92,7 +92,6 @@ static __always_inline int egress_source(struct __sk_buff *skb, struct egress_sr
         return -1;
     o->ip_dst = ip->daddr;
     o->rank = agg->rank;
-    o->is_result = (agg->flags & AGG_FLAG_RESULT) != 0;
     return 0;
 }
 

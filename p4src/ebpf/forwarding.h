@@ -11,6 +11,7 @@ struct metadata {
     __u32 to_aggregation;
     __u32 absorbed;
     __u32 to_parent;   /* a leaf's partial (or its re-send) goes up to the parent */
+    __u32 to_delivery; /* a result the aggregation emitted: the egress delivers it */
     __u32 egress_port; /* unicast destination (egress_spec) */
     __u32 mcast_grp;   /* != 0: replicate to the group */
     __u32 emit;        /* egress_spec was set: the packet leaves */

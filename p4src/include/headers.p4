@@ -81,6 +81,7 @@ struct metadata_t {
     bit<8>  drop_reason;
     bit<1>  to_aggregation;
     bit<1>  absorbed;        /* contribution kept in the slot, nothing to send */
+    bit<1>  to_delivery;     /* a result the aggregation emitted: the egress delivers it */
     slot_index_t pool_base;  /* from the job entry: not trusted to be below NUM_SLOTS */
     bit<16> pool_size;
     bit<8>  num_workers;

@@ -19,3 +19,15 @@ def assert_result_frame(pkt: Ether, job: RankTraffic, rank: int) -> None:
     del ip_copy.chksum
     assert IP(bytes(ip_copy))[IP].chksum == pkt[IP].chksum, "IPv4 checksum not recomputed"
     assert pkt[Agg].job_id == job.job_id and pkt[Agg].rank == rank
+
+
+def assert_routed_unchanged(got: bytes, sent: bytes, switch_mac: str, next_mac: str) -> None:
+    """`got` is `sent` as a route forwards it: the route's MACs, the TTL one lower and the
+    IPv4 checksum recomputed; addresses, UDP header, aggregation header and cells as sent."""
+    eth = Ether(got)
+    assert (eth.src, eth.dst) == (switch_mac, next_mac)
+    ip = IP(sent[14:34])
+    ip.ttl -= 1
+    del ip.chksum
+    assert got[14:34] == bytes(ip), "IPv4 header: only the TTL and its checksum may change"
+    assert got[34:] == sent[34:], "UDP header, aggregation header or cells rewritten"

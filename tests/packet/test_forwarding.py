@@ -4,15 +4,21 @@ from __future__ import annotations
 
 import socket
 
+import numpy as np
 import pytest
+from packet_checks import assert_routed_unchanged
 from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import ARP, Ether
 from scapy.packet import Raw
 
-from homagg.lab.aggjob import CounterDelta
+from homagg.lab.aggjob import CounterDelta, Job
 from homagg.lab.fabric import SERVICE_IP, SWITCH_MAC, Fabric
 from homagg.lab.namespace import in_namespace
-from homagg.wire.constants import DropReason
+from homagg.lab.rawsock import recv_frames
+from homagg.wire.constants import AGG_UDP_PORT, CELLS_PER_PKT, DropReason, Flag, Op
+from homagg.wire.frame import FrameTemplate
+from homagg.wire.header import AggHeader
+from homagg.wire.packer import pack_payload
 
 QUIET = 0.3
 
@@ -123,3 +129,25 @@ def test_kernel_udp_between_hosts(fabric):
         tx.sendto(b"through the switch", (h1.ip, 7000))
         data, peer = rx.recvfrom(100)
     assert data == b"through the switch" and peer[0] == h0.ip
+
+
+@pytest.mark.parametrize("flags", [Flag.RESULT, Flag.RESULT | Flag.RETX], ids=["result", "resent"])
+def test_a_routed_result_flagged_frame_is_forwarded_as_sent(fabric, flags):
+    """A host's datagram to another host's port 40700 that claims to be a result of a job
+    on the switch (for rank 2, on h2) is routed to h1 like any other: the egress delivers
+    only the results the aggregation emitted, so it is neither rewritten to come from the
+    service address nor redirected to h2, and no counter moves."""
+    h0, h1, h2 = fabric.hosts
+    job = Job(fabric, fabric.hosts)
+    header = AggHeader(job.job_id, slot=0, shadow=0, rank=2, op=Op.ADD, chunk=0, flags=flags)
+    payload = pack_payload(header, np.arange(CELLS_PER_PKT, dtype=np.int32))
+    sent = FrameTemplate(h0.mac, SWITCH_MAC, h0.ip, h1.ip, AGG_UDP_PORT).frame(payload)
+    fabric.drain()
+    counters = CounterDelta(fabric)
+    h0.raw.send(sent)
+    # h1's kernel answers with ICMP (to h0) and may ARP: keep only frames to port 40700.
+    got = [f for f in h1.raw.receive(2.0, count=1) if UDP in Ether(f)]
+    assert len(got) == 1, "the frame did not reach the host it was addressed to"
+    assert_routed_unchanged(got[0], sent, SWITCH_MAC, h1.mac)
+    assert recv_frames(h2.raw.sock) == [], "delivered as a result to rank 2"
+    assert counters.events() == {} and counters.drops() == {}

@@ -11,7 +11,7 @@ from functools import reduce
 
 import numpy as np
 import pytest
-from packet_checks import assert_result_frame
+from packet_checks import assert_result_frame, assert_routed_unchanged
 from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import Ether
 
@@ -350,6 +350,31 @@ def test_stray_results_leave_the_open_round_exact(tree, stray):
     cells = [np.arange(CELLS_PER_PKT, dtype=np.int32)] * 4
     send_all(job, cells, [1, 2, 3], slot=1, chunk=1)
     assert_one_result_each(job, job.collect(), cells, slot=1, chunk=1)
+
+
+def test_a_result_flagged_frame_routed_down_the_uplink_is_no_result(tree):
+    """A frame the parent would route to a host of leaf 0 (a datagram from a host of leaf 1
+    to port 40700) that claims to be a result for leaf 0's rank 0 comes in on the uplink
+    port; leaf 0 routes it to the host it is addressed to, as sent: only results its
+    aggregation emitted are delivered."""
+    job = TreeJob(tree, (2, 2))
+    leaf, sender = tree.leaves[0], tree.leaves[1].hosts[0]
+    target = leaf.hosts[1]
+    header = AggHeader(job.job_id, slot=0, shadow=0, rank=0, op=Op.ADD, chunk=0, flags=Flag.RESULT)
+    template = FrameTemplate(
+        tree.parent.switch_mac, leaf.fabric.switch_mac, sender.ip, target.ip, AGG_UDP_PORT
+    )
+    sent = template.frame(pack_payload(header, np.arange(CELLS_PER_PKT, dtype=np.int32)))
+    deltas = counters(tree)
+    leaf.tap.send(sent)
+    got = target.raw.receive(2.0, count=1)
+    assert len(got) == 1, "the frame did not reach the host it was addressed to"
+    assert_routed_unchanged(got[0], sent, leaf.fabric.switch_mac, target.mac)
+    assert nothing_arrives(job, [0], wait=0), "delivered as a result to rank 0"
+    # The parent has no route to a leaf's hosts here: what a tap's echo reaches it drops.
+    echo = {DropReason.NO_ROUTE: 1} if tree.tap_echo else {}
+    wait_for(lambda: drops(deltas) == [echo, {}, {}], 5.0, f"drops {[echo, {}, {}]}")
+    assert events(deltas) == [{}, {}, {}]
 
 
 def by_job(pkts: list[Ether]) -> dict[int, Ether]:
