@@ -54,7 +54,10 @@ WAIT = 3.0
 @pytest.fixture(scope="module")
 def fabric(target, tmp_path_factory):
     if target not in ("refswitch", "ebpf"):
-        pytest.skip(f"{target} runs the BMv2 JSON p4c builds for each setting (p4c needed)")
+        pytest.skip(
+            f"{target} executes a JSON compiled per setting (a p4c run each): "
+            "`python -m bench.switch_rate --cells` builds and measures them"
+        )
     with Fabric(target, 3, tmp_path_factory.mktemp(target)) as f:
         yield f
 
