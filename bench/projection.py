@@ -79,7 +79,12 @@ def _parser() -> argparse.ArgumentParser:
     a("--worker-us", type=float, help="a worker's cost per packet sent and result received")
     a("--rtt-us", type=float, help="one worker-switch-worker round trip (line-rate: 10)")
     a("--alpha-us", type=float, help="one step of a peer algorithm (line-rate: 10)")
-    a("--switch-pps", type=float, help="contributions/s the switch absorbs (0: line rate)")
+    a(
+        "--switch-pps",
+        type=float,
+        help="contributions/s the switch absorbs (0: line rate; --check-runs: BMv2's, which "
+        "is not calibrated)",
+    )
     a("--depth", type=int, default=0, help="switch levels (0: as few as hold W, 32 a switch)")
     a(
         "--pool-size",
@@ -339,6 +344,8 @@ def _check_runs(args: argparse.Namespace) -> None:
     rows = [pr.row(pr.load_run(d), record, args.switch_pps or 0.0, cores) for d in dirs]
     lines = ["# Projection checked against Mininet training runs", ""]
     lines += [f"`python -m bench.projection {' '.join(sys.argv[1:])}`", ""]
+    load = ", ".join(f"{x:.0f}" for x in os.getloadavg())
+    lines += [f"Load average at the check (1, 5, 15 min): {load}, on {cores:g} cores.", ""]
     lines += calibration.describe(record)
     publish(args.runs_name, lines + pr.report(rows), pr.summary(rows))
 

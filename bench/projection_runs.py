@@ -163,10 +163,11 @@ def load_run(path: Path) -> MeasuredRun:
 
 def costs_for(record: dict[str, Any], target: str, switch_pps: float) -> tuple[Costs, float]:
     """The calibrated costs for a run's target and the switch's packet rate: the reference
-    switch's as calibrated; BMv2 (not calibrated) takes the reference switch's worker
-    costs and the packet rate given (bench/results/switch_rate.md measures it)."""
+    switch's as calibrated (a mix of runs checks together); BMv2 (not calibrated) takes the
+    reference switch's worker costs and the packet rate given (bench/results/
+    switch_rate.md measures it)."""
     if target == "refswitch":
-        return costs_of(record, target), switch_pps or switch_pps_of(record, target)
+        return costs_of(record, target), switch_pps_of(record, target)
     if target.startswith("bmv2"):
         if not switch_pps:
             raise ModelError(
@@ -188,6 +189,12 @@ def frame_cost(record: dict[str, Any], target: str, switch_pps: float) -> float:
     return 1.0 / switch_pps if switch_pps else 0.0
 
 
+def gloo_frames(ring_wire: float, workers: int) -> float:
+    """Frames of one ring all-reduce that the switch forwards: every rank's full TCP
+    frames and the ACKs of what it receives."""
+    return workers * ring_wire / PEER_FRAME_BYTES * (1 + ACKS_PER_FRAME)
+
+
 def gloo_through_switch(
     ring_s: float, ring_wire: float, costs: Costs, info: RunInfo, per_frame: float, cores: float
 ) -> tuple[float, str]:
@@ -197,7 +204,7 @@ def gloo_through_switch(
     others one; the switches' processes share the cores. Seconds, and the bound when it is
     the switch's work ('' when the loopback ring's)."""
     w = info.hosts
-    frames = w * ring_wire / PEER_FRAME_BYTES * (1 + ACKS_PER_FRAME)
+    frames = gloo_frames(ring_wire, w)
     crossings = 1.0
     switches = 1
     if info.levels > 1:
@@ -230,13 +237,9 @@ def row(run: MeasuredRun, record: dict[str, Any], switch_pps: float, cores: floa
     codec = run.info.codec
     sw, ring = switch_step(cluster, costs, codec), ring_step(cluster, costs)
     w, s, g = run.info.hosts, run.switch, run.gloo
+    per_frame = frame_cost(record, run.info.target, pps)
     gloo_s, gloo_limit = gloo_through_switch(
-        ring.seconds,
-        ring.bytes_per_worker,
-        costs,
-        run.info,
-        frame_cost(record, run.info.target, pps),
-        cores,
+        ring.seconds, ring.bytes_per_worker, costs, run.info, per_frame, cores
     )
     model_packets = sum(
         packets(phase_cells(codec, cluster.elements, 1.0, w), cluster.cells_per_packet)
@@ -275,6 +278,13 @@ def row(run: MeasuredRun, record: dict[str, Any], switch_pps: float, cores: floa
         # the slot round trip the switch path saw: pool slots a rank keeps in flight over
         # the time a packet took (the window's bound, had it been the limit)
         "rtt_calibrated_s": costs.rtt_s,
+        # what a packet cost the switch in the run, were it the bound: contributions
+        # (every rank's, serially) and gloo's frames with their ACKs, beside the model's
+        "contribution_implied_s": s["switch_seconds"] / (w * model_packets),
+        "contribution_model_s": 1.0 / pps if pps else 0.0,
+        "frame_implied_s": max(0.0, g["seconds"] - s["compute_seconds"])
+        / gloo_frames(ring.bytes_per_worker, w),
+        "frame_model_s": per_frame,
         "round_trip_s": s["wait_seconds"]
         * run.info.pool_size
         / max(1.0, s["switch_packets"] / (2 * w)),
@@ -322,12 +332,15 @@ def report(rows_: list[dict]) -> list[str]:
         "",
         "Where a switch step went (ms, measured); packets a rank sent per step; the slot "
         "round trip the wait implies (pool slots x wait / packets: the window's bound) "
-        "against the calibrated one; gloo's kB a rank sent per step:",
+        "against the calibrated one; gloo's kB a rank sent per step; what a contribution "
+        "(W of them a packet) and a gloo frame (ACKs included) cost the switch in the run, "
+        "were it the only bound, beside the model's:",
         "",
         "| run | step | compute | encode | wait | decode | agreements (not modelled) | "
         "gloo step | packets measured / predicted | round trip ms implied / calibrated "
-        "| gloo kB measured / predicted | retx a step |",
-        "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
+        "| gloo kB measured / predicted | retx a step | us a contribution implied / model "
+        "| us a gloo frame implied / model |",
+        "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
     ]
     for r in rows_:
         step = r["compute_s"] + r["switch_measured_s"] + r["agreement_s"]
@@ -338,7 +351,9 @@ def report(rows_: list[dict]) -> list[str]:
             f"{r['packets_measured']:.0f} / {r['packets_predicted']} | "
             f"{r['round_trip_s'] * 1e3:.2f} / {r['rtt_calibrated_s'] * 1e3:.2f} | "
             f"{r['gloo_tx_measured'] / 1e3:.1f} / {r['gloo_tx_predicted'] / 1e3:.1f} | "
-            f"{r['retx']:g} |"
+            f"{r['retx']:g} | {r['contribution_implied_s'] * 1e6:.0f} / "
+            f"{r['contribution_model_s'] * 1e6:.0f} | {r['frame_implied_s'] * 1e6:.0f} / "
+            f"{r['frame_model_s'] * 1e6:.0f} |"
         )
     return [*lines, "", f"Summary: {summary(rows_)}.", ""]
 

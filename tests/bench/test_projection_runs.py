@@ -124,6 +124,10 @@ def test_row_puts_the_model_beside_the_run(tmp_path: Path) -> None:
     assert r["gloo_limit"] == "switch's forwarding"
     assert wire > 1.5 * 4 * ELEMENTS  # payload and TCP/IP headers
     assert r["round_trip_s"] == pytest.approx(0.248 * 16 / 334)
+    # what a contribution and a gloo frame cost the switch, were it the bound
+    assert r["contribution_implied_s"] == pytest.approx(0.25 / (4 * 334))
+    assert r["contribution_model_s"] == pytest.approx(50e-6) == r["frame_model_s"]
+    assert r["frame_implied_s"] == pytest.approx(r["gloo_measured_s"] / frames)
     lines = pr.report([r])
     assert any("| run | refswitch | 4 | 1 | unshaped | switch, fixed_point |" in x for x in lines)
     assert pr.summary([r]).endswith("in 1/2 predictions")  # gloo within 25%, switch not
