@@ -335,6 +335,10 @@ def _check_runs(args: argparse.Namespace) -> None:
 
     dirs = list(args.check_runs)
     if args.start_runs:
+        from homagg.lab.namespace import have_privileges
+
+        if not have_privileges():
+            raise ModelError("--start-runs needs root (Mininet); --check-runs alone does not")
         base = dirs.pop(0)
         for topo in args.run_topos:
             spec = pr.RunSpec(args.run_target, topo, args.run_steps, args.run_pool_size)

@@ -141,7 +141,10 @@ def load_run(path: Path) -> MeasuredRun:
         if not (path / f).exists()
     ]
     if missing:
-        raise ModelError(f"{path}: missing {', '.join(missing)} (a run without --no-gloo)")
+        raise ModelError(
+            f"{path}: missing {', '.join(missing)}: give the --out directory of a "
+            f"`python -m run` without --no-gloo, what it printed saved there as {RUN_LOG}"
+        )
     levels = switch_levels((path / "controller.toml").read_text())
     log = path / "controller.log"
     pool = pool_size(log.read_text()) if log.exists() else DEFAULT_POOL
