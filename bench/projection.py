@@ -126,7 +126,14 @@ def _run_options(p: argparse.ArgumentParser) -> None:
     """The options of the check against Mininet runs (bench/projection_runs.py)."""
     g = p.add_argument_group("the check against Mininet training runs")
     a = g.add_argument
-    a("--check-runs", nargs="+", type=Path, metavar="DIR", help="runs' output directories")
+    a(
+        "--check-runs",
+        nargs="+",
+        type=Path,
+        metavar="DIR",
+        help="--out directories of `python -m run` (dense MLP, blocking, with what it "
+        "printed saved there as run.log)",
+    )
     a(
         "--start-runs",
         action="store_true",
@@ -138,7 +145,11 @@ def _run_options(p: argparse.ArgumentParser) -> None:
         default=["star", "two-level"],
         help="star: --hosts 4, unshaped; else a --topo of python -m run (two-level)",
     )
-    a("--run-target", default="refswitch", help="the started runs' --target")
+    a(
+        "--run-target",
+        default="refswitch",
+        help="the started runs' --target (refswitch: calibrated; bmv2 needs --switch-pps)",
+    )
     a("--run-steps", type=int, default=12, help="the started runs' --steps")
     a("--run-pool-size", type=int, default=8, help="the started runs' --pool-size")
     a(
