@@ -8,6 +8,7 @@ follow), from per-packet costs and round trips; where the switch wins and by how
         [--json] [--no-plot]
     python -m bench.projection --calibrate [--targets refswitch ebpf]   (root)
     python -m bench.projection --check [--check-workers 2 4 8]          (root)
+    python -m bench.projection --check-runs DIR [DIR ...] [--start-runs]  (root to start)
 
 Costs: `line-rate` (default) is a cluster whose workers and switch keep up with their links
 (a kernel-bypass worker as SwitchML's, a hardware switch) and whose round trip and peer step
@@ -19,7 +20,12 @@ any of them. --calibrate measures and rewrites the calibration (the aggregation
 benchmark's pieces, short runs); --check calibrates, then measures dense fixed point
 through one switch and gloo's all_reduce at each --check-workers, side by side, and
 prints the model's prediction for this machine beside them (bench/results/
-projection_check.md). Tables and the plot: bench/results/projection.md and .png."""
+projection_check.md). --check-runs puts the model beside Mininet training runs
+(`python -m run`'s output directories, with its printed output saved as run.log; the
+dense MLP, blocking): the switch's and gloo's communication per step, predicted and
+measured (bench/results/projection_runs.md); --start-runs first starts them there
+(--run-topos, --run-target, --run-steps, --run-pool-size). Tables and the plot:
+bench/results/projection.md and .png."""
 
 from __future__ import annotations
 
@@ -29,6 +35,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, replace
+from pathlib import Path
 from typing import Any
 
 from bench import calibration
@@ -72,7 +79,12 @@ def _parser() -> argparse.ArgumentParser:
     a("--worker-us", type=float, help="a worker's cost per packet sent and result received")
     a("--rtt-us", type=float, help="one worker-switch-worker round trip (line-rate: 10)")
     a("--alpha-us", type=float, help="one step of a peer algorithm (line-rate: 10)")
-    a("--switch-pps", type=float, help="contributions/s the switch absorbs (0: line rate)")
+    a(
+        "--switch-pps",
+        type=float,
+        help="contributions/s the switch absorbs (0: line rate; --check-runs: BMv2's, which "
+        "is not calibrated)",
+    )
     a("--depth", type=int, default=0, help="switch levels (0: as few as hold W, 32 a switch)")
     a(
         "--pool-size",
@@ -106,7 +118,47 @@ def _parser() -> argparse.ArgumentParser:
     )
     a("--check-elements", type=int, default=CALIBRATE_ELEMENTS, help="elements of the check")
     a("--reps", type=int, default=3, help="repetitions of each measurement (3)")
+    _run_options(p)
     return p
+
+
+def _run_options(p: argparse.ArgumentParser) -> None:
+    """The options of the check against Mininet runs (bench/projection_runs.py)."""
+    g = p.add_argument_group("the check against Mininet training runs")
+    a = g.add_argument
+    a(
+        "--check-runs",
+        nargs="+",
+        type=Path,
+        metavar="DIR",
+        help="--out directories of `python -m run` (dense MLP, blocking, with what it "
+        "printed saved there as run.log)",
+    )
+    a(
+        "--start-runs",
+        action="store_true",
+        help="first start a run per --run-topos, into subdirectories of the first DIR (root)",
+    )
+    a(
+        "--run-topos",
+        nargs="+",
+        default=["star", "two-level"],
+        help="star: --hosts 4, unshaped; else a --topo of python -m run (two-level)",
+    )
+    a(
+        "--run-target",
+        default="refswitch",
+        help="the started runs' --target (refswitch: calibrated; bmv2 needs --switch-pps)",
+    )
+    a("--run-steps", type=int, default=12, help="the started runs' --steps")
+    a("--run-pool-size", type=int, default=8, help="the started runs' --pool-size")
+    a(
+        "--run-cores",
+        type=float,
+        default=0.0,
+        help="cores the runs had (0: os.cpu_count(); the machine's other load is not known)",
+    )
+    a("--runs-name", default="projection_runs", help="the run check's results file stem")
 
 
 def costs_and_switch(args: argparse.Namespace) -> tuple[Costs, float]:
@@ -286,8 +338,42 @@ def _measure(args: argparse.Namespace) -> None:
     publish(args.check_name, lines)
 
 
+def _check_runs(args: argparse.Namespace) -> None:
+    """--check-runs (and --start-runs): the model beside Mininet runs, published."""
+    import os
+
+    from bench import projection_runs as pr
+
+    dirs = list(args.check_runs)
+    if args.start_runs:
+        from homagg.lab.namespace import have_privileges
+
+        if not have_privileges():
+            raise ModelError("--start-runs needs root (Mininet); --check-runs alone does not")
+        base = dirs.pop(0)
+        for topo in args.run_topos:
+            spec = pr.RunSpec(args.run_target, topo, args.run_steps, args.run_pool_size)
+            dirs.append(pr.start_run(base / spec.name, spec))
+    cores = args.run_cores or float(os.cpu_count() or 1)
+    record = calibration.load()
+    rows = [pr.row(pr.load_run(d), record, args.switch_pps or 0.0, cores) for d in dirs]
+    lines = ["# Projection checked against Mininet training runs", ""]
+    lines += [f"`python -m bench.projection {' '.join(sys.argv[1:])}`", ""]
+    load = ", ".join(f"{x:.0f}" for x in os.getloadavg())
+    lines += [f"Load average at the check (1, 5, 15 min): {load}, on {cores:g} cores.", ""]
+    lines += calibration.describe(record)
+    publish(args.runs_name, lines + pr.report(rows), pr.summary(rows))
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.check_runs:
+        try:
+            _check_runs(args)
+        except ModelError as exc:
+            print(f"bench.projection: {exc}", file=sys.stderr)
+            return 2
+        return 0
     try:
         if args.calibrate or args.check:
             from homagg.lab.namespace import have_privileges

@@ -1,0 +1,165 @@
+"""The projection's check against Mininet runs, from made-up run directories (no root, no
+Mininet): the first line and config it parses, the step medians, the predicted-vs-measured
+row's arithmetic, the refusals and the summary's count."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bench import projection_runs as pr
+from bench.projection_model import ModelError
+
+RECORD = {
+    "date": "2026-11-28 09:00 UTC",
+    "machine": "x86_64, 2 cores",
+    "load_average": 1.0,
+    "elements": 1 << 20,
+    "reps": 3,
+    "targets": {
+        "refswitch": {
+            "wall_per_packet_s": 80e-6,
+            "worker_cpu_s": 30e-6,
+            "worker_user_s": 20e-6,
+            "switch_process_s": 50e-6,
+            "bpf_program_s": 0.0,
+            "rtt_s": 200e-6,
+        }
+    },
+    "gloo": {
+        "alpha_s": 50e-6,
+        "call_s": 100e-6,
+        "step_cpu_s": 20e-6,
+        "call_cpu_s": 100e-6,
+        "peer_byte_s": 1e-9,
+        "peer_cpu_byte_s": 0.5e-9,
+    },
+}
+FIRST = (
+    "make run: run 4 on switch target refswitch (the reference switch, embedded in Python), "
+    "4 hosts, model mlp, codec fixed_point, overlap blocking, links unshaped, 20 steps "
+    "(stop it with `make stop RUN=4`)\ncontroller on ...\n"
+)
+ELEMENTS = 85_000  # 333 ADD packets (+1 status cell: 333 still), 1 MAX packet
+
+
+def _step(i: int, switch: bool) -> dict:
+    rec = {"step": i, "seconds": 0.3 if switch else 0.13, "tx_bytes": 5.4e5}
+    rec["agg_dense"] = 4.0 * ELEMENTS if switch else 0.0
+    if switch:
+        rec |= {
+            "switch_seconds": 0.25,
+            "agreement_seconds": 0.02,
+            "encode_seconds": 0.001,
+            "wait_seconds": 0.248,
+            "decode_seconds": 0.001,
+            "switch_packets": 2 * 4 * 334,
+            "retransmissions": 1,
+        }
+    return rec
+
+
+def _run_dir(tmp: Path, first: str = FIRST, tree: bool = False, steps: int = 6) -> Path:
+    d = tmp / "run"
+    d.mkdir()
+    (d / "run.log").write_text(first)
+    (d / "controller.toml").write_text('[[switch]]\nname = "s1"\n' + ('parent = "s"\n' * tree))
+    (d / "controller.log").write_text("job 1 (make-run) created: 4 ranks, pool size 16, ...")
+    for mode in ("switch", "gloo"):
+        lines = [json.dumps(_step(i, mode == "switch")) for i in range(steps)]
+        (d / f"{mode}.jsonl").write_text("\n".join(lines) + "\n")
+    return d
+
+
+def test_first_line_config_and_pool_are_parsed() -> None:
+    info = pr.parse_first_line(FIRST, levels=2, pool=16)
+    assert (info.target, info.hosts, info.model, info.codec) == (
+        "refswitch",
+        4,
+        "mlp",
+        "fixed_point",
+    )
+    assert (info.overlap, info.link_mbit, info.levels, info.pool_size) == ("blocking", 0.0, 2, 16)
+    shaped = FIRST.replace("links unshaped", "links 100 Mbit/s (htb)").replace(
+        "codec fixed_point", "codec lossless gamma=0"
+    )
+    assert pr.parse_first_line(shaped).link_mbit == 100.0
+    assert pr.parse_first_line(shaped).codec == "lossless"
+    assert pr.switch_levels('name = "a"\nparent = "s"\n') == 2
+    assert pr.switch_levels('name = "a"\n# parent = "s"\n') == 1
+    assert pr.pool_size("... pool size 32, slots 0+32") == 32
+    assert pr.pool_size("nothing") == pr.DEFAULT_POOL
+    with pytest.raises(ModelError, match=r"run\.log"):
+        pr.parse_first_line("something else")
+
+
+def test_step_medians_skip_the_warm_up_and_derive_the_computation() -> None:
+    lines = [json.dumps({"seconds": 9.0, "switch_seconds": 9.0})] * 2
+    lines += [json.dumps(_step(i, True)) for i in range(3)]
+    got = pr.step_medians(lines)
+    assert got["seconds"] == 0.3 and got["steps"] == 3
+    assert got["compute_seconds"] == pytest.approx(0.3 - 0.25 - 0.02)
+    assert pr.step_medians([json.dumps(_step(0, False))] * 3)["switch_seconds"] == 0.0
+    with pytest.raises(ModelError, match="warm-up"):
+        pr.step_medians(lines[:2])
+
+
+def test_row_puts_the_model_beside_the_run(tmp_path: Path) -> None:
+    run = pr.load_run(_run_dir(tmp_path))
+    assert run.info.pool_size == 16 and run.info.levels == 1
+    r = pr.row(run, RECORD, 0.0, 2.0)
+    assert r["packets_predicted"] == 334 and r["packets_measured"] == 334
+    # the reference switch's process: W contributions a packet at 50 us, and 2 round trips
+    assert r["switch_limit"] == "switch"  # its packet rate: one core a contribution
+    assert r["switch_predicted_s"] == pytest.approx(4 * 334 * 50e-6 + 2 * 200e-6)
+    assert r["switch_measured_s"] == 0.25
+    assert r["gloo_measured_s"] == pytest.approx(0.13 - (0.3 - 0.25 - 0.02))
+    # gloo's ring: 2(W-1)/W of 340 kB a rank, its frames and ACKs through the switch
+    wire = r["gloo_tx_predicted"] / (1 + 0.5 * 66 / 1514)
+    frames = 4 * wire / 1514 * 1.5
+    latency = 100e-6 + 6 * 50e-6
+    assert r["gloo_predicted_s"] == pytest.approx(frames * 50e-6 + latency)
+    assert r["gloo_limit"] == "switch's forwarding"
+    assert wire > 1.5 * 4 * ELEMENTS  # payload and TCP/IP headers
+    assert r["round_trip_s"] == pytest.approx(0.248 * 16 / 334)
+    # what a contribution and a gloo frame cost the switch, were it the bound
+    assert r["contribution_implied_s"] == pytest.approx(0.25 / (4 * 334))
+    assert r["contribution_model_s"] == pytest.approx(50e-6) == r["frame_model_s"]
+    assert r["frame_implied_s"] == pytest.approx(r["gloo_measured_s"] / frames)
+    lines = pr.report([r])
+    assert any("| run | refswitch | 4 | 1 | unshaped | switch, fixed_point |" in x for x in lines)
+    assert pr.summary([r]).endswith("in 1/2 predictions")  # gloo within 25%, switch not
+
+
+def test_a_tree_crosses_more_switches_in_parallel(tmp_path: Path) -> None:
+    first = FIRST.replace("4 hosts", "8 hosts")
+    r = pr.row(pr.load_run(_run_dir(tmp_path, first, tree=True)), RECORD, 0.0, 2.0)
+    assert r["levels"] == 2
+    one = pr.gloo_through_switch(0.0, 1e6, pr.Costs(), pr.parse_first_line(first), 1e-4, 2.0)
+    two = pr.gloo_through_switch(0.0, 1e6, pr.Costs(), pr.parse_first_line(first, 2), 1e-4, 2.0)
+    # 8 hosts, 2 leaves: 1.5 switches a frame on average, on 2 of the 3 switches' cores
+    assert two[0] - 14 * 10e-6 == pytest.approx((one[0] - 14 * 10e-6) * 1.5 / 2)
+
+
+def test_runs_the_model_does_not_describe_are_refused(tmp_path: Path) -> None:
+    ncf = _run_dir(tmp_path, FIRST.replace("model mlp", "model ncf"))
+    with pytest.raises(ModelError, match="--model mlp"):
+        pr.load_run(ncf)
+    (ncf / "gloo.jsonl").unlink()
+    with pytest.raises(ModelError, match=r"missing gloo\.jsonl"):
+        pr.load_run(ncf)
+    bmv2 = pr.parse_first_line(FIRST.replace("target refswitch", "target bmv2"))
+    with pytest.raises(ModelError, match="--switch-pps"):
+        pr.costs_for(RECORD, bmv2.target, 0.0)
+    costs, pps = pr.costs_for(RECORD, "bmv2", 3500.0)
+    assert pps == 3500.0 and costs.switch_cpu_s == 0.0 and costs.worker_cpu_s == 30e-6
+
+
+def test_started_runs_command() -> None:
+    spec = pr.RunSpec("refswitch", "two-level", 12, 32)
+    cmd = spec.command(Path("/o") / spec.name)
+    assert cmd[:2] == ["-m", "run"] and "--topo" in cmd and "--hosts" not in cmd
+    assert cmd[cmd.index("--pool-size") + 1] == "32" and cmd[-1].endswith("two-level-pool32")
+    assert "--hosts" in pr.RunSpec().command(Path("o"))
