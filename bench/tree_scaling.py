@@ -12,8 +12,8 @@ same bits as the codec run in lockstep without a network (homagg/worker/codecs/s
 The projection model (bench/projection_model.py) predicts each row from the committed
 calibration (bench/results/projection_calibration.json) where it has the target.
 
-    python -m bench.tree_scaling [--flat 8 16 32] [--tree 2x4 2x8 2x16 4x16]
-        [--gloo 8 16 32 64] [--n 131072] [--reps 3] [--targets refswitch ebpf]
+    python -m bench.tree_scaling [--flat 2 8 16 32] [--tree 2x1 2x4 2x8 2x16 4x16]
+        [--gloo 2 8 16 32 64] [--n 131072] [--reps 3] [--targets refswitch ebpf]
         [--name tree_scaling]
 """
 
@@ -34,6 +34,7 @@ from bench.publish import plot_path, publish
 from bench.tree_scaling_report import Layout, parse_tree, plan, predicted, rows, summary
 from bench.tree_scaling_report import plot as plot_rows
 from bench.tree_scaling_report import table as target_table
+from homagg.lab.switch_process import PRESENT_TARGETS
 from homagg.wire.constants import CELLS_PER_PKT
 
 INITIAL_TIMEOUT = 0.02  # the aggregation benchmark's, on the reference switch and eBPF
@@ -159,19 +160,43 @@ def add_predictions(target: str, measured: dict[Layout, dict[str, Any]], n: int)
     )
 
 
+def resolve_targets(asked: list[str]) -> list[str]:
+    """The targets to run, `present` standing for refswitch and ebpf where it loads."""
+    from homagg.lab.switch_process import ebpf_available
+
+    out: list[str] = []
+    for t in asked:
+        got = (
+            (["refswitch"] + (["ebpf"] if ebpf_available() else []))
+            if t == PRESENT_TARGETS
+            else [t]
+        )
+        out += [g for g in got if g not in out]
+    return out
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    p.add_argument("--flat", type=int, nargs="*", default=[8, 16, 32], help="W on one switch")
+    p.add_argument(
+        "--flat",
+        type=int,
+        nargs="*",
+        default=[2, 8, 16, 32],
+        help="W on one switch (default 2 8 16 32; W = 2 beside the tree 2x1 is the round "
+        "trip with the least queueing)",
+    )
     p.add_argument(
         "--tree",
         type=parse_tree,
         nargs="*",
-        default=[parse_tree(t) for t in ("2x4", "2x8", "2x16", "4x16")],
-        help="two-level trees, LEAVESxWORKERS each (default 2x4 2x8 2x16 4x16)",
+        default=[parse_tree(t) for t in ("2x1", "2x4", "2x8", "2x16", "4x16")],
+        help="two-level trees, LEAVESxWORKERS each (default 2x1 2x4 2x8 2x16 4x16)",
     )
-    p.add_argument("--gloo", type=int, nargs="*", default=[8, 16, 32, 64], help="W of gloo")
+    p.add_argument(
+        "--gloo", type=int, nargs="*", default=[2, 8, 16, 32, 64], help="W of gloo's ring"
+    )
     p.add_argument(
         "--n", type=int, default=131_072, help="float32 elements per worker (default 131,072)"
     )
@@ -179,9 +204,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--targets",
         nargs="+",
-        choices=sorted(NAMES),
+        choices=[*sorted(NAMES), PRESENT_TARGETS],
         default=["refswitch"],
-        help="switch targets, in turn (default refswitch; BMv2 is slow at W = 64)",
+        help="switch targets, in turn (default refswitch; present: refswitch and ebpf where "
+        "the kernel allows it; BMv2 forwards too few packets/s for W = 64 in minutes)",
     )
     p.add_argument("--name", default="tree_scaling", help="results file stem")
     return p
@@ -199,12 +225,13 @@ def main(argv: list[str] | None = None) -> int:
     if not have_privileges():
         print("bench.tree_scaling needs root (network namespaces)", file=sys.stderr)
         return 1
+    targets = resolve_targets(args.targets)
     start = time.perf_counter()
     per_target, notes = {}, {}
     worlds = tuple(sorted({lay.workers for lay in layouts if lay.kind == "gloo"}))
     gloo = GlooPool([args.n], worlds) if worlds else None
     try:
-        for target in args.targets:
+        for target in targets:
             print(f"tree scaling: {NAMES[target]}, n = {args.n:,}, {args.reps} reps", flush=True)
             chosen = [lay for lay in layouts if lay.kind != "gloo" or gloo is not None]
             measured = measure_target(target, chosen, args.n, args.reps, gloo)
@@ -216,8 +243,10 @@ def main(argv: list[str] | None = None) -> int:
     lines = _intro(args, time.perf_counter() - start)
     for (name, rows_), note in zip(per_target.items(), notes.values(), strict=True):
         lines += [*target_table(name, rows_, args.n), note, ""]
+    line = summary(per_target)
+    lines.append(f"Summary: {line}.")  # bench.summary's line for `make bench`
     plot_rows(per_target, plot_path(f"{args.name}.png"))
-    publish(args.name, lines, summary(per_target))
+    publish(args.name, lines, line)
     return 0
 
 

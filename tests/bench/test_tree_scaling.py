@@ -143,5 +143,5 @@ def test_cli_refuses_a_layout_before_needing_root(capsys: pytest.CaptureFixture[
 def test_parser_defaults_are_the_issue_s_layouts() -> None:
     args: argparse.Namespace = tree_scaling._parser().parse_args([])
     got = plan(args.flat, args.tree, args.gloo)
-    assert sum(lay.kind == "tree" for lay in got) == 4
+    assert sum(lay.kind == "tree" for lay in got) == 5
     assert max(lay.workers for lay in got) == 64
