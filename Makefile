@@ -101,6 +101,7 @@ BENCH_PEERS = --rounds 3 --steps 40
 BENCH_REGIMES = --rounds 2 --steps 16 --hosts 2,4,8 --bws 100,1000
 BENCH_OVERLAP = --rounds 2 --steps 24 --models ncf,mlp,lm --bw 0,100 --also lm:1024:5
 BENCH_PROJECTION = --check-workers 2 4 8 16 32 --reps 3
+BENCH_TREE = --reps 3
 BENCH_EXTRA = echo "== peer methods on 100 Mbit/s links (bench.peers)"; \
 	$(PY) -m bench.peers --rounds 2 --steps 30 --bw 100 --name peers_100mbit_full; \
 	echo "== convergence with low-bit lanes (bench.lowbit)"; \
@@ -116,9 +117,11 @@ BENCH_PEERS = --rounds 1 --steps 10 --models ncf,mlp
 BENCH_REGIMES = --rounds 1 --steps 6 --hosts 4,8 --bws '' --codecs lossless
 BENCH_OVERLAP = --quick --budget 900
 BENCH_PROJECTION = --check-workers 2 4 8 --reps 3
+# a smaller gradient: the bytes per worker and the round trips do not depend on it
+BENCH_TREE = --n 32768 --reps 2
 BENCH_EXTRA =
 endif
-bench: venv  ## benchmarks (needs root, ~15 min on 2 cores, ~25 with the eBPF target's rows; BENCH=full: hours, *_full results): switch rate, codecs, aggregation, worker packet rate, training, peer methods, link rates and W, overlap and auto, the projection to clusters; tables and plots in bench/results/
+bench: venv  ## benchmarks (needs root, ~15 min on 2 cores, ~25 with the eBPF target's rows; BENCH=full: hours, *_full results): switch rate, codecs, aggregation, worker packet rate, training, peer methods, link rates and W, overlap and auto, the projection to clusters, one switch against a two-level tree by W; tables and plots in bench/results/
 	@start=$$(date +%s); set -e; \
 	echo "== switch packet rate (bench.switch_rate)"; $(PY) -m bench.switch_rate $(BENCH_RATE) --reps $(BENCH_REPS) --name switch_rate$(BENCH_SUFFIX); \
 	echo "== codecs (bench.codecs)"; $(PY) -m bench.codecs --reps $(BENCH_REPS); \
@@ -131,6 +134,7 @@ bench: venv  ## benchmarks (needs root, ~15 min on 2 cores, ~25 with the eBPF ta
 	echo "== overlap and auto (bench.overlap)"; $(PY) -m bench.overlap $(BENCH_OVERLAP) --name overlap$(BENCH_SUFFIX); \
 	echo "== projection to clusters, calibrated and checked here (bench.projection)"; $(PY) -m bench.projection --check $(BENCH_PROJECTION) --name projection$(BENCH_SUFFIX) --check-name projection_check$(BENCH_SUFFIX); \
 	$(PY) -m bench.projection --costs refswitch --name projection_refswitch$(BENCH_SUFFIX); \
+	echo "== one switch, a two-level tree and gloo by W (bench.tree_scaling)"; $(PY) -m bench.tree_scaling $(BENCH_TREE) --targets present --name tree_scaling$(BENCH_SUFFIX); \
 	$(BENCH_EXTRA) \
 	echo; $(PY) -m bench.summary $$(( $$(date +%s) - start )) --suffix "$(BENCH_SUFFIX)"
 

@@ -37,11 +37,15 @@ import tempfile
 import time
 from functools import partial
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from bench.publish import plot_path, publish, pyplot
 from homagg.worker.transport.io_path import IO_PATHS
+
+if TYPE_CHECKING:
+    from homagg.lab.aggjob import RankTraffic
 
 DENSITIES = (0.001, 0.01, 0.1)
 WORLD_SIZES = (2, 4)
@@ -140,14 +144,24 @@ class GlooPool:
 
 
 class SwitchGroup:
-    """A job of w workers on a fabric's first w hosts, one SwitchTransport each."""
+    """A job's workers, one SwitchTransport each: by default a job on a fabric's first w
+    hosts; `job` gives another (e.g. a two-level TreeJob, bench/tree_scaling.py)."""
 
-    def __init__(self, fabric, w: int, initial_timeout: float, io_path: str = "") -> None:
+    def __init__(
+        self,
+        fabric,
+        w: int,
+        initial_timeout: float,
+        io_path: str = "",
+        job: RankTraffic | None = None,
+    ) -> None:
         from homagg.lab.aggjob import Job
         from homagg.worker.transport.switch_transport import SwitchTransport, TransportConfig
 
         self.w = w
-        self.job = Job(fabric, fabric.hosts[:w], pool_size=POOL_SIZE)
+        self.job = job if job is not None else Job(fabric, fabric.hosts[:w], pool_size=POOL_SIZE)
+        if self.job.world_size != w:
+            raise ValueError(f"a job of {self.job.world_size} ranks for a group of {w}")
         self.transports = []
         for r in range(w):
             cfg = TransportConfig(

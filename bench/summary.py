@@ -27,6 +27,7 @@ PARTS = (
     "overlap",
     "projection_check",
     "projection",
+    "tree_scaling",
 )
 
 

@@ -86,6 +86,19 @@ class RankTraffic:
         )
         return self.templates[sender].frame(pack_payload(header, np.asarray(cells, np.int32)))
 
+    def channel(self, rank: int, rcvbuf: int = 0) -> UdpChannel:
+        """Rank `rank`'s UDP channel to the switch: a socket made in its host's namespace
+        (which needs enable_ip_stack), bound to the rank's address and port; `rcvbuf`: its
+        receive buffer in bytes (0: the system's default). It sends to its own switch
+        (the job's, or its leaf in a tree)."""
+        h = self.hosts[rank]
+        with in_namespace(h.namespace):
+            sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        if rcvbuf:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+        sock.bind((h.ip, WORKER_UDP_BASE + rank))
+        return UdpChannel(sock, (self.fabric_of(rank).service_ip, AGG_UDP_PORT))
+
     def send(self, rank: int, cells: np.ndarray, via: FabricHost | None = None, **kw: int) -> bytes:
         """Send rank's contribution (from its own host unless via is given)."""
         frame = self.frame(rank, cells, **kw)
@@ -135,18 +148,6 @@ class Job(RankTraffic):
     def fabric_of(self, rank: int) -> Fabric:
         """Every rank's switch is the job's fabric."""
         return self.fabric
-
-    def channel(self, rank: int, rcvbuf: int = 0) -> UdpChannel:
-        """Rank `rank`'s UDP channel to the switch: a socket made in its host's namespace
-        (which needs enable_ip_stack), bound to the rank's address and port; `rcvbuf`: its
-        receive buffer in bytes (0: the system's default)."""
-        h = self.hosts[rank]
-        with in_namespace(h.namespace):
-            sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        if rcvbuf:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
-        sock.bind((h.ip, WORKER_UDP_BASE + rank))
-        return UdpChannel(sock, (self.fabric.service_ip, AGG_UDP_PORT))
 
 
 def random_cells(
