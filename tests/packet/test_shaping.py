@@ -25,8 +25,8 @@ from homagg.wire.frame import FrameTemplate
 
 RATE_BITS = 2_000_000  # tbf rate, bit/s: below what even BMv2 forwards of a flood
 BURST_BYTES = 16_000
-FLOOD_S = 1.0
-SETTLE_S = 0.3  # after the flood: what tbf still holds drains (its latency is 50 ms)
+FLOOD_S = 2.0
+SETTLE_S = 0.5  # after the flood: what tbf still holds drains
 FLOW_PORT = 6000
 FLOW_TAG = FLOW_PORT.to_bytes(2, "big")
 DPORT_AT = ETH_HEADER_BYTES + IPV4_HEADER_BYTES + 2  # the UDP destination port's offset
