@@ -135,16 +135,17 @@ class RawPort:
         self.sock.send(frame)
 
     def receive(self, timeout: float, count: int | None = None) -> list[bytes]:
-        """Frames arriving within timeout seconds, returning early once `count` arrived."""
+        """Frames queued or arriving within timeout seconds, returning early once `count`
+        arrived (a timeout of 0 reads what is queued)."""
         deadline = time.monotonic() + timeout
         frames: list[bytes] = []
         while count is None or len(frames) < count:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                break
+            left = max(0.0, deadline - time.monotonic())
             ready, _, _ = select.select([self.sock], [], [], left)
             if ready:
                 frames.extend(recv_frames(self.sock))
+            if left == 0.0:
+                break
         return frames
 
     def drain(self) -> None:

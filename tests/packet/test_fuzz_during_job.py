@@ -21,6 +21,7 @@ PER_ROUND = 200  # malformed frames between two rounds: 10,000 in all
 # short names the batch (bursts of 256 are lossless since the switch ports' offloads are off:
 # tests/packet/test_bursts.py).
 BATCH = 25
+POLL_S = 0.005
 INVALID = [  # (header field, bogus value) making a frame from rank 0's own port invalid
     ("op", 0),
     ("op", max(Op) + 1),
@@ -78,12 +79,14 @@ def malformed(job: Job, rng: np.random.Generator, n: int) -> list[tuple[int, byt
 
 
 def wait_for_drops(counters: CounterDelta, expected: int, timeout: float = 30.0) -> dict:
+    """The drops once `expected` are counted (or at the timeout). Polled every few ms: a
+    batch takes BMv2 tens of ms, and a read of its counters ~2 ms."""
     deadline = time.monotonic() + timeout
     while True:
         drops = counters.drops()
         if sum(drops.values()) >= expected or time.monotonic() > deadline:
             return drops
-        time.sleep(0.05)
+        time.sleep(POLL_S)
 
 
 def test_malformed_flood_during_a_job(fabric):

@@ -28,6 +28,9 @@ from homagg.worker.ddp.hook import SwitchHookState, switch_allreduce_hook
 from homagg.worker.job.agent import AgentConfig, WorkerAgent
 
 STEPS = 10
+# With --kill-dir: each retry of the killed switch spends a retry budget at the backed-off
+# timeout, and the first also dead_path_s of silence: 0.1 s and 1 s (defaults 0.5 s, 3 s).
+KILLED_TIMING = {"max_timeout": 0.1, "dead_path_s": 1.0}
 
 
 class Model(nn.Module):
@@ -126,6 +129,7 @@ def main() -> None:
             switch_port=host_switch_port(a.rank),
             mac=host_mac(a.rank),
             max_retries=4,
+            **(KILLED_TIMING if a.kill_dir else {}),
             ready_timeout=30,
             insecure=True,  # the test's controller serves plaintext
         )

@@ -294,28 +294,24 @@ def test_a_rank_that_never_joins(tmp_path):
     and the hand-written loop trains over gloo to gloo's parameters."""
     example = ROOT / "examples" / "train_allreduce.py"
     c = Controlled(tmp_path, WORLD, fabric=True, listen=f"unix:{tmp_path}/ctl.sock")
+    runs = (("homagg", 29636), ("gloo", 29637))  # both at once, on the same hosts
     try:
-        runs = {}
-        for tag, port, backend in (("homagg", 29636, "homagg"), ("gloo", 29637, "gloo")):
-            envs = [
-                rank_env(
-                    c,
-                    r,
-                    WORLD,
-                    port,
-                    controller=c.address if r == 0 else f"unix:{tmp_path}/nobody.sock",
-                    ready_timeout="3",
-                )
-                for r in range(WORLD)
-            ]
-            argv = [str(example), "--steps", "4", "--backend", backend]
-            argv += ["--save", str(tmp_path / f"{tag}.pt")]
-            logs = [tmp_path / f"{tag}-r{r}.log" for r in range(WORLD)]
-            start = time.monotonic()
-            runs[tag] = (run_in_hosts(c, [argv] * WORLD, envs, logs, 120), time.monotonic() - start)
+        argvs, envs, logs = [], [], []
+        for tag, port in runs:
+            for r in range(WORLD):
+                controller = c.address if r == 0 else f"unix:{tmp_path}/nobody.sock"
+                envs.append(rank_env(c, r, WORLD, port, controller=controller, ready_timeout="3"))
+                argv = [str(example), "--steps", "4", "--backend", tag]
+                argvs.append([*argv, "--save", str(tmp_path / f"{tag}.pt")])
+                logs.append(tmp_path / f"{tag}-r{r}.log")
+        start = time.monotonic()
+        done = run_in_hosts(
+            c, argvs, envs, logs, 120, hosts=[r for _ in runs for r in range(WORLD)]
+        )
+        seconds = time.monotonic() - start
     finally:
         c.close()
-    texts, seconds = runs["homagg"]
+    texts = done[:WORLD]  # the homagg run's ranks
     assert seconds < 60, seconds
     for t in texts:
         assert t.count("homagg: rank") == 1, t

@@ -1,7 +1,8 @@
 """A slow rank is not a dead path, through the switch (both targets) with a controller: a
-rank that pauses 10 s is waited for (no fallback, no retransmission storm), a rank that
-dies (no heartbeat, no packets) ends the step within its lease, and one that dies while the
-controller is down ends it within about a lease too (not after `max_straggler_wait`).
+rank that pauses past its peer's retry budget and `dead_path_s` is waited for (no fallback,
+no retransmission storm), a rank that dies (no heartbeat, no packets) ends the step within
+its lease, and one that dies while the controller is down ends it within about a lease too
+(not after `max_straggler_wait`).
 
 The bounds come from the mechanism and the configuration
 (homagg/worker/transport/switch_transport.py,
@@ -31,6 +32,11 @@ pytestmark = pytest.mark.skipif(
 POOL = 8
 CELLS = np.arange(4 * POOL * CELLS_PER_PKT, dtype=np.int32)
 SLACK = 0.5  # s: a timer check or an RPC late on a loaded machine
+# The pause test's ranks: a short retry budget (0.3-0.6 s once a round trip was measured),
+# so that a 5 s pause outlasts both the budget and `dead_path_s` (3 s, the default) without
+# 10 s of sleep; a longer budget (a slow first round trip) lengthens the pause.
+PAUSE_RETRIES = 4
+PAUSE = 5.0
 
 
 TARGETS = [  # the switch of a data-plane test: both, BMv2 when it is installed
@@ -88,13 +94,17 @@ def expiries_within(cfg: TransportConfig, seconds: float) -> int:
     return n
 
 
-def test_a_rank_that_pauses_10_s_is_waited_for(fab):
+def test_a_rank_that_pauses_past_the_budget_is_waited_for(fab):
     job = fab.create(2, pool_size=POOL)
-    agents = open_all(fab, job, 2)
+    agents = open_all(fab, job, 2, max_retries=PAUSE_RETRIES)
     try:
         both(agents, lambda r, t: t.allreduce(Op.ADD, CELLS))  # a step before the pause
         retx0 = agents[0].transport.stats.retransmissions
-        pause = 10.0
+        cfg = agents[0].transport.config
+        budget = sum(timeouts(cfg, agents[0].transport.timer.rto, cfg.max_retries + 1))
+        # the wait outlives the budget, then `dead_path_s` of probing, by a second or more:
+        # only the answered probes and heartbeats can keep it going that long
+        pause = max(PAUSE, budget + cfg.dead_path_s + 1.0)
 
         def step(r, t):
             if r == 1:
@@ -109,14 +119,16 @@ def test_a_rank_that_pauses_10_s_is_waited_for(fab):
         assert not isinstance(res, Exception), res
         np.testing.assert_array_equal(res, 2 * CELLS)
     assert waited >= pause - 0.5
-    cfg = agents[0].transport.config
     retx = agents[0].transport.stats.retransmissions - retx0
     # One resend per expiry event while the pool waits, plus one for a timer that expires
-    # while the peer's contributions are on their way: about 26 in 10 s (measured 23-25).
-    # Resending every chunk in flight at each of its timeouts (the former behaviour) was
-    # 176, resending at every probe (twice per max_timeout) would be about 40.
+    # while the peer's contributions are on their way: about 26 in a 10 s pause (measured
+    # 23-25). Resending every chunk in flight at each of its timeouts (the former behaviour)
+    # was 176 in 10 s, resending at every probe (twice per max_timeout) would be about 40.
     bound = expiries_within(cfg, waited) + 1
-    print(f"{fab.fabric.target}: {retx} retransmissions while waiting {waited:.1f} s (<= {bound})")
+    print(
+        f"{fab.fabric.target}: {retx} retransmissions while waiting {waited:.1f} s (<= {bound}), "
+        f"{agents[0].transport.wait.probes} probes after a budget of {budget:.2f} s"
+    )
     assert retx <= bound
     assert agents[0].transport.wait.probes > 0
 
