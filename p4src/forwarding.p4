@@ -1,6 +1,7 @@
 /* Forwarding: proxy ARP for every address the controller knows (hosts and the
- * aggregation service all resolve to the switch's MAC), IPv4 LPM routing with static
- * neighbor rewriting, and the hand-off of aggregation traffic. */
+ * aggregation service all resolve to the switch's MAC), the check of service source
+ * addresses, IPv4 LPM routing with static neighbor rewriting, and the hand-off of
+ * aggregation traffic. */
 #include "include/headers.p4"
 
 control Forwarding(inout headers_t hdr, inout metadata_t meta,
@@ -46,6 +47,25 @@ control Forwarding(inout headers_t hdr, inout metadata_t meta,
         size = IPV4_TABLE_SIZE;
     }
 
+    /* A frame from a service address that does not arrive from the switch owning it is
+     * forged: results and partials are only ever sent by the switches themselves. */
+    port_t service_port = 0;
+
+    action own_service() {
+        meta.drop_reason = DROP_WRONG_PORT;
+    }
+
+    action peer_service(port_t port) {
+        service_port = port;
+    }
+
+    table service_source {
+        key = { hdr.ipv4.src_addr: exact; }
+        actions = { own_service; peer_service; NoAction; }
+        const default_action = NoAction();
+        size = SERVICE_SOURCE_TABLE_SIZE;
+    }
+
     apply {
         if (hdr.arp.isValid()) {
             if (hdr.arp.oper == ARP_OPER_REQUEST && hdr.arp.htype == ARP_HTYPE_ETHERNET
@@ -62,7 +82,16 @@ control Forwarding(inout headers_t hdr, inout metadata_t meta,
             } else if (hdr.ipv4.ttl <= 1) {
                 meta.drop_reason = DROP_TTL_EXPIRED;
             } else {
-                ipv4_lpm.apply();
+                switch (service_source.apply().action_run) {
+                    peer_service: {
+                        if (std.ingress_port != service_port) {
+                            meta.drop_reason = DROP_WRONG_PORT;
+                        }
+                    }
+                }
+                if (meta.drop_reason == DROP_NONE) {
+                    ipv4_lpm.apply();
+                }
             }
         } else {
             meta.drop_reason = DROP_UNSUPPORTED;

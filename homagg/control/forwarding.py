@@ -1,5 +1,6 @@
 """Entries of the Forwarding control (p4src/forwarding.p4): proxy ARP and IPv4 routes for
-the hosts of a switch, and the aggregation service address."""
+the hosts of a switch, the aggregation service address, and the ports the service addresses
+of its tree may arrive on (service_source)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from dataclasses import dataclass
 
 from homagg.control.entries import EntrySpec
 from homagg.p4rt.bytestrings import ipv4_to_int, mac_to_int
+from homagg.p4rt.p4info import P4InfoIndex
 from homagg.wire import p4names
 
 
@@ -73,13 +75,55 @@ def service_entries(service_ip: str, switch_mac: str) -> list[EntrySpec]:
     return [_proxy_arp(service_ip, switch_mac), aggregate]
 
 
+@dataclass(frozen=True)
+class PeerService:
+    """Another switch of the tree: its service address and the port toward that switch."""
+
+    ip: str
+    port: int
+
+
+def service_source_entries(service_ip: str, peers: Iterable[PeerService] = ()) -> list[EntrySpec]:
+    """Results and partials come only from the switches themselves: a frame from service_ip
+    never comes in (own_service), a peer's only on the port toward the peer (peer_service);
+    both are WRONG_PORT drops otherwise. Any other source address is not checked."""
+    own = EntrySpec.of(
+        p4names.SERVICE_SOURCE,
+        {"hdr.ipv4.src_addr": ipv4_to_int(service_ip)},
+        p4names.OWN_SERVICE,
+        {},
+    )
+    return [own] + [
+        EntrySpec.of(
+            p4names.SERVICE_SOURCE,
+            {"hdr.ipv4.src_addr": ipv4_to_int(p.ip)},
+            p4names.PEER_SERVICE,
+            {"port": p.port},
+        )
+        for p in peers
+    ]
+
+
 def forwarding_entries(
-    hosts: Iterable[Host], service_ip: str, switch_mac: str, transit: Iterable[Transit] = ()
+    hosts: Iterable[Host],
+    service_ip: str,
+    switch_mac: str,
+    transit: Iterable[Transit] = (),
+    peers: Iterable[PeerService] = (),
 ) -> list[EntrySpec]:
     """Every Forwarding entry of a switch: its hosts, the hosts behind the other switches of
-    its tree, and its aggregation service address."""
+    its tree, its aggregation service address, and the service source addresses (its own,
+    and its tree's `peers`)."""
     return (
         [e for h in hosts for e in host_entries(h, switch_mac)]
         + [e for t in transit for e in transit_entries(t, switch_mac)]
         + service_entries(service_ip, switch_mac)
+        + service_source_entries(service_ip, peers)
     )
+
+
+def on_program(entries: Iterable[EntrySpec], p4info: P4InfoIndex) -> list[EntrySpec]:
+    """The entries whose table the switch's program has: the TNA program has no
+    service_source table (docs/tofino.md), so a switch running it gets none of those."""
+    tables = p4info.tables.by_name
+    return [e for e in entries if e.table in tables]

@@ -27,6 +27,7 @@ JOB_ID_FIELD = "hdr.agg.job_id"  # the match field of the job's entries in every
 INSTALL_ORDER: tuple[str, ...] = (
     p4names.ARP_RESPONDER,  # Forwarding: hosts and the service address resolve to the switch
     p4names.IPV4_LPM,  # Forwarding: routes to hosts, the hand-off to aggregation
+    p4names.SERVICE_SOURCE,  # Forwarding: which port a service address may arrive on
     p4names.UPLINK,  # aggregation: a leaf's way up to its parent, before anything of its job
     MULTICAST_GROUPS,  # delivery: a job's result copies, one per rank
     p4names.RESULT_REWRITE,  # delivery: where each copy of a result goes

@@ -25,11 +25,11 @@ from homagg.control.aggregation import JobEntries
 from homagg.control.artifacts import BMV2_JSON_PATH, P4INFO_PATH
 from homagg.control.config import SwitchConfig
 from homagg.control.entries import EntrySpec, Spec
-from homagg.control.forwarding import forwarding_entries
+from homagg.control.forwarding import forwarding_entries, on_program
 from homagg.control.install import InstallError, install_job, job_specs, reconcile, remove_job
 from homagg.control.pools import SlotAllocator
 from homagg.control.switch_connection import SwitchConnection, SwitchError
-from homagg.control.tree import transit_hosts
+from homagg.control.tree import peer_services, transit_hosts
 from homagg.p4rt.p4info import P4InfoIndex
 from homagg.wire import p4names
 
@@ -96,6 +96,7 @@ class ManagedSwitch:
         self.config = config
         # the hosts behind the other switches of its tree (`topology`: every configured switch)
         self.transit = transit_hosts(topology, config.name) if topology else []
+        self.peers = peer_services(topology, config.name) if topology else []
         self.name = config.name
         self.lock = lock  # the job manager's: state only, never held during P4Runtime calls
         self.io = threading.Lock()  # orders every write sequence on this switch
@@ -322,9 +323,11 @@ class ManagedSwitch:
 
     def forwarding_entries(self) -> list[EntrySpec]:
         """Proxy ARP and routes for the configured hosts (also those behind the other switches
-        of its tree) and the aggregation service address."""
+        of its tree), the aggregation service address and the service source addresses (the
+        TNA program has no service_source table: docs/tofino.md)."""
         c = self.config
-        return forwarding_entries(c.hosts, c.service_ip, c.mac, self.transit)
+        entries = forwarding_entries(c.hosts, c.service_ip, c.mac, self.transit, self.peers)
+        return on_program(entries, self.p4info)
 
     def reconcile(self, conn: SwitchConnection, jobs: Sequence[JobEntries]) -> str:
         """Make the switch hold exactly the forwarding entries and these jobs; returns a summary."""

@@ -12,7 +12,7 @@ from homagg.api.errors import InvalidArgument
 from homagg.control.aggregation import JobEntries, Uplink, Worker
 from homagg.control.config import SwitchConfig
 from homagg.control.delivery import mcast_grp_of_job
-from homagg.control.forwarding import Transit
+from homagg.control.forwarding import PeerService, Transit
 from homagg.control.job_record import Job, JobWorker
 from homagg.wire.constants import AGG_UDP_PORT, MAX_RANKS, MAX_WORKERS_PER_JOB
 
@@ -35,6 +35,23 @@ def transit_hosts(configs: Configs, name: str) -> list[Transit]:
         out += [Transit(h, _port(me.parent_port), parent.mac) for o in others for h in o.hosts]
     for leaf in leaves_of(configs, name):
         out += [Transit(h, _port(leaf.port_on_parent), leaf.mac) for h in leaf.hosts]
+    return out
+
+
+def peer_services(configs: Configs, name: str) -> list[PeerService]:
+    """The service addresses of the other switches of `name`'s tree, each with the port its
+    frames arrive on: a leaf's parent and siblings via its parent_port, a parent's leaves each
+    via its port_on_parent (the parent's results reach a leaf with the parent's address as
+    source, a leaf's partials reach the parent with the leaf's)."""
+    me = configs[name]
+    out: list[PeerService] = []
+    if me.parent:
+        others = [configs[me.parent], *(c for c in leaves_of(configs, me.parent) if c.name != name)]
+        out += [PeerService(o.service_ip, _port(me.parent_port)) for o in others]
+    out += [
+        PeerService(leaf.service_ip, _port(leaf.port_on_parent))
+        for leaf in leaves_of(configs, name)
+    ]
     return out
 
 

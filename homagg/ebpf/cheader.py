@@ -14,7 +14,13 @@ from homagg.wire.header import AGG_HEADER_FIELDS, FIELD_OFFSETS
 from homagg.wire.lanes import top_bits
 
 P4_CONSTANTS = Path(__file__).resolve().parents[2] / "p4src" / "include" / "constants.p4"
-TABLE_SIZES = ("MAX_JOBS", "MAX_WORKERS", "IPV4_TABLE_SIZE", "ARP_TABLE_SIZE")
+TABLE_SIZES = (
+    "MAX_JOBS",
+    "MAX_WORKERS",
+    "IPV4_TABLE_SIZE",
+    "ARP_TABLE_SIZE",
+    "SERVICE_SOURCE_TABLE_SIZE",
+)
 _C_TYPES = {8: "__u8", 16: "__be16", 32: "__be32"}
 
 

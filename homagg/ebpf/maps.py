@@ -12,12 +12,14 @@ from homagg.wire import p4names
 
 MAX_REPLICAS = 64  # maps.h: replicas of one multicast group
 IPV4_NO_ROUTE, IPV4_ROUTE, IPV4_AGGREGATE = 0, 1, 2  # maps.h: enum ipv4_action
+OWN_SERVICE, PEER_SERVICE = 1, 2  # maps.h: enum service_action
 U32 = struct.Struct("=I")
 JOB_RANK = struct.Struct("=II")
 COUNT = struct.Struct("=QQ")  # struct count: packets, bytes
 _ARP = struct.Struct("=6s2x")
 _LPM_KEY = struct.Struct("=I4s")
 _ROUTE = struct.Struct("=II6s6s")
+_SERVICE = struct.Struct("=II")  # action, port
 _JOB = struct.Struct("=IIII")
 _WORKER = struct.Struct("=II")
 _UPLINK = struct.Struct("=II")  # port, rank
@@ -30,6 +32,7 @@ _REPLICA = struct.Struct("=II")
 TABLE_MAPS: dict[str, tuple[str, str | None]] = {
     p4names.ARP_RESPONDER: ("arp_responder", None),
     p4names.IPV4_LPM: ("ipv4_lpm", None),
+    p4names.SERVICE_SOURCE: ("service_source", None),
     p4names.JOB_TABLE: ("job_table", "job_packets"),
     p4names.WORKER_TABLE: ("worker_table", "worker_packets"),
     p4names.UPLINK: ("uplink", None),
@@ -45,6 +48,7 @@ COUNTER_MAPS = {
 SIZES: dict[str, tuple[int, int]] = {
     "arp_responder": (U32.size, _ARP.size),
     "ipv4_lpm": (_LPM_KEY.size, _ROUTE.size),
+    "service_source": (U32.size, _SERVICE.size),
     "job_table": (U32.size, _JOB.size),
     "worker_table": (JOB_RANK.size, _WORKER.size),
     "uplink": (U32.size, _UPLINK.size + _UPLINK_TAIL.size),
@@ -86,6 +90,10 @@ def entry_value(table: str, entry: Entry) -> bytes:
             return _ROUTE.pack(IPV4_ROUTE, p["port"], _mac(p["src_mac"]), _mac(p["dst_mac"]))
         action = IPV4_AGGREGATE if entry.action_name == p4names.AGGREGATE else IPV4_NO_ROUTE
         return _ROUTE.pack(action, 0, bytes(6), bytes(6))
+    if table == p4names.SERVICE_SOURCE:
+        if entry.action_name == p4names.OWN_SERVICE:
+            return _SERVICE.pack(OWN_SERVICE, 0)
+        return _SERVICE.pack(PEER_SERVICE, p["port"])
     if table == p4names.JOB_TABLE:
         return _JOB.pack(p["pool_base"], p["pool_size"], p["num_workers"], p["mcast_grp"])
     if table == p4names.WORKER_TABLE:

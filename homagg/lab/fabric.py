@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from homagg.control.artifacts import BMV2_JSON_PATH, P4INFO_PATH
-from homagg.control.forwarding import Host, forwarding_entries
+from homagg.control.forwarding import Host, PeerService, forwarding_entries
 from homagg.control.install import reconcile
 from homagg.control.switch_connection import SwitchConnection
 from homagg.lab.addresses import (
@@ -100,7 +100,8 @@ class Fabric:
     P4Runtime on a Unix socket (`switch.address`). The hosts and the switch's service
     address are in subnet `subnet` (homagg/lab/addresses.py); `links`: more switch ports,
     PORT -> a link made elsewhere in this namespace, which the switch's namespace takes
-    (a link to another switch)."""
+    (a link to another switch); `peers`: the service addresses of the other switches of its
+    tree and the ports toward them."""
 
     def __init__(
         self,
@@ -111,6 +112,7 @@ class Fabric:
         metrics_port: int | None = None,
         subnet: int = 0,
         links: dict[int, str] | None = None,
+        peers: tuple[PeerService, ...] = (),
     ) -> None:
         self.target = target
         self.metrics_port = metrics_port  # the switch's metrics, on its namespace's loopback
@@ -119,6 +121,7 @@ class Fabric:
         self.service_ip = service_ip(subnet)
         self.switch_mac = switch_mac(subnet)
         self.links = dict(links or {})
+        self.peers = peers  # the other switches of its tree (service_source)
         self.tag = new_fabric_tag()
         self.switch_namespace = f"{self.tag}sw"
         self.workdir = workdir or Path(tempfile.mkdtemp(prefix=f"{self.tag}-"))
@@ -175,7 +178,7 @@ class Fabric:
         self.conn.set_pipeline(*artifacts)
         self.artifacts = artifacts
         hosts = [Host(ip=h.ip, mac=h.mac, switch_port=h.switch_port) for h in self.hosts]
-        entries = forwarding_entries(hosts, self.service_ip, self.switch_mac)
+        entries = forwarding_entries(hosts, self.service_ip, self.switch_mac, peers=self.peers)
         reconcile(self.conn, entries, read_back=False)
 
     @property

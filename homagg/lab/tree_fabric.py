@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
+from homagg.control.forwarding import PeerService
+from homagg.lab.addresses import service_ip
 from homagg.lab.fabric import Fabric, FabricHost, new_fabric_tag
 from homagg.lab.namespace import delete_link, in_namespace, ip, tc
 from homagg.lab.rawsock import RawPort
@@ -92,6 +94,8 @@ class TreeFabric:
             # Made here, moved into the switches' namespaces by their fabrics (down until then).
             ip("link", "add", link, "type", "veth", "peer", "name", parent_link)
         parent_links = {parent_port_of(k): p for k, (_, p) in enumerate(self._links)}
+        leaf_ips = [service_ip(PARENT_SUBNET + 1 + k) for k in range(len(self._links))]
+        up = [service_ip(PARENT_SUBNET), *leaf_ips]  # every service address a leaf sees come up
         work: list[Callable[[], Fabric]] = [
             partial(
                 Fabric,
@@ -100,6 +104,7 @@ class TreeFabric:
                 self._subdir("parent"),
                 subnet=PARENT_SUBNET,
                 links=parent_links,
+                peers=tuple(PeerService(a, parent_port_of(k)) for k, a in enumerate(leaf_ips)),
             )
         ]
         work += [
@@ -110,6 +115,7 @@ class TreeFabric:
                 self._subdir(f"leaf{k}"),
                 subnet=PARENT_SUBNET + 1 + k,
                 links={UPLINK_PORT: link},
+                peers=tuple(PeerService(a, UPLINK_PORT) for a in up if a != leaf_ips[k]),
             )
             for k, (link, _) in enumerate(self._links)
         ]

@@ -1,5 +1,6 @@
-"""Forwarding (p4src/forwarding.p4): proxy ARP for the addresses the controller knows,
-IPv4 LPM routing with static neighbor rewriting, hand-off to aggregation."""
+"""Forwarding (p4src/forwarding.p4): proxy ARP for the addresses the controller knows, the
+check of service source addresses, IPv4 LPM routing with static neighbor rewriting,
+hand-off to aggregation."""
 
 from __future__ import annotations
 
@@ -55,6 +56,17 @@ def _arp(device: Device, hdr: Headers, meta: Metadata, std: StandardMetadata) ->
     std.egress_spec = std.ingress_port
 
 
+def _source_allowed(device: Device, src_addr: int, std: StandardMetadata) -> bool:
+    """service_source: the switch's own service address never comes in from outside; another
+    switch's of the tree only on the port toward that switch; any other source passes."""
+    _, action, params = device.table(p4names.SERVICE_SOURCE).lookup((src_addr,), std.packet_length)
+    if action == p4names.OWN_SERVICE:
+        return False
+    if action == p4names.PEER_SERVICE:
+        return bool(std.ingress_port == params["port"])
+    return True
+
+
 def _ipv4(device: Device, hdr: Headers, meta: Metadata, std: StandardMetadata) -> None:
     """ipv4_lpm: route with a static neighbor rewrite, or hand the packet to aggregation."""
     eth, ip = hdr.ethernet, hdr.ipv4
@@ -63,6 +75,8 @@ def _ipv4(device: Device, hdr: Headers, meta: Metadata, std: StandardMetadata) -
         meta.drop_reason = DropReason.UNSUPPORTED
     elif ip.ttl <= 1:
         meta.drop_reason = DropReason.TTL_EXPIRED
+    elif not _source_allowed(device, ip.src_addr, std):
+        meta.drop_reason = DropReason.WRONG_PORT
     else:
         _, action, params = device.table(p4names.IPV4_LPM).lookup((ip.dst_addr,), std.packet_length)
         if action == p4names.ROUTE:

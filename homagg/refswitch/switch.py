@@ -24,11 +24,15 @@ KERNEL_DROPS_INTERVAL = 1.0  # seconds between reads of the sockets' drop counts
 def check_program(p4info: p4info_pb2.P4Info, device_config: bytes) -> None:
     """Refuse a pipeline this model does not implement (ValueError, sent as INVALID_ARGUMENT)."""
     names = {t.preamble.name for t in p4info.tables} | {c.preamble.name for c in p4info.counters}
-    missing = [n for n in (*p4names.TABLES, p4names.UPLINK, *p4names.COUNTERS) if n not in names]
+    missing = [
+        n for n in (*p4names.TABLES, *p4names.TREE_TABLES, *p4names.COUNTERS) if n not in names
+    ]
     if missing:
         raise ValueError(f"P4Info is not the homagg program (missing {', '.join(missing)})")
     # A table this model does not run would take entries and silently do nothing with them.
-    unknown = sorted({t.preamble.name for t in p4info.tables} - {*p4names.TABLES, p4names.UPLINK})
+    unknown = sorted(
+        {t.preamble.name for t in p4info.tables} - {*p4names.TABLES, *p4names.TREE_TABLES}
+    )
     if unknown:
         raise ValueError(
             f"P4Info has tables this switch model does not implement ({', '.join(unknown)}): "

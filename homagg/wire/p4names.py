@@ -10,6 +10,11 @@ IPV4_LPM = "SwitchIngress.forwarding.ipv4_lpm"
 ROUTE = "SwitchIngress.forwarding.route"
 AGGREGATE = "SwitchIngress.forwarding.aggregate"
 NO_ROUTE = "SwitchIngress.forwarding.no_route"
+# Service source addresses (docs/protocol.md, "Ordinary traffic"): in the v1model program,
+# not the TNA one (NOT_ON_TOFINO).
+SERVICE_SOURCE = "SwitchIngress.forwarding.service_source"
+OWN_SERVICE = "SwitchIngress.forwarding.own_service"
+PEER_SERVICE = "SwitchIngress.forwarding.peer_service"
 
 # Aggregation (p4src/aggregation.p4)
 JOB_TABLE = "SwitchIngress.aggregation.job_table"
@@ -33,8 +38,9 @@ INGRESS_DROPS = "SwitchIngress.drop_counter"
 EGRESS_DROPS = "SwitchEgress.drop_counter"
 
 TABLES = (ARP_RESPONDER, IPV4_LPM, JOB_TABLE, WORKER_TABLE, RESULT_REWRITE)
-# Tables of two-level aggregation: in the v1model program, not the TNA one (docs/tofino.md).
-TREE_TABLES = (UPLINK,)
+# Tables of the v1model program the TNA one lacks (docs/tofino.md): two-level aggregation's
+# uplink and the check of service source addresses.
+TREE_TABLES = (UPLINK, SERVICE_SOURCE)
 COUNTERS = (INGRESS_DROPS, EGRESS_DROPS, EVENT_COUNTER)
 # The v1model program's names the TNA program (p4src/tofino) does not have.
-NOT_ON_TOFINO = (UPLINK, SET_UPLINK)
+NOT_ON_TOFINO = (UPLINK, SET_UPLINK, SERVICE_SOURCE, OWN_SERVICE, PEER_SERVICE)

@@ -1,5 +1,5 @@
 /* Forwarding (p4src/forwarding.p4): proxy ARP for the addresses the controller knows,
- * IPv4 LPM routing with static neighbour rewriting, hand-off to aggregation. */
+ * the check of service source addresses, IPv4 LPM routing with static neighbour rewriting, hand-off to aggregation. */
 #pragma once
 #include "maps.h"
 #include "parser.h"
@@ -57,12 +57,23 @@ static __always_inline struct route_params *ipv4_lpm_lookup(const struct iphdr *
     return bpf_map_lookup_elem(&ipv4_lpm, &key);
 }
 
+/* service_source: whether a frame from ip's source may come in on port (the switch's own
+ * service address never, another switch's of the tree only on the port toward it). */
+static __always_inline int source_allowed(const struct iphdr *ip, __u32 port)
+{
+    __u32 src = bpf_ntohl(ip->saddr);
+    struct service_params *s = bpf_map_lookup_elem(&service_source, &src);
+    if (!s)
+        return 1;
+    return s->action == PEER_SERVICE && s->port == port;
+}
+
 /* Whether Forwarding.apply() hands the packet to aggregation, changing nothing (the XDP
  * stage asks before it touches a slot). */
-static __always_inline int to_aggregation(const struct headers *h)
+static __always_inline int to_aggregation(const struct headers *h, __u32 ingress_port)
 {
     const struct iphdr *ip = h->ipv4;
-    if (!ip || h->arp || ip->ihl != 5 || ip->ttl <= 1)
+    if (!ip || h->arp || ip->ihl != 5 || ip->ttl <= 1 || !source_allowed(ip, ingress_port))
         return 0;
     struct route_params *r = ipv4_lpm_lookup(ip);
     return r && r->action == IPV4_AGGREGATE;
@@ -77,6 +88,10 @@ static __always_inline void ipv4_forward(struct headers *h, struct metadata *m)
     }
     if (ip->ttl <= 1) {
         m->drop_reason = DROP_TTL_EXPIRED;
+        return;
+    }
+    if (!source_allowed(ip, m->ingress_port)) {
+        m->drop_reason = DROP_WRONG_PORT;
         return;
     }
     struct route_params *r = ipv4_lpm_lookup(ip);

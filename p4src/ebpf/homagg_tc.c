@@ -67,7 +67,7 @@ int switch_ingress_xdp(struct xdp_md *ctx)
     void *data = (void *)(long)ctx->data, *end = (void *)(long)ctx->data_end;
     struct headers h = {};
     parse(data, end, &h);
-    if (h.error || !h.agg || !to_aggregation(&h))
+    if (h.error || !h.agg || !to_aggregation(&h, *port))
         return XDP_PASS;
     struct metadata m = {.ingress_port = *port, .packet_length = end - data};
     return absorb(ctx, &h, &m);

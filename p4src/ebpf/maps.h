@@ -10,12 +10,15 @@
 #define PORT_SLOTS (MAX_SWITCH_PORT + 1)
 
 enum ipv4_action { IPV4_NO_ROUTE = 0, IPV4_ROUTE = 1, IPV4_AGGREGATE = 2 };
+enum service_action { OWN_SERVICE = 1, PEER_SERVICE = 2 };
 
 struct count { __u64 packets; __u64 bytes; };
 struct job_rank { __u32 job_id; __u32 rank; };
 struct lpm_key { __u32 prefixlen; __u8 addr[4]; };
 struct arp_params { __u8 mac[6]; __u8 pad[2]; };
 struct route_params { __u32 action; __u32 port; __u8 src_mac[6]; __u8 dst_mac[6]; };
+/* service_source: a service address (host order) -> own_service, or peer_service(port). */
+struct service_params { __u32 action; __u32 port; };
 struct job_params { __u32 pool_base; __u32 pool_size; __u32 num_workers; __u32 mcast_grp; };
 struct worker_params { __u32 port; __u32 worker_bit; };
 /* set_uplink: this switch is a leaf of the job; its partials go up to the parent. */
@@ -47,6 +50,7 @@ MAP(BPF_MAP_TYPE_HASH, ifindex_port, __u32, __u32, PORT_SLOTS);  /* ifindex -> s
 MAP(BPF_MAP_TYPE_HASH, arp_responder, __u32, struct arp_params, ARP_TABLE_SIZE);
 MAP(BPF_MAP_TYPE_LPM_TRIE, ipv4_lpm, struct lpm_key, struct route_params, IPV4_TABLE_SIZE,
     __uint(map_flags, BPF_F_NO_PREALLOC););
+MAP(BPF_MAP_TYPE_HASH, service_source, __u32, struct service_params, SERVICE_SOURCE_TABLE_SIZE);
 MAP(BPF_MAP_TYPE_HASH, job_table, __u32, struct job_params, MAX_JOBS);
 MAP(BPF_MAP_TYPE_HASH, worker_table, struct job_rank, struct worker_params, MAX_WORKERS);
 MAP(BPF_MAP_TYPE_HASH, uplink, __u32, struct uplink_params, MAX_JOBS);

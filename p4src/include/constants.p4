@@ -120,6 +120,9 @@ const bit<8> VERDICT_RESEND_UP = 6;
  * (the copy is final); the low bits count the contributions (at most 32). */
 const bit<8> SLOT_FINAL      = 0x80;
 const bit<8> SLOT_COUNT_MASK = 0x7f;
+/* service_source (forwarding.p4): this switch's service address and those of the other
+ * switches of its tree (at most a parent and 32 leaves). */
+#define SERVICE_SOURCE_TABLE_SIZE 64
 
 /* FOR_EACH_GROUP(M) expands M(i) for every 8-lane group of the cells. */
 #define GROUPS_0_7(M) M(0) M(1) M(2) M(3) M(4) M(5) M(6) M(7)

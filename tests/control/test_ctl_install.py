@@ -282,11 +282,13 @@ def test_reconcile_writes_the_difference_in_install_order():
     assert conn.log == []  # nothing to write: nothing written
     moved = JobEntries(job_id=9, pool_base=64, pool_size=8, mcast_grp=9, workers=JOB.workers[:2])
     done = reconcile(conn, forwarding[:2] + job_specs(moved))  # type: ignore[arg-type]
-    # Gone: host 2's two entries, the service address's, rank 2's two; changed: the job entry.
-    assert (done.installed, done.modified, done.removed) == (0, 1, 6)
+    # Gone: host 2's two entries, the service address's two and its source check, rank 2's
+    # two; changed: the job entry.
+    assert (done.installed, done.modified, done.removed) == (0, 1, 7)
     assert stages(conn.log) == [
         (Update.DELETE, p4names.WORKER_TABLE),
         (Update.DELETE, p4names.RESULT_REWRITE),
+        (Update.DELETE, p4names.SERVICE_SOURCE),
         (Update.DELETE, p4names.IPV4_LPM),
         (Update.DELETE, p4names.ARP_RESPONDER),
         (Update.MODIFY, MULTICAST_GROUPS),

@@ -16,7 +16,7 @@ from homagg.api.errors import FailedPrecondition, InvalidArgument, ResourceExhau
 from homagg.control.aggregation import JobEntries, Uplink, Worker
 from homagg.control.config import ConfigError, ControllerConfig, parse_config
 from homagg.control.entries import MULTICAST_GROUPS
-from homagg.control.forwarding import forwarding_entries
+from homagg.control.forwarding import PeerService, forwarding_entries
 from homagg.control.install import in_install_order, job_specs
 from homagg.control.job_record import Job, JobWorker
 from homagg.control.placement import admit, place, unplace
@@ -24,6 +24,7 @@ from homagg.control.switches import ManagedSwitch
 from homagg.control.tree import (
     check_world_fits,
     job_entries,
+    peer_services,
     transit_hosts,
     tree_capacity,
     tree_rows,
@@ -324,6 +325,33 @@ def test_hosts_behind_the_tree_are_routed_toward_their_switch(config):
         if e.table == p4names.IPV4_LPM and e.action == p4names.ROUTE
     ]
     assert {dict(e.params)["port"] for e in routes} == {UPLINK_PORT} and len(routes) == 2
+
+
+def test_service_addresses_of_the_tree_are_let_in_only_toward_their_switch(config):
+    """A leaf takes its parent's and its sibling's service address only through its uplink,
+    the parent each leaf's only through the port toward it; every switch refuses its own."""
+    configs = {s.name: s for s in config.switches}
+    ip = {name: c.service_ip for name, c in configs.items()}
+    assert peer_services(configs, "leaf1") == [
+        PeerService(ip["spine"], UPLINK_PORT),
+        PeerService(ip["leaf2"], UPLINK_PORT),
+    ]
+    assert peer_services(configs, "spine") == [
+        PeerService(ip["leaf1"], 1),
+        PeerService(ip["leaf2"], 2),
+    ]
+    entries = [
+        e
+        for e in forwarding_entries(
+            (), ip["spine"], configs["spine"].mac, (), peer_services(configs, "spine")
+        )
+        if e.table == p4names.SERVICE_SOURCE
+    ]
+    assert [(dict(e.match), e.action, dict(e.params)) for e in entries] == [
+        ({"hdr.ipv4.src_addr": ipv4_to_int(ip["spine"])}, p4names.OWN_SERVICE, {}),
+        ({"hdr.ipv4.src_addr": ipv4_to_int(ip["leaf1"])}, p4names.PEER_SERVICE, {"port": 1}),
+        ({"hdr.ipv4.src_addr": ipv4_to_int(ip["leaf2"])}, p4names.PEER_SERVICE, {"port": 2}),
+    ]
 
 
 def test_operators_see_a_tree_jobs_switches():

@@ -23,7 +23,7 @@ def uplink_entry(job_id: int, **params: int) -> Entry:
 
 
 def test_every_p4_table_has_a_map_of_known_size():
-    assert set(maps.TABLE_MAPS) == {*p4names.TABLES, p4names.UPLINK}
+    assert set(maps.TABLE_MAPS) == {*p4names.TABLES, *p4names.TREE_TABLES}
     for map_name, counter_map in maps.TABLE_MAPS.values():
         assert map_name in maps.SIZES
         assert counter_map is None or counter_map in maps.SIZES
@@ -41,6 +41,25 @@ def test_uplink_entry_is_the_programs_struct():
     assert value[8:12] == bytes([10, 9, 8, 7])
     assert value[12:18] == bytes.fromhex("020000abcdef") and value[18:] == b"\0\0"
     assert (len(key), len(value)) == maps.SIZES["uplink"]
+
+
+@pytest.mark.parametrize(
+    ("action", "params", "value"),
+    [
+        (p4names.OWN_SERVICE, {}, (maps.OWN_SERVICE, 0)),
+        (p4names.PEER_SERVICE, {"port": 510}, (maps.PEER_SERVICE, 510)),
+    ],
+    ids=["own", "peer"],
+)
+def test_service_source_entry_is_the_programs_struct(action, params, value):
+    """struct service_params: the action and the port as the program's integers, keyed by
+    the source address in host order (as the program looks it up)."""
+    info = P4InfoIndex.from_text_file(P4INFO_PATH).action(action)
+    entry = Entry(((0x0A0009FE, 32),), 0, info, params)
+    key = maps.entry_key(p4names.SERVICE_SOURCE, entry)
+    assert key == maps.U32.pack(0x0A0009FE)
+    assert maps.entry_value(p4names.SERVICE_SOURCE, entry) == maps.JOB_RANK.pack(*value)
+    assert (len(key), 8) == maps.SIZES["service_source"]
 
 
 def _declared_maps() -> dict[str, tuple[str, str]]:

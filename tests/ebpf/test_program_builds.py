@@ -31,7 +31,11 @@ def test_table_sizes_are_read_from_the_p4_constants(tmp_path):
     with pytest.raises(ValueError, match="ARP_TABLE_SIZE"):
         cheader.table_sizes(p4)
     p4.write_text(p4.read_text() + "#define ARP_TABLE_SIZE 10\n")
-    assert cheader.table_sizes(p4)["ARP_TABLE_SIZE"] == 10
+    with pytest.raises(ValueError, match="SERVICE_SOURCE_TABLE_SIZE"):
+        cheader.table_sizes(p4)
+    p4.write_text(p4.read_text() + "#define SERVICE_SOURCE_TABLE_SIZE 11\n")
+    sizes = cheader.table_sizes(p4)
+    assert (sizes["ARP_TABLE_SIZE"], sizes["SERVICE_SOURCE_TABLE_SIZE"]) == (10, 11)
 
 
 @pytest.mark.skipif(bool(build.build_problem()), reason=build.build_problem() or "-")

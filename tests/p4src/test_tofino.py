@@ -19,7 +19,7 @@ from google.protobuf import text_format
 
 from homagg.control.aggregation import JobEntries, Worker
 from homagg.control.entries import EntrySpec
-from homagg.control.forwarding import Host, forwarding_entries
+from homagg.control.forwarding import Host, forwarding_entries, on_program
 from homagg.control.install import job_specs
 from homagg.control.tofino_pipeline import PipelineConfig, from_compiler_output
 from homagg.control.write_batch import WriteBatch
@@ -143,7 +143,7 @@ def test_every_entry_the_controller_writes_encodes_and_reads_back(chip):
     hosts = [Host("10.0.0.1", "02:00:00:00:01:01", 1), Host("10.0.0.2", "02:00:00:00:01:02", 509)]
     specs = [
         *(s for s in job_specs(_largest_job()) if isinstance(s, EntrySpec)),
-        *forwarding_entries(hosts, "10.0.0.254", "02:00:00:00:00:fe"),
+        *on_program(forwarding_entries(hosts, "10.0.0.254", "02:00:00:00:00:fe"), index),
     ]
     assert {s.table for s in specs} == set(p4names.TABLES)
     for spec in specs:

@@ -9,7 +9,7 @@ from scapy.layers.l2 import Ether
 from scapy.packet import Raw
 
 from homagg.lab.aggjob import CounterDelta, Job, random_cells, result_cells, wrapped_sum
-from homagg.lab.fabric import Fabric
+from homagg.lab.fabric import SERVICE_IP, Fabric
 from homagg.wire.constants import DropReason, Flag, Op
 
 QUIET = 0.3
@@ -26,6 +26,16 @@ def job(fabric):
     return Job(fabric, fabric.hosts[:3], pool_size=8)
 
 
+def from_service(frame: bytes) -> bytes:
+    """The frame with the switch's service address as its IPv4 source (a forgery)."""
+    pkt = Ether(frame)
+    pkt[IP].src = SERVICE_IP
+    del pkt[IP].chksum
+    if pkt[UDP].chksum:
+        del pkt[UDP].chksum
+    return bytes(pkt)
+
+
 CASES = {
     "unknown job": (DropReason.UNKNOWN_JOB, lambda job, c: job.frame(0, c, job_id=60000)),
     "slot outside the pool": (DropReason.SLOT_OUT_OF_POOL, lambda job, c: job.frame(0, c, slot=8)),
@@ -40,6 +50,11 @@ CASES = {
     "result flag from a worker": (
         DropReason.BAD_HEADER,
         lambda job, c: job.frame(0, c, flags=Flag.RESULT),
+    ),
+    # Before anything of aggregation, in the XDP stage too (which must not absorb it).
+    "from the service address": (
+        DropReason.WRONG_PORT,
+        lambda job, c: from_service(job.frame(0, c)),
     ),
     "truncated cells": (DropReason.TRUNCATED, lambda job, c: job.frame(0, c)[:-9]),
     "truncated header": (DropReason.TRUNCATED, lambda job, c: job.frame(0, c)[: 14 + 20 + 8 + 6]),

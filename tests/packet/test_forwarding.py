@@ -151,3 +151,27 @@ def test_a_routed_result_flagged_frame_is_forwarded_as_sent(fabric, flags):
     assert_routed_unchanged(got[0], sent, SWITCH_MAC, h1.mac)
     assert recv_frames(h2.raw.sock) == [], "delivered as a result to rank 2"
     assert counters.events() == {} and counters.drops() == {}
+
+
+@pytest.mark.parametrize("to_service", [False, True], ids=["to-host", "to-service"])
+def test_a_frame_from_the_service_address_is_dropped(fabric, to_service):
+    """A host that claims the switch's service address as its source, e.g. to feed a worker
+    forged results (UDP source port 40700, to the worker's own port), is dropped as
+    WRONG_PORT: no frame from outside may come from the switch's own address."""
+    h0, h1, _ = fabric.hosts
+    job = Job(fabric, fabric.hosts)
+    header = AggHeader(job.job_id, slot=0, shadow=0, rank=1, op=Op.ADD, chunk=0, flags=Flag.RESULT)
+    payload = pack_payload(header, np.arange(CELLS_PER_PKT, dtype=np.int32))
+    dst = SERVICE_IP if to_service else h1.ip
+    forged = bytes(
+        Ether(src=h0.mac, dst=SWITCH_MAC)
+        / IP(src=SERVICE_IP, dst=dst)
+        / UDP(sport=AGG_UDP_PORT, dport=AGG_UDP_PORT if to_service else 41000)
+        / Raw(payload)
+    )
+    fabric.drain()
+    counters = CounterDelta(fabric)
+    h0.raw.send(forged)
+    assert [f for f in h1.raw.receive(QUIET) if UDP in Ether(f)] == [], "the forgery got through"
+    assert counters.drops() == {DropReason.WRONG_PORT: 1}
+    assert counters.events() == {}

@@ -331,11 +331,31 @@ def test_stray_result_is_dropped_by_reason(tree, stray, case):
     frame = result_from_parent(job, leaf, np.ones(CELLS_PER_PKT, np.int32), **fields)
     deltas = counters(tree)
     (leaf.tap if source == "tap" else leaf.hosts[0].raw).send(frame)
-    # The frame is addressed to the leaf: a parent that sees it too has no route for it.
-    echo = {DropReason.NO_ROUTE: 1} if tree.tap_echo and source == "tap" else {}
+    # A parent that sees the frame too drops it: it comes from the parent's own address.
+    echo = {DropReason.WRONG_PORT: 1} if tree.tap_echo and source == "tap" else {}
     expected = [echo, {reason: 1}, {}]
     wait_for(lambda: drops(deltas) == expected, 5.0, f"drops {expected}")
     assert nothing_arrives(job, [0, 1], wait=0)
+
+
+@pytest.mark.parametrize("claimed", ["parent", "leaf", "sibling"])
+def test_a_frame_from_a_service_address_of_the_tree_is_dropped_at_a_host_port(tree, claimed):
+    """A host of leaf 0 that claims a service address of the tree as its source (to feed a
+    worker of leaf 0 forged results) is dropped as WRONG_PORT: the parent's and leaf 1's
+    come in only on the uplink port, leaf 0's own never."""
+    leaf, sender, target = tree.leaves[0], tree.leaves[0].hosts[0], tree.leaves[0].hosts[1]
+    source = {"parent": tree.parent, "leaf": leaf.fabric, "sibling": tree.leaves[1].fabric}
+    header = AggHeader(1, slot=0, shadow=0, rank=0, op=Op.ADD, chunk=0, flags=Flag.RESULT)
+    forged = FrameTemplate(
+        sender.mac, leaf.fabric.switch_mac, source[claimed].service_ip, target.ip, AGG_UDP_PORT
+    ).frame(pack_payload(header, np.arange(CELLS_PER_PKT, dtype=np.int32)))
+    deltas = counters(tree)
+    sender.raw.send(forged)
+    expected = [{}, {DropReason.WRONG_PORT: 1}, {}]
+    wait_for(lambda: drops(deltas) == expected, 5.0, f"drops {expected}")
+    # Counted as dropped, so never routed: what the target has is all it gets.
+    assert recv_frames(target.raw.sock) == [], "the forgery reached the worker's host"
+    assert events(deltas) == [{}, {}, {}]
 
 
 def test_stray_results_leave_the_open_round_exact(tree, stray):

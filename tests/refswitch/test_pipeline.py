@@ -10,7 +10,7 @@ from scapy.layers.l2 import ARP, Ether
 
 from homagg.control.aggregation import JobEntries, Worker
 from homagg.control.artifacts import BMV2_JSON_PATH, P4INFO_PATH
-from homagg.control.forwarding import Host, forwarding_entries
+from homagg.control.forwarding import Host, PeerService, forwarding_entries
 from homagg.control.install import install_job, reconcile
 from homagg.control.switch_connection import SwitchConnection
 from homagg.lab.addresses import SERVICE_IP, SWITCH_MAC, host_ip, host_mac, host_switch_port
@@ -23,6 +23,7 @@ from homagg.wire.packer import pack_payload
 from homagg.wire.scapy_layer import Agg
 
 HOSTS = [Host(ip=host_ip(i), mac=host_mac(i), switch_port=host_switch_port(i)) for i in range(4)]
+PEER = PeerService("10.0.9.254", 4)  # another switch of the tree, behind port 4
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +33,8 @@ def switch():
     conn = SwitchConnection(f"127.0.0.1:{port}")
     conn.connect()
     conn.set_pipeline(P4INFO_PATH, BMV2_JSON_PATH)
-    reconcile(conn, forwarding_entries(HOSTS, SERVICE_IP, SWITCH_MAC), read_back=False)
+    entries = forwarding_entries(HOSTS, SERVICE_IP, SWITCH_MAC, peers=[PEER])
+    reconcile(conn, entries, read_back=False)
     install_job(
         conn,
         JobEntries(
@@ -108,6 +110,24 @@ def test_arp_and_routing(switch):
         1, bytes(Ether(src=h0.mac, dst=SWITCH_MAC) / IP(src=h0.ip, dst=h1.ip, ttl=9) / UDP() / b"x")
     )
     assert port == 2 and Ether(frame)[IP].ttl == 8 and Ether(frame).dst == h1.mac
+
+
+def test_service_sources_come_in_only_toward_their_switch(switch):
+    """service_source: the own service address never, a peer's only on the port toward it;
+    both are WRONG_PORT drops, any other source is routed."""
+    sw, conn = switch
+    pipe = Pipeline(sw.device)
+    h1 = HOSTS[1]
+
+    def datagram(src: str) -> bytes:
+        return bytes(Ether(src=HOSTS[0].mac, dst=SWITCH_MAC) / IP(src=src, dst=h1.ip) / UDP())
+
+    before = drops(conn).get(DropReason.WRONG_PORT, 0)
+    assert [p for p, _ in pipe.process(PEER.port, datagram(PEER.ip))] == [h1.switch_port]
+    assert pipe.process(1, datagram(PEER.ip)) == []
+    assert pipe.process(PEER.port, datagram(SERVICE_IP)) == []
+    assert pipe.process(1, datagram(SERVICE_IP)) == []
+    assert drops(conn).get(DropReason.WRONG_PORT, 0) - before == 3
 
 
 def test_pipeline_push_resets_registers(switch):
