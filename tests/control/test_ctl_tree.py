@@ -113,6 +113,26 @@ def test_a_job_on_two_leaves_is_written_to_the_tree(tree):
     assert {s.name: s.slots_used for s in c.status().switches} == dict.fromkeys(NAMES, 0)
 
 
+def test_every_switch_checks_the_service_sources_of_its_tree(tree):
+    """The controller writes service_source with the forwarding entries: each switch refuses
+    its own service address, a leaf takes the other service addresses through its uplink,
+    the parent each leaf's through the port toward it."""
+    ctl, readers, _ = tree
+    ip = {name: ipv4_to_int(c.service_ip) for name, c in ctl.manager.configs.items()}
+    want = {
+        "spine": {ip["spine"]: None, ip["leaf1"]: 1, ip["leaf2"]: 2},
+        "leaf1": {ip["leaf1"]: None, ip["spine"]: UPLINK_PORT, ip["leaf2"]: UPLINK_PORT},
+        "leaf2": {ip["leaf2"]: None, ip["spine"]: UPLINK_PORT, ip["leaf1"]: UPLINK_PORT},
+    }
+
+    def held(conn: SwitchConnection) -> dict[int, int | None]:
+        entries = conn.read_entries(p4names.SERVICE_SOURCE)
+        return {e.match["hdr.ipv4.src_addr"]: e.params.get("port") for e in entries}
+
+    for name, conn in readers.items():  # written when the controller first syncs the switch
+        wait_for(lambda c=conn, n=name: held(c) == want[n], 10, f"{name}'s service_source")
+
+
 def test_a_world_of_40_needs_the_tree(tree):
     ctl, _, _ = tree
     c = ctl.client
