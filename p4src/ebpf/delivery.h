@@ -46,14 +46,7 @@ static __always_inline int result_delivery(void *data, void *end, __u32 rid,
     struct recipient *r = bpf_map_lookup_elem(&result_rewrite, &key);
     if (!r)
         return -1;
-    copy_mac(eth->h_source, o->eth_dst);
-    copy_mac(eth->h_dest, r->mac);
-    ip->saddr = o->ip_dst;
-    ip->daddr = r->ip;
-    ip->ttl = RESULT_TTL;
-    udp->source = bpf_htons(AGG_UDP_PORT);
-    udp->dest = r->udp_port;
-    udp->check = 0;
+    from_service(eth, ip, udp, o->eth_dst, r->mac, o->ip_dst, r->ip, r->udp_port);
     return 0;
 }
 

@@ -22,6 +22,23 @@ static __always_inline void copy_mac(__u8 *dst, const __u8 *src)
     __builtin_memcpy(dst, src, 6);
 }
 
+/* The addressing of a frame the switch sends from a service address (a result to a worker,
+ * a leaf's partial to its parent): MACs, IPv4 addresses, RESULT_TTL, source port
+ * AGG_UDP_PORT and no UDP checksum. src_mac may point into the frame's destination MAC. */
+static __always_inline void from_service(struct ethhdr *eth, struct iphdr *ip, struct udphdr *udp,
+                                         const __u8 *src_mac, const __u8 *dst_mac, __be32 saddr,
+                                         __be32 daddr, __be16 dport)
+{
+    copy_mac(eth->h_source, src_mac);
+    copy_mac(eth->h_dest, dst_mac);
+    ip->saddr = saddr;
+    ip->daddr = daddr;
+    ip->ttl = RESULT_TTL;
+    udp->source = bpf_htons(AGG_UDP_PORT);
+    udp->dest = dport;
+    udp->check = 0;
+}
+
 static __always_inline void arp_reply(struct headers *h, struct metadata *m)
 {
     struct arp_h *arp = h->arp;

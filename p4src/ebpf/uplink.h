@@ -29,14 +29,8 @@ static __always_inline int to_parent(struct __sk_buff *skb, struct metadata *m,
     struct agg_h *agg = data + AGG_OFF;
     if ((void *)(agg + 1) > end)
         return -1;
-    copy_mac(eth->h_source, eth->h_dest);
-    copy_mac(eth->h_dest, up->parent_mac);
-    ip->saddr = ip->daddr;
-    ip->daddr = up->parent_ip;
-    ip->ttl = RESULT_TTL;
-    udp->source = bpf_htons(AGG_UDP_PORT);
-    udp->dest = bpf_htons(AGG_UDP_PORT);
-    udp->check = 0;
+    from_service(eth, ip, udp, eth->h_dest, up->parent_mac, ip->daddr, up->parent_ip,
+                 bpf_htons(AGG_UDP_PORT));
     agg->rank = up->rank & 0xff;
     m->egress_port = up->port;
     return 0;

@@ -7,35 +7,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from calibration_record import RECORD
 
 from bench import calibration, projection_check
 from bench.projection_model import ModelError
-
-RECORD = {
-    "date": "2026-11-28 09:00 UTC",
-    "machine": "x86_64, 2 cores",
-    "load_average": 1.0,
-    "elements": 1 << 20,
-    "reps": 3,
-    "targets": {
-        "refswitch": {
-            "wall_per_packet_s": 80e-6,
-            "worker_cpu_s": 30e-6,
-            "worker_user_s": 20e-6,
-            "switch_process_s": 50e-6,
-            "bpf_program_s": 0.0,
-            "rtt_s": 200e-6,
-        }
-    },
-    "gloo": {
-        "alpha_s": 50e-6,
-        "call_s": 100e-6,
-        "step_cpu_s": 20e-6,
-        "call_cpu_s": 100e-6,
-        "peer_byte_s": 1e-9,
-        "peer_cpu_byte_s": 0.5e-9,
-    },
-}
 
 
 def test_costs_of_a_calibrated_target() -> None:
