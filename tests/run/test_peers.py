@@ -3,6 +3,7 @@ model over gloo (a 2-rank process group on loopback) and matches what it claims.
 
 from __future__ import annotations
 
+import gc
 import os
 import socket
 from datetime import timedelta
@@ -45,6 +46,10 @@ def _rank(rank: int, port: int, out: str) -> None:
         for mode, model in RUNS:
             _train_one(rank, mode, model, Path(out) / f"{mode}-{model}.pt")
     finally:
+        # DDP and its hooks' states sit in reference cycles that hold the world group: freed
+        # here, destroy_process_group is the group's last reference and gloo's threads stop
+        # now, not in interpreter finalization ("terminate called without an active exception")
+        gc.collect()
         dist.destroy_process_group()
 
 
