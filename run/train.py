@@ -16,6 +16,7 @@ Rank 0 creates the job; each rank finds its address and the controller its switc
 # No `from __future__ import annotations`: DDP checks the hook's annotations at runtime.
 
 import argparse
+import gc
 import json
 import logging
 import math
@@ -342,6 +343,10 @@ def main(argv: list[str] | None = None) -> None:
         train(a)
         dist.barrier()  # no rank tears gloo down while a peer still talks to it
     finally:
+        # DDP and its hook's state sit in reference cycles that hold the world group: freed
+        # first, destroy_process_group drops the group's last reference and stops gloo's and
+        # the store's threads here, not in interpreter finalization
+        gc.collect()
         dist.destroy_process_group()
 
 

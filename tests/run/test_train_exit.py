@@ -17,15 +17,24 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 # run.train's main, then the names of the threads this process still has
+# (a stopped thread may take a moment to leave /proc: looked at for up to 2 s)
 RANK = """
-import os, sys
+import os, sys, time
 from run import train
 train.main(sys.argv[1:])
-names = []
-for t in os.listdir("/proc/self/task"):
-    with open(f"/proc/self/task/{t}/comm") as f:
-        names.append(f.read().strip())
-print("threads after main:", ",".join(sorted(names)), flush=True)
+def names():
+    out = []
+    for t in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{t}/comm") as f:
+                out.append(f.read().strip())
+        except FileNotFoundError:
+            pass
+    return sorted(out)
+deadline = time.monotonic() + 2.0
+while any("gloo" in n or "tcpstore" in n for n in names()) and time.monotonic() < deadline:
+    time.sleep(0.05)
+print("threads after main:", ",".join(names()), flush=True)
 """
 
 
