@@ -22,7 +22,7 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING
 
-from run import jobs, options
+from run import jobs, options, out_dir
 from run.control import controller_address, controller_process, metrics_url
 from run.credentials import RunCredentials, make_run_credentials
 from run.names import RunNames
@@ -54,10 +54,7 @@ def _prepare_out(args: argparse.Namespace, names: RunNames) -> None:
     """The output directory (by default the run's own), emptied of an earlier run's files."""
     if args.out is None:
         args.out = names.directory / "out"
-    args.out.mkdir(parents=True, exist_ok=True)
-    for old in args.out.glob("*"):
-        if old.is_file():
-            old.unlink()
+    out_dir.prepare(args.out)
 
 
 def _build(session: _Session, topo: Topology, target: str, out: Path) -> None:
@@ -151,6 +148,12 @@ def main(argv: list[str] | None = None) -> int:
     if os.geteuid() != 0:
         print("make run needs root (Mininet, network namespaces)", file=sys.stderr)
         return 2
+    if args.out is not None:
+        try:
+            out_dir.check(args.out)
+        except out_dir.OutDirError as exc:
+            print(f"make run: {exc}", file=sys.stderr)
+            return 2
     try:
         return run(args)
     except KeyboardInterrupt:

@@ -48,7 +48,8 @@ def parser(description: str = "", epilog: str = "") -> argparse.ArgumentParser:
         "--out",
         type=Path,
         default=None,
-        help="logs, results and the plot (default: the run's directory/out, printed at start)",
+        help="logs, results and the plot (default: the run's directory/out, printed at start); "
+        "a new or empty directory, or an earlier run's --out, whose files the run replaces",
     )
     output.add_argument(
         "--no-plot",
