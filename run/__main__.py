@@ -52,9 +52,10 @@ class _Session:
 
 def _prepare_out(args: argparse.Namespace, names: RunNames) -> None:
     """The output directory (by default the run's own), emptied of an earlier run's files."""
-    if args.out is None:
+    own = args.out is None
+    if own:
         args.out = names.directory / "out"
-    out_dir.prepare(args.out)
+    out_dir.prepare(args.out, own=own)
 
 
 def _build(session: _Session, topo: Topology, target: str, out: Path) -> None:

@@ -30,9 +30,11 @@ def check(out: Path) -> None:
         )
 
 
-def prepare(out: Path) -> None:
-    """Create or mark `out`, and remove the files an earlier run left at its top level."""
-    check(out)
+def prepare(out: Path, *, own: bool = False) -> None:
+    """Create or mark `out`, and remove the files an earlier run left at its top level
+    (`own`: the run's own directory, emptied whatever it holds)."""
+    if not own:
+        check(out)
     out.mkdir(parents=True, exist_ok=True)
     for old in out.glob("*"):
         if old.is_file():

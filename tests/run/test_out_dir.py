@@ -50,3 +50,9 @@ def test_main_refuses_a_foreign_out_with_status_2_before_building_anything(
     assert cli.main(["--out", str(tmp_path)]) == 2
     assert "no earlier run wrote (keep.txt)" in capsys.readouterr().err
     assert (tmp_path / "keep.txt").read_text() == "mine"
+
+
+def test_the_runs_own_directory_is_emptied_whatever_it_holds(tmp_path: Path) -> None:
+    (tmp_path / "switch.jsonl").write_text("{} from a run before the marker existed")
+    out_dir.prepare(tmp_path, own=True)
+    assert [p.name for p in tmp_path.iterdir()] == [out_dir.MARKER]
