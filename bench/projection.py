@@ -14,9 +14,9 @@ Costs: `line-rate` (default) is a cluster whose workers and switch keep up with 
 (a kernel-bypass worker as SwitchML's, a hardware switch) and whose round trip and peer step
 are --rtt-us and --alpha-us; `refswitch` / `ebpf` are this project's workers and switch as
 calibrated on this machine (bench/results/projection_calibration.json: the Python worker's
-CPU per packet, the switch's, the round trip, gloo's alpha and per-byte costs), each
-worker on a host of its own. --worker-us, --rtt-us, --alpha-us and --switch-pps override
-any of them. --calibrate measures and rewrites the calibration (the aggregation
+CPU per packet, the switch's, the round trip, gloo's alpha and per-byte costs, the
+software switches' forwarding of a frame), each worker on a host of its own.
+--worker-us, --rtt-us, --alpha-us and --switch-pps override any of them. --calibrate measures and rewrites the calibration (the aggregation
 benchmark's pieces, short runs); --check calibrates, then measures dense fixed point
 through one switch and gloo's all_reduce at each --check-workers, side by side, and
 prints the model's prediction for this machine beside them (bench/results/
@@ -148,7 +148,8 @@ def _run_options(p: argparse.ArgumentParser) -> None:
     a(
         "--run-target",
         default="refswitch",
-        help="the started runs' --target (refswitch: calibrated; bmv2 needs --switch-pps)",
+        help="the started runs' --target (refswitch: calibrated; bmv2: calibrated with "
+        "--calibrate --targets ... bmv2, else give --switch-pps)",
     )
     a("--run-steps", type=int, default=12, help="the started runs' --steps")
     a("--run-pool-size", type=int, default=8, help="the started runs' --pool-size")
@@ -156,7 +157,8 @@ def _run_options(p: argparse.ArgumentParser) -> None:
         "--run-cores",
         type=float,
         default=0.0,
-        help="cores the runs had (0: os.cpu_count(); the machine's other load is not known)",
+        help="cores the runs had (0: os.cpu_count()); the machine's other load is the share "
+        "of a core sampled during each run (its load.jsonl; none: a share of 1)",
     )
     a("--runs-name", default="projection_runs", help="the run check's results file stem")
 
@@ -349,6 +351,7 @@ def _check_runs(args: argparse.Namespace) -> None:
     import os
 
     from bench import projection_runs as pr
+    from bench.projection_run_start import RunSpec, start_run
 
     dirs = list(args.check_runs)
     if args.start_runs:
@@ -358,8 +361,8 @@ def _check_runs(args: argparse.Namespace) -> None:
             raise ModelError("--start-runs needs root (Mininet); --check-runs alone does not")
         base = dirs.pop(0)
         for topo in args.run_topos:
-            spec = pr.RunSpec(args.run_target, topo, args.run_steps, args.run_pool_size)
-            dirs.append(pr.start_run(base / spec.name, spec))
+            spec = RunSpec(args.run_target, topo, args.run_steps, args.run_pool_size)
+            dirs.append(start_run(base / spec.name, spec))
     cores = args.run_cores or float(os.cpu_count() or 1)
     record = calibration.load()
     rows = [pr.row(pr.load_run(d), record, args.switch_pps or 0.0, cores) for d in dirs]

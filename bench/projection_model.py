@@ -12,8 +12,9 @@ level above the first one more round trip. Ring all-reduce: a call's fixed laten
 2(W-1) steps of n/W bytes, alpha each; halving-doubling (the "tree" algorithms):
 2 ceil(log2 W) steps, the same 2(W-1)/W n bytes. When the W workers share `cores` cores
 (this machine), the CPU each method needs is also a bound, and so are the worker
-threads' process and the reference switch's, one core each: the model's concession to
-the check against measurements here, never used for a cluster."""
+process(es) and the software switch's, and every CPU and latency term is slowed by the
+share of a core a ready process gets there (the machine's other load): the model's
+concession to the checks against measurements here, never used for a cluster."""
 
 from __future__ import annotations
 

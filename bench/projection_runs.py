@@ -1,15 +1,18 @@
 """The projection checked against Mininet training runs (`python -m run`, docs/run.md):
 from a run's output directory (its per-step records switch.jsonl and gloo.jsonl, its
-printed first line saved as run.log, its controller.toml for the tree), the model's
-prediction of a step's communication beside what the run measured.
+printed first line saved as run.log, its controller.toml for the tree, load.jsonl for the
+machine's load while it ran: bench/run_load.py), the model's prediction of a step's
+communication beside what the run measured.
 
 Switch: the model's dense fixed-point step (bench/projection_model.py) for the gradient the
-hook aggregated (agg_dense), the run's W, link rate, switch levels and pool, on this
-machine's cores, against the transport's time per step (encode + wait + decode, mean over
-the ranks); the per-bucket agreements the hook runs over gloo are shown beside it, not
-modelled. gloo: the model's ring all-reduce of the same gradient against the gloo run's
-step time less the step's computation, which the switch run measures as its step time
-less its switch and agreement time (both runs compute the same batches)."""
+hook aggregated (agg_dense), the run's W, link rate, tree and pool, each rank a process and
+each switch one, on this machine's cores at the share of a core its load left a ready
+process, against the transport's time per step (encode + wait + decode, mean over the
+ranks). gloo: the ring and the software switch's forwarding of its frames and ACKs (at the
+calibrated cost of each frame's size: bench/forwarding_cost.py) against the gloo run's step
+time less the step's computation, which the switch run measures as its step time less its
+switch and agreement time (both runs compute the same batches). The step's agreement: a
+small all_reduce through the switch against the switch run's agreement time."""
 
 from __future__ import annotations
 
@@ -17,8 +20,6 @@ import json
 import math
 import re
 import statistics
-import subprocess
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,7 +38,7 @@ from bench.projection_model import (
     ring_step,
     switch_step,
 )
-from bench.run_load import LoadSampler, PhaseLoad, phase_load
+from bench.run_load import PhaseLoad, phase_load
 from homagg.wire.constants import MAX_WORKERS_PER_JOB
 
 RUN_LOG = "run.log"  # the run's printed output, as `python -m run ... | tee run.log` saves it
@@ -315,6 +316,8 @@ def row(run: MeasuredRun, record: dict[str, Any], switch_pps: float, cores: floa
         "cores": cores,
         "share_switch": cluster.share,
         "share_gloo": gloo_cluster.share,
+        "threads_switch": load_s.runnable if load_s else 0.0,
+        "threads_gloo": load_g.runnable if load_g else 0.0,
         "groups_switch": load_s.groups if load_s else 0.0,
         "groups_gloo": load_g.groups if load_g else 0.0,
         "switch_predicted_s": sw.seconds,
@@ -388,7 +391,7 @@ def report(rows_: list[dict]) -> list[str]:
         "the ranks); gloo measured: the gloo run's step less the switch run's computation; "
         "agreement: the step's last (over gloo), measured by the switch run.",
         "",
-        "| run | target | W | levels | method | ready groups | share | predicted ms | "
+        "| run | target | W | levels | method | ready threads / groups | share | predicted ms | "
         "measured ms | error | bound by |",
         "|---|---|--:|--:|---|--:|--:|--:|--:|--:|---|",
     ]
@@ -398,7 +401,8 @@ def report(rows_: list[dict]) -> list[str]:
             phase = "gloo" if m == "gloo" else "switch"
             lines.append(
                 f"| {r['run']} | {r['target']} | {r['workers']} | {r['levels']} | "
-                f"{name.format(codec=r['codec'])} | {r[f'groups_{phase}']:.1f} | "
+                f"{name.format(codec=r['codec'])} | {r[f'threads_{phase}']:.0f} / "
+                f"{r[f'groups_{phase}']:.1f} | "
                 f"{r[f'share_{phase}']:.2f} | {p * 1e3:.1f} | {got * 1e3:.1f} | "
                 f"{_err(p, got)} | {r[f'{m}_limit']} |"
             )
@@ -442,53 +446,3 @@ def summary(rows_: list[dict]) -> str:
         f"projection vs Mininet runs: within {TOLERANCE:.0%} of the measured communication "
         f"in {ok}/{len(METHODS) * len(rows_)} predictions ({per})"
     )
-
-
-@dataclass(frozen=True)
-class RunSpec:
-    """A run to start: switch target, topology ('star': 4 unshaped hosts, else a --topo of
-    python -m run), steps, pool slots a rank."""
-
-    target: str = "refswitch"
-    topo: str = "star"
-    steps: int = 12
-    pool_size: int = DEFAULT_POOL
-
-    @property
-    def name(self) -> str:
-        """The run's directory name: target, topology, pool."""
-        return f"{self.target}-{self.topo}-pool{self.pool_size}"
-
-    def command(self, out: Path) -> list[str]:
-        """The `python -m run` arguments: the dense MLP, fixed point, blocking."""
-        cmd = ["-m", "run", "--target", self.target, "--model", "mlp", "--codec", "fixed_point"]
-        cmd += ["--steps", str(self.steps), "--pool-size", str(self.pool_size)]
-        cmd += ["--hosts", "4"] if self.topo == "star" else ["--topo", self.topo]
-        return [*cmd, "--no-plot", "--out", str(out)]
-
-
-def start_run(out: Path, spec: RunSpec) -> Path:
-    """Run `python -m run` (root, Mininet) per `spec`, its printed output saved as run.log
-    in `out` and the machine's load meanwhile as load.jsonl (bench/run_load.py); raises
-    when the run fails."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    cmd = spec.command(out)
-    print(f"projection runs: python {' '.join(cmd)}", flush=True)
-    saved = out.parent / f"{out.name}.{RUN_LOG}"  # the run empties its --out as it starts
-    load = out.parent / f"{out.name}.{LOAD_LOG}"
-    with open(saved, "w") as log:
-        proc = subprocess.Popen([sys.executable, *cmd], stdout=log, stderr=subprocess.STDOUT)
-        sampler = LoadSampler(load, proc.pid, out)
-        try:
-            returncode = proc.wait(timeout=1800)
-        finally:
-            sampler.stop()
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-    saved.replace(out / RUN_LOG)
-    load.replace(out / LOAD_LOG)
-    # exit 1: the parameter check said DIFFER; the run itself completed
-    if returncode not in (0, 1):
-        raise ModelError(f"`python -m run` failed ({returncode}): see {out / RUN_LOG}")
-    return out

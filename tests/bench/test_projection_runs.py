@@ -12,6 +12,7 @@ from calibration_record import RECORD
 
 from bench import projection_runs as pr
 from bench.projection_model import ModelError
+from bench.projection_run_start import RunSpec
 
 FIRST = (
     "make run: run 4 on switch target refswitch (the reference switch, embedded in Python), "
@@ -173,8 +174,8 @@ def test_runs_the_model_does_not_describe_are_refused(tmp_path: Path) -> None:
 
 
 def test_started_runs_command() -> None:
-    spec = pr.RunSpec("refswitch", "two-level", 12, 32)
+    spec = RunSpec("refswitch", "two-level", 12, 32)
     cmd = spec.command(Path("/o") / spec.name)
     assert cmd[:2] == ["-m", "run"] and "--topo" in cmd and "--hosts" not in cmd
     assert cmd[cmd.index("--pool-size") + 1] == "32" and cmd[-1].endswith("two-level-pool32")
-    assert "--hosts" in pr.RunSpec().command(Path("o"))
+    assert "--hosts" in RunSpec().command(Path("o"))
