@@ -11,20 +11,20 @@ follow), from per-packet costs and round trips; where the switch wins and by how
     python -m bench.projection --check-runs DIR [DIR ...] [--start-runs]  (root to start)
 
 Costs: `line-rate` (default) is a cluster whose workers and switch keep up with their links
-(a kernel-bypass worker as SwitchML's, a hardware switch) and whose round trip and peer step
-are --rtt-us and --alpha-us; `refswitch` / `ebpf` are this project's workers and switch as
-calibrated on this machine (bench/results/projection_calibration.json: the Python worker's
-CPU per packet, the switch's, the round trip, gloo's alpha and per-byte costs, the
-software switches' forwarding of a frame), each worker on a host of its own.
---worker-us, --rtt-us, --alpha-us and --switch-pps override any of them. --calibrate measures and rewrites the calibration (the aggregation
-benchmark's pieces, short runs); --check calibrates, then measures dense fixed point
-through one switch and gloo's all_reduce at each --check-workers, side by side, and
-prints the model's prediction for this machine beside them (bench/results/
-projection_check.md). --check-runs puts the model beside Mininet training runs
-(`python -m run`'s output directories, with its printed output saved as run.log; the
-dense MLP, blocking): the switch's and gloo's communication per step, predicted and
-measured (bench/results/projection_runs.md); --start-runs first starts them there
-(--run-topos, --run-target, --run-steps, --run-pool-size). Tables and the plot:
+(a kernel-bypass worker as SwitchML's, a hardware switch) and whose round trip and peer
+step are --rtt-us and --alpha-us; `refswitch` / `ebpf` are this project's workers and
+switch as calibrated on this machine (bench/results/projection_calibration.json: the Python
+worker's CPU per packet, the switch's, the round trip, gloo's alpha and per-byte costs, the
+software switches' forwarding of a frame), each worker on a host of its own. --worker-us,
+--rtt-us, --alpha-us and --switch-pps override any of them. --calibrate measures and
+rewrites the calibration (the aggregation benchmark's pieces, short runs); --check
+calibrates, then measures dense fixed point through one switch and gloo's all_reduce at
+each --check-workers, side by side, and prints the model's prediction for this machine
+beside them (bench/results/projection_check.md). --check-runs puts the model beside
+Mininet training runs (`python -m run`'s output directories, with its printed output saved
+as run.log; the dense MLP, blocking): the switch's and gloo's communication per step,
+predicted and measured (bench/results/projection_runs.md); --start-runs first starts them
+there (--run-topos, --run-target, --run-steps, --run-pool-size). Tables and the plot:
 bench/results/projection.md and .png."""
 
 from __future__ import annotations
