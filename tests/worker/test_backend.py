@@ -23,7 +23,7 @@ import torch.distributed as dist
 
 import homagg
 from homagg.environment import METRICS_PORT_ENV
-from homagg.lab.controlled import Controlled, rank_env, run_in_hosts
+from homagg.lab.controlled import Controlled, rank_env, run_in_hosts, run_in_hosts_timed
 from homagg.lab.namespace import have_privileges
 from homagg.lab.poll import wait_for
 from homagg.lab.switch_process import bmv2_available
@@ -39,6 +39,7 @@ from homagg.worker.job import setup as job_setup
 ROOT = Path(__file__).resolve().parents[2]
 WORKER = Path(__file__).with_name("backend_worker.py")
 WORLD = 2
+READY_S = 3.0  # HOMAGG_READY_TIMEOUT of test_a_rank_that_never_joins
 needs_netns = pytest.mark.skipif(
     not have_privileges(), reason="needs root and iproute2 (network namespaces)"
 )
@@ -291,7 +292,9 @@ def test_new_group_is_a_job_of_its_own(tmp_path):
 def test_a_rank_that_never_joins(tmp_path):
     """Rank 1's controller address leads nowhere: its JoinJob fails, rank 0 waits for it in
     WaitReady for HOMAGG_READY_TIMEOUT (3 s) only; every rank warns once with both reasons
-    and the hand-written loop trains over gloo to gloo's parameters."""
+    and the hand-written loop trains over gloo to gloo's parameters. The homagg run
+    outlasts the gloo run started with it on the same hosts (load slows both alike) by less
+    than halfway from the 3 s asked to the default wait (60 s): no wall-clock constant."""
     example = ROOT / "examples" / "train_allreduce.py"
     c = Controlled(tmp_path, WORLD, fabric=True, listen=f"unix:{tmp_path}/ctl.sock")
     runs = (("homagg", 29636), ("gloo", 29637))  # both at once, on the same hosts
@@ -300,19 +303,20 @@ def test_a_rank_that_never_joins(tmp_path):
         for tag, port in runs:
             for r in range(WORLD):
                 controller = c.address if r == 0 else f"unix:{tmp_path}/nobody.sock"
-                envs.append(rank_env(c, r, WORLD, port, controller=controller, ready_timeout="3"))
+                envs.append(
+                    rank_env(c, r, WORLD, port, controller=controller, ready_timeout=str(READY_S))
+                )
                 argv = [str(example), "--steps", "4", "--backend", tag]
                 argvs.append([*argv, "--save", str(tmp_path / f"{tag}.pt")])
                 logs.append(tmp_path / f"{tag}-r{r}.log")
-        start = time.monotonic()
-        done = run_in_hosts(
+        done, seconds = run_in_hosts_timed(
             c, argvs, envs, logs, 120, hosts=[r for _ in runs for r in range(WORLD)]
         )
-        seconds = time.monotonic() - start
     finally:
         c.close()
     texts = done[:WORLD]  # the homagg run's ranks
-    assert seconds < 60, seconds
+    extra = max(seconds[:WORLD]) - max(seconds[WORLD:])  # the homagg run's, beyond gloo's
+    assert extra < (READY_S + job_setup.DEFAULT_READY_TIMEOUT) / 2, seconds
     for t in texts:
         assert t.count("homagg: rank") == 1, t
         assert "rank 0: WaitReady failed" in t and "missing ranks [1]" in t, t
