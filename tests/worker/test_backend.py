@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
@@ -157,11 +158,20 @@ def test_registered_on_import():
     assert dist.Backend.backend_list.count(homagg.BACKEND_NAME) == 1
 
 
-def run_ranks(
+@dataclass
+class Ranks:
+    """Both ranks of one run of backend_worker.py, started: their processes and logs."""
+
+    tmp: Path
+    tag: str
+    procs: list[subprocess.Popen]
+    logs: list[Path]
+
+
+def start_ranks(
     c: Controlled, tmp: Path, tag: str, port: int, pause: Path | None = None, **extra: str
-) -> list[dict]:
-    """Both ranks of backend_worker.py; their reports (asserting they exited 0 in time).
-    With `pause`, the job is released once both ranks are ready there (mid-run)."""
+) -> Ranks:
+    """Both ranks of backend_worker.py started in their hosts (`pause`: see run_ranks)."""
     assert c.fabric is not None
     hosts = c.fabric.hosts
     procs, logs = [], []
@@ -174,12 +184,46 @@ def run_ranks(
             cmd.append(str(tmp / f"{tag}-r{r}.json"))
             cmd += [str(pause)] if pause is not None else []
             procs.append(subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT))
+    return Ranks(tmp, tag, procs, logs)
+
+
+def wait_ranks(ranks: Ranks, deadline: float) -> None:
+    """Wait for the ranks until `deadline` (monotonic); kill the late ones."""
+    for p in ranks.procs:
+        try:
+            p.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait(5)
+
+
+def ranks_reports(ranks: Ranks, deadline: float) -> list[dict]:
+    """The ranks' reports, asserting they exited 0 by `deadline` (monotonic) and that every
+    check of theirs passed."""
+    wait_ranks(ranks, deadline)
+    procs, logs = ranks.procs, ranks.logs
+    text = "\n".join(log.read_text()[-3000:] for log in logs)
+    assert all(p.returncode == 0 for p in procs), text
+    reports = [json.loads((ranks.tmp / f"{ranks.tag}-r{r}.json").read_text()) for r in range(WORLD)]
+    for rep in reports:
+        rep["log"] = text
+        assert all(rep["checks"].values()), (rep["checks"], text)
+        assert rep["backend"] == "homagg"
+    return reports
+
+
+def run_ranks(
+    c: Controlled, tmp: Path, tag: str, port: int, pause: Path | None = None, **extra: str
+) -> list[dict]:
+    """Both ranks of backend_worker.py; their reports (asserting they exited 0 in time).
+    With `pause`, the job is released once both ranks are ready there (mid-run)."""
+    ranks = start_ranks(c, tmp, tag, port, pause, **extra)
     deadline = time.monotonic() + 180  # BMv2 under load
     if pause is not None:
         wait_for(
             lambda: (
                 all((pause / f"ready-{r}").exists() for r in range(WORLD))
-                or any(p.poll() is not None for p in procs)
+                or any(p.poll() is not None for p in ranks.procs)
             ),
             60,
             "the ranks to reach the pause",
@@ -187,20 +231,7 @@ def run_ranks(
         for job in c.client.list_jobs().jobs:
             c.client.release(job.job_id)
         (pause / "released").write_text("")
-    for p in procs:
-        try:
-            p.wait(max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait(5)
-    text = "\n".join(log.read_text()[-3000:] for log in logs)
-    assert all(p.returncode == 0 for p in procs), text
-    reports = [json.loads((tmp / f"{tag}-r{r}.json").read_text()) for r in range(WORLD)]
-    for rep in reports:
-        rep["log"] = text
-        assert all(rep["checks"].values()), (rep["checks"], text)
-        assert rep["backend"] == "homagg"
-    return reports
+    return ranks_reports(ranks, deadline)
 
 
 @needs_netns
@@ -226,11 +257,17 @@ def test_backend_through_the_switch(tmp_path, target):
 @needs_netns
 def test_backend_falls_back_once_with_a_reason(tmp_path):
     c = Controlled(tmp_path, WORLD, fabric=True, listen=f"unix:{tmp_path}/ctl.sock")
-    try:
-        none = run_ranks(c, tmp_path, "none", 29632, HOMAGG_CONTROLLER="")
+    try:  # both runs at once, on the same hosts (each its own rendezvous port)
         job = c.create(WORLD)
         wrong = {"HOMAGG_JOB_ID": str(job.job_id), "HOMAGG_TOKEN": "hgt_wrong"}
-        refused = run_ranks(c, tmp_path, "refused", 29633, **wrong)
+        runs = [
+            start_ranks(c, tmp_path, "none", 29632, HOMAGG_CONTROLLER=""),
+            start_ranks(c, tmp_path, "refused", 29633, **wrong),
+        ]
+        deadline = time.monotonic() + 180
+        for ranks in runs:
+            wait_ranks(ranks, deadline)
+        none, refused = (ranks_reports(ranks, deadline) for ranks in runs)
     finally:
         c.close()
     for reports, reason in (
