@@ -112,6 +112,7 @@ class SwitchHookState:
         # through the switch since the last agreement over the process group
         self._agreeing: deque[PendingDecision] = deque()
         self.unsealed_decision: SwitchDecision | None = None
+        self._released = False  # this step's end let the next step's choices be read
 
     def attach(self, agent: WorkerAgent) -> None:
         """Use this agent from the next agreement on (e.g. after unpickling)."""
@@ -231,6 +232,7 @@ class SwitchHookState:
         that fell back), then agree again; codec="auto" decides the next step's paths (a
         job of its own on the communication thread, after the last bucket's Future is
         complete: its agreement is not in the step's critical path)."""
+        self._released = False
         try:
             seal_step(self)
             self.fallback.count_down(self.steps)
@@ -244,7 +246,7 @@ class SwitchHookState:
                     self.auto_decide(budgets)
             self.steps += 1
         finally:
-            if self.auto_host is not None:
+            if self.auto_host is not None and not self._released:
                 self.auto_host.decided.set()  # the next step's choices may be read
 
     def auto_decide(self, budgets: dict[int, float]) -> dict[int, str]:
@@ -253,15 +255,21 @@ class SwitchHookState:
         (auto_agreement.py); the controller decides from the ones agreed `lag` steps ago
         (lag 1: done while this step ran, so nothing waits for the network here), the same
         on every rank. With lag 1 that decision comes first: the next step's choices say
-        which way this step's cells go. Empty while none is old enough."""
+        which way this step's cells go, and the next step starts while they are on the
+        way (its host buckets issued from the hook). Empty while none is old enough."""
         ctl = self.controller
         assert ctl is not None
         indices = sorted(budgets)
         cells = to_cells(ctl.measurements(indices, budgets, self.iteration_seconds))
         taken = ctl.taken()
         out: dict[int, str] = {}
-        if ctl.config.lag and len(self._agreeing) >= ctl.config.lag:
-            out = self._decide_oldest()
+        if ctl.config.lag:
+            if len(self._agreeing) >= ctl.config.lag:
+                out = self._decide_oldest()
+            if self.auto_host is not None:  # the next step may start: its choices are final
+                # (once only: that step's own end may clear it before this one is over)
+                self._released = True
+                self.auto_host.decided.set()
         self._agreeing.append(start_decision(self, indices, cells, taken))
         if not ctl.config.lag:
             out = self._decide_oldest()
