@@ -189,3 +189,24 @@ def test_a_switch_that_dies_mid_decision_ends_in_one_agreed_fallback():
     assert not any(h.fallback.use for h in hooks)
     # each failure waits out one rank's budget (the others are told), and only that
     assert seconds < reference + 2 * (repairs + hooks[0].stats.fallbacks) * WAIT
+
+
+def test_the_next_step_starts_before_the_decision_is_sent_and_is_not_overtaken():
+    state = SwitchHookState(None, codec="auto", world_size=2, rank=0, auto=AutoConfig(lag=1))
+    host = state.auto_host
+    assert host is not None and state.controller is not None
+    seen: list[bool] = []
+
+    def send(t: torch.Tensor) -> DoneWork:
+        seen.append(host.decided.is_set())  # the next step's choices may be read now
+        host.deciding()  # ... and that step's last bucket is handed over meanwhile
+        return DoneWork()
+
+    state.reduce_max_async = send  # type: ignore[method-assign]
+    for _ in range(3):
+        ran = state.controller.choice(0)
+        state.controller.record(0, 0.01, ran, 1.0, wire(ran))
+        host.deciding()  # this step's last bucket handed over
+        state.end_step({0: 0.1})
+        assert not host.decided.is_set()  # the next step's end has not decided yet
+    assert seen == [True] * 3
