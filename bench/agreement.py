@@ -313,17 +313,20 @@ def report(results: dict[str, dict[str, list[float]]], world: int, rounds: int) 
     return lines
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Measure on every available target and write bench/results/agreement.md."""
+def rounds_arguments(
+    prog: str, doc: str, what: str, argv: list[str] | None
+) -> tuple[argparse.Namespace, list[str]]:
+    """The command line the agreement benchmarks share (world, rounds, `what` per round,
+    targets), checked, and the targets to measure (default: every one present)."""
     p = argparse.ArgumentParser(
-        prog="python -m bench.agreement",
-        description=__doc__.split("\n\n")[0],
-        epilog=__doc__.split("\n\n", 1)[1],
+        prog=prog,
+        description=doc.split("\n\n")[0],
+        epilog=doc.split("\n\n", 1)[1],
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--world", type=int, default=4, help="ranks (default 4)")
     p.add_argument("--rounds", type=int, default=10, help="rounds per way (default 10)")
-    p.add_argument("--per-round", type=int, default=50, help="agreements per round (50)")
+    p.add_argument("--per-round", type=int, default=50, help=f"{what} per round (50)")
     p.add_argument("--targets", nargs="+", default=None, help="default: every target present")
     args = p.parse_args(argv)
     if not 2 <= args.world <= 32 or args.rounds < 1 or args.per_round < 1:
@@ -333,7 +336,12 @@ def main(argv: list[str] | None = None) -> int:
 
     if not have_privileges():
         p.error("needs root and iproute2 (network namespaces)")
-    targets = args.targets or compared_targets()
+    return args, args.targets or compared_targets()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Measure on every available target and write bench/results/agreement.md."""
+    args, targets = rounds_arguments("python -m bench.agreement", __doc__, "agreements", argv)
     results = {t: measure(t, args.world, args.rounds, args.per_round) for t in targets}
     lines = report(results, args.world, args.rounds) + trips_report(args.world)
     publish(

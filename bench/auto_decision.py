@@ -18,7 +18,6 @@ bench/results/auto_decision.md.
 
 from __future__ import annotations
 
-import argparse
 import tempfile
 import threading
 import time
@@ -34,6 +33,7 @@ from bench.agreement import (
     ncf_buckets,
     open_agents,
     open_gloo,
+    rounds_arguments,
     timed,
 )
 from bench.publish import publish
@@ -246,25 +246,7 @@ def report(results: dict[str, dict[str, list[float]]], world: int, rounds: int) 
 
 def main(argv: list[str] | None = None) -> int:
     """Measure on every available target and write bench/results/auto_decision.md."""
-    p = argparse.ArgumentParser(
-        prog="python -m bench.auto_decision",
-        description=__doc__.split("\n\n")[0],
-        epilog=__doc__.split("\n\n", 1)[1],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    p.add_argument("--world", type=int, default=4, help="ranks (default 4)")
-    p.add_argument("--rounds", type=int, default=10, help="rounds per way (default 10)")
-    p.add_argument("--per-round", type=int, default=50, help="decisions per round (50)")
-    p.add_argument("--targets", nargs="+", default=None, help="default: every target present")
-    args = p.parse_args(argv)
-    if not 2 <= args.world <= 32 or args.rounds < 1 or args.per_round < 1:
-        p.error("--world must be 2..32, --rounds and --per-round positive")
-    from homagg.lab.namespace import have_privileges
-    from homagg.lab.switch_process import compared_targets
-
-    if not have_privileges():
-        p.error("needs root and iproute2 (network namespaces)")
-    targets = args.targets or compared_targets()
+    args, targets = rounds_arguments("python -m bench.auto_decision", __doc__, "decisions", argv)
     results = {t: measure(t, args.world, args.rounds, args.per_round) for t in targets}
     publish(
         "auto_decision",
