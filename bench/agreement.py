@@ -239,9 +239,10 @@ def gloo_max(pg, t) -> None:
     pg.allreduce([t], opts).wait()
 
 
-def ncf_steps(hooks: list, steps: int) -> list[float]:
+def ncf_steps(hooks: list, steps: int, budgets: dict[int, float] | None = None) -> list[float]:
     """`steps` NCF steps (three buckets, the last one sealing the step) on every rank at
-    once; every rank's seconds per step."""
+    once, each step ended with `budgets` (codec="auto"'s decision; None: no auto);
+    every rank's seconds per step."""
     from homagg.worker.ddp.switch_path import Gradient, Via, agreed_sum
 
     buckets = ncf_buckets(len(hooks), seed=1)
@@ -257,7 +258,7 @@ def ncf_steps(hooks: list, steps: int) -> list[float]:
                 payload = Gradient(x) if b == 2 else Via(partial(_rows_of, x=x))
                 n = x.size if b == 2 else x.nrows * x.values.shape[1]
                 agreed_sum(h, b, payload, n, last=b == 2)
-            h.end_step()
+            h.end_step(budgets)
             times.append(time.perf_counter() - start)
         return times
 

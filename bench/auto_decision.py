@@ -19,8 +19,6 @@ bench/results/auto_decision.md.
 from __future__ import annotations
 
 import tempfile
-import threading
-import time
 from functools import partial
 from pathlib import Path
 
@@ -28,9 +26,8 @@ import numpy as np
 
 from bench.agreement import (
     POOL_SIZE,
-    _rows_of,
     gloo_max,
-    ncf_buckets,
+    ncf_steps,
     open_agents,
     open_gloo,
     rounds_arguments,
@@ -115,34 +112,6 @@ def auto_hooks(agents: list, groups: list, through_switch: bool) -> list:
     return hooks
 
 
-def auto_steps(hooks: list, steps: int) -> list[float]:
-    """`steps` auto steps of NCF's three buckets on every rank at once (the last one seals
-    the step; the step's end decides); every rank's seconds per step."""
-    from homagg.lab.threads import run_threads
-    from homagg.worker.ddp.switch_path import Gradient, Via, agreed_sum
-
-    buckets = ncf_buckets(len(hooks), seed=1)
-    barrier = threading.Barrier(len(hooks), timeout=60)
-
-    def rank(r: int) -> list[float]:
-        h, times = hooks[r], []
-        for _ in range(steps):
-            barrier.wait()
-            start = time.perf_counter()
-            h.use_switch()
-            for b, x in enumerate(buckets[r]):
-                payload = Gradient(x) if b == 2 else Via(partial(_rows_of, x=x))
-                n = x.size if b == 2 else x.nrows * x.values.shape[1]
-                agreed_sum(h, b, payload, n, last=b == BUCKETS - 1)
-            h.end_step(BUDGETS)
-            times.append(time.perf_counter() - start)
-        return times
-
-    return [
-        t for ts in run_threads([partial(rank, r) for r in range(len(hooks))], 900)[1] for t in ts
-    ]
-
-
 def measure(target: str, world: int, rounds: int, per_round: int) -> dict[str, list[float]]:
     """Both ways on one switch, alternating round by round: seconds per call or step per
     rank, and each variant's process-group all_reduces and switch decisions per step."""
@@ -167,12 +136,12 @@ def measure(target: str, world: int, rounds: int, per_round: int) -> dict[str, l
                 out[way] += timed(calls[way], per_round)
         hooks = {v: auto_hooks(agents, groups, s) for v, s in VARIANTS.items()}
         for v in VARIANTS:  # warm up: the codecs, the first agreements
-            auto_steps(hooks[v], 3)
+            ncf_steps(hooks[v], 3, BUDGETS)
         counted = {v: _counts(hooks[v]) for v in VARIANTS}
         steps = 0
         for i in range(rounds):
             for v in VARIANTS if i % 2 == 0 else list(VARIANTS)[::-1]:
-                out[v] += auto_steps(hooks[v], max(1, per_round // 10))
+                out[v] += ncf_steps(hooks[v], max(1, per_round // 10), BUDGETS)
             steps += max(1, per_round // 10)
         for v in VARIANTS:
             after = _counts(hooks[v])
