@@ -262,6 +262,11 @@ def point(record: dict, w: int, mbit: float, n: int) -> dict[str, float]:
     return out
 
 
+def _cell(point: dict[str, float], key: str, form: str) -> str:
+    """point[key] in `form`, or "-" where the point has none (unshaped: no link bound)."""
+    return form.format(point[key]) if key in point else "-"
+
+
 def verdicts(record: dict, worlds: list[int], rates: list[float], n: int) -> list[str]:
     """Per W and rate: the speed-up and goodput share against the issue's targets."""
     out = []
@@ -285,7 +290,7 @@ def report(record: dict, args: argparse.Namespace, elapsed: float) -> tuple[list
         f"{time.strftime('%Y-%m-%d')})",
         "",
         f"`python -m bench.shaped_links --target {args.target} --worlds "
-        f"{' '.join(map(str, args.worlds))} --bw {' '.join(f'{b:g}' for b in args.bw)} "
+        f"{' '.join(map(str, args.asked_worlds))} --bw {' '.join(f'{b:g}' for b in args.bw)} "
         f"--sizes {' '.join(map(str, args.sizes))} --reps {args.reps} --pool {args.pool}`; "
         f"ran in {elapsed:.0f} s, "
         f"{NAMES[args.target]} switch. Plot: {args.name}.png.",
@@ -322,8 +327,8 @@ def report(record: dict, args: argparse.Namespace, elapsed: float) -> tuple[list
                 lines.append(
                     f"| {w} | {_link(mbit)} | {n:,} | {_spread(record[(w, mbit, n, 'gloo')])} | "
                     f"{_spread(record[(w, mbit, n, 'switch')])} | {p['speedup']:.2f}x | "
-                    f"{p.get('ideal_ratio', 0):.2f}x | {p['goodput']:.1f}{share} | "
-                    f"{p.get('ideal_share', 0):.0%} | {p['cpu_pps']:,.0f} "
+                    f"{_cell(p, 'ideal_ratio', '{:.2f}x')} | {p['goodput']:.1f}{share} | "
+                    f"{_cell(p, 'ideal_share', '{:.0%}')} | {p['cpu_pps']:,.0f} "
                     f"({p['cpu_goodput']:.0f}) | {p['us_per_packet']:.1f} "
                     f"({p['cores_goodput']:.0f}) | {p['cpu']} | {p['gloo_goodput']:.1f} | "
                     f"{p['retx']} | "
@@ -399,12 +404,24 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     start = time.perf_counter()
     record: dict = {}
+    failed = []
     for w in args.worlds:
         print(f"shaped links: {NAMES[args.target]}, W = {w}", flush=True)
-        measure_world(args, w, record)
+        try:
+            measure_world(args, w, record)
+        except RuntimeError as exc:  # a W that failed leaves the tables, listed at the end
+            failed.append(f"W={w}: {exc}")
+            print(f"  FAILED: W={w}: {exc}", flush=True)
+            for key in [k for k in record if k[0] == w]:
+                del record[key]
+    args.asked_worlds = args.worlds
+    args.worlds = [w for w in args.worlds if any(k[0] == w for k in record)]
+    if not args.worlds:
+        print("bench.shaped_links: every W failed: " + "; ".join(failed), file=sys.stderr)
+        return 1
     lines, summary = report(record, args, time.perf_counter() - start)
     plot(record, args, plot_path(f"{args.name}.png"))
-    publish(args.name, lines, summary)
+    publish(args.name, lines, summary, failed)
     return 0
 
 
