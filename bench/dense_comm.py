@@ -98,7 +98,7 @@ def measure(args: argparse.Namespace, tmp: Path) -> None:
             for bw in args.bw:
                 spec = RunSpec(
                     setting.model, "fixed_point", args.hosts, bw, args.steps, True, [],
-                    args.target, batch=setting.batch,
+                    args.target, batch=setting.batch, pool_size=args.pool,
                 )  # fmt: skip
                 spec.peers_first = bool(rnd % 2)
                 where = f"{setting.label}, {bw:g} Mbit/s" if bw else f"{setting.label}, unshaped"
@@ -124,7 +124,8 @@ def report(data: dict, args: argparse.Namespace, elapsed: float) -> tuple[list[s
         "",
         f"`python -m bench.dense_comm --settings {args.settings_text} --bw "
         f"{' '.join(f'{b:g}' for b in args.bw)} --steps {args.steps} --rounds {args.rounds} "
-        f"--hosts {args.hosts} --target {args.target}`; {elapsed:.0f} s so far.",
+        f"--hosts {args.hosts} --target {args.target}"
+        f"{f' --pool {args.pool}' if args.pool else ''}`; {elapsed:.0f} s so far.",
         "",
         "Per step, median over every step but each run's first, all rounds: the step "
         "(forward, backward, optimizer and the communication), and the communication: for "
@@ -175,6 +176,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--rounds", type=int, default=2, help="repetitions (default 2)")
     p.add_argument("--hosts", type=int, default=4, help="worker hosts W (default 4)")
     p.add_argument("--target", default="ebpf", choices=TARGETS, help="switch (default ebpf)")
+    p.add_argument(
+        "--pool", type=int, default=None,
+        help="the switch job's pool, packets in flight per rank (default: make run's, 8)",
+    )  # fmt: skip
     p.add_argument("--name", default="dense_comm", help="results file stem")
     args = p.parse_args(argv)
     try:
@@ -183,6 +188,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error(str(exc))
     if any(b < 0 for b in args.bw) or args.steps < 2 or args.rounds < 1:
         p.error("--bw must be >= 0, --steps >= 2 and --rounds >= 1")
+    if args.pool is not None and args.pool < 1:
+        p.error("--pool must be positive")
     return args
 
 
