@@ -107,11 +107,11 @@ def measure(args: argparse.Namespace, tmp: Path) -> None:
                     runs, _ = run_once(spec, tmp / f"{setting.model}-{setting.batch}-{bw}-{rnd}")
                 except RunFailed as exc:
                     note_failure(failed, f"{where}, round {rnd + 1}", exc)
-                    continue
-                loads.setdefault((setting, bw), []).append(os.getloadavg()[0])
-                for m in (GLOO, SWITCH):
-                    got.setdefault((setting, bw), {}).setdefault(m, []).extend(runs[m][1:])
-                data = {"runs": got, "loads": loads}
+                else:
+                    loads.setdefault((setting, bw), []).append(os.getloadavg()[0])
+                    for m in (GLOO, SWITCH):
+                        got.setdefault((setting, bw), {}).setdefault(m, []).extend(runs[m][1:])
+                data = {"runs": got, "loads": loads}  # failed runs listed too
                 lines, summary = report(data, args, time.perf_counter() - start)
                 publish(args.name, lines, summary, failed)
 
