@@ -354,6 +354,7 @@ def plot(record: dict, args: argparse.Namespace, path: Path) -> None:
         ring = [p["ideal_share"] * m / p["ideal_ratio"] for p, m in zip(pts, args.bw, strict=True)]
         ax.plot(args.bw, ring, "k:", label="ring, ideal")
         ax.axhline(pts[0]["cpu_goodput"], color="r", ls="--", label="switch unshaped (CPU)")
+        ax.axhline(pts[0]["cores_goodput"], color="g", ls="--", label="CPU, all cores ours")
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_xlabel("link rate (Mbit/s)")
