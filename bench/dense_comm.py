@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -28,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.publish import publish
+from bench.publish import heading, publish
 from bench.runs import RunFailed, RunSpec, note_failure, run_once, time_split
 from homagg.lab.switch_process import TARGETS
 
@@ -119,8 +118,7 @@ def measure(args: argparse.Namespace, tmp: Path) -> None:
 def report(data: dict, args: argparse.Namespace, elapsed: float) -> tuple[list[str], str]:
     """The markdown table and the one-line summary."""
     lines = [
-        f"# Dense models: the switch's communication against gloo's ({platform.machine()}, "
-        f"{os.cpu_count()} cores, {time.strftime('%Y-%m-%d')})",
+        heading("Dense models: the switch's communication against gloo's"),
         "",
         f"`python -m bench.dense_comm --settings {args.settings_text} --bw "
         f"{' '.join(f'{b:g}' for b in args.bw)} --steps {args.steps} --rounds {args.rounds} "

@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import multiprocessing as mp
 import os
-import platform
 import queue
 import socket
 import statistics
@@ -35,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from bench.link_physics import link_bound, switch_header_bytes, switch_wire_share
-from bench.publish import plot_path, publish, pyplot
+from bench.publish import heading, plot_path, publish, pyplot
 
 CORES = os.cpu_count() or 1
 POOL_SIZE = 1024  # slots of the job's pool: chunks a worker has in flight (--pool)
@@ -286,8 +285,7 @@ def verdicts(record: dict, worlds: list[int], rates: list[float], n: int) -> lis
 def report(record: dict, args: argparse.Namespace, elapsed: float) -> tuple[list[str], str]:
     """The results' markdown and the one-line summary."""
     lines = [
-        f"# Where links are the limit ({platform.machine()}, {os.cpu_count()} cores, "
-        f"{time.strftime('%Y-%m-%d')})",
+        heading("Where links are the limit"),
         "",
         f"`python -m bench.shaped_links --target {args.target} --worlds "
         f"{' '.join(map(str, args.asked_worlds))} --bw {' '.join(f'{b:g}' for b in args.bw)} "
