@@ -340,6 +340,18 @@ def rounds_arguments(
     return args, args.targets or compared_targets()
 
 
+def ways_summary(
+    results: dict[str, dict[str, list[float]]], what: str, ways: tuple[str, str] = WAYS
+) -> str:
+    """The SUMMARY line: per target, `what`'s p50 through the switch and over gloo (`ways`:
+    the two ways' keys in results, the switch's first)."""
+    return ", ".join(
+        f"{t}: {what} p50 switch {np.percentile(r[ways[0]], 50) * 1e3:.2f} ms, gloo "
+        f"{np.percentile(r[ways[1]], 50) * 1e3:.2f} ms"
+        for t, r in results.items()
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     """Measure on every available target and write bench/results/agreement.md."""
     args, targets = rounds_arguments("python -m bench.agreement", __doc__, "agreements", argv)
@@ -348,11 +360,7 @@ def main(argv: list[str] | None = None) -> int:
     publish(
         "agreement",
         lines,
-        summary=", ".join(
-            f"{t}: switch p50 {np.percentile(r[WAYS[0]], 50) * 1e3:.2f} ms, gloo "
-            f"{np.percentile(r[WAYS[1]], 50) * 1e3:.2f} ms"
-            for t, r in results.items()
-        ),
+        summary=ways_summary(results, "verdict"),
     )
     return 0
 

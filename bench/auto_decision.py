@@ -32,6 +32,7 @@ from bench.agreement import (
     open_gloo,
     rounds_arguments,
     timed,
+    ways_summary,
 )
 from bench.publish import publish
 
@@ -220,11 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     publish(
         "auto_decision",
         report(results, args.world, args.rounds),
-        summary=", ".join(
-            f"{t}: decision p50 switch {np.percentile(r[WAYS[0]], 50) * 1e3:.2f} ms, gloo "
-            f"{np.percentile(r[WAYS[1]], 50) * 1e3:.2f} ms"
-            for t, r in results.items()
-        ),
+        summary=ways_summary(results, "decision", WAYS),
     )
     return 0
 

@@ -27,3 +27,12 @@ def test_a_decision_is_one_packet_of_int32_cells_per_rank():
     cells = decision_cells(4)
     assert len(cells) == 4 and all(c.dtype.name == "int32" for c in cells)
     assert {c.size for c in cells} == {4 * BUCKETS + 1}
+
+
+def test_the_summary_reads_each_benchmarks_own_ways():
+    from bench import agreement, auto_decision
+
+    for mod, what in ((agreement, "verdict"), (auto_decision, "decision")):
+        results = {"ebpf": {mod.WAYS[0]: [0.001, 0.003], mod.WAYS[1]: [0.004]}}
+        line = agreement.ways_summary(results, what, mod.WAYS)
+        assert line == f"ebpf: {what} p50 switch 2.00 ms, gloo 4.00 ms"
