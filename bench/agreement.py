@@ -269,8 +269,27 @@ def ncf_steps(hooks: list, steps: int, budgets: dict[int, float] | None = None) 
     ]
 
 
+def ways_table(results: dict[str, dict[str, list[float]]], ways: tuple[str, str]) -> list[str]:
+    """The markdown table of the two ways' calls (`ways`: the switch's key, then gloo's): p50
+    and p99 per way and target, and the ratio to gloo's."""
+    lines = [
+        "| target | way | p50 | p99 | gloo / way (p50) | calls |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
+    for target, got in results.items():
+        gloo50 = float(np.percentile(got[ways[1]], 50))
+        for way in ways:
+            ms = np.asarray(got[way]) * 1e3
+            p50, p99 = float(np.percentile(ms, 50)), float(np.percentile(ms, 99))
+            lines.append(
+                f"| {target} | {way} | {p50:.2f} | {p99:.2f} | {gloo50 * 1e3 / p50:.2f}x "
+                f"| {ms.size} |"
+            )
+    return lines
+
+
 def report(results: dict[str, dict[str, list[float]]], world: int, rounds: int) -> list[str]:
-    """The markdown table: p50 and p99 per way and target, and the ratio to gloo's."""
+    """The markdown tables: each way's calls, and each variant's NCF steps."""
     lines = [
         "# An agreement through the switch against the process group's",
         "",
@@ -278,19 +297,8 @@ def report(results: dict[str, dict[str, list[float]]], world: int, rounds: int) 
         "threads of one process, each agreement started by every rank together, each "
         "rank's call timed; the two ways alternate round by round. ms per call.",
         "",
-        "| target | way | p50 | p99 | gloo / way (p50) | calls |",
-        "|---|---|---:|---:|---:|---:|",
+        *ways_table(results, WAYS),
     ]
-    for target, ways in results.items():
-        gloo50 = float(np.percentile(ways[WAYS[1]], 50))
-        for way in WAYS:
-            times = ways[way]
-            ms = np.asarray(times) * 1e3
-            p50, p99 = float(np.percentile(ms, 50)), float(np.percentile(ms, 99))
-            lines.append(
-                f"| {target} | {way} | {p50:.2f} | {p99:.2f} | {gloo50 * 1e3 / p50:.2f}x "
-                f"| {ms.size} |"
-            )
     lines += [
         "",
         "An NCF step (three buckets of make run's NCF through the switch, lossless; every "

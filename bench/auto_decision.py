@@ -33,6 +33,7 @@ from bench.agreement import (
     rounds_arguments,
     timed,
     ways_summary,
+    ways_table,
 )
 from bench.publish import publish
 
@@ -175,18 +176,8 @@ def report(results: dict[str, dict[str, list[float]]], world: int, rounds: int) 
         "every rank's call started together and timed; the two ways alternate round by "
         "round. ms per call.",
         "",
-        "| target | way | p50 | p99 | gloo / way (p50) | calls |",
-        "|---|---|---:|---:|---:|---:|",
+        *ways_table(results, WAYS),
     ]
-    for target, ways in results.items():
-        gloo50 = float(np.percentile(ways[WAYS[1]], 50))
-        for way in WAYS:
-            ms = np.asarray(ways[way]) * 1e3
-            p50, p99 = float(np.percentile(ms, 50)), float(np.percentile(ms, 99))
-            lines.append(
-                f"| {target} | {way} | {p50:.2f} | {p99:.2f} | {gloo50 * 1e3 / p50:.2f}x "
-                f"| {ms.size} |"
-            )
     lines += [
         "",
         "An auto step of NCF's three buckets through the switch (lossless; the controller "
