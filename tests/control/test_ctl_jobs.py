@@ -222,11 +222,16 @@ def test_release_by_operator(controller, reader):
     assert code == grpc.StatusCode.NOT_FOUND
 
 
-def test_switch_restart_repushes_pipeline_and_entries(switch, reader, tmp_path, start_controller):
-    # The ranks send no heartbeat: a lease outlasting any restart keeps the job alive (the
-    # module's 3 s one ran out during a restart under load, and the job's entries with it).
-    controller = start_controller(make_config(switch.address, tmp_path, lease=120.0))
-    c = controller.client
+@pytest.fixture
+def patient(switch, tmp_path, start_controller):
+    """A controller whose leases outlast a switch's stop and start: these tests' ranks send
+    no heartbeat, and the module's 3 s lease ran out during a restart under load (the job
+    ended, its entries with it)."""
+    return start_controller(make_config(switch.address, tmp_path, lease=120.0))
+
+
+def test_switch_restart_repushes_pipeline_and_entries(switch, patient, reader):
+    c = patient.client
     job = c.create_job("survivor", 2, "dense", pool_size=32)
     join_all(c, job, HOSTS[:2])
     before = job_state(reader())
@@ -244,8 +249,8 @@ def test_switch_restart_repushes_pipeline_and_entries(switch, reader, tmp_path, 
     assert c.heartbeat(job.job_id, job.token, 0).state == "ready"
 
 
-def test_unreachable_switch_is_unavailable_until_it_returns(switch, controller, reader):
-    c = controller.client
+def test_unreachable_switch_is_unavailable_until_it_returns(switch, patient, reader):
+    c = patient.client
     job = c.create_job("patient", 2, "dense", pool_size=8)
     c.join(job.job_id, job.token, **OK_JOIN)
     switch.stop()
