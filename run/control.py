@@ -23,6 +23,9 @@ if TYPE_CHECKING:
     from run.net import Topology
 
 
+# aggctl counters' first wait, s (a second try waits twice as long): a Python start-up and
+# one read of the switch's counters, which took over 30 s at load ~50 (`--counters-timeout`)
+COUNTERS_TIMEOUT_S = 30.0
 METRICS_PORT_BASE = 9700  # run N's controller serves its metrics on 127.0.0.1:9700+N
 
 
@@ -123,15 +126,29 @@ def controller_process(
     )
 
 
-def counters(names: RunNames, creds: RunCredentials) -> str:
-    """`aggctl counters` as the operator sees it (over TLS, with the run's admin credential)."""
+def counters(names: RunNames, creds: RunCredentials, timeout: float = COUNTERS_TIMEOUT_S) -> str:
+    """`aggctl counters` as the operator sees it (over TLS, with the run's admin credential),
+    within `timeout` s (`output_within`: a second try, then a line saying what to do)."""
     address = controller_address(names)
     aggctl = [sys.executable, "-m", "homagg.control", "--controller", address, *creds.aggctl_args()]
-    done = subprocess.run(
-        [*aggctl, "counters"],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    return output_within([*aggctl, "counters"], timeout, env, "--counters-timeout")
+
+
+def output_within(argv: list[str], timeout: float, env: dict[str, str], option: str) -> str:
+    """What `argv` printed (stdout, then stderr), given `timeout` s, then twice that once more
+    (a load spike passes, and its imports are in the page cache by then). A command that never
+    answers is no failed run: the text says so, how loaded the machine was and which `option`
+    (its timeout) to raise."""
+    for wait in (timeout, 2 * timeout):
+        try:
+            done = subprocess.run(argv, capture_output=True, text=True, timeout=wait, env=env)
+            return done.stdout + done.stderr
+        except subprocess.TimeoutExpired:
+            continue
+    load = os.getloadavg()[0]
+    return (
+        f"no answer within {timeout:g} s, nor within {2 * timeout:g} s on a second try (load "
+        f"average {load:.1f} on {os.cpu_count()} cores): the results above stand; rerun with "
+        f"{option} {4 * timeout:g}, or on a less loaded machine, to see them"
     )
-    return done.stdout + done.stderr

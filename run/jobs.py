@@ -177,7 +177,7 @@ def run_all(
             traffic[mode] = run_job(mode, net, args, state, ports[mode])
     # rank 0 creates the job
     traffic["switch"] = run_job("switch", net, args, state, SWITCH_RENDEZVOUS_PORT, creds)
-    switch_counters = counters(state.names, creds)
+    switch_counters = counters(state.names, creds, args.counters_timeout)
     if not args.peers_first:
         for mode in others:
             traffic[mode] = run_job(mode, net, args, state, ports[mode])

@@ -15,6 +15,7 @@ from homagg.lab import REPO_ROOT
 from homagg.lab.switch_process import AUTO_TARGET, TARGETS, resolve_target, target_problem
 from homagg.worker.auto.control import auto_config
 from homagg.worker.codecs import AUTO_CODEC, CODEC_CHOICES, DEFAULT_CODEC
+from run.control import COUNTERS_TIMEOUT_S
 from run.model import DEFAULT_LR, MODELS
 from run.names import DEFAULT_HOSTS
 from run.peers import PEERS
@@ -50,6 +51,14 @@ def parser(description: str = "", epilog: str = "") -> argparse.ArgumentParser:
         default=None,
         help="logs, results and the plot (default: the run's directory/out, printed at start); "
         "a new or empty directory, or an earlier run's --out, whose files the run replaces",
+    )
+    output.add_argument(
+        "--counters-timeout",
+        type=float,
+        default=COUNTERS_TIMEOUT_S,
+        metavar="S",
+        help=f"seconds for `aggctl counters` after the switch run (default {COUNTERS_TIMEOUT_S:g}; "
+        "one second try waits twice that, then the report says they were not read)",
     )
     output.add_argument(
         "--no-plot",
@@ -276,6 +285,8 @@ def settle(args: argparse.Namespace) -> tuple[str, Topology]:
     if bad:
         raise ValueError(f"--peers {','.join(bad)}: expected some of {', '.join(PEERS)}")
     codec_options(args.codec_option)  # a malformed KEY=VALUE fails here, before Mininet
+    if not args.counters_timeout > 0:
+        raise ValueError(f"--counters-timeout {args.counters_timeout:g}: expected seconds > 0")
     if args.bmv2_opt is not None:
         os.environ[BMV2_OPT_ENV] = str(args.bmv2_opt)  # the switch process reads it
     target = resolve_target(args.target)

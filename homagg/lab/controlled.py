@@ -83,11 +83,14 @@ class Controlled:
         listen: str = "",
         tls: bool = False,
         target: str = "refswitch",
+        join_timeout: float = TIMING["join_timeout"],
         **switch_keys: Any,
     ) -> None:
         """listen "unix:PATH" serves on a Unix socket, reachable from every namespace; `tls`
         serves TLS (a fresh CA in tmp_path/pki) and requires OPERATOR_TOKEN for operator calls;
-        target "bmv2" runs the fabric's switch on BMv2; `switch_keys` go to its [[switch]]."""
+        target "bmv2" runs the fabric's switch on BMv2; `join_timeout` ends a job nobody holds
+        (a test that creates jobs before its ranks start gives its runs' bound: a slow start-up
+        is then no ended job); `switch_keys` go to its [[switch]]."""
         self.ca_file: Path | None = None
         self.fabric: Fabric | None = None
         self.refswitch: ReferenceSwitch | None = None
@@ -105,6 +108,7 @@ class Controlled:
                 self.refswitch = ReferenceSwitch({}, address)
                 self.refswitch.start()
             config = controller_config(address, tmp_path, n, **switch_keys)
+            config = dataclasses.replace(config, join_timeout=join_timeout)
             if listen:
                 config = dataclasses.replace(config, listen=listen)
             if tls:

@@ -8,6 +8,8 @@ import json
 import os
 import signal
 import subprocess
+import sys
+import time
 import tomllib
 from pathlib import Path
 
@@ -286,7 +288,7 @@ def test_peers_first_runs_gloo_and_the_peers_before_the_switch(monkeypatch):
     monkeypatch.setattr(
         jobs, "run_job", lambda mode, net, a, st, port, c=None: order.append((mode, port))
     )
-    monkeypatch.setattr(jobs, "counters", lambda names, creds: "counters")
+    monkeypatch.setattr(jobs, "counters", lambda names, creds, timeout: "counters")
     state = type("S", (), {"names": RunNames(1)})()
     for first, expected in (
         (False, ["switch", "gloo", "gloo-fp16"]),
@@ -416,3 +418,23 @@ def test_the_two_level_topology_makes_a_tree_the_controller_accepts(tmp_path):
         (names.host_ip(i), i - 3) for i in range(4, 8)
     ]
     assert len({t["service_ip"] for t in tables} | {t["mac"] for t in tables}) == 6
+
+
+def test_a_command_that_does_not_answer_is_tried_again_then_said_not_to(tmp_path):
+    """run/control.py's output_within: a second try waits twice as long; a command that
+    answers neither time is a line naming the option to raise, not a failed run."""
+    from run.control import output_within
+
+    once = tmp_path / "tried"  # the first try sleeps past its wait, the second answers
+    slow_once = (
+        "import pathlib, sys, time; p = pathlib.Path(sys.argv[1]); first = not p.exists(); "
+        "p.touch(); time.sleep(60 if first else 0); print('counted')"
+    )
+    argv = [sys.executable, "-c", slow_once, str(once)]
+    assert output_within(argv, 1.5, dict(os.environ), "--x-timeout") == "counted\n"
+    never = [sys.executable, "-c", "import time; time.sleep(60)"]
+    start = time.monotonic()
+    text = output_within(never, 0.2, dict(os.environ), "--x-timeout")
+    assert time.monotonic() - start < 5  # 0.2 s, then 0.4 s: each try's child killed
+    assert "no answer within 0.2 s, nor within 0.4 s" in text and "--x-timeout 0.8" in text
+    assert "load average" in text

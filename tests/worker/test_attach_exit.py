@@ -22,17 +22,15 @@ WORKER = Path(__file__).with_name("attach_exit_worker.py")
 WORLD = 2
 
 
-def run(tmp_path: Path, mode: str, port: int) -> tuple[list[str], object, float]:
-    """Both ranks of `mode`; their logs, the job as the controller lists it afterwards, and
-    the seconds the ranks took."""
+def run(tmp_path: Path, mode: str, port: int) -> tuple[list[str], object]:
+    """Both ranks of `mode` (within 150 s: a hang); their logs and the job as the controller
+    lists it afterwards."""
     c = Controlled(tmp_path, WORLD, fabric=True, listen=f"unix:{tmp_path}/ctl.sock")
     try:
         envs = [rank_env(c, r, WORLD, port, controller=c.address) for r in range(WORLD)]
         argvs = [[str(WORKER), mode, str(tmp_path / f"r{r}.json")] for r in range(WORLD)]
         logs = [tmp_path / f"r{r}.log" for r in range(WORLD)]
-        start = time.monotonic()
         texts = run_in_hosts(c, argvs, envs, logs, 150, check=False)
-        seconds = time.monotonic() - start
         job_id = int((tmp_path / "r0.json.job").read_text())
         deadline = time.monotonic() + 3 * TIMING["lease"]
         while True:  # a lease ends the job a little after the ranks are gone
@@ -42,11 +40,11 @@ def run(tmp_path: Path, mode: str, port: int) -> tuple[list[str], object, float]
             time.sleep(0.2)
     finally:
         c.close()
-    return texts, job, seconds
+    return texts, job
 
 
 def test_a_script_that_exits_without_destroy_ends_its_job_at_exit(tmp_path):
-    texts, job, _ = run(tmp_path, "exit", 29681)
+    texts, job = run(tmp_path, "exit", 29681)
     assert "RuntimeError: the script fails here" in texts[0], texts[0][-3000:]
     assert "Traceback" not in texts[1], texts[1][-3000:]
     at_exit = ("released by the operator", "every rank left")  # not "lease of rank N expired"
@@ -57,9 +55,9 @@ def test_a_script_that_exits_without_destroy_ends_its_job_at_exit(tmp_path):
 def test_a_killed_rank_leaves_the_job_to_its_lease_and_the_other_stops(tmp_path):
     """Rank 1 is SIGKILLed before its backward: rank 0's bucket waits on the switch while the
     controller holds rank 1's lease, the lease ends the job, and rank 0's step raises (the
-    agreement cannot reach rank 1 over gloo either) within a bound of lease + margin."""
-    texts, job, seconds = run(tmp_path, "killed", 29683)
-    assert seconds < 120, seconds
+    agreement cannot reach rank 1 over gloo either) within a bound of lease + margin,
+    measured by the ranks (a wall-clock bound would count their start-up under load)."""
+    texts, job = run(tmp_path, "killed", 29683)
     assert "lease of rank 1 expired" in job.end_reason, job.end_reason
     report = json.loads((tmp_path / "r0.json").read_text())
     killed = float((tmp_path / "r1.json.killed").read_text())

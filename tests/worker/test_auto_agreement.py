@@ -14,6 +14,7 @@ from homagg.lab.threads import run_threads
 from homagg.wire.constants import Op
 from homagg.worker.auto.control import HOST, AutoConfig, Choice
 from homagg.worker.auto.measurements import Measurements, from_cells, to_cells
+from homagg.worker.ddp.comm_thread import CommThread
 from homagg.worker.ddp.hook import SwitchHookState
 from homagg.worker.ddp.switch_path import aggregate_bucket
 from tests.worker.test_auto_pipeline import wire
@@ -99,10 +100,12 @@ def cost(rank: int, step: int, bucket: int, choice: Choice) -> float:
     return base * (1 + 0.1 * rank) * (1 + 0.03 * ((step * 7 + bucket * 3) % 5))
 
 
-def run_auto(switch: FakeSwitch, through_switch: bool, steps: int):
+def run_auto(switch: FakeSwitch, through_switch: bool, steps: int, close: bool = False):
     """`steps` steps on every rank: each bucket on the path auto chose (the switch's with
     its verdict, the last one's sealing the step), its cost then measured as `cost` says,
-    the step's end; every rank's hook state, the group and the wall time."""
+    the step's end, and with `close` the hook's close() (a communication thread given to
+    each, that close() runs its last jobs on); every rank's hook state, the group and the
+    wall time."""
     group = Group()
     hooks = [
         AutoThreadHook(FakeAgent(FakeTransport(switch, r)), r, group, through_switch)
@@ -120,6 +123,9 @@ def run_auto(switch: FakeSwitch, through_switch: bool, steps: int):
                 ctl.record(b, cost(r, s, b, ran), ran, 0.9 - 0.1 * r, wire(ran))
             h.iteration_seconds = 0.05 + 0.001 * r + 0.0001 * s
             h.end_step({b: 0.004 * (b + 1) * (1 + 0.05 * r) for b in range(BUCKETS)})
+        if close:
+            h.comm = CommThread(f"comm-{r}")
+            h.close()
 
     seconds, _ = run_threads([lambda r=r: rank(r) for r in range(WORLD)], BOUND)
     return hooks, group, seconds
@@ -189,6 +195,25 @@ def test_a_switch_that_dies_mid_decision_ends_in_one_agreed_fallback():
     assert not any(h.fallback.use for h in hooks)
     # each failure waits out one rank's budget (the others are told), and only that
     assert seconds < reference + 2 * (repairs + hooks[0].stats.fallbacks) * WAIT
+
+
+def test_an_answer_missed_at_the_last_step_is_repaired_at_close():
+    """No step follows the last one to seal its decision: close() seals it, so the rank
+    that missed the answer is met there at once (not after the communication thread's or
+    gloo's timeout), and every rank repairs it alike."""
+    steps = 6
+    counted = DecisionSwitch()
+    unsealed, _, _ = run_auto(counted, True, steps)
+    assert all(h.unsealed_decision is not None for h in unsealed)  # the last step's went
+    by_switch, _, reference = run_auto(FakeSwitch(), True, steps, close=True)
+    assert [h.stats.decision_repairs for h in by_switch] == [0] * WORLD
+    switch = DecisionSwitch(fail_at=len(counted.decisions), answers={0, 1})  # rank 2 missed
+    hooks, _, seconds = run_auto(switch, True, steps, close=True)
+    assert switch.dropped is not None
+    assert_alike(hooks, by_switch)
+    assert [h.stats.decision_repairs for h in hooks] == [1] * WORLD
+    assert [h.fallback.unsealed for h in hooks] == [0] * WORLD
+    assert seconds < reference + 3 * WAIT  # rank 2's budget waited out, not a timeout
 
 
 def test_the_next_step_starts_before_the_decision_is_sent_and_is_not_overtaken():

@@ -28,6 +28,9 @@ ROOT = Path(__file__).resolve().parents[2]
 # Fixed point with 30 magnitude bits per worker (W = 2) quantizes below float32's own
 # rounding; 10 SGD steps keep the two runs within a few ulps of the parameters' scale.
 ATOL, RTOL = 1e-5, 1e-4
+# s: a run's bound, and the join timeout of the jobs made before its ranks start, so that a
+# start-up slowed by load (two torch imports in namespaces) never ends a job before it fails
+RUN_S = 180.0
 
 
 def launch(
@@ -93,12 +96,12 @@ def assert_same_params(a: dict, b: dict) -> None:
 
 
 def test_training_through_the_switch_equals_plain_ddp(tmp_path):
-    c = Controlled(tmp_path, WORLD, fabric=True)
+    c = Controlled(tmp_path, WORLD, fabric=True, join_timeout=RUN_S)
     try:
         procs = launch(
             c, tmp_path, [job_spec(c, "lossless", 41100), job_spec(c, "fixed_point", 41200)]
         )
-        out = finish(procs, tmp_path, 90)
+        out = finish(procs, tmp_path, RUN_S)
     finally:
         c.close()
     for params, stats in out:
@@ -110,10 +113,10 @@ def test_training_through_the_switch_equals_plain_ddp(tmp_path):
 
 
 def test_async_hook_and_dear_mode_through_the_switch_equal_plain_ddp(tmp_path):
-    c = Controlled(tmp_path, WORLD, fabric=True)
+    c = Controlled(tmp_path, WORLD, fabric=True, join_timeout=RUN_S)
     try:
         jobs = [job_spec(c, "lossless", 41400, "async"), job_spec(c, "fixed_point", 41500, "dear")]
-        out = finish(launch(c, tmp_path, jobs), tmp_path, 90)
+        out = finish(launch(c, tmp_path, jobs), tmp_path, RUN_S)
     finally:
         c.close()
     for params, stats in out:
@@ -126,7 +129,7 @@ def test_async_hook_and_dear_mode_through_the_switch_equal_plain_ddp(tmp_path):
 
 
 def test_killed_switch_falls_back_to_gloo_and_warns_once(tmp_path):
-    c = Controlled(tmp_path, WORLD, fabric=True)
+    c = Controlled(tmp_path, WORLD, fabric=True, join_timeout=RUN_S)
     kill_dir = tmp_path / "kill"
     kill_dir.mkdir()
     try:
@@ -134,14 +137,14 @@ def test_killed_switch_falls_back_to_gloo_and_warns_once(tmp_path):
         try:
             wait_for(
                 lambda: (kill_dir / "kill-me").exists() or any(p.poll() is not None for p in procs),
-                60,
+                RUN_S,
                 "the ranks to reach the kill point",
             )
             c.fabric.switch.proc.kill()  # by PID, mid-training
             c.fabric.switch.proc.wait(5)
         finally:
             (kill_dir / "killed").write_text("")
-        out = finish(procs, tmp_path, 60)
+        out = finish(procs, tmp_path, RUN_S)
     finally:
         c.close()
     for params, stats in out:

@@ -8,7 +8,8 @@ step runs a bucket on it, whose seal comes at no extra cost), so every rank send
 packet or none does. A rank that misses the answer (the switch died between its copies,
 its stream broke, its agent is unhealthy) goes to the process group at once with
 `missed` set; the others meet it at their next agreement there (their next switch bucket
-fails, or the step's seal: the decision counts as unsealed), and every rank all_reduces
+fails, or the step's seal: the decision counts as unsealed; after the last step, the
+seal close() runs), and every rank all_reduces
 the cells it had sent (agreement.py, `SwitchDecision.repair`): the same answer everywhere,
 and every rank falls back together."""
 

@@ -68,6 +68,10 @@ class HostAggregate:
     def end_step(self, budgets: dict[int, float] | None = None) -> None:
         """Nothing to decide after a step."""
 
+    def close(self) -> None:
+        """Stop the communication thread after its queued buckets."""
+        self.comm.close()
+
 
 class SwitchAggregate:
     """The switch hook's path (codec, collective fallback) for DeAR's buckets."""
@@ -89,6 +93,11 @@ class SwitchAggregate:
         """After the step's last bucket: the hook state's cool-down count; codec="auto"
         decides the next step's paths."""
         self.state.end_step(budgets)
+
+    def close(self) -> None:
+        """The hook state's close(): the communication thread stops after its queued
+        buckets and codec="auto"'s last decision's seal."""
+        self.state.close()
 
 
 class DearDataParallel(nn.Module):
@@ -308,4 +317,4 @@ class DearDataParallel(nn.Module):
         self.flush()
         for h in self._handles:
             h.remove()
-        self.agg.comm.close()
+        self.agg.close()

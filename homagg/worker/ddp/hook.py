@@ -14,6 +14,7 @@ aggregates on the rank's communication thread while backward goes on; codec="aut
 all_reduce among them. `switch_allreduce_hook` runs the one the state asks for."""
 
 # No `from __future__ import annotations`: DDP checks the hook's annotations at runtime.
+import contextlib
 import logging
 import time
 from collections import deque
@@ -190,9 +191,12 @@ class SwitchHookState:
         return True if self.comm is None else self.comm.drain(timeout)
 
     def close(self) -> None:
-        """Stop the communication thread (after its queued buckets) and finish codec="auto"'s
-        agreements still in flight (every rank started them; a dead peer's is dropped)."""
+        """Stop the communication thread (after its queued buckets and the last decision's
+        seal) and finish codec="auto"'s agreements still in flight (every rank started them;
+        a dead peer's is dropped)."""
         if self.comm is not None:
+            with contextlib.suppress(RuntimeError):  # closed already: nothing more to queue
+                self.comm.submit(self.seal_last_decision)
             self.comm.close()
             self.comm = None
         while self._agreeing:
@@ -200,6 +204,15 @@ class SwitchHookState:
                 self._agreeing.popleft().finish(CLOSE_AGREEMENT_S)
             except RuntimeError as exc:  # a peer is gone: nothing is left to decide
                 log.info("rank %d: an agreement in flight did not finish: %s", self.rank, exc)
+
+    def seal_last_decision(self) -> None:
+        """codec="auto": seal the last step's decision through the switch over the process
+        group, as the next step's end would have (a rank that missed its answer waits there
+        for the others). Every rank sent it or none did, so every rank agrees here or is in
+        that agreement already (it missed the answer: nothing unsealed left). Run on the
+        communication thread, as every collective of the hook's group."""
+        if self.controller is not None:
+            seal_step(self)
 
     # -- collectives (a backend or a test overrides them) -----------------------------
 
