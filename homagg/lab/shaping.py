@@ -5,6 +5,7 @@ htb (and tbf) do (tests/packet/test_shaping.py)."""
 
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING
 
 from homagg.lab.namespace import tc
@@ -48,3 +49,19 @@ def shape_fabric(fabric: Fabric, mbit: float) -> None:
     for h in fabric.hosts:
         shape(h.namespace, h.iface, mbit)
         shape(fabric.switch_namespace, h.switch_iface, mbit)
+
+
+def qdisc_drops(netns: str, iface: str) -> int:
+    """Packets the qdiscs of iface's egress (in namespace netns) dropped since they were made
+    (`tc -s qdisc`: htb's leaf queue overflowing when a burst outruns the rate)."""
+    shown = tc("-s", "-j", "qdisc", "show", "dev", iface, netns=netns).stdout
+    return sum(int(q.get("drops", 0)) for q in json.loads(shown or "[]"))
+
+
+def fabric_drops(fabric: Fabric) -> int:
+    """The qdisc drops of both ends of every host link of a Fabric (shape_fabric's queues;
+    a re-shaped link starts again from 0, so take differences within one shaping)."""
+    return sum(
+        qdisc_drops(h.namespace, h.iface) + qdisc_drops(fabric.switch_namespace, h.switch_iface)
+        for h in fabric.hosts
+    )

@@ -158,5 +158,8 @@ class BatchedExchange:
             return np.zeros(0, np.int64)
         lost = [flight.lost_before(int(i)) for i in answered_resends]
         if after and newest > flight.oldest:  # an open chunk before the newest answered
-            lost.append(flight.passed_over(newest, after))
+            passed = flight.passed_over(newest, after)
+            for j in passed:  # a loss for the congestion window (fast retransmit)
+                self.t.window.lost(self.first + int(j), self.first + flight.next_to_send)
+            lost.append(passed)
         return np.unique(np.concatenate(lost)) if lost else np.zeros(0, np.int64)

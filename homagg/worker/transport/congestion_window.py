@@ -4,13 +4,19 @@ than its pool (the pool stays the slots' bound, the window only paces below it).
 TCP's rules (RFC 5681) counted in chunks: the window starts at INITIAL_WINDOW, grows by one
 chunk per chunk answered while below the slow-start threshold (slow start: it doubles per
 round trip), then by 1/window per chunk answered (additive increase: one chunk per round
-trip). A retransmission timeout halves it (multiplicative decrease, not below FLOOR) and
-sets the threshold there, at most once per window of chunks: a timeout of a chunk sent
-before the last halving belongs to the window already halved (NewReno's recovery point,
-here a stream index). A burst of a whole pool into a shared queue (the socket's, a veth's,
-a shaper's) is what overran it; the window makes the burst grow only as fast as the answers
-come back. On both I/O paths the same object answers, chunk by chunk or batch by batch,
-with the same result (`answered(n)` is n answers of one chunk).
+trip). A loss halves it (multiplicative decrease, not below FLOOR) and sets the threshold
+there, at most once per window of chunks: a loss of a chunk sent before the last halving
+belongs to the window already halved (NewReno's recovery point, here a stream index). A
+loss is a retransmission timeout of a chunk that a later chunk's answer skipped, or a chunk
+passed over by `fast_resend_after` later answers (fast retransmit: RFC 5681 halves there
+too). A timeout in silence (nothing answered since the chunk's timer started: the whole
+pool late, a slow peer or the scheduler) is no loss: measured on the eBPF target on 2
+loaded cores, such timeouts were spurious (the switch had every contribution), and halving
+on them cut the window for nothing (docs/performance.md, "The congestion window"). A
+burst of a whole pool into a shared queue (the socket's, a veth's, a shaper's) overruns
+it; the window lets the burst grow only as fast as the answers come back. On both I/O
+paths the same object answers, chunk by chunk or batch by batch, with the same result
+(`answered(n)` is n answers of one chunk).
 Chosen by TransportConfig.congestion_window, else HOMAGG_CONGESTION_WINDOW, else on.
 """
 
@@ -87,9 +93,9 @@ class CongestionWindow:
             n -= 1
         self.cwnd = min(self.cwnd, float(self.ceiling))
 
-    def timed_out(self, chunk: int, next_chunk: int) -> bool:
-        """Chunk `chunk` (stream index) timed out while `next_chunk` is the next to go:
-        halve the window unless this window was halved already; returns whether it was."""
+    def lost(self, chunk: int, next_chunk: int) -> bool:
+        """Chunk `chunk` (stream index) was lost while `next_chunk` is the next to go: halve
+        the window unless this window was halved already; returns whether it was."""
         if not self.enabled or chunk < self.recover:
             return False
         self.ssthresh = self.cwnd = max(float(self.floor), self.cwnd / 2)

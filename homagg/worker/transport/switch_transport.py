@@ -5,7 +5,7 @@ copy (tag div S) mod 2, where S is the pool size and P(S) the numbering period
 (homagg/worker/transport/chunk_numbering.py); chunk k + S is sent only once chunk k's
 result is back (SwitchML's pool rule, docs/protocol.md), and at most min(S, the congestion
 window) chunks are in flight (homagg/worker/transport/congestion_window.py: slow start,
-additive increase, halved on a retransmission timeout), so every worker numbers chunks
+additive increase, halved on a loss), so every worker numbers chunks
 alike as long as all of them call `allreduce` with the same lengths in the same order
 (what the codecs guarantee).
 Lost packets are retransmitted after a timeout from measured round trips (RFC 6298,
@@ -302,6 +302,7 @@ class SwitchTransport:
         cfg, timer = self.config, self.timer
         inflight, start, deadline = flight.deadlines(timer)
         expired = np.flatnonzero(deadline <= now)
+        skipped = start < flight.last_answer  # a later answer since: a loss, not silence
         if flight.restarts:
             expired = flight.probe_if_silent(expired, inflight, start, now)
         out = []
@@ -312,7 +313,8 @@ class SwitchTransport:
             elif flight.tries[i] and (gone := self.wait.peers_gone()):
                 raise self._no_result(first + int(i), gone)  # no need to spend the budget
             timer.timed_out(start[k], now)  # once per expiry event
-            self.window.timed_out(first + int(i), first + flight.next_to_send)  # once a window
+            if skipped[k]:
+                self.window.lost(first + int(i), first + flight.next_to_send)  # once a window
             out.append(int(i))
         self.stats.timeouts += len(out)
         return out
@@ -360,6 +362,7 @@ class SwitchTransport:
         after = self.config.fast_resend_after
         if flight.restarts and after and i > flight.oldest:  # an open chunk before this one
             for j in flight.passed_over(i, after):
+                self.window.lost(first + int(j), first + flight.next_to_send)
                 self._resend(payloads, flight, int(j), now)
         return True
 
