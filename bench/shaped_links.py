@@ -210,7 +210,7 @@ def methods_of(args: argparse.Namespace) -> tuple[str, ...]:
 
 
 def measure_world(args: argparse.Namespace, w: int, record: dict) -> None:
-    """Every repetition: every link rate (unshaped first) and both methods, alternating."""
+    """Every repetition: every link rate (unshaped first) and every method, the order rotated."""
     from homagg.lab.aggjob import Job
     from homagg.lab.fabric import Fabric
     from homagg.lab.shaping import fabric_drops, shape_fabric
@@ -228,7 +228,7 @@ def measure_world(args: argparse.Namespace, w: int, record: dict) -> None:
         for rep in range(args.reps):
             order = methods[rep % len(methods) :] + methods[: rep % len(methods)]  # rotated
             for mbit in (0.0, *args.bw):
-                shape_fabric(fabric, mbit)
+                shape_fabric(fabric, mbit, args.queue)
                 for n in args.sizes:
                     for method in order:
                         drops = fabric_drops(fabric)
@@ -330,6 +330,7 @@ def report(record: dict, args: argparse.Namespace, elapsed: float) -> tuple[list
         f"`python -m bench.shaped_links --target {args.target} --worlds "
         f"{' '.join(map(str, args.asked_worlds))} --bw {' '.join(f'{b:g}' for b in args.bw)} "
         f"--sizes {' '.join(map(str, args.sizes))} --reps {args.reps} --pool {args.pool}"
+        f"{f' --queue {args.queue}' if args.queue else ''}"
         f"{' --window-off' if args.window_off else ''}`; "
         f"ran in {elapsed:.0f} s, "
         f"{NAMES[args.target]} switch. Plot: {args.name}.png.",
@@ -340,7 +341,7 @@ def report(record: dict, args: argparse.Namespace, elapsed: float) -> tuple[list
         "per worker), both methods over the same links (every host link shaped at both "
         "ends with htb, as Mininet's TCLink). Seconds: the slowest "
         "rank's step, median [min, max] over repetitions (every repetition ran every rate "
-        "and both methods, alternating order). Goodput: gradient Mbit/s per worker "
+        "and every method, the order rotated). Goodput: gradient Mbit/s per worker "
         "(4n bytes / step). Ideal: what the links allow, the switch sending the packets it "
         f"really sent (one copy of the gradient plus the exponent phase; "
         f"{switch_header_bytes()} bytes of headers per {args.cells * 4}-byte payload, "
@@ -428,6 +429,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "window must cover the link's rate times a round trip, scheduling included)",
     )  # fmt: skip
     p.add_argument(
+        "--queue", type=int, default=0,
+        help="packets each shaped link's queue holds (a drop-tail queue under htb, as "
+        "TCLink's max_queue_size; default 0: htb's own, 1000 on a veth)",
+    )  # fmt: skip
+    p.add_argument(
         "--window-off", action="store_true",
         help="also run the switch with its congestion window off (the pool alone), "
         "alternating with it on: a second table side by side (bench/window_table.py)",
@@ -436,6 +442,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if any(b <= 0 for b in args.bw) or any(n < 1 for n in args.sizes) or args.reps < 1:
         p.error("--bw, --sizes and --reps must be positive")
+    if args.queue < 0:
+        p.error("--queue must be >= 0 (0: htb's own queue)")
     if not 1 <= args.pool <= MAX_POOL:
         p.error(f"--pool must be within 1..{MAX_POOL}")
     args.cells = CELLS_PER_PKT
