@@ -60,7 +60,7 @@ class CongestionWindow:
     cwnd: float = field(init=False)
     ssthresh: float = math.inf
     halvings: int = 0
-    recover: int = -1  # a timeout of a chunk (stream index) below it halves nothing
+    recover: int = -1  # a loss of a chunk (stream index) below it halves nothing
 
     def __post_init__(self) -> None:
         if self.ceiling < 1 or self.initial < 1 or self.floor < 1:

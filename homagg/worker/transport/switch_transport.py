@@ -3,11 +3,11 @@
 Chunk k of the job's stream carries the tag k mod P(S) and goes to slot tag mod S, shadow
 copy (tag div S) mod 2, where S is the pool size and P(S) the numbering period
 (homagg/worker/transport/chunk_numbering.py); chunk k + S is sent only once chunk k's
-result is back (SwitchML's pool rule, docs/protocol.md), and at most min(S, the congestion
-window) chunks are in flight (homagg/worker/transport/congestion_window.py: slow start,
-additive increase, halved on a loss), so every worker numbers chunks
+result is back (SwitchML's pool rule, docs/protocol.md), so every worker numbers chunks
 alike as long as all of them call `allreduce` with the same lengths in the same order
-(what the codecs guarantee).
+(what the codecs guarantee). Below the pool, at most min(S, the congestion window) chunks
+are in flight (homagg/worker/transport/congestion_window.py: slow start, additive
+increase, halved on a loss); the window paces, it never changes a chunk's number.
 Lost packets are retransmitted after a timeout from measured round trips (RFC 6298,
 homagg/worker/transport/retransmission_timer.py) that doubles per try. As with RFC 6298's
 one timer, an answer restarts the timers of the chunks behind it and an expiry resends only
@@ -261,8 +261,8 @@ class SwitchTransport:
 
     def _exchange(self, first: int, payloads: np.ndarray, out: np.ndarray) -> None:
         """Keep up to min(`pool_size`, the window) chunks in flight until every result is in
-        `out`: batch by
-        batch, or on the per-datagram path (the reference) datagram by datagram."""
+        `out`: batch by batch, or on the per-datagram path (the reference) datagram by
+        datagram."""
         try:
             if self.io_path == BATCHED:
                 BatchedExchange(self, first, payloads, out).run()
