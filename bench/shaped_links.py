@@ -11,8 +11,14 @@ with every step. Beside each point, what the links allow (bench/link_physics.py)
 sends 2(W-1)/W of the gradient per worker in TCP segments, the switch one copy in
 aggregation packets (its exponent phase included), so the ideal ratio and goodput.
 
+The switch's transport runs with its congestion window on; `--window-off` adds the same
+transport with the window off (the pool alone) as a third method, alternating, and its
+table (bench/window_table.py); `--queue N` gives every shaped link a drop-tail queue of N
+packets (a shallow buffer) instead of htb's 1,000.
+
     python -m bench.shaped_links [--target ebpf] [--worlds 4 8] [--bw 100 1000]
-        [--sizes 4000000] [--reps 3] [--name shaped_links]
+        [--sizes 4000000] [--reps 3] [--pool 1024] [--queue 0] [--window-off]
+        [--name shaped_links]
 """
 
 from __future__ import annotations
