@@ -5,14 +5,20 @@ Mininet's TCLink: homagg/lab/shaping.py), side by side at W = 4 and 8.
 Each rank is one process living in its host's namespace: it holds a gloo process group over
 its host's link (GLOO_SOCKET_IFNAME) and a switch worker (SwitchTransport) on the same link,
 so both methods cross the same shaped links, switch and all. Every repetition runs every
-link rate (unshaped first: the workers' packet rate there is the CPU's bound) and both
-methods in turn, the order alternating between repetitions; the load average is recorded
+link rate (unshaped first: the workers' packet rate there is the CPU's bound) and every
+method in turn, the order rotating between repetitions; the load average is recorded
 with every step. Beside each point, what the links allow (bench/link_physics.py): the ring
 sends 2(W-1)/W of the gradient per worker in TCP segments, the switch one copy in
 aggregation packets (its exponent phase included), so the ideal ratio and goodput.
 
+The switch's transport runs with its congestion window on; `--window-off` adds the same
+transport with the window off (the pool alone) as a third method, alternating, and its
+table (bench/window_table.py); `--queue N` gives every shaped link a drop-tail queue of N
+packets (a shallow buffer) instead of htb's 1,000.
+
     python -m bench.shaped_links [--target ebpf] [--worlds 4 8] [--bw 100 1000]
-        [--sizes 4000000] [--reps 3] [--name shaped_links]
+        [--sizes 4000000] [--reps 3] [--pool 1024] [--queue 0] [--window-off]
+        [--name shaped_links]
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ import numpy as np
 
 from bench.link_physics import link_bound, switch_header_bytes, switch_wire_share
 from bench.publish import heading, plot_path, publish, pyplot
+from bench.window_table import window_table
 
 CORES = os.cpu_count() or 1
 POOL_SIZE = 1024  # slots of the job's pool: chunks a worker has in flight (--pool)
@@ -42,6 +49,8 @@ STEP_TIMEOUT = 600.0  # seconds for one step of every rank
 NAMES = {"refswitch": "reference switch", "ebpf": "eBPF", "bmv2": "BMv2"}
 MAX_POOL = 1024  # a job's pool stays clear of the end of the switch's slots (pool_base_of)
 TARGETS = {4: (1.3, 0.8), 8: (1.5, 0.8)}  # W: (switch / gloo speed-up, goodput share)
+SWITCH = "switch"  # the switch's transport with its congestion window
+SWITCH_NO_WINDOW = "switch_nowin"  # the same, the pool alone (--window-off)
 
 
 @dataclass(frozen=True)
@@ -85,6 +94,8 @@ def _rank_main(setup: RankSetup, cmd: Any, res: Any) -> None:
     import torch.distributed as dist
 
     from homagg.worker.codecs import FixedPoint
+    from homagg.worker.transport.congestion_window import CongestionWindow
+    from homagg.worker.transport.switch_transport import TransportError
 
     torch.set_num_threads(1)
     dist.init_process_group(
@@ -94,25 +105,42 @@ def _rank_main(setup: RankSetup, cmd: Any, res: Any) -> None:
         world_size=setup.world_size,
     )
     transport = _transport(setup)
+    windows = {  # the switch's methods: the congestion window on and off, each kept
+        SWITCH: CongestionWindow(setup.pool_size, enabled=True),
+        SWITCH_NO_WINDOW: CongestionWindow(setup.pool_size, enabled=False),
+    }
     codec = FixedPoint(setup.world_size)  # kept across steps, as training keeps one per bucket
     rng = np.random.default_rng(setup.rank)
     xs = {n: rng.standard_normal(n).astype(np.float32) for n in setup.sizes}
     while (msg := cmd.get()) is not None:
         method, n = msg
-        stats = transport.stats
-        sent, retx = stats.packets_sent, stats.retransmissions
+        stats, window = transport.stats, windows.get(method)
+        before = (stats.packets_sent, stats.retransmissions, stats.timeouts)
+        halvings = window.halvings if window else 0
         t = torch.from_numpy(xs[n].copy())
+        if window:  # every rank resumes at the same chunk, after a step that failed too
+            transport.window = window
+            nxt = torch.tensor([transport.next_chunk], dtype=torch.int64)
+            dist.all_reduce(nxt, op=dist.ReduceOp.MAX)
+            transport.next_chunk = int(nxt)
         dist.barrier()
         start, cpu = time.perf_counter(), time.process_time()
         if method == "gloo":
             dist.all_reduce(t)
             out = t.numpy()
         else:
-            out = transport.run(codec.aggregate(xs[n]))
+            try:
+                out = transport.run(codec.aggregate(xs[n]))
+            except TransportError:  # a stall: no sum (the parent counts the step failed)
+                out = np.full(1, np.nan, np.float32)
         secs, cpu = time.perf_counter() - start, time.process_time() - cpu
-        digest = zlib.crc32(np.ascontiguousarray(out).tobytes())
-        sent, retx = stats.packets_sent - sent, stats.retransmissions - retx
-        res.put((setup.rank, secs, sent, retx, digest, cpu))
+        digest = -1 if np.isnan(out).any() else zlib.crc32(np.ascontiguousarray(out).tobytes())
+        after = (stats.packets_sent, stats.retransmissions, stats.timeouts)
+        sent, retx, timeouts = (a - b for a, b in zip(after, before, strict=True))
+        res.put((
+            setup.rank, secs, sent, retx, digest, cpu, timeouts,
+            (window.halvings - halvings) if window else 0, window.limit if window else 0,
+        ))  # fmt: skip
     transport.channel.close()
     dist.destroy_process_group()
 
@@ -138,11 +166,14 @@ class RankPool:
 
     def run(self, method: str, n: int) -> dict[str, float]:
         """One step of every rank: the slowest rank's seconds, packets a worker sent,
-        retransmissions of all; a RuntimeError when the switch's ranks got different sums."""
+        retransmissions and timeouts of all, the window's halvings of all and its median
+        after the step; `failed` when a rank's transport gave up (a stall); a RuntimeError
+        when the ranks got different sums."""
         for q in self.cmds:
             q.put((method, n))
         got = [self._result() for _ in self.cmds]
-        if len({g[4] for g in got}) != 1:
+        failed = any(g[4] == -1 for g in got)
+        if not failed and len({g[4] for g in got}) != 1:
             raise RuntimeError(f"{method} n={n}: the ranks got different sums")
         return {
             "secs": max(g[1] for g in got),
@@ -150,6 +181,10 @@ class RankPool:
             "retx": sum(g[3] for g in got),
             "cpu": sum(g[5] for g in got),  # user + system seconds of every rank
             "load": os.getloadavg()[0],
+            "timeouts": sum(g[6] for g in got),
+            "halvings": sum(g[7] for g in got),
+            "cwnd": statistics.median(g[8] for g in got),
+            "failed": float(failed),
         }
 
     def _result(self) -> tuple:
@@ -175,11 +210,16 @@ class RankPool:
         self.tmp.cleanup()
 
 
+def methods_of(args: argparse.Namespace) -> tuple[str, ...]:
+    """The methods of every point, in the first repetition's order."""
+    return ("gloo", SWITCH, SWITCH_NO_WINDOW) if args.window_off else ("gloo", SWITCH)
+
+
 def measure_world(args: argparse.Namespace, w: int, record: dict) -> None:
-    """Every repetition: every link rate (unshaped first) and both methods, alternating."""
+    """Every repetition: every link rate (unshaped first) and every method, the order rotated."""
     from homagg.lab.aggjob import Job
     from homagg.lab.fabric import Fabric
-    from homagg.lab.shaping import shape_fabric
+    from homagg.lab.shaping import fabric_drops, shape_fabric
 
     fabric = Fabric(args.target, w)
     pool = None
@@ -188,20 +228,26 @@ def measure_world(args: argparse.Namespace, w: int, record: dict) -> None:
             h.enable_ip_stack()
         job = Job(fabric, fabric.hosts, pool_size=args.pool)
         pool = RankPool(fabric, job.job_id, args.pool, tuple(args.sizes))
-        for method in ("gloo", "switch"):  # warm-up: connections, codec state
+        methods = methods_of(args)
+        for method in methods:  # warm-up: connections, codec state
             pool.run(method, min(args.sizes))
         for rep in range(args.reps):
-            order = ("gloo", "switch") if rep % 2 == 0 else ("switch", "gloo")
+            order = methods[rep % len(methods) :] + methods[: rep % len(methods)]  # rotated
             for mbit in (0.0, *args.bw):
-                shape_fabric(fabric, mbit)
+                shape_fabric(fabric, mbit, args.queue)
                 for n in args.sizes:
                     for method in order:
-                        got = pool.run(method, n)
+                        drops = fabric_drops(fabric)
+                        got = pool.run(method, n) | {"drops": 0.0}
+                        got["drops"] = float(fabric_drops(fabric) - drops)
                         record.setdefault((w, mbit, n, method), []).append(got)
                         print(
                             f"  W={w} {_link(mbit)} n={n:,} rep {rep + 1}/{args.reps} {method}:"
-                            f" {got['secs']:.2f} s, {_mbit(n, got['secs']):.1f} Mbit/s/worker,"
-                            f" retx {got['retx']}, load {got['load']:.2f}",
+                            f" {'STALLED ' if got['failed'] else ''}{got['secs']:.2f} s, "
+                            f"{_mbit(n, got['secs']):.1f} Mbit/s/worker, retx {got['retx']}, "
+                            f"timeouts {got['timeouts']}, window {got['cwnd']:g} (halved "
+                            f"{got['halvings']}), qdisc drops {got['drops']:g}, "
+                            f"load {got['load']:.2f}",
                             flush=True,
                         )
     finally:
@@ -289,7 +335,9 @@ def report(record: dict, args: argparse.Namespace, elapsed: float) -> tuple[list
         "",
         f"`python -m bench.shaped_links --target {args.target} --worlds "
         f"{' '.join(map(str, args.asked_worlds))} --bw {' '.join(f'{b:g}' for b in args.bw)} "
-        f"--sizes {' '.join(map(str, args.sizes))} --reps {args.reps} --pool {args.pool}`; "
+        f"--sizes {' '.join(map(str, args.sizes))} --reps {args.reps} --pool {args.pool}"
+        f"{f' --queue {args.queue}' if args.queue else ''}"
+        f"{' --window-off' if args.window_off else ''}`; "
         f"ran in {elapsed:.0f} s, "
         f"{NAMES[args.target]} switch. Plot: {args.name}.png.",
         "",
@@ -299,7 +347,7 @@ def report(record: dict, args: argparse.Namespace, elapsed: float) -> tuple[list
         "per worker), both methods over the same links (every host link shaped at both "
         "ends with htb, as Mininet's TCLink). Seconds: the slowest "
         "rank's step, median [min, max] over repetitions (every repetition ran every rate "
-        "and both methods, alternating order). Goodput: gradient Mbit/s per worker "
+        "and every method, the order rotated). Goodput: gradient Mbit/s per worker "
         "(4n bytes / step). Ideal: what the links allow, the switch sending the packets it "
         f"really sent (one copy of the gradient plus the exponent phase; "
         f"{switch_header_bytes()} bytes of headers per {args.cells * 4}-byte payload, "
@@ -335,6 +383,8 @@ def report(record: dict, args: argparse.Namespace, elapsed: float) -> tuple[list
     lines += ["", "Targets (largest n):", ""]
     verdict = verdicts(record, args.worlds, args.bw, max(args.sizes))
     lines += [f"- {v}" for v in verdict] + [""]
+    if args.window_off:
+        lines += window_table(record, args.worlds, (0.0, *args.bw), args.sizes)
     return lines, "shaped links, " + NAMES[args.target] + ": " + "; ".join(verdict)
 
 
@@ -384,10 +434,22 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help=f"the job's pool: packets a worker keeps in flight (default {POOL_SIZE}; the "
         "window must cover the link's rate times a round trip, scheduling included)",
     )  # fmt: skip
+    p.add_argument(
+        "--queue", type=int, default=0,
+        help="packets each shaped link's queue holds (a drop-tail queue under htb, as "
+        "TCLink's max_queue_size; default 0: htb's own, 1000 on a veth)",
+    )  # fmt: skip
+    p.add_argument(
+        "--window-off", action="store_true",
+        help="also run the switch with its congestion window off (the pool alone), "
+        "alternating with it on: a second table side by side (bench/window_table.py)",
+    )  # fmt: skip
     p.add_argument("--name", default="shaped_links", help="results file stem")
     args = p.parse_args(argv)
     if any(b <= 0 for b in args.bw) or any(n < 1 for n in args.sizes) or args.reps < 1:
         p.error("--bw, --sizes and --reps must be positive")
+    if args.queue < 0:
+        p.error("--queue must be >= 0 (0: htb's own queue)")
     if not 1 <= args.pool <= MAX_POOL:
         p.error(f"--pool must be within 1..{MAX_POOL}")
     args.cells = CELLS_PER_PKT

@@ -32,3 +32,4 @@ LOG_ENV = "HOMAGG_LOG"  # the log level of make run's ranks (run/train.py; WARNI
 
 # The worker's transport (homagg/worker/transport/io_path.py): every process that aggregates.
 TRANSPORT_IO_ENV = "HOMAGG_TRANSPORT_IO"  # "batched" or "python": the transport's I/O path
+CONGESTION_WINDOW_ENV = "HOMAGG_CONGESTION_WINDOW"  # "1" / "0": the transport's window on or off

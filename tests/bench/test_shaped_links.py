@@ -6,6 +6,7 @@ import pytest
 
 from bench import shaped_links
 from bench.link_physics import link_bound
+from bench.window_table import window_table
 
 N = 256 * 1000
 
@@ -48,3 +49,20 @@ def test_fast_but_not_enough_ahead_of_gloo_is_missed():
     secs = N * 32 / 95e6
     (line,) = shaped_links.verdicts(_record(secs, secs), [4], [100.0], N)
     assert "1.00x gloo" in line and line.endswith("MISSED")
+
+
+def _window_step(secs: float, failed: bool = False, drops: int = 0) -> dict[str, float]:
+    step = _step(secs) | {"timeouts": 1, "halvings": 1, "cwnd": 40, "drops": drops}
+    return step | {"failed": float(failed)}
+
+
+def test_the_window_table_sets_on_beside_off_and_counts_stalls():
+    rec = _record(0.1, 0.2)
+    rec[(4, 100.0, N, "switch")] = [_window_step(0.1), _window_step(0.3)]
+    rec[(4, 100.0, N, "switch_nowin")] = [_window_step(0.4, drops=7), _window_step(9, True)]
+    (row,) = [r for r in window_table(rec, [4], [0.0, 100.0], [N]) if r.startswith("| 4 |")]
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[3] == "0.20 [0.10, 0.30]"  # median of the two steps
+    assert cells[4] == "0.40 [0.40, 0.40], stalled 1/2"  # the stalled step is left out
+    assert cells[5] == "2.00x"  # off / on
+    assert cells[9] == "0 / 7" and cells[12] == "2" and cells[13] == "40"

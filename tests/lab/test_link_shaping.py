@@ -1,13 +1,22 @@
 """homagg.lab.shaping: the htb commands are Mininet TCLink's, for any rate, and they shape,
-reshape and unshape a link in a namespace."""
+reshape and unshape a link in a namespace, and count what its queue drops."""
 
 from __future__ import annotations
+
+import socket
 
 import pytest
 
 from homagg.lab.fabric import new_fabric_tag
-from homagg.lab.namespace import add_namespace, delete_namespace, have_privileges, ip, tc
-from homagg.lab.shaping import htb_commands, shape
+from homagg.lab.namespace import (
+    add_namespace,
+    delete_namespace,
+    have_privileges,
+    in_namespace,
+    ip,
+    tc,
+)
+from homagg.lab.shaping import htb_commands, qdisc_drops, shape
 
 
 def test_htb_commands_are_mininets_root_qdisc_and_class():
@@ -21,6 +30,8 @@ def test_htb_commands_are_mininets_root_qdisc_and_class():
 def test_fractional_and_large_rates_keep_their_value():
     assert htb_commands("x", 2.5)[1][-3] == "2.5Mbit"
     assert htb_commands("x", 10000)[1][-3] == "10000Mbit"
+    assert htb_commands("x", 100, queue=64)[2][-3:] == ["pfifo", "limit", "64"]
+    assert len(htb_commands("x", 100)) == 2  # htb's default leaf
 
 
 @pytest.mark.parametrize("mbit", [0, -1, float("nan")])
@@ -43,5 +54,30 @@ def test_shape_reshape_and_unshape_a_link_in_a_namespace():
         shape(ns, "d0", 0)
         assert "htb" not in tc("qdisc", "show", "dev", "d0", netns=ns).stdout
         shape(ns, "d0", 0)  # unshaping an unshaped link is fine
+    finally:
+        delete_namespace(ns)
+
+
+@pytest.mark.skipif(not have_privileges(), reason="needs root and iproute2 (network namespaces)")
+def test_a_burst_over_the_shapers_queue_shows_in_its_drops():
+    """200 datagrams at once into a 1 Mbit/s link whose queue holds 10 packets: most are
+    dropped at that queue, and qdisc_drops counts them (0 before)."""
+    ns = f"{new_fabric_tag()}h0"
+    add_namespace(ns)
+    try:
+        ip("link", "add", "d0", "type", "veth", "peer", "name", "d1", netns=ns)
+        ip("addr", "add", "10.99.0.1/24", "dev", "d0", netns=ns)
+        for dev in ("d0", "d1"):
+            ip("link", "set", dev, "up", netns=ns)
+        ip("neigh", "add", "10.99.0.2", "lladdr", "02:00:00:00:00:02", "dev", "d0", netns=ns)
+        shape(ns, "d0", 1, queue=10)
+        assert "limit 10" in tc("qdisc", "show", "dev", "d0", netns=ns).stdout
+        assert qdisc_drops(ns, "d0") == 0
+        with in_namespace(ns):
+            sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        with sock:
+            for _ in range(200):
+                sock.sendto(bytes(1000), ("10.99.0.2", 9))
+        assert 100 < qdisc_drops(ns, "d0") <= 200
     finally:
         delete_namespace(ns)

@@ -31,6 +31,7 @@ def hook_state(job_id: int | None, rank: int = 0) -> SwitchHookState:
     s.fallback_reasons[KIND_TEXT[SWITCH_TIMEOUT]] += 2
     s.dense_bytes, s.wire_bytes, s.retransmissions, s.agreements = 4000, 1082 * 9, 4, 12
     s.agreement_seconds = 0.25
+    s.timeouts, s.cwnd, s.cwnd_halvings = 3, 48, 2
     s.auto_choices.update({"lossless": 5, "cltk@0.0625": 3, "cltk@0.125": 2, "host": 7})
     s.leased_steps = 1
     state.steps = 6
@@ -100,11 +101,17 @@ def test_a_scrape_parses_with_names_types_labels_and_the_stats_values(endpoint):
         "homagg_worker_dense_bytes",
         "homagg_worker_wire_bytes",
         "homagg_worker_retransmissions",
+        "homagg_worker_timeouts",
+        "homagg_worker_cwnd_halvings",
         "homagg_worker_hook_seconds",
         "homagg_worker_auto_decisions",
         "homagg_worker_heartbeats",
     } <= counters  # exposed as NAME_total, the parser names the family without it
     assert fam["homagg_worker_info"].type == "gauge"
+    assert fam["homagg_worker_cwnd"].type == "gauge"
+    assert values(fam["homagg_worker_cwnd"], job="5") == {(): 48}
+    assert values(fam["homagg_worker_cwnd_halvings"], job="5") == {(): 2}
+    assert values(fam["homagg_worker_timeouts"], job="5") == {(): 3}
     assert values(fam["homagg_worker_info"], job="5") == {("auto", "0", "2"): 1.0}
     assert values(fam["homagg_worker_buckets"], job="5") == {
         ("switch",): 40,

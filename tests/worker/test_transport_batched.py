@@ -86,20 +86,20 @@ def test_a_send_error_names_its_errno(pair):
 
 def test_flight_batches_equal_chunk_by_chunk():
     """sendable / sent_many / answered_many / resent_many leave a Flight as the per-chunk
-    updates do."""
+    updates do (may_send / sent), under a window that changes between rounds."""
     rng = np.random.default_rng(1)
     one, many = Flight(40, restarts=True), Flight(40, restarts=True)
     pool, now = 8, 0.0
     while one.remaining:
         now += 1.0
-        k = many.sendable(pool)
+        window = int(rng.integers(1, pool + 2))
+        k = many.sendable(pool, window)
         start = one.next_to_send
-        while one.next_to_send < one.count and (
-            one.next_to_send < pool or one.done[one.next_to_send - pool]
-        ):
+        while one.may_send(pool, window):
             one.sent(one.next_to_send, now)
             one.next_to_send += 1
         assert k == one.next_to_send - start
+        assert one.in_flight == many.in_flight + k <= max(window, many.in_flight)
         many.sent_many(start, start + k, now)
         open_ = np.flatnonzero(~one.done[: one.next_to_send])
         again = rng.choice(open_, min(2, open_.size), replace=False)

@@ -3,7 +3,9 @@ reference switch, and the eBPF target where root and BPF allow it): the same cal
 paths, every sum compared bit for bit with the other path's and with the switch's own
 combine (homagg/wire/combine.py): every op (ADD, OR, MAX and the lanes), the 32-bit edges
 (wrapping sums, INT32_MIN and INT32_MAX), partial last chunks, and loss, duplicates and
-reordering injected by the fault channel (seeded alike on both paths)."""
+reordering injected by the fault channel (seeded alike on both paths); under loss, with a
+pool larger than the congestion window's floor, the window halves on both paths and the
+sums stay exact."""
 
 from __future__ import annotations
 
@@ -66,9 +68,12 @@ def calls() -> list[tuple[Op, list[np.ndarray]]]:
     return out
 
 
-def run_path(fabric, path: str, faulty: bool, todo) -> list[list[np.ndarray]]:
-    """Every rank's results of `todo` on a fresh job, through the given path."""
-    job = Job(fabric, fabric.hosts, pool_size=4)
+def run_path(
+    fabric, path: str, faulty: bool, todo, pool: int = 4, windows: list | None = None
+) -> list[list[np.ndarray]]:
+    """Every rank's results of `todo` on a fresh job of `pool` slots, through the given
+    path; each rank's congestion window (its TransportStats) appended to `windows`."""
+    job = Job(fabric, fabric.hosts, pool_size=pool)
     channels: list[Channel] = [job.channel(r) for r in range(WORLD)]
     if faulty:
         channels = [FaultyChannel(c, seed=r, **FAULTS) for r, c in enumerate(channels)]
@@ -78,7 +83,7 @@ def run_path(fabric, path: str, faulty: bool, todo) -> list[list[np.ndarray]]:
                 job_id=job.job_id,
                 rank=r,
                 world_size=WORLD,
-                pool_size=4,
+                pool_size=pool,
                 initial_timeout=0.05,
                 io_path=path,
             ),
@@ -98,6 +103,8 @@ def run_path(fabric, path: str, faulty: bool, todo) -> list[list[np.ndarray]]:
     if faulty:  # what the faults cost: every path resent chunks
         lost = sum(c.injected["lost"] for c in channels)  # type: ignore[attr-defined]
         assert lost > 0 and sum(t.stats.retransmissions for t in transports) > 0
+    if windows is not None:
+        windows.extend(t.stats for t in transports)
     return got
 
 
@@ -111,3 +118,20 @@ def test_both_paths_sum_bit_for_bit_alike(fabric, faulty):
             assert got[BATCHED][r][i].dtype == got[PYTHON][r][i].dtype == np.int32
             np.testing.assert_array_equal(got[BATCHED][r][i], got[PYTHON][r][i])
             np.testing.assert_array_equal(got[BATCHED][r][i], expected, err_msg=f"{op.name}")
+
+
+def test_under_loss_the_window_halves_and_both_paths_stay_exact(fabric):
+    """A pool of 64 and 200 chunks a call under injected loss: the congestion window halves
+    on the losses (below the pool) on both paths, and every sum is exact."""
+    rng = np.random.default_rng(64)
+    n = 200 * CELLS_PER_PKT - 3
+    parts = [rng.integers(-(2**20), 2**20, n, dtype=np.int32) for _ in range(WORLD)]
+    todo = [(Op.ADD, parts), (Op.ADD, parts[::-1])]
+    for path in IO_PATHS:
+        windows: list = []
+        got = run_path(fabric, path, True, todo, pool=64, windows=windows)
+        for r in range(WORLD):
+            for i in range(len(todo)):
+                np.testing.assert_array_equal(got[r][i], sum(parts), err_msg=path)
+        assert sum(w.cwnd_halvings for w in windows) > 0, path
+        assert all(1 <= w.cwnd <= 64 for w in windows)

@@ -129,6 +129,13 @@ def _families() -> dict[str, Any]:
         "dense": counter("dense_bytes", "float32 bytes of the buckets summed by the switch"),
         "wire": counter("wire_bytes", "aggregation frames' bytes sent, resends included"),
         "retx": counter("retransmissions", "aggregation frames sent again"),
+        "timeouts": counter("timeouts", "frames sent again on a retransmission timer's expiry"),
+        "halvings": counter("cwnd_halvings", "retransmission timeouts that halved the window"),
+        "cwnd": GaugeMetricFamily(
+            PREFIX + "cwnd",
+            "the transport's congestion window (chunks in flight allowed, at most the pool)",
+            labels=["job"],
+        ),
         "agreements": counter("agreements", "agreements of the ranks on the path"),
         "seconds": counter("hook_seconds", "time in the codec and the switch, by part", "part"),
         "heartbeats": counter("heartbeats", "heartbeats to the controller", "result"),
@@ -155,6 +162,9 @@ def _count(families: dict[str, Any], job: str, state: SwitchHookState, agent: An
     families["dense"].add_metric([job], s.dense_bytes)
     families["wire"].add_metric([job], s.wire_bytes)
     families["retx"].add_metric([job], s.retransmissions)
+    families["timeouts"].add_metric([job], s.timeouts)
+    families["halvings"].add_metric([job], s.cwnd_halvings)
+    families["cwnd"].add_metric([job], s.cwnd)
     families["agreements"].add_metric([job], s.agreements)
     transport = agent.transport if agent is not None else None
     t = transport.stats if transport is not None else None

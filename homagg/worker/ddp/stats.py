@@ -25,6 +25,9 @@ class HookStats:
     wire_bytes: int = 0  # aggregation frames sent for them (retransmissions included)
     wire_cells: int = 0  # the cells those frames carried
     retransmissions: int = 0
+    timeouts: int = 0  # ... of them on a retransmission timer's expiry
+    cwnd: int = 0  # the transport's congestion window after the last switch run (chunks)
+    cwnd_halvings: int = 0  # timeouts that halved it
     switch_seconds: float = 0.0
     agreement_seconds: float = 0.0
     fallback_reasons: Counter = field(default_factory=Counter)
@@ -51,7 +54,10 @@ class HookStats:
     def switch_run(self, transport: SwitchTransport) -> Iterator[None]:
         """Count the time and the frames (retransmissions included) of the switch run
         inside the block, whether it succeeds or not."""
-        sent, retransmitted = transport.stats.packets_sent, transport.stats.retransmissions
+        t = transport.stats
+        sent, retransmitted, timeouts, halvings = (
+            t.packets_sent, t.retransmissions, t.timeouts, t.cwnd_halvings,
+        )  # fmt: skip
         start = time.perf_counter()
         try:
             yield
@@ -60,4 +66,7 @@ class HookStats:
             packets = transport.stats.packets_sent - sent
             self.wire_bytes += packets * transport.config.frame_bytes
             self.wire_cells += packets * transport.config.cells_per_packet
-            self.retransmissions += transport.stats.retransmissions - retransmitted
+            self.retransmissions += t.retransmissions - retransmitted
+            self.timeouts += t.timeouts - timeouts
+            self.cwnd_halvings += t.cwnd_halvings - halvings
+            self.cwnd = t.cwnd

@@ -1,15 +1,16 @@
 """The transport's batched path: one call's chunks through the switch batch by batch.
 
-Every chunk the pool rule lets go leaves in one `send_many` (one sendmmsg on a UDP
-channel); every look at the socket takes what is waiting in one `recv_many` (one
-recvmmsg) and parses, checks and places the whole batch with numpy; the clock is read and
-the retransmission timer sampled once per batch, not per datagram. The rules are the
-per-datagram path's (homagg/worker/transport/switch_transport.py, the reference): the pool
-rule, the timers and their expiry (`SwitchTransport._expired`, shared), Karn's rule, the
-resends proven lost by a resent result and the fast resend of chunks passed over, the
-straggler wait. Per batch, one round trip sample: the largest of the batch's chunks sent
-once (a batch's results left the switch within one wait, so its largest round trip is the
-one a timeout must cover).
+Every chunk the pool rule and the congestion window let go leaves in one `send_many` (one
+sendmmsg on a UDP channel); every look at the socket takes what is waiting in one
+`recv_many` (one recvmmsg) and parses, checks and places the whole batch with numpy; the
+clock is read and the retransmission timer sampled once per batch, not per datagram. The
+rules are the per-datagram path's (homagg/worker/transport/switch_transport.py, the
+reference): the pool rule, the congestion window (grown by a batch's answers at once), the
+timers and their expiry (`SwitchTransport._expired`, shared), Karn's rule, the resends
+proven lost by a resent result and the fast resend of chunks passed over, the straggler
+wait. Per batch, one round trip sample: the largest of the batch's chunks sent once (a
+batch's results left the switch within one wait, so its largest round trip is the one a
+timeout must cover).
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ class BatchedExchange:
         t, flight = self.t, self.flight
         t._exchanging = self.first
         while flight.remaining:
-            ready = flight.sendable(t.config.pool_size)
+            ready = flight.sendable(t.config.pool_size, t.window.limit)
             if ready:
                 start = flight.next_to_send
                 self._send(self.payloads[start : start + ready])
@@ -116,6 +117,7 @@ class BatchedExchange:
         if once.any():
             t.timer.sample(float(rtt[once].max()))
         flight.answered_many(idx, now)
+        t.window.answered(int(idx.size))
         newest = int(idx[-1])
         t.wait.progressed(self.first + newest, self.payloads[newest])
         resent = (rows[pos, 1] & int(Flag.RETX)) != 0  # the flags byte
@@ -156,5 +158,8 @@ class BatchedExchange:
             return np.zeros(0, np.int64)
         lost = [flight.lost_before(int(i)) for i in answered_resends]
         if after and newest > flight.oldest:  # an open chunk before the newest answered
-            lost.append(flight.passed_over(newest, after))
+            passed = flight.passed_over(newest, after)
+            for j in passed:  # a loss for the congestion window (fast retransmit)
+                self.t.window.lost(self.first + int(j), self.first + flight.next_to_send)
+            lost.append(passed)
         return np.unique(np.concatenate(lost)) if lost else np.zeros(0, np.int64)

@@ -65,17 +65,34 @@ class Flight:
             )
             self.oldest += 1
 
-    def sendable(self, pool_size: int) -> int:
-        """How many chunks from `next_to_send` on the pool rule lets go now: chunk i goes
-        once chunk i - pool_size is done (chunks below pool_size at once)."""
+    @property
+    def in_flight(self) -> int:
+        """Chunks sent and not answered yet (lost ones included, until they are answered)."""
+        return self.next_to_send - (self.count - self.remaining)
+
+    def may_send(self, pool_size: int, window: int) -> bool:
+        """Whether chunk `next_to_send` may go now: the pool rule (chunk i goes once chunk
+        i - pool_size is done) and fewer than `window` chunks in flight."""
+        i = self.next_to_send
+        return (
+            i < self.count
+            and self.in_flight < window
+            and (i < pool_size or bool(self.done[i - pool_size]))
+        )
+
+    def sendable(self, pool_size: int, window: int) -> int:
+        """How many chunks from `next_to_send` on may go now, together: those the pool rule
+        lets go (chunk i once chunk i - pool_size is done; chunks below pool_size at once),
+        at most `window` in flight."""
         start = self.next_to_send
+        room = max(0, window - self.in_flight)
         free = max(0, min(pool_size, self.count) - start)  # the pool's first chunks
         begin = start + free
         if begin >= self.count:
-            return self.count - start
+            return min(room, self.count - start)
         blocked = ~self.done[begin - pool_size : self.count - pool_size]
         stop = int(np.argmax(blocked)) if blocked.any() else blocked.size
-        return free + stop
+        return min(room, free + stop)
 
     def sent_many(self, start: int, stop: int, now: float) -> None:
         """Chunks start .. stop - 1 went out for the first time, together."""

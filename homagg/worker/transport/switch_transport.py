@@ -5,7 +5,9 @@ copy (tag div S) mod 2, where S is the pool size and P(S) the numbering period
 (homagg/worker/transport/chunk_numbering.py); chunk k + S is sent only once chunk k's
 result is back (SwitchML's pool rule, docs/protocol.md), so every worker numbers chunks
 alike as long as all of them call `allreduce` with the same lengths in the same order
-(what the codecs guarantee).
+(what the codecs guarantee). Below the pool, at most min(S, the congestion window) chunks
+are in flight (homagg/worker/transport/congestion_window.py: slow start, additive
+increase, halved on a loss); the window paces, it never changes a chunk's number.
 Lost packets are retransmitted after a timeout from measured round trips (RFC 6298,
 homagg/worker/transport/retransmission_timer.py) that doubles per try. As with RFC 6298's
 one timer, an answer restarts the timers of the chunks behind it and an expiry resends only
@@ -58,6 +60,10 @@ from homagg.worker.transport.chunk_numbering import (
     slot_of,
     tag_offset,
 )
+from homagg.worker.transport.congestion_window import (
+    CongestionWindow,
+    resolve_congestion_window,
+)
 from homagg.worker.transport.flight import MAX_DRAIN, Flight
 from homagg.worker.transport.io_path import BATCHED, resolve_io_path
 from homagg.worker.transport.retransmission_timer import RetransmissionTimer
@@ -98,6 +104,9 @@ class TransportConfig:
     # "batched" or "python" (homagg/worker/transport/io_path.py); "": HOMAGG_TRANSPORT_IO,
     # else batched
     io_path: str = ""
+    # the congestion window below the pool (homagg/worker/transport/congestion_window.py);
+    # None: HOMAGG_CONGESTION_WINDOW, else on
+    congestion_window: bool | None = None
 
     @property
     def frame_bytes(self) -> int:
@@ -112,6 +121,9 @@ class TransportStats:
     chunks: int = 0
     packets_sent: int = 0
     retransmissions: int = 0
+    timeouts: int = 0  # retransmissions on a timer's expiry (the rest: proven lost earlier)
+    cwnd: int = 0  # the congestion window after the last call (chunks; the pool when off)
+    cwnd_halvings: int = 0  # retransmission timeouts that halved it
     results: int = 0
     ignored: int = 0
     latencies: list[float] = field(default_factory=list)
@@ -162,7 +174,10 @@ class SwitchTransport:
         self.tell = tell
         self._next_chunk = first_chunk
         self._exchanging = first_chunk  # the first chunk of the call in progress (or last)
-        self.stats = TransportStats()
+        self.window = CongestionWindow(
+            config.pool_size, enabled=resolve_congestion_window(config.congestion_window)
+        )
+        self.stats = TransportStats(cwnd=self.window.limit)
         self.timer = RetransmissionTimer(
             initial=config.initial_timeout,
             minimum=min(config.min_timeout, config.initial_timeout),
@@ -189,6 +204,7 @@ class SwitchTransport:
         """Resume at `chunk`, the counter the ranks agreed on (after a fallback): a new
         alignment, to which the give-ups told before do not apply."""
         self._next_chunk = self.wait.aligned_from = chunk
+        self.window.realigned(chunk)
 
     def allreduce(self, op: Op, cells: np.ndarray) -> np.ndarray:
         """The element-wise combination under op of every worker's `cells` (int32, 1-D)."""
@@ -244,21 +260,27 @@ class SwitchTransport:
         return pack_payloads(headers, cells)
 
     def _exchange(self, first: int, payloads: np.ndarray, out: np.ndarray) -> None:
-        """Keep up to `pool_size` chunks in flight until every result is in `out`: batch by
-        batch, or on the per-datagram path (the reference) datagram by datagram."""
-        if self.io_path == BATCHED:
-            BatchedExchange(self, first, payloads, out).run()
-            return
-        cfg, timer = self.config, self.timer
+        """Keep up to min(`pool_size`, the window) chunks in flight until every result is in
+        `out`: batch by batch, or on the per-datagram path (the reference) datagram by
+        datagram."""
+        try:
+            if self.io_path == BATCHED:
+                BatchedExchange(self, first, payloads, out).run()
+            else:
+                self._exchange_datagrams(first, payloads, out)
+        finally:
+            self.stats.cwnd, self.stats.cwnd_halvings = self.window.limit, self.window.halvings
+
+    def _exchange_datagrams(self, first: int, payloads: np.ndarray, out: np.ndarray) -> None:
+        """`_exchange` one datagram at a time (the reference path)."""
+        cfg, timer, window = self.config, self.timer, self.window
         flight = Flight(payloads.shape[0], restarts=timer.adaptive)
         self._exchanging = first
         while flight.remaining:
             now = time.monotonic()
-            # Self-clocking: chunk i goes once chunk i - pool_size is done (or of an earlier call).
-            while flight.next_to_send < flight.count and (
-                flight.next_to_send < cfg.pool_size
-                or flight.done[flight.next_to_send - cfg.pool_size]
-            ):
+            # Self-clocking: chunk i goes once chunk i - pool_size is done (or of an earlier
+            # call) and fewer than the window's chunks are in flight.
+            while flight.may_send(cfg.pool_size, window.limit):
                 self._send(payloads[flight.next_to_send].tobytes())
                 flight.sent(flight.next_to_send, now)
                 flight.next_to_send += 1
@@ -280,6 +302,7 @@ class SwitchTransport:
         cfg, timer = self.config, self.timer
         inflight, start, deadline = flight.deadlines(timer)
         expired = np.flatnonzero(deadline <= now)
+        skipped = start < flight.last_answer  # a later answer since: a loss, not silence
         if flight.restarts:
             expired = flight.probe_if_silent(expired, inflight, start, now)
         out = []
@@ -290,7 +313,10 @@ class SwitchTransport:
             elif flight.tries[i] and (gone := self.wait.peers_gone()):
                 raise self._no_result(first + int(i), gone)  # no need to spend the budget
             timer.timed_out(start[k], now)  # once per expiry event
+            if skipped[k]:
+                self.window.lost(first + int(i), first + flight.next_to_send)  # once a window
             out.append(int(i))
+        self.stats.timeouts += len(out)
         return out
 
     def clock(self) -> float:
@@ -328,6 +354,7 @@ class SwitchTransport:
         if not flight.tries[i]:  # Karn: a retransmitted chunk's round trip is ambiguous
             self.timer.sample(rtt)
         flight.answered(i, now)
+        self.window.answered()
         self.wait.progressed(first + i, payloads[i])
         if resent and flight.restarts and flight.tries[i]:
             for j in flight.lost_before(i):
@@ -335,6 +362,7 @@ class SwitchTransport:
         after = self.config.fast_resend_after
         if flight.restarts and after and i > flight.oldest:  # an open chunk before this one
             for j in flight.passed_over(i, after):
+                self.window.lost(first + int(j), first + flight.next_to_send)
                 self._resend(payloads, flight, int(j), now)
         return True
 
