@@ -23,7 +23,7 @@ from bench.projection_model import (
     ring_step,
     switch_step,
 )
-from homagg.wire.constants import CELLS_PER_PKT
+from homagg.wire.constants import CELLS_PER_PKT, MAX_WORKERS_PER_JOB
 
 TOLERANCE = 0.25  # the check's bound on |predicted / measured - 1|
 LOOPBACK_GBPS = 1000.0  # veth and loopback: no wire, the CPU is the limit (nominal rate)
@@ -88,17 +88,27 @@ def _median(rec: dict, key: str) -> float:
     return statistics.median(r[key] for r in rec["reps"])
 
 
-def this_machine(w: int, n: int, record: dict, target: str, cores: float) -> Cluster:
-    """The cluster this machine is: W workers and the switch on `cores` cores. This one
-    process, its switch and gloo's ranks are one session, so one scheduling group: the
-    cores it got are what a ready process of it gets at most."""
+def this_machine(
+    w: int,
+    n: int,
+    switch_pps: float,
+    cores: float,
+    depth: int = 0,
+    workers_per_leaf: int = MAX_WORKERS_PER_JOB,
+) -> Cluster:
+    """The cluster this machine is: W worker threads and the switch (or a tree's
+    switches: `depth` levels, leaves of `workers_per_leaf`) on `cores` cores. This one
+    process, its switches and gloo's ranks are one session, so one scheduling group: the
+    cores it got are what a ready process of it gets at most (0 cores: a host each)."""
     return Cluster(
         workers=w,
         link_gbps=LOOPBACK_GBPS,
         elements=n,
-        switch_pps=switch_pps_of(record, target),
+        switch_pps=switch_pps,
         cores=cores,
-        share=min(1.0, cores),
+        share=min(1.0, cores) if cores else 1.0,
+        depth=depth,
+        workers_per_leaf=workers_per_leaf,
     )
 
 
@@ -108,7 +118,7 @@ def rows(record: dict, measured: dict[str, dict], n: int) -> list[dict]:
     for target, per_w in measured.items():
         for w, rec in per_w.items():
             costs = threaded_costs(record, target, w)
-            cluster = this_machine(w, n, record, target, rec["cores"])
+            cluster = this_machine(w, n, switch_pps_of(record, target), rec["cores"])
             sw = switch_step(cluster, costs, "fixed_point")
             ring = ring_step(cluster, costs)
             packets = statistics.median(r["packets"] for r in rec["reps"]) / w

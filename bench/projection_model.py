@@ -6,9 +6,10 @@ describes, from measured per-packet costs and round trips (bench/calibration.py)
 Switch: each worker streams P packets per phase through a window of `pool_size` slots;
 a packet's steady-state cost is the slowest of the worker's own per-packet cost, the
 link's serialization of one frame, the switch's share (its members' contributions per
-slot at its packet rate: W, or at most 32 a switch in a tree) and the window (pool_size
-packets per round trip); every phase adds its last packet's round trip, and every switch
-level above the first one more round trip. Ring all-reduce: a call's fixed latency and
+slot at its packet rate: the busiest switch's, a leaf taking its own workers' and the
+parent's result, a parent its children's partials) and the window (pool_size packets per
+round trip); every phase adds its last packet's round trip, and every switch level above
+the first one more round trip. Ring all-reduce: a call's fixed latency and
 2(W-1) steps of n/W bytes, alpha each; halving-doubling (the "tree" algorithms):
 2 ceil(log2 W) steps, the same 2(W-1)/W n bytes. When the W workers share `cores` cores
 (this machine), the CPU each method needs is also a bound, and so are the worker
@@ -106,28 +107,35 @@ class Cluster:
             raise ModelError(
                 f"share must be within (0, 1] and workers_per_leaf within 1..{MAX_WORKERS_PER_JOB}"
             )
-        if self.depth and self.workers > MAX_WORKERS_PER_JOB**self.depth:
+        top = switch_levels(self)[-1].members
+        if top > MAX_WORKERS_PER_JOB:
             raise ModelError(
-                f"{self.workers} workers need more than {self.depth} switch level(s) of "
-                f"{MAX_WORKERS_PER_JOB} members each"
+                f"{self.workers} workers need more than {self.levels} switch level(s): the top "
+                f"one would hold {top} members, at most {MAX_WORKERS_PER_JOB}"
             )
 
     @property
     def levels(self) -> int:
-        """Switch levels: the given depth, else the fewest that hold W workers."""
+        """Switch levels: the given depth, else the fewest that hold W workers (one switch
+        up to 32, else leaves of workers_per_leaf under parents of 32 members each)."""
         if self.depth:
             return self.depth
-        return max(1, math.ceil(math.log(self.workers, MAX_WORKERS_PER_JOB) - 1e-9))
+        if self.workers <= MAX_WORKERS_PER_JOB:
+            return 1
+        levels, below = 2, math.ceil(self.workers / self.workers_per_leaf)
+        while below > MAX_WORKERS_PER_JOB:
+            levels, below = levels + 1, math.ceil(below / MAX_WORKERS_PER_JOB)
+        return levels
 
     @property
     def leaves(self) -> int:
-        """Leaf switches under the top one (0: a single switch): W over a leaf's workers."""
+        """Leaf switches (0: a single switch): W over a leaf's workers."""
         return math.ceil(self.workers / self.workers_per_leaf) if self.levels > 1 else 0
 
     @property
     def switch_processes(self) -> int:
         """Switches of the job: a software switch is a process each on this machine."""
-        return 1 + self.leaves
+        return sum(level.switches for level in switch_levels(self))
 
     @property
     def link_bytes_per_s(self) -> float:
@@ -180,10 +188,45 @@ def frame_bytes(cells_per_packet: int) -> int:
     return AGG_FRAME_BYTES - 4 * CELLS_PER_PKT + 4 * cells_per_packet
 
 
+@dataclass(frozen=True)
+class SwitchLevel:
+    """One level of a job's switches: how many, and the members the busiest one holds
+    (workers at a leaf, the level below's switches above it)."""
+
+    switches: int
+    members: int
+    top: bool
+
+    @property
+    def absorbs(self) -> int:
+        """Packets the busiest switch of the level takes in per slot: a contribution from
+        each member and, below the top, the result coming back down from its parent (its
+        partial going up replaces the result a single switch multicasts)."""
+        return self.members + (0 if self.top else 1)
+
+
+def switch_levels(cluster: Cluster) -> list[SwitchLevel]:
+    """The job's switches level by level, leaves first, the top last (one level: a single
+    switch holding every worker)."""
+    levels, below, cap = [], cluster.workers, cluster.workers_per_leaf
+    for _ in range(cluster.levels - 1):
+        switches = math.ceil(below / cap)
+        levels.append(SwitchLevel(switches, min(below, cap), top=False))
+        below, cap = switches, MAX_WORKERS_PER_JOB
+    return [*levels, SwitchLevel(1, below, top=True)]
+
+
 def switch_absorbs(cluster: Cluster) -> int:
-    """Packets the job's switches take in per slot of a phase: every worker's contribution,
-    and in a tree each leaf's partial at the top and the top's result back at each leaf."""
-    return cluster.workers + 2 * cluster.leaves
+    """Packets the job's switches take in per slot of a phase, all of them: every worker's
+    contribution, and in a tree each switch's partial at its parent and the parent's
+    result back at that switch."""
+    return sum(level.switches * level.absorbs for level in switch_levels(cluster))
+
+
+def busiest_switch_absorbs(cluster: Cluster) -> int:
+    """Packets the busiest of the job's switches takes in per slot of a phase: what bounds
+    the step by a switch's packet rate and by one switch process's CPU alike."""
+    return max(level.absorbs for level in switch_levels(cluster))
 
 
 def switch_step(cluster: Cluster, costs: Costs, codec: str) -> Projection:
@@ -198,8 +241,8 @@ def switch_step(cluster: Cluster, costs: Costs, codec: str) -> Projection:
         "worker": costs.worker_packet_s / c.share,
         "link": frame / c.link_bytes_per_s,
         # line rate (0): every port forwards at its link's rate, already the link's bound;
-        # in a tree each switch holds at most MAX_WORKERS_PER_JOB members (workers or leaves)
-        "switch": min(w, MAX_WORKERS_PER_JOB) / c.switch_pps / c.share if c.switch_pps else 0.0,
+        # in a tree the busiest switch's packets a slot (a leaf: its workers' and a result)
+        "switch": busiest_switch_absorbs(c) / c.switch_pps / c.share if c.switch_pps else 0.0,
         "window": rtt / (c.pool_size or max(1, math.ceil(rtt * c.link_bytes_per_s / frame))),
     }
     limit = max(bounds, key=lambda k: bounds[k])
@@ -225,10 +268,8 @@ def _cpu_bound(c: Cluster, worker_cpu: float, switch_cpu: float) -> tuple[str, f
     cpu = {
         "cpu": (worker_cpu + switch_cpu) / min(c.cores, processes * c.share),
         "worker process": worker_cpu / ranks / c.share,
-        # a tree's leaves each hold their workers; the top switch fewer: the leaves bound it
-        "switch process": switch_cpu / c.switch_processes / c.share
-        if not c.leaves
-        else switch_cpu * (c.workers_per_leaf + 1) / switch_absorbs(c) / c.share,
+        # the busiest switch's share of every switch's packets (all of it: one switch)
+        "switch process": switch_cpu * busiest_switch_absorbs(c) / switch_absorbs(c) / c.share,
     }
     top = max(cpu, key=lambda k: cpu[k])
     return top, cpu[top]

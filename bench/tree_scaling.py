@@ -144,21 +144,25 @@ def _codec(w: int) -> Any:
 
 
 def add_predictions(target: str, measured: dict[Layout, dict[str, Any]], n: int) -> str:
-    """The model's step time per row from the committed calibration; a note for the
+    """The model's step time per row from the committed calibration, as bench.projection
+    --check predicts its rows (W threads at the calibrated per-thread cost); a note for the
     report (why there is none, or the cores the prediction assumed)."""
-    from bench.calibration import available_cores, costs_of, load, switch_pps_of
+    from bench.calibration import available_cores, costs_of, load, switch_pps_of, threaded_costs
 
     try:
         record = load()
-        costs = costs_of(record, target)
+        costs_of(record, target)  # a ModelError when the target is not calibrated
     except ModelError as exc:
         return f"No prediction: {exc}."
     cores = available_cores()
+    pps = switch_pps_of(record, target)
     for lay, rec in measured.items():
-        rec["predicted"] = predicted(lay, n, costs, switch_pps_of(record, target), cores)
+        costs = threaded_costs(record, target, lay.workers)
+        rec["predicted"] = predicted(lay, n, costs, pps, cores)
     return (
         f"Predicted: the projection model with the calibration of {record.get('date', '?')} "
-        f"on {cores:.2f} cores found free after the run (one round trip per switch level)."
+        f"on {cores:.2f} cores found free after the run (one round trip per switch level; "
+        "the busiest switch's packets: a leaf's workers' and the parent's result)."
     )
 
 

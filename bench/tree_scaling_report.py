@@ -10,9 +10,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bench.projection_check import this_machine
 from bench.projection_model import (
     BYTES_PER_ELEMENT,
-    Cluster,
     Costs,
     frame_bytes,
     ring_step,
@@ -20,7 +20,6 @@ from bench.projection_model import (
 )
 from homagg.wire.constants import CELLS_PER_PKT, MAX_WORKERS_PER_JOB
 
-LOOPBACK_GBPS = 1000.0  # as bench/projection_check.py: no wire here, the CPU is the limit
 KINDS = ("flat", "tree", "gloo")
 
 
@@ -92,17 +91,12 @@ def _median(rec: dict[str, Any], key: str) -> float:
 def predicted(
     lay: Layout, n: int, costs: Costs | None, switch_pps: float, cores: float
 ) -> float | None:
-    """The projection model's step seconds for this machine (None: no calibration)."""
+    """The projection model's step seconds for this machine, W worker threads on `cores`
+    cores, a tree's leaves holding its per_leaf workers each (None: no calibration)."""
     if costs is None:
         return None
-    cluster = Cluster(
-        workers=lay.workers,
-        link_gbps=LOOPBACK_GBPS,
-        elements=n,
-        switch_pps=switch_pps,
-        cores=cores,
-        depth=lay.levels,
-    )
+    per_leaf = lay.per_leaf if lay.kind == "tree" else MAX_WORKERS_PER_JOB
+    cluster = this_machine(lay.workers, n, switch_pps, cores, lay.levels, per_leaf)
     if lay.kind == "gloo":
         return ring_step(cluster, costs).seconds
     return switch_step(cluster, costs, "fixed_point").seconds

@@ -15,12 +15,15 @@ from bench.projection_model import (
     Costs,
     ModelError,
     best_switch_step,
+    busiest_switch_absorbs,
     frame_bytes,
     halving_doubling_step,
     peer_wire_bytes,
     phase_cells,
     project,
     ring_step,
+    switch_absorbs,
+    switch_levels,
     switch_step,
 )
 from homagg.wire.constants import CELLS_PER_PKT
@@ -169,4 +172,55 @@ def test_a_tree_spreads_the_switch_rate_over_its_leaves() -> None:
     tree = switch_step(
         Cluster(workers=64, link_gbps=100, elements=N, switch_pps=1000), costs, "fixed_point"
     )
-    assert tree.seconds == pytest.approx(one.seconds)  # 32 members per switch either way
+    # a leaf holds 32 workers either way, and takes the parent's result back in: 33 a slot
+    assert tree.limit == one.limit == "switch"
+    assert tree.seconds == pytest.approx(one.seconds * 33 / 32)
+
+
+@pytest.mark.parametrize(
+    ("workers", "per_leaf", "depth", "levels", "busiest", "total"),
+    [
+        (8, 32, 0, [(1, 8, True)], 8, 8),  # one switch: its W contributions
+        (8, 4, 2, [(2, 4, False), (1, 2, True)], 5, 12),  # make run's 2 x 4
+        (8, 32, 2, [(1, 8, False), (1, 1, True)], 9, 10),  # a tree of one leaf
+        (32, 1, 2, [(32, 1, False), (1, 32, True)], 32, 96),  # the spine is the busiest
+        (64, 32, 0, [(2, 32, False), (1, 2, True)], 33, 68),
+        # three levels: 64 leaves, 2 switches of 32 leaves each above them, the top
+        (2048, 32, 0, [(64, 32, False), (2, 32, False), (1, 2, True)], 33, 2048 + 2 * 66),
+        (256, 4, 0, [(64, 4, False), (2, 32, False), (1, 2, True)], 33, 256 + 2 * 66),
+    ],
+)
+def test_each_switch_of_a_tree_absorbs_its_members_and_the_result_from_above(
+    workers: int,
+    per_leaf: int,
+    depth: int,
+    levels: list[tuple[int, int, bool]],
+    busiest: int,
+    total: int,
+) -> None:
+    c = Cluster(workers=workers, link_gbps=100, elements=N, depth=depth, workers_per_leaf=per_leaf)
+    assert [(x.switches, x.members, x.top) for x in switch_levels(c)] == levels
+    assert c.levels == len(levels) and c.switch_processes == sum(x[0] for x in levels)
+    assert (busiest_switch_absorbs(c), switch_absorbs(c)) == (busiest, total)
+
+
+@pytest.mark.parametrize(("workers", "per_leaf", "depth"), [(8, 4, 2), (32, 1, 2), (64, 32, 0)])
+def test_a_trees_packet_rate_and_cpu_bounds_count_the_same_switch(
+    workers: int, per_leaf: int, depth: int
+) -> None:
+    """A switch whose packet rate is one core's CPU a packet (the reference switch) bounds
+    the step alike whether the model reads its rate or its process's CPU."""
+    tree = {"workers": workers, "link_gbps": 1000, "elements": N, "depth": depth}
+    tree["workers_per_leaf"] = per_leaf
+    by_rate = switch_step(Cluster(**tree, switch_pps=1e4), Costs(), "fixed_point")
+    shared = Cluster(**tree, cores=1000.0, rank_processes=True)
+    by_cpu = switch_step(shared, Costs(switch_cpu_s=1e-4), "fixed_point")
+    assert (by_rate.limit, by_cpu.limit) == ("switch", "switch process")
+    assert by_rate.seconds == pytest.approx(by_cpu.seconds)
+    busiest = busiest_switch_absorbs(shared)
+    assert by_rate.seconds == pytest.approx(busiest * 4098 * 1e-4 + 2 * 2 * 10e-6)
+
+
+def test_a_top_switch_beyond_32_members_is_refused() -> None:
+    with pytest.raises(ModelError, match="top one would hold 64 members"):
+        Cluster(workers=256, link_gbps=100, elements=N, depth=2, workers_per_leaf=4)

@@ -135,6 +135,18 @@ def test_prediction_adds_one_round_trip_per_level() -> None:
     assert predicted(Layout(8, "gloo"), N, costs, 0.0, 0.0) is not None
 
 
+def test_prediction_counts_a_leafs_workers_not_all_w() -> None:
+    """On a switch bound by its packet rate the tree 2x4's busiest switch is a leaf: its 4
+    workers' contributions and the parent's result a slot, against 8 on one switch."""
+    costs = Costs(rtt_s=0.0)
+    flat = predicted(Layout(8, "flat"), N, costs, 1e4, 0.0)
+    tree = predicted(Layout(8, "tree", 2), N, costs, 1e4, 0.0)
+    assert flat is not None and tree is not None
+    assert tree / flat == pytest.approx(5 / 8)
+    shared = predicted(Layout(8, "tree", 2), N, costs, 1e4, 0.5)  # half a core a process
+    assert shared == pytest.approx(2 * tree)
+
+
 def test_cli_refuses_a_layout_before_needing_root(capsys: pytest.CaptureFixture[str]) -> None:
     assert tree_scaling.main(["--flat", "64"]) == 2
     assert "give a tree" in capsys.readouterr().err

@@ -5,7 +5,7 @@ torchrun and the plot once for every check of a run."""
 from __future__ import annotations
 
 import pytest
-from mininet_runs import MLP, ROOT, TWO_HOSTS, Run, runs_together
+from mininet_runs import MLP, ROOT, TWO_HOSTS, Run, runs_together, tree_run
 
 
 @pytest.fixture(scope="session")
@@ -23,13 +23,13 @@ def auto_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Run]:
 
 @pytest.fixture(scope="session")
 def training_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Run]:
-    """make run's default job shortened (NCF, 40 steps) and the dense MLP (15 steps), each
-    with its gloo run, and examples/train_ddp.py as `--script` (its switch run only), at once
-    (test_make_run)."""
+    """make run's default job shortened (NCF, 40 steps) and make run TOPO=two-level with the
+    dense MLP (8 hosts, 8 steps), each with its gloo run, and examples/train_ddp.py as
+    `--script` (its switch run only), at once (test_make_run)."""
     example = str(ROOT / "examples" / "train_ddp.py")
     runs = {
         "ncf": [*TWO_HOSTS, "--steps", "40", "--users", "2000", "--items", "500", "--lr", "2"],
-        "mlp": [*TWO_HOSTS, "--model", "mlp", "--steps", "15", "--no-plot"],
+        "tree": tree_run(),
         "script": [
             *TWO_HOSTS,
             "--no-gloo",

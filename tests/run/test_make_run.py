@@ -1,8 +1,11 @@
-"""End to end: shortened `make run`s (2 hosts, refswitch) in Mininet, started together
+"""End to end: shortened `make run`s in Mininet (2 hosts on the reference switch, and
+TOPO=two-level's 8), started together
 (conftest.py's training_runs): NCF for 40 steps (the loss fell, every bucket went through the
 switch, the final parameters equal gloo's within the fixed-point bound, nothing was left
-behind) and the dense MLP for 15 steps (the lossless codec's wire size, the transport's time
-split), and examples/train_ddp.py as make run's --script (switch run only)."""
+behind), make run TOPO=two-level with the dense MLP (8 hosts on two leaves under a spine:
+both levels' counters, gloo's parameters within the bound, the lossless codec's wire size,
+the transport's time split), and examples/train_ddp.py as make run's --script (switch run
+only)."""
 
 from __future__ import annotations
 
@@ -10,7 +13,9 @@ import json
 import re
 
 import pytest
-from mininet_runs import ROOT, mininet_reason, run_number
+from mininet_runs import ROOT, TREE_STEPS, mininet_reason, run_number
+
+from run.names import RunNames
 
 pytestmark = pytest.mark.skipif(
     bool(mininet_reason()), reason=mininet_reason() or "runs make run in Mininet"
@@ -40,11 +45,40 @@ def test_shortened_make_run_trains_exactly_and_cleans_up(training_runs):
     assert "Traceback" not in (out / "switch.log").read_text()
 
 
+def counters(text: str) -> dict[str, dict[str, int]]:
+    """The summary's switch counters (aggctl counters): per switch name, its EVENT rows."""
+    found: dict[str, dict[str, int]] = {}
+    events: dict[str, int] = {}
+    for line in text.split("switch counters (aggctl counters)", 1)[-1].splitlines():
+        words = line.split()
+        if line.startswith("switch "):
+            events = found.setdefault(words[1], {})
+        elif len(words) == 2 and words[0].isupper() and words[1].isdigit():
+            events[words[0]] = int(words[1])
+    return found
+
+
 @pytest.mark.timeout(420)
-def test_dense_model_trains_exactly_through_the_switch(training_runs):
-    run = training_runs["mlp"]
+def test_two_level_tree_trains_the_dense_model_exactly(training_runs):
+    """make run TOPO=two-level (8 hosts, 2 leaves x 4 under a spine) with the dense MLP:
+    every chunk summed at both levels (each leaf's 4 contributions and its partial, the
+    spine's 2 partials), the parameters gloo's within the fixed-point bound, nothing left."""
+    run = training_runs["tree"]
     out, stdout = run.out, run.output()
-    assert "model mlp" in stdout and "AGREE within the bound" in stdout, stdout[-2000:]
+    first = stdout.splitlines()[0]
+    assert "8 hosts, model mlp" in first, first
+    assert "AGREE within the bound" in stdout, stdout[-2000:]
+    assert f"[switch] step {TREE_STEPS:4d}/{TREE_STEPS}" in stdout, stdout[-2000:]
+    number = run_number(stdout)
+    assert number is not None
+    names = RunNames(number)
+    got = counters(stdout)
+    spine, leaves = got[names.switch], [got[names.leaf(k)] for k in range(2)]
+    chunks = spine["RESULT"]  # the spine: one partial from each leaf a chunk, no partial
+    assert chunks > 0 and spine["CONTRIBUTION"] == 2 * chunks and "PARTIAL" not in spine, got
+    for leaf in leaves:  # re-sent partials count as PARTIAL again: at least one a chunk
+        assert (leaf["CONTRIBUTION"], leaf["RESULT"]) == (4 * chunks, chunks), got
+        assert leaf["PARTIAL"] >= chunks, got
     steps = [json.loads(line) for line in (out / "switch.jsonl").read_text().splitlines()]
     assert "plot: none (--no-plot)" in stdout and not (out / "make-run.png").exists()
     assert steps[-1]["loss"] < steps[0]["loss"]
@@ -55,6 +89,11 @@ def test_dense_model_trains_exactly_through_the_switch(training_runs):
     for s in steps:
         split = s["encode_seconds"] + s["wait_seconds"] + s["decode_seconds"]
         assert s["wait_seconds"] > 0 and split <= s["switch_seconds"] + 1e-6, s
+    # each switch a process with its own log, ended normally; every switch's P4Runtime
+    # socket, node shell and namespace went with the run
+    for log in [out / "switch.log", *(out / f"switch-{names.leaf(k)}.log" for k in range(2))]:
+        assert "Traceback" not in log.read_text(), log
+    assert run.left == ()
 
 
 @pytest.mark.timeout(420)
