@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import os
 import signal
 import subprocess
@@ -69,6 +70,13 @@ def test_summary_bound_and_plot(tmp_path):
     torch.save({"w": torch.ones(3)}, tmp_path / "a.pt")
     torch.save({"w": torch.ones(3) + 1e-6}, tmp_path / "b.pt")
     assert report.compare(tmp_path / "a.pt", tmp_path / "b.pt") == pytest.approx(1e-6, rel=0.2)
+    # a buffer both hold -inf in (the LM's causal mask) is equal, not NaN; a NaN is not
+    mask = torch.tensor([0.0, -math.inf])
+    torch.save({"w": torch.ones(3), "mask": mask}, tmp_path / "a.pt")
+    torch.save({"w": torch.ones(3) + 1e-6, "mask": mask}, tmp_path / "b.pt")
+    assert report.compare(tmp_path / "a.pt", tmp_path / "b.pt") == pytest.approx(1e-6, rel=0.2)
+    torch.save({"w": torch.ones(3), "mask": torch.tensor([0.0, math.nan])}, tmp_path / "b.pt")
+    assert math.isnan(report.compare(tmp_path / "a.pt", tmp_path / "b.pt"))
 
 
 def test_the_verdict_names_the_bound_first_order_for_short_runs():
