@@ -109,7 +109,7 @@ def _first_line(args: argparse.Namespace, topo: Topology, target: str, number: i
     )
     codec = f"codec {args.codec}{''.join(f' {kv}' for kv in args.codec_option)}"
     shape = f"overlap {args.overlap}, " if args.script is None else ""
-    steps = f", {args.steps} steps" if args.script is None else ""
+    steps = f", {args.steps} steps, pool {args.pool_size}" if args.script is None else ""
     return (
         f"make run: run {number} on {options.describe_target(args.target, target)}, "
         f"{topo.hosts} hosts, {job}, {codec}, {shape}links {topo.describe_bw()}{steps} "

@@ -11,9 +11,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from homagg.api.client import DEFAULT_PORT
+from homagg.api.credentials import TENANT_MAX_SLOTS
+from homagg.control.config import ControllerConfig
 from homagg.lab import REPO_ROOT
 from homagg.lab.addresses import CONTROLLER_INDEX, SWITCH_MAC, host_entry
-from run.credentials import RunCredentials
+from run.credentials import TENANT_MAX_RUN_JOBS, RunCredentials
 from run.names import RunNames
 
 if TYPE_CHECKING:
@@ -27,6 +29,15 @@ if TYPE_CHECKING:
 # one read of the switch's counters, which took over 30 s at load ~50 (`--counters-timeout`)
 COUNTERS_TIMEOUT_S = 30.0
 METRICS_PORT_BASE = 9700  # run N's controller serves its metrics on 127.0.0.1:9700+N
+
+
+def run_pool_size(switches: int) -> int:
+    """The pool of make run's job on `switches` switches (a tree's job holds its pool on
+    each): the controller's default, as a --script's job gets, but no more than leaves the
+    tenant's slot quota room for TENANT_MAX_RUN_JOBS such jobs (30 on a 16-leaf tree).
+    Measured against 8 and 256: docs/performance.md, "make run's pool"."""
+    room = TENANT_MAX_SLOTS // (TENANT_MAX_RUN_JOBS * switches)
+    return min(ControllerConfig.default_pool_size, room)
 
 
 def controller_address(names: RunNames) -> str:

@@ -17,6 +17,9 @@ from homagg.control.pki import make_pki
 from homagg.environment import CA_FILE_ENV, OPERATOR_TOKEN_FILE_ENV
 
 TENANT_NAME = "make-run"  # the operator names in the controller's configuration
+# The tenant's running jobs at most: this run's and one a crash left (its slots: a tenant's
+# default quota, TENANT_MAX_SLOTS; run/control.py's run_pool_size leaves room for both).
+TENANT_MAX_RUN_JOBS = 2
 ADMIN_NAME = "make-run-admin"
 
 
@@ -39,7 +42,7 @@ class RunCredentials:
         left) and the admin."""
         return [
             {"name": TENANT_NAME, "token_sha256": _digest(self.tenant_token_file)}
-            | {"role": TENANT, "max_jobs": 2},
+            | {"role": TENANT, "max_jobs": TENANT_MAX_RUN_JOBS},
             {"name": ADMIN_NAME, "token_sha256": _digest(self.admin_token_file), "role": ADMIN},
         ]
 

@@ -55,6 +55,11 @@ class Topology:
             )
 
     @property
+    def switches(self) -> int:
+        """The run's switches: the one, or the leaves and the spine."""
+        return self.leaves + 1 if self.leaves else 1
+
+    @property
     def per_leaf(self) -> int:
         """Worker hosts on each leaf (all of them on a star)."""
         return self.hosts // self.leaves if self.leaves else self.hosts

@@ -10,12 +10,13 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from homagg.control.config import ControllerConfig
 from homagg.environment import BMV2_OPT_ENV
 from homagg.lab import REPO_ROOT
 from homagg.lab.switch_process import AUTO_TARGET, TARGETS, resolve_target, target_problem
 from homagg.worker.auto.control import auto_config
 from homagg.worker.codecs import AUTO_CODEC, CODEC_CHOICES, DEFAULT_CODEC
-from run.control import COUNTERS_TIMEOUT_S
+from run.control import COUNTERS_TIMEOUT_S, run_pool_size
 from run.model import DEFAULT_LR, MODELS
 from run.names import DEFAULT_HOSTS
 from run.peers import PEERS
@@ -134,8 +135,11 @@ def _switch_options(g: argparse._ArgumentGroup) -> None:
     g.add_argument(
         "--pool-size",
         type=int,
-        default=8,
-        help="switch slots of the job's pool: packets in flight per rank (default 8)",
+        default=None,
+        help="switch slots of the job's pool: packets in flight per rank (default "
+        f"{ControllerConfig.default_pool_size}, the controller's; less on a tree of many "
+        "leaves, where the job holds its pool on every switch and the tenant's quota must "
+        "hold two such jobs)",
     )
 
 
@@ -298,4 +302,6 @@ def settle(args: argparse.Namespace) -> tuple[str, Topology]:
         if args.topo
         else Topology(hosts=args.hosts or DEFAULT_HOSTS, bw_mbit=args.bw or 0.0)
     )
+    if args.pool_size is None:
+        args.pool_size = run_pool_size(topo.switches)
     return target, topo

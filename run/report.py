@@ -63,9 +63,12 @@ def verdict(diff: float, bound: float, steps: int) -> tuple[bool, str]:
 
 
 def compare(switch_pt: Path, gloo_pt: Path) -> float:
-    """Max |difference| over every parameter of the two runs' final models."""
+    """Max |difference| over every parameter and buffer of the two runs' final models; equal
+    entries differ by 0, so an infinity both hold (the LM's causal mask, -inf above the
+    diagonal) is no NaN, while a NaN in either still makes the result NaN (DIFFER)."""
     a, b = torch.load(switch_pt), torch.load(gloo_pt)
-    return max(float((a[k] - b[k]).abs().max()) for k in a)
+    diffs = [float(torch.where(a[k] == b[k], 0.0, (a[k] - b[k]).abs()).max()) for k in a]
+    return math.nan if any(math.isnan(d) for d in diffs) else max(diffs)  # max() skips a NaN
 
 
 def _row(name: str, steps: list[dict[str, Any]]) -> list[str]:

@@ -16,7 +16,7 @@ from bench.projection_run_start import RunSpec
 
 FIRST = (
     "make run: run 4 on switch target refswitch (the reference switch, embedded in Python), "
-    "4 hosts, model mlp, codec fixed_point, overlap blocking, links unshaped, 20 steps "
+    "4 hosts, model mlp, codec fixed_point, overlap blocking, links unshaped, 20 steps, pool 64 "
     "(stop it with `make stop RUN=4`)\ncontroller on ...\n"
 )
 ELEMENTS = 85_000  # 333 ADD packets (+1 status cell: 333 still), 1 MAX packet

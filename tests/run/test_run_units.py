@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import os
 import signal
 import subprocess
@@ -69,6 +70,13 @@ def test_summary_bound_and_plot(tmp_path):
     torch.save({"w": torch.ones(3)}, tmp_path / "a.pt")
     torch.save({"w": torch.ones(3) + 1e-6}, tmp_path / "b.pt")
     assert report.compare(tmp_path / "a.pt", tmp_path / "b.pt") == pytest.approx(1e-6, rel=0.2)
+    # a buffer both hold -inf in (the LM's causal mask) is equal, not NaN; a NaN is not
+    mask = torch.tensor([0.0, -math.inf])
+    torch.save({"w": torch.ones(3), "mask": mask}, tmp_path / "a.pt")
+    torch.save({"w": torch.ones(3) + 1e-6, "mask": mask}, tmp_path / "b.pt")
+    assert report.compare(tmp_path / "a.pt", tmp_path / "b.pt") == pytest.approx(1e-6, rel=0.2)
+    torch.save({"w": torch.ones(3), "mask": torch.tensor([0.0, math.nan])}, tmp_path / "b.pt")
+    assert math.isnan(report.compare(tmp_path / "a.pt", tmp_path / "b.pt"))
 
 
 def test_the_verdict_names_the_bound_first_order_for_short_runs():
@@ -438,3 +446,38 @@ def test_a_command_that_does_not_answer_is_tried_again_then_said_not_to(tmp_path
     assert time.monotonic() - start < 5  # 0.2 s, then 0.4 s: each try's child killed
     assert "no answer within 0.2 s, nor within 0.4 s" in text and "--x-timeout 0.8" in text
     assert "load average" in text
+
+
+def test_make_run_pool_is_the_controllers_default_where_the_tenant_quota_holds_two_jobs(
+    tmp_path,
+):
+    """make run's default pool: the controller's on one switch and on the two-level tree;
+    on any tree it allows, small enough that the tenant's slot quota (the run's operator
+    table sets none: a tenant's default) holds the run's job and one a crash left, each with
+    its pool on every switch, and never below the 8 it was (docs/performance.md)."""
+    pytest.importorskip("mininet.net", reason="Debian's mininet is not installed")
+    from homagg.api.credentials import TENANT_MAX_SLOTS
+    from homagg.control.config import ControllerConfig
+    from run.credentials import TENANT_MAX_RUN_JOBS
+    from run.net import MAX_LEAVES, Topology
+    from run.options import parser, settle
+
+    tenant = make_run_credentials(tmp_path / "c", "10.0.3.100").operators()[0]
+    assert "max_slots" not in tenant and tenant["max_jobs"] == TENANT_MAX_RUN_JOBS
+    for argv in ([], ["--topo", "two-level"]):
+        args = parser().parse_args(argv)
+        settle(args)
+        assert args.pool_size == ControllerConfig.default_pool_size == 64, argv
+    args = parser().parse_args(["--pool-size", "8"])
+    settle(args)
+    assert args.pool_size == 8  # asked for: kept
+    for leaves in (0, *range(2, MAX_LEAVES + 1)):
+        topo = tmp_path / f"leaves{leaves}.toml"
+        topo.write_text(f"[topology]\nhosts = {leaves or 4}\nleaves = {leaves}\n")
+        args = parser().parse_args(["--topo", str(topo)])
+        settle(args)
+        switches = Topology.load(topo).switches
+        assert switches == (leaves + 1 if leaves else 1)
+        assert 8 <= args.pool_size <= 64, leaves
+        assert TENANT_MAX_RUN_JOBS * args.pool_size * switches <= TENANT_MAX_SLOTS, leaves
+    assert args.pool_size == 30  # 16 leaves and the spine: 1,024 slots // (2 x 17)
