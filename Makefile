@@ -126,6 +126,7 @@ bench: venv  ## benchmarks (needs root, ~15 min on 2 cores, ~25 with the eBPF ta
 	echo "== switch packet rate (bench.switch_rate)"; $(PY) -m bench.switch_rate $(BENCH_RATE) --reps $(BENCH_REPS) --name switch_rate$(BENCH_SUFFIX); \
 	echo "== codecs (bench.codecs)"; $(PY) -m bench.codecs --reps $(BENCH_REPS); \
 	echo "== agreements through the switch and gloo (bench.agreement)"; $(PY) -m bench.agreement --rounds $(BENCH_REPS) --per-round 25; \
+	echo "== codec=auto's decision through the switch and gloo (bench.auto_decision)"; $(PY) -m bench.auto_decision --rounds $(BENCH_REPS) --per-round 25; \
 	echo "== aggregation throughput (bench.aggregation)"; $(PY) -m bench.aggregation $(BENCH_AGGREGATION); \
 	echo "== worker packet rate per I/O path (bench.worker_rate)"; $(PY) -m bench.worker_rate $(BENCH_WORKER_RATE) --name worker_rate$(BENCH_SUFFIX); \
 	echo "== training iteration time (bench.training)"; $(PY) -m bench.training $(BENCH_TRAINING) $(BENCH_TARGETS) --name training$(BENCH_SUFFIX); \

@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import multiprocessing as mp
 import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -41,7 +40,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from bench.publish import plot_path, publish, pyplot
+from bench.publish import heading, plot_path, publish, pyplot
 from homagg.worker.transport.io_path import IO_PATHS
 
 if TYPE_CHECKING:
@@ -302,8 +301,7 @@ def report(record: dict, elapsed: float, args) -> tuple[list[str], str]:
 
 def _intro(elapsed: float, args) -> list[str]:
     lines = [
-        f"# Aggregation throughput ({platform.machine()}, {os.cpu_count()} cores, "
-        f"{time.strftime('%Y-%m-%d')})",
+        heading("Aggregation throughput"),
         "",
         f"`python -m bench.aggregation --n {args.n} --bmv2-n {args.bmv2_n} --reps {args.reps} "
         f"--bmv2-reps {args.bmv2_reps}{_targets_flag(args)}"

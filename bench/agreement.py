@@ -239,9 +239,10 @@ def gloo_max(pg, t) -> None:
     pg.allreduce([t], opts).wait()
 
 
-def ncf_steps(hooks: list, steps: int) -> list[float]:
+def ncf_steps(hooks: list, steps: int, budgets: dict[int, float] | None = None) -> list[float]:
     """`steps` NCF steps (three buckets, the last one sealing the step) on every rank at
-    once; every rank's seconds per step."""
+    once, each step ended with `budgets` (codec="auto"'s decision; None: no auto);
+    every rank's seconds per step."""
     from homagg.worker.ddp.switch_path import Gradient, Via, agreed_sum
 
     buckets = ncf_buckets(len(hooks), seed=1)
@@ -257,7 +258,7 @@ def ncf_steps(hooks: list, steps: int) -> list[float]:
                 payload = Gradient(x) if b == 2 else Via(partial(_rows_of, x=x))
                 n = x.size if b == 2 else x.nrows * x.values.shape[1]
                 agreed_sum(h, b, payload, n, last=b == 2)
-            h.end_step()
+            h.end_step(budgets)
             times.append(time.perf_counter() - start)
         return times
 
@@ -268,8 +269,27 @@ def ncf_steps(hooks: list, steps: int) -> list[float]:
     ]
 
 
+def ways_table(results: dict[str, dict[str, list[float]]], ways: tuple[str, str]) -> list[str]:
+    """The markdown table of the two ways' calls (`ways`: the switch's key, then gloo's): p50
+    and p99 per way and target, and the ratio to gloo's."""
+    lines = [
+        "| target | way | p50 | p99 | gloo / way (p50) | calls |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
+    for target, got in results.items():
+        gloo50 = float(np.percentile(got[ways[1]], 50))
+        for way in ways:
+            ms = np.asarray(got[way]) * 1e3
+            p50, p99 = float(np.percentile(ms, 50)), float(np.percentile(ms, 99))
+            lines.append(
+                f"| {target} | {way} | {p50:.2f} | {p99:.2f} | {gloo50 * 1e3 / p50:.2f}x "
+                f"| {ms.size} |"
+            )
+    return lines
+
+
 def report(results: dict[str, dict[str, list[float]]], world: int, rounds: int) -> list[str]:
-    """The markdown table: p50 and p99 per way and target, and the ratio to gloo's."""
+    """The markdown tables: each way's calls, and each variant's NCF steps."""
     lines = [
         "# An agreement through the switch against the process group's",
         "",
@@ -277,19 +297,8 @@ def report(results: dict[str, dict[str, list[float]]], world: int, rounds: int) 
         "threads of one process, each agreement started by every rank together, each "
         "rank's call timed; the two ways alternate round by round. ms per call.",
         "",
-        "| target | way | p50 | p99 | gloo / way (p50) | calls |",
-        "|---|---|---:|---:|---:|---:|",
+        *ways_table(results, WAYS),
     ]
-    for target, ways in results.items():
-        gloo50 = float(np.percentile(ways[WAYS[1]], 50))
-        for way in WAYS:
-            times = ways[way]
-            ms = np.asarray(times) * 1e3
-            p50, p99 = float(np.percentile(ms, 50)), float(np.percentile(ms, 99))
-            lines.append(
-                f"| {target} | {way} | {p50:.2f} | {p99:.2f} | {gloo50 * 1e3 / p50:.2f}x "
-                f"| {ms.size} |"
-            )
     lines += [
         "",
         "An NCF step (three buckets of make run's NCF through the switch, lossless; every "
@@ -313,17 +322,20 @@ def report(results: dict[str, dict[str, list[float]]], world: int, rounds: int) 
     return lines
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Measure on every available target and write bench/results/agreement.md."""
+def rounds_arguments(
+    prog: str, doc: str, what: str, argv: list[str] | None
+) -> tuple[argparse.Namespace, list[str]]:
+    """The command line the agreement benchmarks share (world, rounds, `what` per round,
+    targets), checked, and the targets to measure (default: every one present)."""
     p = argparse.ArgumentParser(
-        prog="python -m bench.agreement",
-        description=__doc__.split("\n\n")[0],
-        epilog=__doc__.split("\n\n", 1)[1],
+        prog=prog,
+        description=doc.split("\n\n")[0],
+        epilog=doc.split("\n\n", 1)[1],
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--world", type=int, default=4, help="ranks (default 4)")
     p.add_argument("--rounds", type=int, default=10, help="rounds per way (default 10)")
-    p.add_argument("--per-round", type=int, default=50, help="agreements per round (50)")
+    p.add_argument("--per-round", type=int, default=50, help=f"{what} per round (50)")
     p.add_argument("--targets", nargs="+", default=None, help="default: every target present")
     args = p.parse_args(argv)
     if not 2 <= args.world <= 32 or args.rounds < 1 or args.per_round < 1:
@@ -333,17 +345,30 @@ def main(argv: list[str] | None = None) -> int:
 
     if not have_privileges():
         p.error("needs root and iproute2 (network namespaces)")
-    targets = args.targets or compared_targets()
+    return args, args.targets or compared_targets()
+
+
+def ways_summary(
+    results: dict[str, dict[str, list[float]]], what: str, ways: tuple[str, str] = WAYS
+) -> str:
+    """The SUMMARY line: per target, `what`'s p50 through the switch and over gloo (`ways`:
+    the two ways' keys in results, the switch's first)."""
+    return ", ".join(
+        f"{t}: {what} p50 switch {np.percentile(r[ways[0]], 50) * 1e3:.2f} ms, gloo "
+        f"{np.percentile(r[ways[1]], 50) * 1e3:.2f} ms"
+        for t, r in results.items()
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Measure on every available target and write bench/results/agreement.md."""
+    args, targets = rounds_arguments("python -m bench.agreement", __doc__, "agreements", argv)
     results = {t: measure(t, args.world, args.rounds, args.per_round) for t in targets}
     lines = report(results, args.world, args.rounds) + trips_report(args.world)
     publish(
         "agreement",
         lines,
-        summary=", ".join(
-            f"{t}: switch p50 {np.percentile(r[WAYS[0]], 50) * 1e3:.2f} ms, gloo "
-            f"{np.percentile(r[WAYS[1]], 50) * 1e3:.2f} ms"
-            for t, r in results.items()
-        ),
+        summary=ways_summary(results, "verdict"),
     )
     return 0
 

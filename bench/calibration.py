@@ -8,7 +8,9 @@ kernel's path, in which the eBPF switch runs too), the reference switch's CPU pe
 (its process), and the unloaded round trip (a chunk's first send to its result, one packet
 a phase). gloo's alpha (latency per ring step), its latency per call, its CPU per step and per
 call come from small all_reduces at W = 2 and 4; its per-byte costs (wall and CPU) from
-a large one at W = 2."""
+a large one at W = 2. Per software switch (the reference switch, BMv2), what forwarding an
+ordinary frame costs its process (bench/forwarding_cost.py): gloo's frames cross it in
+Mininet."""
 
 from __future__ import annotations
 
@@ -27,30 +29,48 @@ import numpy as np
 
 from bench import rawsend
 from bench.aggregation import GlooPool, SwitchGroup
+from bench.forwarding_cost import forwarding_costs
 from bench.projection_model import BYTES_PER_ELEMENT, Costs, ModelError
 from bench.publish import RESULTS
+from bench.run_load import GroupSampler, share_of
 
 CALIBRATION_PATH = RESULTS / "projection_calibration.json"
 RTT_STEPS = 40  # tiny steps (one packet a phase) whose chunk latencies give the round trip
 GLOO_SMALL = 256  # elements: an all_reduce this small is alpha alone
 SMALL_REPS = 15  # small all_reduces per W (milliseconds each; their medians fit alpha)
 INITIAL_TIMEOUT = 0.02  # the aggregation benchmark's, on the reference switch and eBPF
+SOFTWARE_SWITCHES = ("refswitch", "bmv2")  # a process whose CPU a contribution costs
+THREADS = 4  # worker threads of the second calibration step (the per-thread term)
 
 
 def switch_costs(target: str, n: int, reps: int) -> dict[str, float]:
-    """Costs per packet of one worker on `target` (W = 1): seconds, medians over reps."""
+    """Costs per packet of one worker on `target` (W = 1): seconds, medians over reps; and
+    the worker CPU per packet with THREADS worker threads in this one process (their
+    contention for the interpreter: a per-thread term of the aggregation benchmark's)."""
+    out, rtt = _group_costs(target, 1, n, reps)
+    out["rtt_s"] = rtt
+    threaded, _ = _group_costs(target, THREADS, n // THREADS, reps)
+    out["worker_cpu_threads_s"] = threaded["worker_cpu_s"]
+    out["threads"] = THREADS
+    return out
+
+
+def _group_costs(target: str, w: int, n: int, reps: int) -> tuple[dict[str, float], float]:
+    """Medians over `reps` steps of `w` worker threads on `target` (per packet a worker
+    sent), and the round trip of a one-packet phase."""
     from homagg.lab.fabric import Fabric
     from homagg.worker.codecs import FixedPoint
 
     before = rawsend.bpf_program_ids()
-    fabric = Fabric(target, 1)
+    fabric = Fabric(target, w)
     progs = rawsend.bpf_program_ids() - before
     group = None
     try:
-        fabric.hosts[0].enable_ip_stack()
-        group = SwitchGroup(fabric, 1, INITIAL_TIMEOUT)
-        x = [np.random.default_rng(1).standard_normal(n).astype(np.float32)]
-        codec = [FixedPoint(1)]
+        for h in fabric.hosts:
+            h.enable_ip_stack()
+        group = SwitchGroup(fabric, w, 0.2 if target.startswith("bmv2") else INITIAL_TIMEOUT)
+        x = [np.random.default_rng(1 + i).standard_normal(n).astype(np.float32) for i in range(w)]
+        codec = [FixedPoint(w) for _ in range(w)]
         group.step(codec, [v[:100_000] for v in x])  # warm-up
         rows = []
         pid = fabric.switch.proc.pid
@@ -59,26 +79,28 @@ def switch_costs(target: str, n: int, reps: int) -> dict[str, float]:
                 rows.append(_one_step(group, codec, x, pid, progs))
         transport = group.transports[0]
         transport.stats.latencies.clear()
-        for _ in range(RTT_STEPS):
+        for _ in range(RTT_STEPS if w == 1 else 0):
             group.step(codec, [v[:64] for v in x])
-        rtt = statistics.median(transport.stats.latencies)
+        rtt = statistics.median(transport.stats.latencies or [0.0])
     finally:
         if group is not None:
             group.close()
         fabric.close()
-    out = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
-    out["rtt_s"] = rtt
-    return out
+    return {k: statistics.median(r[k] for r in rows) for k in rows[0]}, rtt
 
 
 def _one_step(group: SwitchGroup, codec: list, x: list, pid: int, progs: set[int]) -> dict:
-    """One timed step: wall and CPU per packet the worker sent."""
-    transport = group.transports[0]
-    sent0, cpu0 = transport.stats.packets_sent, os.times()
+    """One timed step: wall and CPU per packet a worker sent (all threads' over all
+    packets)."""
+
+    def sent_now() -> int:
+        return sum(t.stats.packets_sent for t in group.transports)
+
+    sent0, cpu0 = sent_now(), os.times()
     switch0, bpf0 = rawsend.process_cpu(pid), rawsend.bpf_program_stats(progs)
     wall, _, _ = group.step(codec, x)
     cpu, bpf = os.times(), rawsend.bpf_program_stats(progs)
-    sent = transport.stats.packets_sent - sent0
+    sent = sent_now() - sent0
     return {
         "wall_per_packet_s": wall / sent,
         "worker_cpu_s": (cpu.user - cpu0.user + cpu.system - cpu0.system) / sent,
@@ -147,14 +169,17 @@ def costs_of(record: dict[str, Any], target: str) -> Costs:
             f"{', '.join(record.get('targets', {})) or 'none'})"
         )
     t, g = record["targets"][target], record["gloo"]
+    # wall-time costs as on an idle machine: what was measured, at the share of a core a
+    # ready process got meanwhile (CPU-time costs need no such correction)
+    share = record.get("share", 1.0)
     return Costs(
         worker_packet_s=t["worker_cpu_s"],
-        rtt_s=t["rtt_s"],
-        alpha_s=g["alpha_s"],
-        call_s=g["call_s"],
+        rtt_s=t["rtt_s"] * share,
+        alpha_s=g["alpha_s"] * share,
+        call_s=g["call_s"] * share,
         call_cpu_s=g["call_cpu_s"],
         step_cpu_s=g["step_cpu_s"],
-        peer_byte_s=g["peer_byte_s"],
+        peer_byte_s=g["peer_byte_s"] * share,
         worker_cpu_s=t["worker_cpu_s"],
         switch_cpu_s=t["switch_process_s"],
         peer_cpu_byte_s=g["peer_cpu_byte_s"],
@@ -165,7 +190,22 @@ def switch_pps_of(record: dict[str, Any], target: str) -> float:
     """The calibrated switch's packet rate: one core's worth of its process's work per
     contribution (the reference switch); 0 (no bound of its own) for the eBPF program."""
     per = record["targets"][target]["switch_process_s"]
-    return 1.0 / per if target == "refswitch" and per > 0 else 0.0
+    return 1.0 / per if target in SOFTWARE_SWITCHES and per > 0 else 0.0
+
+
+def threaded_costs(record: dict[str, Any], target: str, w: int) -> Costs:
+    """A calibrated target's costs for W worker threads of one process (the aggregation
+    benchmark's): the worker's CPU per packet grows by a per-thread term, calibrated from
+    1 and THREADS threads (their contention for the interpreter and their wake-ups)."""
+    costs, t = costs_of(record, target), record["targets"][target]
+    if "worker_cpu_threads_s" not in t:
+        return costs
+    one, many = t["worker_cpu_s"], t["worker_cpu_threads_s"]
+    growth = (many / one - 1) / (t["threads"] - 1)
+    # never below the smaller measurement: fewer wake-ups a packet with more threads
+    # (a loaded machine's W = 1 waits alone) make the term negative, not unbounded
+    per = max(min(one, many), one * (1 + growth * (w - 1)))
+    return replace(costs, worker_packet_s=per, worker_cpu_s=per)
 
 
 def cluster_costs(record: dict[str, Any], target: str) -> tuple[Costs, float]:
@@ -175,8 +215,11 @@ def cluster_costs(record: dict[str, Any], target: str) -> tuple[Costs, float]:
     return costs, switch_pps_of(record, target)
 
 
-def calibrate(targets: list[str], n: int, reps: int, gloo: GlooPool) -> dict[str, Any]:
-    """Measure every target's switch costs and gloo's, with when and where."""
+def calibrate(
+    targets: list[str], n: int, reps: int, gloo: GlooPool, forwarding: list[str]
+) -> dict[str, Any]:
+    """Measure every target's switch costs, gloo's, and what forwarding a frame costs each
+    of the `forwarding` software switches, with when and where."""
     record: dict[str, Any] = {
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "machine": f"{platform.machine()}, {os.cpu_count()} cores",
@@ -185,11 +228,18 @@ def calibrate(targets: list[str], n: int, reps: int, gloo: GlooPool) -> dict[str
         "reps": reps,
         "targets": {},
     }
-    for target in targets:
-        print(f"calibration: {target}, W = 1, {n:,} elements, {reps} reps", flush=True)
-        record["targets"][target] = switch_costs(target, n, reps)
-    print("calibration: gloo, W = 2", flush=True)
-    record["gloo"] = gloo_costs(gloo, n, reps)
+    with GroupSampler() as groups:
+        for target in targets:
+            print(f"calibration: {target}, W = 1 and {THREADS}, {n:,} elements", flush=True)
+            record["targets"][target] = switch_costs(target, n, reps)
+        print("calibration: gloo, W = 2 and 4", flush=True)
+        record["gloo"] = gloo_costs(gloo, n, reps)
+        record["forwarding"] = {}
+        for target in forwarding:
+            print(f"calibration: {target} forwarding UDP frames", flush=True)
+            record["forwarding"][target] = forwarding_costs(target, reps)
+    record["runnable_groups"] = round(groups.mean(), 2)
+    record["share"] = share_of(float(os.cpu_count() or 1), groups.mean())
     return record
 
 
@@ -237,6 +287,18 @@ def describe(record: dict[str, Any]) -> list[str]:
         "per byte a rank sends.",
         "",
     ]
+    if record.get("forwarding"):
+        lines += [
+            "Forwarding a routed UDP frame (host to host through the switch, 32 in flight): "
+            + "; ".join(
+                f"{name} {f['forward_small_s'] * 1e6:.1f} us CPU a 64-byte frame, "
+                f"{f['forward_frame_s'] * 1e6:.1f} a 1514-byte one "
+                f"({f['forward_wall_s'] * 1e6:.0f} us wall a frame)"
+                for name, f in record["forwarding"].items()
+            )
+            + ".",
+            "",
+        ]
     return lines
 
 

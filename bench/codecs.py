@@ -13,8 +13,6 @@ split at the value phase.
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import resource
 import statistics
 import sys
@@ -23,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.publish import plot_path, publish, pyplot
+from bench.publish import heading, plot_path, publish, pyplot
 from homagg.worker.codecs.base import Codec, Phase
 
 # Pause before each timed item: torch's OpenMP threads keep spinning for a while after an
@@ -349,8 +347,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     lines = [
-        f"# Codec benchmark ({platform.machine()}, {os.cpu_count()} cores, "
-        f"{time.strftime('%Y-%m-%d')}, numpy {np.__version__}, torch {torch.__version__})",
+        heading("Codec benchmark", f"numpy {np.__version__}", f"torch {torch.__version__}"),
         "",
         "`python -m bench.codecs`"
         + (" --quick" if args.quick else "")

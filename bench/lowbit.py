@@ -26,8 +26,6 @@ error feedback exists for that one (CO3). Learning rate, batch and steps stay `m
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -36,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.publish import plot_path, publish, pyplot
+from bench.publish import heading, plot_path, publish, pyplot
 from bench.runs import RunFailed, RunSpec, note_failure, run_once, smoothed
 from homagg.lab.switch_process import AUTO_TARGET, TARGETS
 
@@ -186,8 +184,7 @@ def write(
         )
         return
     lines = [
-        f"# Convergence with low-bit lanes ({platform.machine()}, {os.cpu_count()} cores, "
-        f"{time.strftime('%Y-%m-%d')})",
+        heading("Convergence with low-bit lanes"),
         "",
         f"`python -m bench.lowbit --models {','.join(models)} --rounds {args.rounds}`; ran in "
         f"{run['seconds']:.0f} s; `python -m run` (Mininet, {args.hosts} hosts, switch "

@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -28,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.publish import publish
+from bench.publish import heading, publish
 from bench.runs import RunFailed, RunSpec, note_failure, pct, run_once
 from homagg.environment import BMV2_OPT_ENV
 from homagg.lab.switch_process import AUTO_TARGET, TARGETS
@@ -275,8 +274,7 @@ def write(settings: list[Setting], args: argparse.Namespace, t: Tally, seconds: 
     """bench/results/<name>.md from the rounds so far."""
     targets = ",".join(sorted(t.targets)) or "none yet"
     head = [
-        f"# Overlap and auto ({platform.machine()}, {os.cpu_count()} cores, "
-        f"{time.strftime('%Y-%m-%d')}, switch {targets})",
+        heading("Overlap and auto", f"switch {targets}"),
         "",
         f"`python -m bench.overlap {args.command}`; ran in {seconds:.0f} s, load average "
         f"{os.getloadavg()[0]:.1f} at the end. W = {args.hosts}, switch target: {targets}. "

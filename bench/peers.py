@@ -19,8 +19,6 @@ the switch, decode, agreement) and the retransmissions per step.
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -28,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.publish import plot_path, publish, pyplot
+from bench.publish import heading, plot_path, publish, pyplot
 from bench.runs import (
     RunFailed,
     RunSpec,
@@ -285,8 +283,7 @@ def write(
     links = f"{args.bw:g} Mbit/s htb" if args.bw else "unshaped"
     title = f"W={args.hosts}, {target_used}, links {links}"
     lines = [
-        f"# The switch beside the peer methods ({platform.machine()}, {os.cpu_count()} cores, "
-        f"{time.strftime('%Y-%m-%d')})",
+        heading("The switch beside the peer methods"),
         "",
         f"`python -m bench.peers --steps {args.steps} --rounds {args.rounds} --models "
         f"{','.join(models)}{f' --bw {args.bw:g}' if args.bw else ''}`; {rounds} round(s) in "

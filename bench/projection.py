@@ -11,20 +11,20 @@ follow), from per-packet costs and round trips; where the switch wins and by how
     python -m bench.projection --check-runs DIR [DIR ...] [--start-runs]  (root to start)
 
 Costs: `line-rate` (default) is a cluster whose workers and switch keep up with their links
-(a kernel-bypass worker as SwitchML's, a hardware switch) and whose round trip and peer step
-are --rtt-us and --alpha-us; `refswitch` / `ebpf` are this project's workers and switch as
-calibrated on this machine (bench/results/projection_calibration.json: the Python worker's
-CPU per packet, the switch's, the round trip, gloo's alpha and per-byte costs), each
-worker on a host of its own. --worker-us, --rtt-us, --alpha-us and --switch-pps override
-any of them. --calibrate measures and rewrites the calibration (the aggregation
-benchmark's pieces, short runs); --check calibrates, then measures dense fixed point
-through one switch and gloo's all_reduce at each --check-workers, side by side, and
-prints the model's prediction for this machine beside them (bench/results/
-projection_check.md). --check-runs puts the model beside Mininet training runs
-(`python -m run`'s output directories, with its printed output saved as run.log; the
-dense MLP, blocking): the switch's and gloo's communication per step, predicted and
-measured (bench/results/projection_runs.md); --start-runs first starts them there
-(--run-topos, --run-target, --run-steps, --run-pool-size). Tables and the plot:
+(a kernel-bypass worker as SwitchML's, a hardware switch) and whose round trip and peer
+step are --rtt-us and --alpha-us; `refswitch` / `ebpf` are this project's workers and
+switch as calibrated on this machine (bench/results/projection_calibration.json: the Python
+worker's CPU per packet, the switch's, the round trip, gloo's alpha and per-byte costs, the
+software switches' forwarding of a frame), each worker on a host of its own. --worker-us,
+--rtt-us, --alpha-us and --switch-pps override any of them. --calibrate measures and
+rewrites the calibration (the aggregation benchmark's pieces, short runs); --check
+calibrates, then measures dense fixed point through one switch and gloo's all_reduce at
+each --check-workers, side by side, and prints the model's prediction for this machine
+beside them (bench/results/projection_check.md). --check-runs puts the model beside
+Mininet training runs (`python -m run`'s output directories, with its printed output saved
+as run.log; the dense MLP, blocking): the switch's and gloo's communication per step,
+predicted and measured (bench/results/projection_runs.md); --start-runs first starts them
+there (--run-topos, --run-target, --run-steps, --run-pool-size). Tables and the plot:
 bench/results/projection.md and .png."""
 
 from __future__ import annotations
@@ -103,7 +103,7 @@ def _parser() -> argparse.ArgumentParser:
     a(
         "--targets",
         nargs="+",
-        choices=("refswitch", "ebpf"),
+        choices=("refswitch", "ebpf", "bmv2"),
         default=None,
         help="switch targets to calibrate and check (default: refswitch, and ebpf where "
         "the kernel allows it)",
@@ -148,7 +148,8 @@ def _run_options(p: argparse.ArgumentParser) -> None:
     a(
         "--run-target",
         default="refswitch",
-        help="the started runs' --target (refswitch: calibrated; bmv2 needs --switch-pps)",
+        help="the started runs' --target (refswitch: calibrated; bmv2: calibrated with "
+        "--calibrate --targets ... bmv2, else give --switch-pps)",
     )
     a("--run-steps", type=int, default=12, help="the started runs' --steps")
     a("--run-pool-size", type=int, default=8, help="the started runs' --pool-size")
@@ -156,7 +157,8 @@ def _run_options(p: argparse.ArgumentParser) -> None:
         "--run-cores",
         type=float,
         default=0.0,
-        help="cores the runs had (0: os.cpu_count(); the machine's other load is not known)",
+        help="cores the runs had (0: os.cpu_count()); the machine's other load is the share "
+        "of a core sampled during each run (its load.jsonl; none: a share of 1)",
     )
     a("--runs-name", default="projection_runs", help="the run check's results file stem")
 
@@ -300,9 +302,15 @@ def _measure(args: argparse.Namespace) -> None:
     """--calibrate and --check: measure here (root), write the calibration and check."""
     from bench import projection_check
     from bench.aggregation import GlooPool
-    from homagg.lab.switch_process import ebpf_available
+    from homagg.lab.switch_process import bmv2_available, ebpf_available
 
     targets = args.targets or ["refswitch"] + (["ebpf"] if ebpf_available() else [])
+    # what forwarding a frame costs the software switches (gloo's frames cross them in
+    # Mininet); BMv2 where installed
+    forwarding = ["refswitch"] + (["bmv2"] if bmv2_available() else [])
+    # BMv2 is calibrated for the Mininet runs, not checked here: ~3,500 contributions/s
+    # would take W = 32's steps to minutes
+    checked_targets = [t for t in targets if t != "bmv2"]
     n = args.check_elements
     small = [w for w in args.check_workers if w <= 8]
     # worlds above 8 at fewer elements, and W = 8 again beside them at that size
@@ -310,7 +318,7 @@ def _measure(args: argparse.Namespace) -> None:
     worlds = tuple(sorted({2, 4, *args.check_workers}))
     gloo = GlooPool([calibration.GLOO_SMALL, n, LARGE_WORLDS_ELEMENTS], worlds=worlds)
     try:
-        record = calibration.calibrate(targets, n, args.reps, gloo)
+        record = calibration.calibrate(targets, n, args.reps, gloo, forwarding)
         calibration.save(record)
         if not args.check:
             print("\n".join(calibration.describe(record)))
@@ -322,7 +330,7 @@ def _measure(args: argparse.Namespace) -> None:
             if ws:
                 measured = {
                     t: projection_check.measure_switch(t, ws, elements, args.reps, gloo)
-                    for t in targets
+                    for t in checked_targets
                 }
                 rows = projection_check.rows(record, measured, elements)
                 lines += projection_check.report(record, rows, elements)
@@ -343,6 +351,7 @@ def _check_runs(args: argparse.Namespace) -> None:
     import os
 
     from bench import projection_runs as pr
+    from bench.projection_run_start import RunSpec, start_run
 
     dirs = list(args.check_runs)
     if args.start_runs:
@@ -352,8 +361,8 @@ def _check_runs(args: argparse.Namespace) -> None:
             raise ModelError("--start-runs needs root (Mininet); --check-runs alone does not")
         base = dirs.pop(0)
         for topo in args.run_topos:
-            spec = pr.RunSpec(args.run_target, topo, args.run_steps, args.run_pool_size)
-            dirs.append(pr.start_run(base / spec.name, spec))
+            spec = RunSpec(args.run_target, topo, args.run_steps, args.run_pool_size)
+            dirs.append(start_run(base / spec.name, spec))
     cores = args.run_cores or float(os.cpu_count() or 1)
     record = calibration.load()
     rows = [pr.row(pr.load_run(d), record, args.switch_pps or 0.0, cores) for d in dirs]

@@ -15,7 +15,7 @@ import numpy as np
 
 from bench import rawsend
 from bench.aggregation import GlooPool, SwitchGroup
-from bench.calibration import INITIAL_TIMEOUT, available_cores, costs_of, switch_pps_of
+from bench.calibration import INITIAL_TIMEOUT, available_cores, switch_pps_of, threaded_costs
 from bench.projection_model import (
     BYTES_PER_ELEMENT,
     Cluster,
@@ -89,13 +89,16 @@ def _median(rec: dict, key: str) -> float:
 
 
 def this_machine(w: int, n: int, record: dict, target: str, cores: float) -> Cluster:
-    """The cluster this machine is: W workers and the switch on `cores` cores."""
+    """The cluster this machine is: W workers and the switch on `cores` cores. This one
+    process, its switch and gloo's ranks are one session, so one scheduling group: the
+    cores it got are what a ready process of it gets at most."""
     return Cluster(
         workers=w,
         link_gbps=LOOPBACK_GBPS,
         elements=n,
         switch_pps=switch_pps_of(record, target),
         cores=cores,
+        share=min(1.0, cores),
     )
 
 
@@ -103,8 +106,8 @@ def rows(record: dict, measured: dict[str, dict], n: int) -> list[dict]:
     """Predicted beside measured, per target and W, for the switch and for gloo's ring."""
     out = []
     for target, per_w in measured.items():
-        costs = costs_of(record, target)
         for w, rec in per_w.items():
+            costs = threaded_costs(record, target, w)
             cluster = this_machine(w, n, record, target, rec["cores"])
             sw = switch_step(cluster, costs, "fixed_point")
             ring = ring_step(cluster, costs)

@@ -12,8 +12,9 @@ level above the first one more round trip. Ring all-reduce: a call's fixed laten
 2(W-1) steps of n/W bytes, alpha each; halving-doubling (the "tree" algorithms):
 2 ceil(log2 W) steps, the same 2(W-1)/W n bytes. When the W workers share `cores` cores
 (this machine), the CPU each method needs is also a bound, and so are the worker
-threads' process and the reference switch's, one core each: the model's concession to
-the check against measurements here, never used for a cluster."""
+process(es) and the software switch's, and every CPU and latency term is slowed by the
+share of a core a ready process gets there (the machine's other load): the model's
+concession to the checks against measurements here, never used for a cluster."""
 
 from __future__ import annotations
 
@@ -79,6 +80,13 @@ class Cluster:
     cells_per_packet: int = CELLS_PER_PKT
     cores: float = 0.0  # >0: all workers share this many cores (this machine), else a host each
     compute_s: float = 0.0  # the step's computation, not overlapped with the aggregation
+    # this machine only (cores > 0): the share of a core a ready process gets (the machine's
+    # other load: cores / runnable scheduling groups, measured), whether each worker is a
+    # process of its own (Mininet's ranks) or all are threads of one (the benchmark's), and
+    # the workers a leaf holds in a tree (the two-level topology's 4)
+    share: float = 1.0
+    rank_processes: bool = False
+    workers_per_leaf: int = MAX_WORKERS_PER_JOB
 
     def __post_init__(self) -> None:
         if self.workers < 1:
@@ -94,6 +102,10 @@ class Cluster:
             raise ModelError("switch_pps and pool_size must be >= 0, cells_per_packet >= 1")
         if self.depth < 0 or self.cores < 0 or self.compute_s < 0:
             raise ModelError("depth, cores and compute_s must be >= 0")
+        if not 0.0 < self.share <= 1.0 or not 1 <= self.workers_per_leaf <= MAX_WORKERS_PER_JOB:
+            raise ModelError(
+                f"share must be within (0, 1] and workers_per_leaf within 1..{MAX_WORKERS_PER_JOB}"
+            )
         if self.depth and self.workers > MAX_WORKERS_PER_JOB**self.depth:
             raise ModelError(
                 f"{self.workers} workers need more than {self.depth} switch level(s) of "
@@ -106,6 +118,16 @@ class Cluster:
         if self.depth:
             return self.depth
         return max(1, math.ceil(math.log(self.workers, MAX_WORKERS_PER_JOB) - 1e-9))
+
+    @property
+    def leaves(self) -> int:
+        """Leaf switches under the top one (0: a single switch): W over a leaf's workers."""
+        return math.ceil(self.workers / self.workers_per_leaf) if self.levels > 1 else 0
+
+    @property
+    def switch_processes(self) -> int:
+        """Switches of the job: a software switch is a process each on this machine."""
+        return 1 + self.leaves
 
     @property
     def link_bytes_per_s(self) -> float:
@@ -158,6 +180,12 @@ def frame_bytes(cells_per_packet: int) -> int:
     return AGG_FRAME_BYTES - 4 * CELLS_PER_PKT + 4 * cells_per_packet
 
 
+def switch_absorbs(cluster: Cluster) -> int:
+    """Packets the job's switches take in per slot of a phase: every worker's contribution,
+    and in a tree each leaf's partial at the top and the top's result back at each leaf."""
+    return cluster.workers + 2 * cluster.leaves
+
+
 def switch_step(cluster: Cluster, costs: Costs, codec: str) -> Projection:
     """One step through the switch with `codec`: steady-state packets at the slowest
     per-packet cost, plus one round trip per phase and per extra switch level."""
@@ -165,32 +193,45 @@ def switch_step(cluster: Cluster, costs: Costs, codec: str) -> Projection:
     per_phase = packets(phase_cells(codec, c.elements, c.density, w), c.cells_per_packet)
     total = sum(per_phase)
     frame = frame_bytes(c.cells_per_packet)
-    rtt = costs.rtt_s * c.levels  # the tree adds one switch round trip per level
+    rtt = costs.rtt_s * c.levels / c.share  # the tree adds one switch round trip per level
     bounds = {
-        "worker": costs.worker_packet_s,
+        "worker": costs.worker_packet_s / c.share,
         "link": frame / c.link_bytes_per_s,
         # line rate (0): every port forwards at its link's rate, already the link's bound;
         # in a tree each switch holds at most MAX_WORKERS_PER_JOB members (workers or leaves)
-        "switch": min(w, MAX_WORKERS_PER_JOB) / c.switch_pps if c.switch_pps else 0.0,
+        "switch": min(w, MAX_WORKERS_PER_JOB) / c.switch_pps / c.share if c.switch_pps else 0.0,
         "window": rtt / (c.pool_size or max(1, math.ceil(rtt * c.link_bytes_per_s / frame))),
     }
     limit = max(bounds, key=lambda k: bounds[k])
     seconds = total * bounds[limit]
-    cpu_total = w * total * (costs.worker_cpu_s + costs.switch_cpu_s)
+    switch_cpu = switch_absorbs(c) * total * costs.switch_cpu_s
+    cpu_total = w * total * costs.worker_cpu_s + switch_cpu
     if c.cores:  # workers (and a software switch) share the cores: CPU is a bound too
-        cpu = {
-            "cpu": cpu_total / c.cores,
-            # the worker threads are one process, measured never to pass one core
-            "worker process": w * total * costs.worker_cpu_s,
-            "switch process": w * total * costs.switch_cpu_s,
-        }
-        top = max(cpu, key=lambda k: cpu[k])
-        if cpu[top] > seconds:
-            limit, seconds = top, cpu[top]
+        top, cpu = _cpu_bound(c, w * total * costs.worker_cpu_s, switch_cpu)
+        if cpu > seconds:
+            limit, seconds = top, cpu
     seconds += len(per_phase) * rtt
     return Projection(
         f"switch, {codec}", c.compute_s + seconds, float(total * frame), limit, cpu_total
     )
+
+
+def _cpu_bound(c: Cluster, worker_cpu: float, switch_cpu: float) -> tuple[str, float]:
+    """The longest CPU bound of a step on shared cores: all the CPU over the cores the
+    job's processes can get, the busiest worker process, the busiest switch process (each
+    at the share of a core a ready process gets)."""
+    ranks = c.workers if c.rank_processes else 1  # threads of one process: one core at most
+    processes = ranks + (c.switch_processes if switch_cpu else 0)
+    cpu = {
+        "cpu": (worker_cpu + switch_cpu) / min(c.cores, processes * c.share),
+        "worker process": worker_cpu / ranks / c.share,
+        # a tree's leaves each hold their workers; the top switch fewer: the leaves bound it
+        "switch process": switch_cpu / c.switch_processes / c.share
+        if not c.leaves
+        else switch_cpu * (c.workers_per_leaf + 1) / switch_absorbs(c) / c.share,
+    }
+    top = max(cpu, key=lambda k: cpu[k])
+    return top, cpu[top]
 
 
 def best_switch_step(cluster: Cluster, costs: Costs) -> Projection:
@@ -211,17 +252,18 @@ def _peer_step(cluster: Cluster, costs: Costs, name: str, steps: int) -> Project
         return Projection(name, c.compute_s, 0.0, "nothing to reduce")
     payload = 2 * (w - 1) / w * BYTES_PER_ELEMENT * c.elements
     wire = peer_wire_bytes(payload)
-    per_byte = {"link": wire / payload / c.link_bytes_per_s, "host": costs.peer_byte_s}
+    per_byte = {"link": wire / payload / c.link_bytes_per_s, "host": costs.peer_byte_s / c.share}
     limit = max(per_byte, key=lambda k: per_byte[k])
     seconds = payload * per_byte[limit]
-    latency = costs.call_s + steps * costs.alpha_s
+    latency = (costs.call_s + steps * costs.alpha_s) / c.share
     if latency > seconds:
         limit = "latency"
     seconds += latency
     per_rank = costs.call_cpu_s + steps * costs.step_cpu_s + payload * costs.peer_cpu_byte_s
     cpu_total = w * per_rank
-    if c.cores and cpu_total / c.cores > seconds:  # the ranks share the cores
-        limit, seconds = "cpu", cpu_total / c.cores
+    cap = min(c.cores, w * c.share)  # the ranks share the cores (a process each)
+    if c.cores and cpu_total / cap > seconds:
+        limit, seconds = "cpu", cpu_total / cap
     return Projection(name, c.compute_s + seconds, wire, limit, cpu_total)
 
 

@@ -1,45 +1,53 @@
 """The projection checked against Mininet training runs (`python -m run`, docs/run.md):
 from a run's output directory (its per-step records switch.jsonl and gloo.jsonl, its
-printed first line saved as run.log, its controller.toml for the tree), the model's
-prediction of a step's communication beside what the run measured.
+printed first line saved as run.log, its controller.toml for the tree, load.jsonl for the
+machine's load while it ran: bench/run_load.py), the model's prediction of a step's
+communication beside what the run measured.
 
 Switch: the model's dense fixed-point step (bench/projection_model.py) for the gradient the
-hook aggregated (agg_dense), the run's W, link rate, switch levels and pool, on this
-machine's cores, against the transport's time per step (encode + wait + decode, mean over
-the ranks); the per-bucket agreements the hook runs over gloo are shown beside it, not
-modelled. gloo: the model's ring all-reduce of the same gradient against the gloo run's
-step time less the step's computation, which the switch run measures as its step time
-less its switch and agreement time (both runs compute the same batches)."""
+hook aggregated (agg_dense), the run's W, link rate, tree and pool, each rank a process and
+each switch one, on this machine's cores at the share of a core its load left a ready
+process, against the transport's time per step (encode + wait + decode, mean over the
+ranks). gloo: the ring and the software switch's forwarding of its frames and ACKs (at the
+calibrated cost of each frame's size: bench/forwarding_cost.py) against the gloo run's step
+time less the step's computation, which the switch run measures as its step time less its
+switch and agreement time (both runs compute the same batches). The step's agreement: a
+small all_reduce through the switch against the switch run's agreement time."""
 
 from __future__ import annotations
 
 import json
+import math
 import re
 import statistics
-import subprocess
-import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from bench.calibration import costs_of, switch_pps_of
+from bench.forwarding_cost import frame_cost
 from bench.projection_check import LOOPBACK_GBPS, TOLERANCE
 from bench.projection_model import (
     BYTES_PER_ELEMENT,
     Cluster,
     Costs,
     ModelError,
+    Projection,
     packets,
     phase_cells,
     ring_step,
     switch_step,
 )
+from bench.run_load import PhaseLoad, phase_load
+from homagg.wire.constants import MAX_WORKERS_PER_JOB
 
 RUN_LOG = "run.log"  # the run's printed output, as `python -m run ... | tee run.log` saves it
+LOAD_LOG = "load.jsonl"  # the machine's load during the run (bench/run_load.py)
 PEER_FRAME_BYTES = 1514  # a full TCP frame of gloo's stream on the wire (Ethernet included)
 ACK_FRAME_BYTES = 66  # Ethernet, IPv4, TCP with timestamps, no payload
 ACKS_PER_FRAME = 0.5  # delayed ACKs: one a second full segment (RFC 1122), back the same way
 DEFAULT_POOL = 8  # python -m run's --pool-size default (not on its first line)
+PHASES = ("switch", "gloo")  # a run trains through the switch, then over gloo
 WARMUP_STEPS = 2  # first steps left out: connections, the job's set-up, first timeouts
 FIRST_LINE = re.compile(
     r"make run: run \d+ on switch target (?P<target>[\w-]+) .*?, (?P<hosts>\d+) hosts, "
@@ -72,6 +80,7 @@ class RunInfo:
     link_mbit: float  # 0: unshaped (veth: the CPU is the limit)
     levels: int  # switch levels of the job: 2 for the two-level topology
     pool_size: int = DEFAULT_POOL  # slots a rank keeps in flight (the controller's log)
+    leaves: int = 0  # leaf switches of the tree (0: one switch)
 
 
 def pool_size(controller_log: str) -> int:
@@ -81,7 +90,9 @@ def pool_size(controller_log: str) -> int:
     return int(m[1]) if m else DEFAULT_POOL
 
 
-def parse_first_line(text: str, levels: int = 1, pool: int = DEFAULT_POOL) -> RunInfo:
+def parse_first_line(
+    text: str, levels: int = 1, pool: int = DEFAULT_POOL, leaves: int = 0
+) -> RunInfo:
     """The RunInfo of a run's printed output (its first `make run:` line)."""
     m = FIRST_LINE.search(text)
     if m is None:
@@ -99,12 +110,18 @@ def parse_first_line(text: str, levels: int = 1, pool: int = DEFAULT_POOL) -> Ru
         link_mbit=0.0 if links == "unshaped" else float(links.split()[0]),
         levels=levels,
         pool_size=pool,
+        leaves=leaves,
     )
 
 
 def switch_levels(controller_toml: str) -> int:
     """Switch levels of a run's topology: 2 when a switch of its config has a parent."""
-    return 2 if re.search(r"^parent\s*=", controller_toml, re.MULTILINE) else 1
+    return 2 if leaf_count(controller_toml) else 1
+
+
+def leaf_count(controller_toml: str) -> int:
+    """Switches of a run's config that have a parent: the tree's leaves."""
+    return len(re.findall(r"^parent\s*=", controller_toml, re.MULTILINE))
 
 
 def step_medians(lines: list[str], skip: int = WARMUP_STEPS) -> dict[str, float]:
@@ -131,6 +148,8 @@ class MeasuredRun:
     info: RunInfo
     switch: dict[str, float]
     gloo: dict[str, float]
+    # the machine's load in each phase (load.jsonl; None: the run was not sampled)
+    load: dict[str, PhaseLoad | None] = field(default_factory=dict)
 
 
 def load_run(path: Path) -> MeasuredRun:
@@ -145,10 +164,12 @@ def load_run(path: Path) -> MeasuredRun:
             f"{path}: missing {', '.join(missing)}: give the --out directory of a "
             f"`python -m run` without --no-gloo, what it printed saved there as {RUN_LOG}"
         )
-    levels = switch_levels((path / "controller.toml").read_text())
+    toml = (path / "controller.toml").read_text()
     log = path / "controller.log"
     pool = pool_size(log.read_text()) if log.exists() else DEFAULT_POOL
-    info = parse_first_line((path / RUN_LOG).read_text(), levels, pool)
+    info = parse_first_line(
+        (path / RUN_LOG).read_text(), switch_levels(toml), pool, leaf_count(toml)
+    )
     if info.codec not in ("fixed_point", "lossless") or info.model != "mlp":
         raise ModelError(
             f"{path}: model {info.model}, codec {info.codec}: the check models dense "
@@ -156,40 +177,34 @@ def load_run(path: Path) -> MeasuredRun:
         )
     if info.overlap != "blocking":
         raise ModelError(f"{path}: overlap {info.overlap}: the check needs blocking steps")
+    sampled = (path / LOAD_LOG).read_text().splitlines() if (path / LOAD_LOG).exists() else []
     return MeasuredRun(
         path,
         info,
         step_medians((path / "switch.jsonl").read_text().splitlines()),
         step_medians((path / "gloo.jsonl").read_text().splitlines()),
+        {m: phase_load(sampled, m, WARMUP_STEPS) if sampled else None for m in PHASES},
     )
 
 
 def costs_for(record: dict[str, Any], target: str, switch_pps: float) -> tuple[Costs, float]:
-    """The calibrated costs for a run's target and the switch's packet rate: the reference
-    switch's as calibrated (a mix of runs checks together); BMv2 (not calibrated) takes the
-    reference switch's worker costs and the packet rate given (bench/results/
-    switch_rate.md measures it)."""
-    if target == "refswitch":
+    """The calibrated costs for a run's target and the switch's packet rate (a software
+    switch's CPU a contribution: the reference switch's, BMv2's when calibrated). BMv2 not
+    calibrated takes the reference switch's worker costs and the packet rate given
+    (bench/results/switch_rate.md measures it)."""
+    if target in record.get("targets", {}):
         return costs_of(record, target), switch_pps_of(record, target)
     if target.startswith("bmv2"):
         if not switch_pps:
             raise ModelError(
-                f"{target} is not calibrated: give its contributions/s with --switch-pps "
-                "(bench/results/switch_rate.md measures it)"
+                f"{target} is not calibrated: calibrate it (`python -m bench.projection "
+                "--calibrate --targets refswitch bmv2`) or give its contributions/s with "
+                "--switch-pps (bench/results/switch_rate.md measures it)"
             )
         costs = costs_of(record, "refswitch")
         # BMv2's own threads: its rate is the bound, not one core's CPU a contribution
         return Costs(**{**vars(costs), "switch_cpu_s": 0.0}), switch_pps
     return costs_of(record, target), switch_pps
-
-
-def frame_cost(record: dict[str, Any], target: str, switch_pps: float) -> float:
-    """Seconds of the switch's work per frame it forwards: BMv2 at the rate given, the
-    reference switch at its calibrated cost a contribution (forwarding a frame is taken
-    to cost what absorbing one does: both are one packet through its Python pipeline)."""
-    if target == "refswitch":
-        return float(record["targets"]["refswitch"]["switch_process_s"])
-    return 1.0 / switch_pps if switch_pps else 0.0
 
 
 def gloo_frames(ring_wire: float, workers: int) -> float:
@@ -198,29 +213,67 @@ def gloo_frames(ring_wire: float, workers: int) -> float:
     return workers * ring_wire / PEER_FRAME_BYTES * (1 + ACKS_PER_FRAME)
 
 
+def crossings(info: RunInfo) -> float:
+    """Switches a ring hop's frames cross on average: one on a star; in a tree the hops
+    between leaves (one per leaf of W) cross the leaf, the top and the other leaf."""
+    return 1.0 + 2 * info.leaves / info.hosts if info.leaves else 1.0
+
+
+def forwarding_cpu(record: dict[str, Any], target: str, ring_wire: float, info: RunInfo) -> float:
+    """CPU seconds the switches spend forwarding one ring all-reduce's frames (full data
+    frames and their ACKs, each at its size's calibrated cost: bench/forwarding_cost.py)."""
+    data = info.hosts * ring_wire / PEER_FRAME_BYTES
+    per_ring = data * frame_cost(record, target, PEER_FRAME_BYTES)
+    per_ring += data * ACKS_PER_FRAME * frame_cost(record, target, ACK_FRAME_BYTES)
+    return per_ring * crossings(info)
+
+
+def busiest_fraction(info: RunInfo) -> float:
+    """The busiest switch's part of the ring's forwarding: all of it on a star; in a tree
+    a leaf forwards its ranks' frames and the one hop that enters it from another leaf,
+    (W / leaves + 1) of the W hops, out of the crossings all switches make."""
+    if not info.leaves:
+        return 1.0
+    return (info.hosts / info.leaves + 1) / info.hosts / crossings(info)
+
+
 def gloo_through_switch(
-    ring_s: float, ring_wire: float, costs: Costs, info: RunInfo, per_frame: float, cores: float
+    ring: Projection, cluster: Cluster, costs: Costs, info: RunInfo, forward_s: float
 ) -> tuple[float, str]:
-    """gloo's ring in the run: in Mininet its TCP frames (and their ACKs) cross the switch,
-    a software switch here, so the switch's work on them is a bound beside the loopback
-    ring's (ring_s). Two levels: a ring hop between leaves crosses three switches, the
-    others one; the switches' processes share the cores. Seconds, and the bound when it is
-    the switch's work ('' when the loopback ring's)."""
-    w = info.hosts
-    frames = gloo_frames(ring_wire, w)
-    crossings = 1.0
-    switches = 1
-    if info.levels > 1:
-        leaves = 2  # the two-level topology's (mininet/two-level.toml)
-        crossings, switches = 1 + 2 * leaves / w, leaves + 1
-    work = frames * crossings * per_frame / max(1.0, min(cores, switches))
-    latency = costs.call_s + 2 * (w - 1) * costs.alpha_s
-    return (ring_s, "") if ring_s >= work + latency else (work + latency, "switch's forwarding")
+    """gloo's ring in the run: in Mininet its TCP frames (and their ACKs) cross the
+    software switch, whose CPU on them (`forward_s`) is a bound beside the ring's own:
+    the busiest switch's share of it, and all the CPU (the ranks' and the switches') over
+    the cores the run's processes get. Seconds, and the bound."""
+    c, w = cluster, info.hosts
+    latency = (costs.call_s + 2 * (w - 1) * costs.alpha_s) / c.share
+    busiest = forward_s * busiest_fraction(info)
+    cpu = ring.cpu_seconds + forward_s
+    bounds = {
+        ring.limit: ring.seconds,
+        "switch's forwarding": latency + busiest / c.share,
+        "cpu with forwarding": cpu / min(c.cores, (w + c.switch_processes) * c.share),
+    }
+    top = max(bounds, key=lambda k: bounds[k])
+    return bounds[top], top
 
 
-def run_cluster(run: MeasuredRun, switch_pps: float, cores: float) -> Cluster:
-    """This machine as the run had it: W hosts and the switch(es) on `cores` cores."""
+def agreement(cluster: Cluster, costs: Costs, record: dict[str, Any], info: RunInfo) -> float:
+    """The step's last agreement (the bucket's, over gloo): a small all_reduce, 2(W-1)
+    ring steps. On loopback a step is one hand-off between two processes (alpha); in
+    Mininet its frame also wakes each switch process it crosses (another such hand-off
+    each) and costs it the forwarding of a small frame and its ACK."""
+    w, target = info.hosts, info.target
+    hops = crossings(info)
+    step = costs.alpha_s * (1 + hops) + 2 * frame_cost(record, target, ACK_FRAME_BYTES) * hops
+    return (costs.call_s + 2 * (w - 1) * step) / cluster.share
+
+
+def run_cluster(run: MeasuredRun, switch_pps: float, cores: float, phase: str) -> Cluster:
+    """This machine as the run had it in `phase`: W hosts (a process each) and the
+    switch(es) on `cores` cores, each ready process at the share of a core the machine's
+    load left it (measured in the run; 1 when the run was not sampled)."""
     i = run.info
+    load = run.load.get(phase)
     return Cluster(
         workers=i.hosts,
         link_gbps=i.link_mbit / 1e3 if i.link_mbit else LOOPBACK_GBPS,
@@ -229,24 +282,28 @@ def run_cluster(run: MeasuredRun, switch_pps: float, cores: float) -> Cluster:
         depth=i.levels,
         pool_size=i.pool_size,
         cores=cores,
+        share=load.share(cores) if load else 1.0,
+        rank_processes=True,
+        workers_per_leaf=math.ceil(i.hosts / i.leaves) if i.leaves else MAX_WORKERS_PER_JOB,
     )
 
 
 def row(run: MeasuredRun, record: dict[str, Any], switch_pps: float, cores: float) -> dict:
-    """Predicted beside measured for one run: the switch's step, gloo's all-reduce, and
-    packets a rank sent per step (the model's phases against the transport's count)."""
+    """Predicted beside measured for one run: the switch's step, gloo's all-reduce, the
+    step's agreement, and packets a rank sent per step (the model's phases against the
+    transport's count)."""
     costs, pps = costs_for(record, run.info.target, switch_pps)
-    cluster = run_cluster(run, pps, cores)
+    cluster = run_cluster(run, pps, cores, "switch")
+    gloo_cluster = run_cluster(run, pps, cores, "gloo")
     codec = run.info.codec
-    sw, ring = switch_step(cluster, costs, codec), ring_step(cluster, costs)
+    sw, ring = switch_step(cluster, costs, codec), ring_step(gloo_cluster, costs)
     w, s, g = run.info.hosts, run.switch, run.gloo
-    per_frame = frame_cost(record, run.info.target, pps)
-    gloo_s, gloo_limit = gloo_through_switch(
-        ring.seconds, ring.bytes_per_worker, costs, run.info, per_frame, cores
-    )
+    forward_s = forwarding_cpu(record, run.info.target, ring.bytes_per_worker, run.info)
+    gloo_s, gloo_limit = gloo_through_switch(ring, gloo_cluster, costs, run.info, forward_s)
     model_packets = sum(
         packets(phase_cells(codec, cluster.elements, 1.0, w), cluster.cells_per_packet)
     )
+    load_s, load_g = run.load.get("switch"), run.load.get("gloo")
     return {
         "run": run.path.name,
         "target": run.info.target,
@@ -257,19 +314,27 @@ def row(run: MeasuredRun, record: dict[str, Any], switch_pps: float, cores: floa
         "link_mbit": run.info.link_mbit,
         "elements": cluster.elements,
         "cores": cores,
+        "share_switch": cluster.share,
+        "share_gloo": gloo_cluster.share,
+        "threads_switch": load_s.runnable if load_s else 0.0,
+        "threads_gloo": load_g.runnable if load_g else 0.0,
+        "groups_switch": load_s.groups if load_s else 0.0,
+        "groups_gloo": load_g.groups if load_g else 0.0,
         "switch_predicted_s": sw.seconds,
         "switch_measured_s": s["switch_seconds"],
         "switch_limit": sw.limit,
         "encode_s": s["encode_seconds"],
         "wait_s": s["wait_seconds"],
         "decode_s": s["decode_seconds"],
-        "agreement_s": s["agreement_seconds"],
+        "agreement_predicted_s": agreement(cluster, costs, record, run.info),
+        "agreement_measured_s": s["agreement_seconds"],
+        "agreement_limit": "latency",
         "compute_s": s["compute_seconds"],
         "gloo_loopback_s": ring.seconds,
         "gloo_predicted_s": gloo_s,
         "gloo_measured_s": max(0.0, g["seconds"] - s["compute_seconds"]),
         "gloo_step_s": g["seconds"],
-        "gloo_limit": gloo_limit or ring.limit,
+        "gloo_limit": gloo_limit,
         # switch_packets: every rank's contributions and the results it received
         "packets_measured": s["switch_packets"] / (2 * w),
         "packets_predicted": model_packets,
@@ -278,21 +343,26 @@ def row(run: MeasuredRun, record: dict[str, Any], switch_pps: float, cores: floa
         # its data frames and the ACKs of what it receives (as many frames as it sends)
         "gloo_tx_predicted": ring.bytes_per_worker
         * (1 + ACKS_PER_FRAME * ACK_FRAME_BYTES / PEER_FRAME_BYTES),
-        # the slot round trip the switch path saw: pool slots a rank keeps in flight over
-        # the time a packet took (the window's bound, had it been the limit)
         "rtt_calibrated_s": costs.rtt_s,
-        # what a packet cost the switch in the run, were it the bound: contributions
-        # (every rank's, serially) and gloo's frames with their ACKs, beside the model's
+        # the switch processes' CPU a contribution in the run (sampled) beside the
+        # calibration's, and what a contribution cost in wall time were it the only bound
+        "contribution_cpu_s": _per_step(load_s, "switch_cpu_s") / (w * model_packets),
         "contribution_implied_s": s["switch_seconds"] / (w * model_packets),
-        "contribution_model_s": 1.0 / pps if pps else 0.0,
-        "frame_implied_s": max(0.0, g["seconds"] - s["compute_seconds"])
-        / gloo_frames(ring.bytes_per_worker, w),
-        "frame_model_s": per_frame,
+        "contribution_model_s": costs.switch_cpu_s or (1.0 / pps if pps else 0.0),
+        "forward_cpu_s": _per_step(load_g, "switch_cpu_s"),
+        "forward_model_s": forward_s,
         "round_trip_s": s["wait_seconds"]
         * run.info.pool_size
         / max(1.0, s["switch_packets"] / (2 * w)),
         "steps": s["steps"],
     }
+
+
+def _per_step(load: PhaseLoad | None, key: str) -> float:
+    """A phase's sampled CPU per step (0 when not sampled)."""
+    if load is None or load.steps <= 0:
+        return 0.0
+    return float(getattr(load, key)) / load.steps
 
 
 def error(predicted: float, measured: float) -> float:
@@ -305,111 +375,74 @@ def _err(predicted: float, measured: float) -> str:
     return f"{e:+.0%}{'' if abs(e) <= TOLERANCE else ' (miss)'}"
 
 
+METHODS = (("switch", "switch, {codec}"), ("gloo", "gloo ring"), ("agreement", "agreement"))
+
+
 def report(rows_: list[dict]) -> list[str]:
-    """Markdown: per run, the switch's and gloo's communication per step, predicted and
-    measured, then where the switch's step went and the packets per rank."""
+    """Markdown: per run, the switch's and gloo's communication per step and the step's
+    agreement, predicted and measured, then where the switch's step went."""
     lines = [
         "Communication per training step (median over the steps after the first "
-        f"{WARMUP_STEPS}), predicted for this machine (W hosts and the switch on the given "
-        f"cores) beside the run's measurement; 'miss' where off by more than {TOLERANCE:.0%}. "
-        "Switch measured: the transport's encode + wait + decode (mean over the ranks); "
-        "gloo measured: the gloo run's step less the switch run's computation; gloo "
-        "predicted: the ring with the calibrated (loopback) costs or the switch's work on its "
-        "frames and ACKs, whichever is longer (the ring alone in brackets).",
+        f"{WARMUP_STEPS}), predicted for this machine beside the run's measurement; 'miss' "
+        f"where off by more than {TOLERANCE:.0%}. This machine: W hosts (a process each) and "
+        "the switch processes on its cores, a ready process getting the share of a core the "
+        "machine's load left it (cores / ready scheduling groups, sampled during the phase: "
+        "bench/run_load.py). Switch measured: the transport's encode + wait + decode (mean over "
+        "the ranks); gloo measured: the gloo run's step less the switch run's computation; "
+        "agreement: the step's last (over gloo), measured by the switch run.",
         "",
-        "| run | target | W | levels | links | method | predicted ms | measured ms | "
-        "predicted / measured | error | bound by |",
-        "|---|---|--:|--:|---|---|--:|--:|--:|--:|---|",
+        "| run | target | W | levels | method | ready threads / groups | share | predicted ms | "
+        "measured ms | error | bound by |",
+        "|---|---|--:|--:|---|--:|--:|--:|--:|--:|---|",
     ]
     for r in rows_:
-        links = f"{r['link_mbit']:g} Mbit/s" if r["link_mbit"] else "unshaped"
-        ring = f" ({r['gloo_loopback_s'] * 1e3:.1f})"
-        for m, name in (("switch", f"switch, {r['codec']}"), ("gloo", "gloo ring")):
+        for m, name in METHODS:
             p, got = r[f"{m}_predicted_s"], r[f"{m}_measured_s"]
+            phase = "gloo" if m == "gloo" else "switch"
             lines.append(
-                f"| {r['run']} | {r['target']} | {r['workers']} | {r['levels']} | {links} | "
-                f"{name} | {p * 1e3:.1f}{ring if m == 'gloo' else ''} | {got * 1e3:.1f} | "
-                f"{p / got if got else float('inf'):.2f} | {_err(p, got)} | {r[f'{m}_limit']} |"
+                f"| {r['run']} | {r['target']} | {r['workers']} | {r['levels']} | "
+                f"{name.format(codec=r['codec'])} | {r[f'threads_{phase}']:.0f} / "
+                f"{r[f'groups_{phase}']:.1f} | "
+                f"{r[f'share_{phase}']:.2f} | {p * 1e3:.1f} | {got * 1e3:.1f} | "
+                f"{_err(p, got)} | {r[f'{m}_limit']} |"
             )
     lines += [
         "",
-        "Where a switch step went (ms, measured); packets a rank sent per step; the slot "
-        "round trip the wait implies (pool slots x wait / packets: the window's bound) "
-        "against the calibrated one; gloo's kB a rank sent per step; what a contribution "
-        "(W of them a packet) and a gloo frame (ACKs included) cost the switch in the run, "
-        "were it the only bound, beside the model's:",
+        "Where a switch step went (ms, measured); packets a rank sent per step; gloo's kB a "
+        "rank sent per step; the switch processes' CPU per contribution in the run (sampled) "
+        "and per gloo ring (forwarding its frames and ACKs), beside the calibration's:",
         "",
-        "| run | step | compute | encode | wait | decode | agreements (not modelled) | "
-        "gloo step | packets measured / predicted | round trip ms implied / calibrated "
-        "| gloo kB measured / predicted | retx a step | us a contribution implied / model "
-        "| us a gloo frame implied / model |",
-        "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
+        "| run | step | compute | encode | wait | decode | gloo step | packets measured / "
+        "predicted | gloo kB measured / predicted | retx a step | switch CPU us a contribution "
+        "run / calibrated | forwarding CPU ms a ring run / calibrated |",
+        "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
     ]
     for r in rows_:
-        step = r["compute_s"] + r["switch_measured_s"] + r["agreement_s"]
+        step = r["compute_s"] + r["switch_measured_s"] + r["agreement_measured_s"]
         lines.append(
             f"| {r['run']} | {step * 1e3:.1f} | {r['compute_s'] * 1e3:.1f} | "
             f"{r['encode_s'] * 1e3:.1f} | {r['wait_s'] * 1e3:.1f} | {r['decode_s'] * 1e3:.1f} | "
-            f"{r['agreement_s'] * 1e3:.1f} | {r['gloo_step_s'] * 1e3:.1f} | "
+            f"{r['gloo_step_s'] * 1e3:.1f} | "
             f"{r['packets_measured']:.0f} / {r['packets_predicted']} | "
-            f"{r['round_trip_s'] * 1e3:.2f} / {r['rtt_calibrated_s'] * 1e3:.2f} | "
             f"{r['gloo_tx_measured'] / 1e3:.1f} / {r['gloo_tx_predicted'] / 1e3:.1f} | "
-            f"{r['retx']:g} | {r['contribution_implied_s'] * 1e6:.0f} / "
-            f"{r['contribution_model_s'] * 1e6:.0f} | {r['frame_implied_s'] * 1e6:.0f} / "
-            f"{r['frame_model_s'] * 1e6:.0f} |"
+            f"{r['retx']:g} | {r['contribution_cpu_s'] * 1e6:.0f} / "
+            f"{r['contribution_model_s'] * 1e6:.0f} | {r['forward_cpu_s'] * 1e3:.1f} / "
+            f"{r['forward_model_s'] * 1e3:.1f} |"
         )
     return [*lines, "", f"Summary: {summary(rows_)}.", ""]
 
 
 def summary(rows_: list[dict]) -> str:
-    """The one line: predictions within the tolerance, of all."""
-    ok = sum(
-        abs(error(r[f"{m}_predicted_s"], r[f"{m}_measured_s"])) <= TOLERANCE
-        for r in rows_
-        for m in ("switch", "gloo")
-    )
+    """The one line: predictions within the tolerance, of all, per method."""
+
+    def within(m: str) -> int:
+        return sum(
+            abs(error(r[f"{m}_predicted_s"], r[f"{m}_measured_s"])) <= TOLERANCE for r in rows_
+        )
+
+    per = ", ".join(f"{m} {within(m)}/{len(rows_)}" for m, _ in METHODS)
+    ok = sum(within(m) for m, _ in METHODS)
     return (
         f"projection vs Mininet runs: within {TOLERANCE:.0%} of the measured communication "
-        f"in {ok}/{2 * len(rows_)} predictions"
+        f"in {ok}/{len(METHODS) * len(rows_)} predictions ({per})"
     )
-
-
-@dataclass(frozen=True)
-class RunSpec:
-    """A run to start: switch target, topology ('star': 4 unshaped hosts, else a --topo of
-    python -m run), steps, pool slots a rank."""
-
-    target: str = "refswitch"
-    topo: str = "star"
-    steps: int = 12
-    pool_size: int = DEFAULT_POOL
-
-    @property
-    def name(self) -> str:
-        """The run's directory name: target, topology, pool."""
-        return f"{self.target}-{self.topo}-pool{self.pool_size}"
-
-    def command(self, out: Path) -> list[str]:
-        """The `python -m run` arguments: the dense MLP, fixed point, blocking."""
-        cmd = ["-m", "run", "--target", self.target, "--model", "mlp", "--codec", "fixed_point"]
-        cmd += ["--steps", str(self.steps), "--pool-size", str(self.pool_size)]
-        cmd += ["--hosts", "4"] if self.topo == "star" else ["--topo", self.topo]
-        return [*cmd, "--no-plot", "--out", str(out)]
-
-
-def start_run(out: Path, spec: RunSpec) -> Path:
-    """Run `python -m run` (root, Mininet) per `spec`, its printed output saved as run.log
-    in `out`; raises when the run fails."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    cmd = spec.command(out)
-    print(f"projection runs: python {' '.join(cmd)}", flush=True)
-    saved = out.parent / f"{out.name}.{RUN_LOG}"  # the run empties its --out as it starts
-    with open(saved, "w") as log:
-        done = subprocess.run(
-            [sys.executable, *cmd], stdout=log, stderr=subprocess.STDOUT, timeout=1800
-        )
-    saved.replace(out / RUN_LOG)
-    # exit 1: the parameter check said DIFFER; the run itself completed
-    if done.returncode not in (0, 1):
-        raise ModelError(f"`python -m run` failed ({done.returncode}): see {out / RUN_LOG}")
-    return out

@@ -3,6 +3,9 @@ printed, with the one-line SUMMARY that `make bench` collects) and PNG plots."""
 
 from __future__ import annotations
 
+import os
+import platform
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -15,6 +18,12 @@ def pyplot() -> Any:
     from homagg.lab.plotting import pyplot
 
     return pyplot()
+
+
+def heading(what: str, *extra: str) -> str:
+    """A result's first line: what it measured, on which machine and day (and `extra`)."""
+    facts = [platform.machine(), f"{os.cpu_count()} cores", time.strftime("%Y-%m-%d"), *extra]
+    return f"# {what} ({', '.join(facts)})"
 
 
 def plot_path(name: str) -> Path:

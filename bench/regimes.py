@@ -20,8 +20,6 @@ target's in <name>_ebpf.md where the kernel allows it.
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -29,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.publish import plot_path, publish, pyplot
+from bench.publish import heading, plot_path, publish, pyplot
 from bench.runs import RunFailed, RunSpec, ms, note_failure, pct, run_once
 from homagg.lab.switch_process import AUTO_TARGET, PRESENT_TARGETS, TARGETS, present_targets
 
@@ -218,8 +216,7 @@ def write(
     hosts = sorted({w for w, bw in cells if not bw})
     title = f"{args.model}, {target}, unshaped links"
     lines = [
-        f"# Regimes: link rate and W ({platform.machine()}, {os.cpu_count()} cores, "
-        f"{time.strftime('%Y-%m-%d')})",
+        heading("Regimes: link rate and W"),
         "",
         f"`python -m bench.regimes --model {args.model} --steps {args.steps} --rounds "
         f"{args.rounds} --bws {args.bws} --hosts {args.hosts} --codecs {args.codecs}`; "

@@ -38,6 +38,7 @@ class RunSpec:
     peers_first: bool = False  # gloo and the peers before the switch run (--peers-first)
     lr: float | None = None  # SGD learning rate (None: the model's default)
     batch: int | None = None  # per rank and step (None: run's default)
+    pool_size: int | None = None  # the switch job's pool (--pool-size; None: run's default)
 
     @property
     def switch_run(self) -> str:
@@ -71,6 +72,8 @@ def run_command(spec: RunSpec, out: Path) -> list[str]:
         cmd += ["--lr", f"{spec.lr:g}"]
     if spec.batch is not None:
         cmd += ["--batch", str(spec.batch)]
+    if spec.pool_size is not None:
+        cmd += ["--pool-size", str(spec.pool_size)]
     if spec.peers_first:
         cmd.append("--peers-first")
     if spec.bw_mbit:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import statistics
 import sys
 import threading
@@ -26,7 +25,7 @@ import time
 import urllib.request
 
 from bench import rawsend
-from bench.publish import publish
+from bench.publish import heading, publish
 from bench.switch_rate import _measure, sender_label
 from homagg.control.counters import read_counters
 from homagg.lab.namespace import in_namespace
@@ -165,8 +164,7 @@ def run(
 def report(got: dict, args: argparse.Namespace) -> list[str]:
     """The markdown table: per target the median rates off and on, their ratio, the scrapes."""
     lines = [
-        f"# What a metrics scrape costs the switch ({platform.machine()}, {os.cpu_count()} "
-        f"cores, {time.strftime('%Y-%m-%d')})",
+        heading("What a metrics scrape costs the switch"),
         "",
         f"Contributions absorbed per second (median of {args.reps} windows of {args.window:g} s "
         f"[min, max]), 4 workers, pool size 32, senders {sender_label(args.sender)}; "

@@ -13,13 +13,11 @@ frames per port (docs/bmv2.md). Writes bench/results/switch_pool_size.md.
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import statistics
 import sys
 import time
 
-from bench.publish import publish
+from bench.publish import heading, publish
 from homagg.wire.constants import NUM_SLOTS
 
 WORKERS = 4
@@ -104,8 +102,7 @@ def report(results: dict[str, list[dict]], reps: int, offloads_on: bool) -> list
     """The markdown table of bench/results/switch_pool_size.md."""
     ports = "segmentation offloads ON (as before the fix)" if offloads_on else "offloads off"
     lines = [
-        f"# Loss-free pool size ({platform.machine()}, {os.cpu_count()} cores, "
-        f"{time.strftime('%Y-%m-%d')})",
+        heading("Loss-free pool size"),
         "",
         f"{WORKERS} workers, each sending a burst of `pool size` contributions back to back, "
         f"{reps} bursts per pool size; switch ports: {ports}.",

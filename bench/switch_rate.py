@@ -29,7 +29,6 @@ import argparse
 import itertools
 import json
 import os
-import platform
 import shutil
 import statistics
 import subprocess
@@ -39,7 +38,7 @@ import time
 from pathlib import Path
 
 from bench import rawsend
-from bench.publish import plot_path, publish, pyplot
+from bench.publish import heading, plot_path, publish, pyplot
 from homagg.environment import BMV2_OPT_ENV, CELLS_PER_PKT_ENV, EBPF_XDP_ENV
 from homagg.lab import REPO_ROOT
 from homagg.lab.switch_process import TARGETS, available_targets, target_problem
@@ -403,8 +402,7 @@ def report(rows: list[dict], targets: list[str], name: str) -> list[str]:
     """The markdown table: per row and target the rates, then the ratio rows."""
     opt = " (bmv2-opt: the optimized BMv2 build, docs/bmv2.md)" if "bmv2-opt" in targets else ""
     lines = [
-        f"# Switch packet rate ({platform.machine()}, {os.cpu_count()} cores, "
-        f"{time.strftime('%Y-%m-%d')})",
+        heading("Switch packet rate"),
         "",
         "Contributions absorbed per second (median of reps, [min, max]); 4 workers, "
         f"pool size 32; targets {', '.join(targets)} alternate batch by batch{opt}.",

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -30,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import runs as bench_runs
-from bench.publish import plot_path, publish, pyplot
+from bench.publish import heading, plot_path, publish, pyplot
 from bench.runs import RunSpec, ms, pct, retransmissions, run_once, split_cell, time_split
 from homagg.environment import BMV2_OPT_ENV
 from homagg.lab.switch_process import AUTO_TARGET, PRESENT_TARGETS, TARGETS, present_targets
@@ -233,8 +232,7 @@ def write(models: list[str], args: argparse.Namespace, tally: Tally, seconds: fl
     """bench/results/<name>.md and .png from the rounds so far."""
     targets = ",".join(sorted(tally.targets))
     lines = [
-        f"# Training iteration time ({platform.machine()}, {os.cpu_count()} cores, "
-        f"{time.strftime('%Y-%m-%d')})",
+        heading("Training iteration time"),
         "",
         f"`python -m bench.training --steps {args.steps} --rounds {args.rounds} --models "
         f"{','.join(models)} --codecs {args.codecs} --targets {args.targets}`; ran in "

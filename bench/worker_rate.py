@@ -23,7 +23,6 @@ import argparse
 import cProfile
 import io
 import os
-import platform
 import pstats
 import statistics
 import sys
@@ -34,7 +33,7 @@ import numpy as np
 
 from bench import rawsend
 from bench.aggregation import NAMES, POOL_SIZE, SwitchGroup
-from bench.publish import publish
+from bench.publish import heading, publish
 from homagg.wire.constants import CELLS_PER_PKT, Flag
 from homagg.wire.header import header_view
 from homagg.worker.transport.io_path import BATCHED, IO_PATHS, PYTHON
@@ -214,8 +213,7 @@ def _rates(values: list[float], scale: float = 1.0, fmt: str = ",.0f") -> str:
 def report(record: dict, profiles: dict, elapsed: float, args) -> tuple[list[str], str]:
     """The markdown lines and the one-line summary (the 100,000 packets/s target)."""
     lines = [
-        f"# Worker packet rate per transport I/O path ({platform.machine()}, "
-        f"{os.cpu_count()} cores, {time.strftime('%Y-%m-%d')})",
+        heading("Worker packet rate per transport I/O path"),
         "",
         f"`python -m bench.worker_rate --n {args.n} --reps {args.reps} --targets "
         f"{' '.join(args.targets)} --world-sizes {' '.join(map(str, args.world_sizes))}"

@@ -44,6 +44,7 @@ from homagg.worker.ddp.attach import attach
 from homagg.worker.ddp.dear import DearDataParallel
 from homagg.worker.ddp.hook import SwitchHookState
 from run import peers
+from run.comm_timer import AllreduceTimer
 from run.model import DEFAULT_LR, MODELS, JobShape, make_task
 from run.options import BLOCKING, DEAR, OVERLAP_MODES, codec_options
 
@@ -113,11 +114,14 @@ def train(a: argparse.Namespace) -> None:
     if a.mode not in ("switch", "gloo"):
         assert isinstance(model, DDP)  # the peer methods are DDP comm hooks
         peers.attach(a.mode, model, a.steps)  # DDP keeps the hook's state
+    timer = AllreduceTimer()  # DDP over gloo's all_reduce time (dense gradients: comm hooks)
+    if a.mode == "gloo" and isinstance(model, DDP) and not task.sparse:
+        timer.attach(model)
     try:
         rows: list[list[float]] = []
         snaps: list[dict[str, Any]] = []
         for step in range(a.steps):
-            rows.append(_timed_step(a, task, model, opt, state, grad_max, step))
+            rows.append(_timed_step(a, task, model, opt, state, grad_max, step, timer))
             if rank == 0:  # rank 0's own numbers now (so labelled); the means over the ranks
                 # are agreed and written at the end
                 snaps.append(_snapshot(model, state))
@@ -180,10 +184,12 @@ def _timed_step(
     state: SwitchHookState | None,
     grad_max: LocalGradMax,
     step: int,
+    timer: AllreduceTimer,
 ) -> list[float]:
     """One training step, timed: this rank's loss, seconds, bytes sent, largest |local
-    gradient| and the hook's counters during the step (the numbers _agreed sums)."""
-    start, sent = time.perf_counter(), tx_bytes(a.iface)
+    gradient|, the hook's counters during the step and the seconds of DDP's timed
+    all_reduces (the numbers _agreed sums)."""
+    start, sent, reduced = time.perf_counter(), tx_bytes(a.iface), timer.seconds
     before = _stats(state)
     *inputs, labels = task.batch(dist.get_rank(), step)
     opt.zero_grad()
@@ -198,8 +204,13 @@ def _timed_step(
     wire = tx_bytes(a.iface) - sent
     after = _stats(state)
     local_max = grad_max.take()
-    return [loss.item(), seconds, float(wire), local_max] + [
-        float(x - y) for x, y in zip(after, before)
+    return [
+        loss.item(),
+        seconds,
+        float(wire),
+        local_max,
+        *(float(x - y) for x, y in zip(after, before)),
+        timer.seconds - reduced,
     ]
 
 
@@ -238,6 +249,8 @@ def _record(
         # what the switch handled this step: every rank's contributions (resends included)
         # and the results it sent each rank
         "switch_packets": int(t[13] + t[14]),
+        # DDP over gloo's all_reduces in flight (dense models' gloo runs; 0 elsewhere)
+        "allreduce_seconds": float(t[15]) / world_size,
         "grad_max": grad_max,
         **snap,
     }

@@ -83,3 +83,12 @@ def test_the_backend_is_registered_whichever_is_imported_first():
         )
         assert out.returncode == 0, out.stderr
         assert out.stdout.strip() == "True", order
+
+
+def test_test_module_names_are_unique():
+    """pytest's default import mode imports each test module by its bare name: two files of
+    one name in different test folders stop the whole suite's collection."""
+    names: dict[str, list[str]] = {}
+    for path in (ROOT / "tests").rglob("test_*.py"):
+        names.setdefault(path.name, []).append(str(path.relative_to(ROOT)))
+    assert not {n: p for n, p in names.items() if len(p) > 1}

@@ -73,6 +73,9 @@ class JobManager:
             for s in config.switches
         }
         self.jobs: dict[int, Job] = {}
+        # checks a join that spreads a job to more switches against its creator's slot
+        # quota (Quotas sets it; raises ResourceExhausted): (job, slots more)
+        self.slot_quota: Callable[[Job, int], None] | None = None
         self.lease_expiries = 0  # jobs their leases ended (under the lock; for the metrics)
         self.started = wall()
         # No job is created before every switch was read back since the start: a database
@@ -267,7 +270,15 @@ class JobManager:
     def _add_rank(self, job: Job, worker: JobWorker) -> None:
         """Record a joined rank (its endpoint free, the job placed on its switch with its first
         rank, within its port's buffer: placement.admit), persisted first."""
+        before = max(1, len(job.switches))
         undo = admit(self.switches, list(self.jobs.values()), job, worker)
+        extra = (len(job.switches) - before) * job.pool_size
+        if extra > 0 and self.slot_quota is not None:
+            try:
+                self.slot_quota(job, extra)
+            except BaseException:
+                undo()
+                raise
         job.workers[worker.rank] = worker
         try:
             self.store.save_job(job)

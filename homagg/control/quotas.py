@@ -1,7 +1,8 @@
 """Quotas of CreateJob: per job (the largest pool one job may ask for) and per operator
-credential (its running jobs, and the slots they hold together), and who created each job
-(a tenant sees and releases its own only). A refusal is RESOURCE_EXHAUSTED naming the quota
-and its value."""
+credential (its running jobs, and the slots they hold together on all switches: a tree job
+holds its pool on every switch of its tree, so it counts once per switch), and who created
+each job (a tenant sees and releases its own only). A refusal is RESOURCE_EXHAUSTED naming
+the quota and its value."""
 
 from __future__ import annotations
 
@@ -14,6 +15,12 @@ from homagg.control.job_record import Job
 from homagg.control.jobs import JobManager
 
 
+def slots_held(job: Job) -> int:
+    """Slots a job holds on all switches: its pool on each (one switch before it is placed:
+    what its creation asked for)."""
+    return job.pool_size * max(1, len(job.switches))
+
+
 class Quotas:
     """Checks a new job against the quotas and records who created it (kept in the store, so
     the counts survive a restart). `admit` and `record` run under one lock per creation."""
@@ -22,6 +29,7 @@ class Quotas:
         self.m = manager
         self.lock = threading.Lock()
         self.owner: dict[int, str] = manager.store.owners()
+        manager.slot_quota = self.check_growth  # a job that spreads to more switches
 
     def pool_size(self, requested: int) -> int:
         """The slots a request for `requested` (0: the default) takes, within max_job_slots."""
@@ -44,11 +52,28 @@ class Quotas:
                 f"quota max_jobs of operator {op.name!r} is {op.max_jobs}: "
                 f"{len(mine)} job(s) running; release one first"
             )
-        held = sum(j.pool_size for j in mine)
+        held = sum(slots_held(j) for j in mine)
         if op.max_slots and held + pool_size > op.max_slots:
             raise ResourceExhausted(
                 f"quota max_slots of operator {op.name!r} is {op.max_slots}: its jobs hold "
-                f"{held} slot(s), this one asks for {pool_size}"
+                f"{held} slot(s) on all switches, this one asks for {pool_size}"
+            )
+
+    def check_growth(self, job: Job, extra: int) -> None:
+        """Refuse a join that would place `job` on more switches (a tree: its pool on each
+        leaf and the parent) taking `extra` slots more than its creator's max_slots allows.
+        Runs under the manager's lock, where joins and creations place pools."""
+        name = self.owner.get(job.job_id)
+        op = next((o for o in self.m.config.operators if o.name == name), None)
+        if op is None or not op.max_slots:
+            return
+        held = sum(slots_held(j) for j in self.m.jobs.values() if self._owned(j, op))
+        if held + extra > op.max_slots:
+            raise ResourceExhausted(
+                f"quota max_slots of operator {op.name!r} is {op.max_slots}: its jobs hold "
+                f"{held} slot(s) on all switches, and job {job.job_id} would take {extra} "
+                f"more on another switch of its tree ({job.pool_size} on each); release a "
+                "job or ask for a smaller pool"
             )
 
     def record(self, job: Job, op: Operator | None) -> None:

@@ -222,21 +222,41 @@ def run_in_hosts(
     same hosts) with envs[i], its output in logs[i]; all waited for within `timeout` s (the
     late ones killed); asserts every rank exited 0 (unless not `check`) and returns their
     logs."""
+    return run_in_hosts_timed(c, argvs, envs, logs, timeout, hosts, check)[0]
+
+
+def run_in_hosts_timed(
+    c: Controlled,
+    argvs: list[list[str]],
+    envs: list[dict[str, str]],
+    logs: list[Path],
+    timeout: float,
+    hosts: list[int] | None = None,
+    check: bool = True,
+) -> tuple[list[str], list[float]]:
+    """run_in_hosts, and the seconds each rank ran (to 0.05 s): tests that bound one job's
+    time by another's started with it on the same hosts, which load slows alike."""
     assert c.fabric is not None
     procs = []
+    start = time.monotonic()
     for i, (argv, env, log) in enumerate(zip(argvs, envs, logs)):
         host = c.fabric.hosts[hosts[i] if hosts is not None else i]
         cmd = ["ip", "netns", "exec", host.namespace, sys.executable, *argv]
         with open(log, "w") as out:  # the rank keeps its own descriptor
             procs.append(subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT))
-    deadline = time.monotonic() + timeout
-    for p in procs:
-        try:
-            p.wait(max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait(5)
+    deadline = start + timeout
+    seconds = [0.0] * len(procs)
+    running = set(range(len(procs)))
+    while running and time.monotonic() < deadline:
+        for i in [i for i in running if procs[i].poll() is not None]:
+            seconds[i] = time.monotonic() - start
+            running.discard(i)
+        time.sleep(0.05)
+    for i in running:  # late: killed
+        procs[i].kill()
+        procs[i].wait(5)
+        seconds[i] = time.monotonic() - start
     texts = [log.read_text() for log in logs]
     ok = all(p.returncode == 0 for p in procs)
     assert ok or not check, "\n".join(t[-3000:] for t in texts)
-    return texts
+    return texts, seconds

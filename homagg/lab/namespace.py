@@ -129,3 +129,10 @@ def add_veth(outside: str, inside: str, netns: str, outside_netns: str | None = 
 def delete_link(name: str) -> None:
     """Remove a link of this namespace; missing is fine."""
     ip("link", "delete", name, check=False)
+
+
+def enter_namespace(name: str) -> None:
+    """Move this thread into network namespace `name` for good (a name or a path, see
+    netns_path): a child process's main thread, before it makes the sockets and threads
+    that should live there (threads it starts later inherit it)."""
+    _setns(netns_path(name))

@@ -127,8 +127,10 @@ def test_run_command_and_its_time_budget_scale_with_the_steps(tmp_path) -> None:
 
     assert job_timeout(40) > 40 * 8.2 + 60 and job_timeout(40) > job_timeout(10)
     spec = RunSpec("mlp", "lowbit8", steps=40, gloo=False, codec_options=["gamma=0"])
-    spec.peers_first, spec.lr, spec.batch = True, 0.5, 128
+    spec.peers_first, spec.lr, spec.batch, spec.pool_size = True, 0.5, 128, 64
     cmd = run_command(spec, tmp_path)
+    assert cmd[cmd.index("--pool-size") + 1] == "64"
+    assert "--pool-size" not in run_command(RunSpec("mlp"), tmp_path)  # run's default
     assert cmd[cmd.index("--timeout") + 1] == f"{job_timeout(40):g}"
     assert cmd[cmd.index("--codec-option") + 1] == "gamma=0" and "--peers-first" in cmd
     assert cmd[cmd.index("--lr") + 1] == "0.5" and cmd[cmd.index("--batch") + 1] == "128"

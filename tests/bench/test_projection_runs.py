@@ -12,6 +12,7 @@ from calibration_record import RECORD
 
 from bench import projection_runs as pr
 from bench.projection_model import ModelError
+from bench.projection_run_start import RunSpec
 
 FIRST = (
     "make run: run 4 on switch target refswitch (the reference switch, embedded in Python), "
@@ -85,6 +86,7 @@ def test_step_medians_skip_the_warm_up_and_derive_the_computation() -> None:
 def test_row_puts_the_model_beside_the_run(tmp_path: Path) -> None:
     run = pr.load_run(_run_dir(tmp_path))
     assert run.info.pool_size == 16 and run.info.levels == 1
+    assert run.load == {"switch": None, "gloo": None}  # not sampled: a share of 1
     r = pr.row(run, RECORD, 0.0, 2.0)
     assert r["packets_predicted"] == 334 and r["packets_measured"] == 334
     # the reference switch's process: W contributions a packet at 50 us, and 2 round trips
@@ -92,31 +94,63 @@ def test_row_puts_the_model_beside_the_run(tmp_path: Path) -> None:
     assert r["switch_predicted_s"] == pytest.approx(4 * 334 * 50e-6 + 2 * 200e-6)
     assert r["switch_measured_s"] == 0.25
     assert r["gloo_measured_s"] == pytest.approx(0.13 - (0.3 - 0.25 - 0.02))
-    # gloo's ring: 2(W-1)/W of 340 kB a rank, its frames and ACKs through the switch
+    # gloo's ring: 2(W-1)/W of 340 kB a rank, its frames and ACKs through the switch, each
+    # at the calibrated forwarding cost of its size (not a contribution's)
     wire = r["gloo_tx_predicted"] / (1 + 0.5 * 66 / 1514)
-    frames = 4 * wire / 1514 * 1.5
+    data = 4 * wire / 1514
+    forward = data * (10e-6 + 1450 * 10e-9) + 0.5 * data * (10e-6 + 2 * 10e-9)
+    assert r["forward_model_s"] == pytest.approx(forward)
     latency = 100e-6 + 6 * 50e-6
-    assert r["gloo_predicted_s"] == pytest.approx(frames * 50e-6 + latency)
+    assert r["gloo_predicted_s"] == pytest.approx(forward + latency)
     assert r["gloo_limit"] == "switch's forwarding"
-    assert wire > 1.5 * 4 * ELEMENTS  # payload and TCP/IP headers
-    assert r["round_trip_s"] == pytest.approx(0.248 * 16 / 334)
-    # what a contribution and a gloo frame cost the switch, were it the bound
-    assert r["contribution_implied_s"] == pytest.approx(0.25 / (4 * 334))
-    assert r["contribution_model_s"] == pytest.approx(50e-6) == r["frame_model_s"]
-    assert r["frame_implied_s"] == pytest.approx(r["gloo_measured_s"] / frames)
+    # the agreement: a small all_reduce whose every step hands off to the switch process
+    # too (a second alpha) and costs it a 66-byte frame and its ACK
+    assert r["agreement_predicted_s"] == pytest.approx(100e-6 + 6 * (2 * 50e-6 + 2 * 10.02e-6))
+    assert r["agreement_measured_s"] == 0.02
+    assert r["contribution_model_s"] == pytest.approx(50e-6)
     lines = pr.report([r])
-    assert any("| run | refswitch | 4 | 1 | unshaped | switch, fixed_point |" in x for x in lines)
-    assert pr.summary([r]).endswith("in 1/2 predictions")  # gloo within 25%, switch not
+    assert any("| run | refswitch | 4 | 1 | switch, fixed_point |" in x for x in lines)
+    assert pr.summary([r]).endswith("in 0/3 predictions (switch 0/1, gloo 0/1, agreement 0/1)")
+    assert pr.summary([{**r, "gloo_predicted_s": r["gloo_measured_s"] * 1.2}]).endswith(
+        "in 1/3 predictions (switch 0/1, gloo 1/1, agreement 0/1)"
+    )
 
 
-def test_a_tree_crosses_more_switches_in_parallel(tmp_path: Path) -> None:
+def test_the_machines_load_slows_every_process_by_its_share(tmp_path: Path) -> None:
+    d = _run_dir(tmp_path)
+    quiet = pr.row(pr.load_run(d), RECORD, 0.0, 2.0)
+    # 8 ready scheduling groups on 2 cores: a ready process gets a quarter of one
+    samples = [
+        {"t": t, "runnable": 20, "groups": 8, "steps": {"switch": k, "gloo": 0}, "procs": {}}
+        for t, k in ((0.0, 2), (1.0, 4), (2.0, 6))
+    ]
+    (d / pr.LOAD_LOG).write_text("\n".join(json.dumps(x) for x in samples) + "\n")
+    run = pr.load_run(d)
+    assert run.load["switch"] is not None and run.load["gloo"] is None
+    assert run.load["switch"].share(2.0) == 0.25 and run.load["switch"].steps == 4
+    loaded = pr.row(run, RECORD, 0.0, 2.0)
+    assert loaded["share_switch"] == 0.25 and loaded["share_gloo"] == 1.0
+    assert loaded["switch_predicted_s"] == pytest.approx(4 * quiet["switch_predicted_s"])
+    assert loaded["gloo_predicted_s"] == quiet["gloo_predicted_s"]
+
+
+def test_a_tree_crosses_more_switches_and_its_leaves_share_the_work(tmp_path: Path) -> None:
     first = FIRST.replace("4 hosts", "8 hosts")
-    r = pr.row(pr.load_run(_run_dir(tmp_path, first, tree=True)), RECORD, 0.0, 2.0)
-    assert r["levels"] == 2
-    one = pr.gloo_through_switch(0.0, 1e6, pr.Costs(), pr.parse_first_line(first), 1e-4, 2.0)
-    two = pr.gloo_through_switch(0.0, 1e6, pr.Costs(), pr.parse_first_line(first, 2), 1e-4, 2.0)
-    # 8 hosts, 2 leaves: 1.5 switches a frame on average, on 2 of the 3 switches' cores
-    assert two[0] - 14 * 10e-6 == pytest.approx((one[0] - 14 * 10e-6) * 1.5 / 2)
+    d = _run_dir(tmp_path, first, tree=True)
+    (d / "controller.toml").write_text('parent = "s"\n' * 2)  # two leaves
+    run = pr.load_run(d)
+    assert (run.info.levels, run.info.leaves) == (2, 2)
+    r = pr.row(run, RECORD, 0.0, 2.0)
+    star = pr.parse_first_line(first)
+    # a ring hop between leaves (2 of 8) crosses three switches: 1.5 a frame on average
+    assert pr.crossings(star) == 1.0 and pr.crossings(run.info) == 1.5
+    # the busiest leaf: its 4 ranks' hops and the one entering it, of the 12 crossings
+    assert pr.busiest_fraction(run.info) == pytest.approx(5 / 8 / 1.5)
+    # the switches absorb 8 contributions, 2 partials at the top, 2 results at the leaves
+    # a slot (a leaf 4 + 1 of them); with the 8 ranks' CPU, on 2 cores: the CPU bounds it
+    assert r["switch_limit"] == "cpu"
+    cpu = (8 * 334 * 30e-6 + 12 * 334 * 50e-6) / 2
+    assert r["switch_predicted_s"] == pytest.approx(cpu + 2 * 2 * 200e-6)
 
 
 def test_runs_the_model_does_not_describe_are_refused(tmp_path: Path) -> None:
@@ -131,11 +165,17 @@ def test_runs_the_model_does_not_describe_are_refused(tmp_path: Path) -> None:
         pr.costs_for(RECORD, bmv2.target, 0.0)
     costs, pps = pr.costs_for(RECORD, "bmv2", 3500.0)
     assert pps == 3500.0 and costs.switch_cpu_s == 0.0 and costs.worker_cpu_s == 30e-6
+    calibrated = {
+        **RECORD,
+        "targets": {**RECORD["targets"], "bmv2": RECORD["targets"]["refswitch"]},
+    }
+    costs, pps = pr.costs_for(calibrated, "bmv2", 0.0)  # calibrated: its own costs and rate
+    assert pps == pytest.approx(1 / 50e-6) and costs.switch_cpu_s == 50e-6
 
 
 def test_started_runs_command() -> None:
-    spec = pr.RunSpec("refswitch", "two-level", 12, 32)
+    spec = RunSpec("refswitch", "two-level", 12, 32)
     cmd = spec.command(Path("/o") / spec.name)
     assert cmd[:2] == ["-m", "run"] and "--topo" in cmd and "--hosts" not in cmd
     assert cmd[cmd.index("--pool-size") + 1] == "32" and cmd[-1].endswith("two-level-pool32")
-    assert "--hosts" in pr.RunSpec().command(Path("o"))
+    assert "--hosts" in RunSpec().command(Path("o"))

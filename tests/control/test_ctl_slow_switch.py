@@ -20,6 +20,8 @@ from homagg.lab.addresses import SERVICE_IP
 from homagg.lab.poll import wait_for
 from homagg.refswitch import p4runtime_server
 
+INSTALL_WRITES = 4  # the P4Runtime Writes that install a job on one switch
+
 
 class SlowWrites:
     """Makes every reference switch's Write sleep `delay` seconds before applying it."""
@@ -197,7 +199,8 @@ def test_a_job_ended_during_its_install_is_removed_after_it(
 ):
     """No rank heartbeats while its job's install crawls (1.5 s per write, 6 s in all): the
     lease (2 s) ends the job mid-install. The install finishes, then the job's entries are
-    removed: the switch holds nothing of it, and its slots are free again."""
+    removed (at full speed: the slow writes are the install's): the switch holds nothing of
+    it, and its slots are free again."""
     slow = SlowWrites(monkeypatch)
     ctl = start_controller(_config(refswitch.address, tmp_path, switch_timeout=8.0))
     c = ctl.client
@@ -214,10 +217,13 @@ def test_a_job_ended_during_its_install_is_removed_after_it(
 
         wait_for(ended, 10, "the lease to end the job")
         assert joining.is_alive(), "the install was to be still in flight"
+        # once the install's last write is under way, the removal after it need not crawl
+        wait_for(lambda: slow.slowed >= INSTALL_WRITES, 10, "the install's last write")
+        slow.delay = 0.0
         joining.join(30)
     finally:
         patient.close()
-    slow.delay = 0.0
+        slow.delay = 0.0
     assert "error" not in joined and not joined["result"].ready, joined
     [gone] = [j for j in c.list_jobs(include_ended=True).jobs if j.job_id == job.job_id]
     assert "lease of" in gone.end_reason

@@ -21,20 +21,24 @@ EXAMPLE = ROOT / "examples" / "train_allreduce.py"
 WORLD, STEPS = 2, 8
 
 
-def run_example(c: Controlled, tmp: Path, backend: str, port: int) -> str:
-    """Both ranks of the example; returns their logs (asserting they exited 0 in time)."""
-    envs = [rank_env(c, r, WORLD, port, controller=c.address) for r in range(WORLD)]
-    argv = [str(EXAMPLE), "--steps", str(STEPS), "--backend", backend]
-    argv += ["--save", str(tmp / f"{backend}.pt")]
-    logs = [tmp / f"{backend}-r{r}.log" for r in range(WORLD)]
-    return "\n".join(t[-3000:] for t in run_in_hosts(c, [argv] * WORLD, envs, logs, 120))
+def run_examples(c: Controlled, tmp: Path, runs: dict[str, int]) -> dict[str, str]:
+    """Both ranks of the example for every backend: rendezvous port of `runs`, all at once on
+    the same hosts; returns each backend's logs (asserting every rank exited 0 in time)."""
+    argvs, envs, logs = [], [], []
+    for backend, port in runs.items():
+        envs += [rank_env(c, r, WORLD, port, controller=c.address) for r in range(WORLD)]
+        argv = [str(EXAMPLE), "--steps", str(STEPS), "--backend", backend]
+        argvs += [[*argv, "--save", str(tmp / f"{backend}.pt")]] * WORLD
+        logs += [tmp / f"{backend}-r{r}.log" for r in range(WORLD)]
+    hosts = [r for _ in runs for r in range(WORLD)]
+    texts = [t[-3000:] for t in run_in_hosts(c, argvs, envs, logs, 120, hosts=hosts)]
+    return {b: "\n".join(texts[i * WORLD : (i + 1) * WORLD]) for i, b in enumerate(runs)}
 
 
 def test_loop_on_the_backend_equals_gloo(tmp_path):
     c = Controlled(tmp_path, WORLD, fabric=True, listen=f"unix:{tmp_path}/ctl.sock")
-    try:
-        logs = run_example(c, tmp_path, "homagg", 29621)
-        run_example(c, tmp_path, "gloo", 29622)
+    try:  # both at once, on the same hosts
+        logs = run_examples(c, tmp_path, {"homagg": 29621, "gloo": 29622})["homagg"]
         jobs = c.client.list_jobs(include_ended=True).jobs
     finally:
         c.close()

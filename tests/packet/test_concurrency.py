@@ -15,13 +15,11 @@ import time
 
 import numpy as np
 import pytest
-from scapy.layers.l2 import Ether
 
-from homagg.lab.aggjob import CounterDelta, Job, result_cells
+from homagg.lab.aggjob import CounterDelta, Job, agg_frame
 from homagg.lab.fabric import Fabric
 from homagg.wire.combine import combine_cells
 from homagg.wire.constants import CELLS_PER_PKT, MAX_WORKERS_PER_JOB, Event, Flag, Op
-from homagg.wire.scapy_layer import Agg
 
 HOSTS = 4
 RANKS = MAX_WORKERS_PER_JOB
@@ -82,11 +80,11 @@ def _host_loop(job: Job, host: int, rounds: int, results: dict, errors: list) ->
                 if not got:
                     for frame in _frames(job, ranks, k, Flag.RETX):
                         port.send(frame)
-                for raw in got:
-                    pkt = Ether(raw)
-                    if Agg in pkt and pkt[Agg].flags & Flag.RESULT:
-                        found = (result_cells(pkt), pkt[Agg].exp)
-                        results[int(pkt[Agg].rank)][int(pkt[Agg].chunk)] = found
+                for raw in got:  # agg_frame, not Scapy: the parse would bound the flood
+                    parsed = agg_frame(raw)
+                    if parsed is not None and parsed[0].flags & Flag.RESULT:
+                        header, cells = parsed
+                        results[header.rank][header.chunk] = (cells, header.exp)
     except Exception as exc:  # reported by the test
         errors.append(exc)
 

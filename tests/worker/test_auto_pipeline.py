@@ -172,7 +172,7 @@ def test_the_hook_waits_for_an_agreement_a_step_after_starting_it():
     assert one_step(state) == {}  # step 0's numbers are on the wire: nothing to decide yet
     assert log == ["start 0"]
     assert one_step(state) == {0: state.controller.choice(0).label}  # type: ignore[union-attr]
-    assert log == ["start 0", "start 1", "wait 0"]
+    assert log == ["start 0", "wait 0", "start 1"]  # step 0 decides, then step 1 goes
     state.close()  # the one in flight is finished, not left behind
     assert log[-1] == "wait 1" and state._agreeing == deque()
     assert state.stats.agreements == 1

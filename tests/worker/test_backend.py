@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
@@ -23,7 +24,7 @@ import torch.distributed as dist
 
 import homagg
 from homagg.environment import METRICS_PORT_ENV
-from homagg.lab.controlled import Controlled, rank_env, run_in_hosts
+from homagg.lab.controlled import Controlled, rank_env, run_in_hosts, run_in_hosts_timed
 from homagg.lab.namespace import have_privileges
 from homagg.lab.poll import wait_for
 from homagg.lab.switch_process import bmv2_available
@@ -39,6 +40,7 @@ from homagg.worker.job import setup as job_setup
 ROOT = Path(__file__).resolve().parents[2]
 WORKER = Path(__file__).with_name("backend_worker.py")
 WORLD = 2
+READY_S = 3.0  # HOMAGG_READY_TIMEOUT of test_a_rank_that_never_joins
 needs_netns = pytest.mark.skipif(
     not have_privileges(), reason="needs root and iproute2 (network namespaces)"
 )
@@ -156,11 +158,20 @@ def test_registered_on_import():
     assert dist.Backend.backend_list.count(homagg.BACKEND_NAME) == 1
 
 
-def run_ranks(
+@dataclass
+class Ranks:
+    """Both ranks of one run of backend_worker.py, started: their processes and logs."""
+
+    tmp: Path
+    tag: str
+    procs: list[subprocess.Popen]
+    logs: list[Path]
+
+
+def start_ranks(
     c: Controlled, tmp: Path, tag: str, port: int, pause: Path | None = None, **extra: str
-) -> list[dict]:
-    """Both ranks of backend_worker.py; their reports (asserting they exited 0 in time).
-    With `pause`, the job is released once both ranks are ready there (mid-run)."""
+) -> Ranks:
+    """Both ranks of backend_worker.py started in their hosts (`pause`: see run_ranks)."""
     assert c.fabric is not None
     hosts = c.fabric.hosts
     procs, logs = [], []
@@ -173,12 +184,46 @@ def run_ranks(
             cmd.append(str(tmp / f"{tag}-r{r}.json"))
             cmd += [str(pause)] if pause is not None else []
             procs.append(subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT))
+    return Ranks(tmp, tag, procs, logs)
+
+
+def wait_ranks(ranks: Ranks, deadline: float) -> None:
+    """Wait for the ranks until `deadline` (monotonic); kill the late ones."""
+    for p in ranks.procs:
+        try:
+            p.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait(5)
+
+
+def ranks_reports(ranks: Ranks, deadline: float) -> list[dict]:
+    """The ranks' reports, asserting they exited 0 by `deadline` (monotonic) and that every
+    check of theirs passed."""
+    wait_ranks(ranks, deadline)
+    procs, logs = ranks.procs, ranks.logs
+    text = "\n".join(log.read_text()[-3000:] for log in logs)
+    assert all(p.returncode == 0 for p in procs), text
+    reports = [json.loads((ranks.tmp / f"{ranks.tag}-r{r}.json").read_text()) for r in range(WORLD)]
+    for rep in reports:
+        rep["log"] = text
+        assert all(rep["checks"].values()), (rep["checks"], text)
+        assert rep["backend"] == "homagg"
+    return reports
+
+
+def run_ranks(
+    c: Controlled, tmp: Path, tag: str, port: int, pause: Path | None = None, **extra: str
+) -> list[dict]:
+    """Both ranks of backend_worker.py; their reports (asserting they exited 0 in time).
+    With `pause`, the job is released once both ranks are ready there (mid-run)."""
+    ranks = start_ranks(c, tmp, tag, port, pause, **extra)
     deadline = time.monotonic() + 180  # BMv2 under load
     if pause is not None:
         wait_for(
             lambda: (
                 all((pause / f"ready-{r}").exists() for r in range(WORLD))
-                or any(p.poll() is not None for p in procs)
+                or any(p.poll() is not None for p in ranks.procs)
             ),
             60,
             "the ranks to reach the pause",
@@ -186,20 +231,7 @@ def run_ranks(
         for job in c.client.list_jobs().jobs:
             c.client.release(job.job_id)
         (pause / "released").write_text("")
-    for p in procs:
-        try:
-            p.wait(max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait(5)
-    text = "\n".join(log.read_text()[-3000:] for log in logs)
-    assert all(p.returncode == 0 for p in procs), text
-    reports = [json.loads((tmp / f"{tag}-r{r}.json").read_text()) for r in range(WORLD)]
-    for rep in reports:
-        rep["log"] = text
-        assert all(rep["checks"].values()), (rep["checks"], text)
-        assert rep["backend"] == "homagg"
-    return reports
+    return ranks_reports(ranks, deadline)
 
 
 @needs_netns
@@ -225,11 +257,17 @@ def test_backend_through_the_switch(tmp_path, target):
 @needs_netns
 def test_backend_falls_back_once_with_a_reason(tmp_path):
     c = Controlled(tmp_path, WORLD, fabric=True, listen=f"unix:{tmp_path}/ctl.sock")
-    try:
-        none = run_ranks(c, tmp_path, "none", 29632, HOMAGG_CONTROLLER="")
+    try:  # both runs at once, on the same hosts (each its own rendezvous port)
         job = c.create(WORLD)
         wrong = {"HOMAGG_JOB_ID": str(job.job_id), "HOMAGG_TOKEN": "hgt_wrong"}
-        refused = run_ranks(c, tmp_path, "refused", 29633, **wrong)
+        runs = [
+            start_ranks(c, tmp_path, "none", 29632, HOMAGG_CONTROLLER=""),
+            start_ranks(c, tmp_path, "refused", 29633, **wrong),
+        ]
+        deadline = time.monotonic() + 180
+        for ranks in runs:
+            wait_ranks(ranks, deadline)
+        none, refused = (ranks_reports(ranks, deadline) for ranks in runs)
     finally:
         c.close()
     for reports, reason in (
@@ -291,7 +329,9 @@ def test_new_group_is_a_job_of_its_own(tmp_path):
 def test_a_rank_that_never_joins(tmp_path):
     """Rank 1's controller address leads nowhere: its JoinJob fails, rank 0 waits for it in
     WaitReady for HOMAGG_READY_TIMEOUT (3 s) only; every rank warns once with both reasons
-    and the hand-written loop trains over gloo to gloo's parameters."""
+    and the hand-written loop trains over gloo to gloo's parameters. The homagg run
+    outlasts the gloo run started with it on the same hosts (load slows both alike) by less
+    than halfway from the 3 s asked to the default wait (60 s): no wall-clock constant."""
     example = ROOT / "examples" / "train_allreduce.py"
     c = Controlled(tmp_path, WORLD, fabric=True, listen=f"unix:{tmp_path}/ctl.sock")
     runs = (("homagg", 29636), ("gloo", 29637))  # both at once, on the same hosts
@@ -300,19 +340,20 @@ def test_a_rank_that_never_joins(tmp_path):
         for tag, port in runs:
             for r in range(WORLD):
                 controller = c.address if r == 0 else f"unix:{tmp_path}/nobody.sock"
-                envs.append(rank_env(c, r, WORLD, port, controller=controller, ready_timeout="3"))
+                envs.append(
+                    rank_env(c, r, WORLD, port, controller=controller, ready_timeout=str(READY_S))
+                )
                 argv = [str(example), "--steps", "4", "--backend", tag]
                 argvs.append([*argv, "--save", str(tmp_path / f"{tag}.pt")])
                 logs.append(tmp_path / f"{tag}-r{r}.log")
-        start = time.monotonic()
-        done = run_in_hosts(
+        done, seconds = run_in_hosts_timed(
             c, argvs, envs, logs, 120, hosts=[r for _ in runs for r in range(WORLD)]
         )
-        seconds = time.monotonic() - start
     finally:
         c.close()
     texts = done[:WORLD]  # the homagg run's ranks
-    assert seconds < 60, seconds
+    extra = max(seconds[:WORLD]) - max(seconds[WORLD:])  # the homagg run's, beyond gloo's
+    assert extra < (READY_S + job_setup.DEFAULT_READY_TIMEOUT) / 2, seconds
     for t in texts:
         assert t.count("homagg: rank") == 1, t
         assert "rank 0: WaitReady failed" in t and "missing ranks [1]" in t, t

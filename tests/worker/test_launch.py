@@ -11,6 +11,7 @@ import subprocess
 import sys
 import tomllib
 from pathlib import Path
+from subprocess import PIPE
 
 import pytest
 
@@ -258,22 +259,29 @@ def test_torchrun_under_the_launcher_trains_on_the_switch(tmp_path):
         cmd += ["--world-size", "2", "--codec", "fixed_point", "--"]
         save = tmp_path / "switch.pt"
         args = ["--steps", "8", "--save", str(save)]
-        done = subprocess.run(
-            [*cmd, *torchrun_in_hosts(c, 29651, args)],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=240,
-        )
+        # the training and the failing torchrun at once, on the same hosts
+        failing = [*cmd, *torchrun_in_hosts(c, 29652, ["--steps", "many"])]
+        bad = subprocess.Popen(failing, env=env, stdout=PIPE, stderr=PIPE, text=True)
+        try:
+            done = subprocess.run(
+                [*cmd, *torchrun_in_hosts(c, 29651, args)],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=240,
+            )
+            bad_err = bad.communicate(timeout=120)[1]
+        finally:
+            if bad.poll() is None:
+                bad.kill()
+                bad.wait(10)
         out = done.stdout + done.stderr
         assert done.returncode == 0, out[-5000:]
         assert "not released" not in out and "homagg: rank" not in out, out[-5000:]
         stats = json.loads(save.with_suffix(".pt.json").read_text())
         assert stats == {**stats, "codec": "fixed_point", "fallbacks": 0}, stats
         assert stats["switch_buckets"] >= 8
-        failing = [*cmd, *torchrun_in_hosts(c, 29652, ["--steps", "many"])]
-        bad = subprocess.run(failing, env=env, capture_output=True, text=True, timeout=120)
-        assert bad.returncode == 1 and "not released" not in bad.stderr, bad.stderr[-3000:]
+        assert bad.returncode == 1 and "not released" not in bad_err, bad_err[-3000:]
         jobs = c.client.list_jobs(include_ended=True).jobs
     finally:
         c.close()

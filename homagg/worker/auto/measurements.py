@@ -1,7 +1,9 @@
 """codec="auto"'s measured step: what each bucket ran (`Taken`) and its numbers by name
 (`Measurements`), with their one vector layout for the MAX all_reduce that agrees them:
 [-cost_i..., -budget_i..., nonzero_i..., wire_i..., iteration]. Costs and budgets travel
-negated, so the MAX over ranks is their MIN."""
+negated, so the MAX over ranks is their MIN. On the wire (`to_cells`) the vector is int32
+cells in millionths (microseconds, or parts per million of a share), the switch's MAX and
+gloo's alike: both ways agree the same integers, so the same decisions."""
 
 from __future__ import annotations
 
@@ -12,6 +14,10 @@ import numpy as np
 
 if TYPE_CHECKING:
     from homagg.worker.auto.control import Choice
+
+# The cells' unit: a microsecond, or a millionth of a share or a density.
+CELL_SCALE = 1e6
+_CELL_LIMIT = np.iinfo(np.int32).max  # |a cell| at most this (2,147 s; a share of 2,147)
 
 # (field, sign on the wire), in the vector's order; the iteration time comes last.
 _PER_BUCKET = (("costs", -1.0), ("budgets", -1.0), ("nonzero", 1.0), ("wires", 1.0))
@@ -43,6 +49,18 @@ class Measurements:
             for k, (name, sign) in enumerate(_PER_BUCKET)
         }
         return cls(**got, iteration=float(vector[len(_PER_BUCKET) * buckets]))
+
+
+def to_cells(vector: np.ndarray) -> np.ndarray:
+    """A packed vector (`Measurements.pack`) as the int32 cells its MAX agreement takes,
+    in millionths, clamped to int32 (a NaN measures nothing: 0)."""
+    scaled = np.nan_to_num(np.asarray(vector, np.float64) * CELL_SCALE)
+    return np.clip(np.rint(scaled), -_CELL_LIMIT, _CELL_LIMIT).astype(np.int32)
+
+
+def from_cells(cells: np.ndarray) -> np.ndarray:
+    """The packed vector read back from agreed cells (any integer dtype)."""
+    return np.asarray(cells, np.float64) / CELL_SCALE
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,13 @@ step, so that a rank that missed the switch's answer (the switch died between it
 and a rank that got it meet again there at the latest. Ranks differ by at most one
 agreement when they meet (a switch verdict completes only once every rank has sent it), and
 `resolve` reads from the agreed vector who was behind: such a rank keeps its bucket (every
-rank's phases had succeeded), every rank falls back from the next bucket on."""
+rank's phases had succeeded), every rank falls back from the next bucket on.
+
+codec="auto"'s per-step decision vector rides the switch the same way (`SwitchDecision`: one
+MAX packet of its cells, counted as an agreement). It is unsealed until the next agreement
+over the process group, which carries `missed`: when any rank missed the switch's answer,
+every rank all_reduces (MAX) the cells it had sent, and gets the answer the switch gave the
+others (the same integers' MAX)."""
 
 from __future__ import annotations
 
@@ -70,8 +76,9 @@ class GlooVerdict(NamedTuple):
     `done` agreements this rank decided and its negation (agreed: the most and the fewest),
     the failure kind of its bucket's phases (OK: they succeeded, or no bucket), the kind of
     what broke its switch stream (a verdict not answered; or OK), its health kind, its next
-    chunk (the counter every rank resumes at) and its step (a cool-down counts from the
-    latest)."""
+    chunk (the counter every rank resumes at), its step (a cool-down counts from the
+    latest) and whether it missed the switch's answer to an unsealed decision (1: every
+    rank repairs it, `SwitchDecision.repair`)."""
 
     done: int
     neg_done: int
@@ -80,13 +87,21 @@ class GlooVerdict(NamedTuple):
     health: int
     chunk: int
     step: int
+    missed: int
 
     @classmethod
     def local(
-        cls, done: int, failure: int, stream: int, health: int, chunk: int, step: int
+        cls,
+        done: int,
+        failure: int,
+        stream: int,
+        health: int,
+        chunk: int,
+        step: int,
+        missed: int = 0,
     ) -> GlooVerdict:
         """This rank's vector."""
-        return cls(done, -done, failure, stream, health, chunk, step)
+        return cls(done, -done, failure, stream, health, chunk, step, missed)
 
     def pack(self) -> torch.Tensor:
         """The vector the MAX all_reduce takes (int64, in field order)."""
@@ -96,6 +111,33 @@ class GlooVerdict(NamedTuple):
     def from_agreed(cls, t: torch.Tensor) -> GlooVerdict:
         """The agreed vector read back from the reduced tensor."""
         return cls(*(int(v) for v in t.tolist()))
+
+
+@dataclass
+class SwitchDecision:
+    """A vector agreed by one MAX packet through the switch (codec="auto"'s decision): the
+    cells this rank sent and, when the switch answered, the agreed ones (None: missed)."""
+
+    cells: np.ndarray
+    agreed: np.ndarray | None = None
+
+    def phases(self) -> Phases:
+        """The one MAX phase; its answer is kept in `agreed`."""
+        got = yield Phase(Op.MAX, self.cells)
+        self.agreed = np.asarray(got, np.int32).copy()
+        return self.agreed
+
+    @property
+    def missed(self) -> bool:
+        """Whether the switch's answer never came (or was never asked for)."""
+        return self.agreed is None
+
+    def repair(self, reduce_max: Callable[[torch.Tensor], None]) -> None:
+        """Agree the same cells over the process group (every rank, when any missed the
+        answer): the switch's MAX of every rank's cells, on every rank."""
+        t = torch.from_numpy(self.cells.astype(np.int64))
+        reduce_max(t)
+        self.agreed = t.numpy().astype(np.int32)
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ from homagg.worker.ddp.agreement import (
     UNHEALTHY,
     GlooVerdict,
     Resolution,
+    SwitchDecision,
     resolve,
 )
 from homagg.worker.ddp.stats import HookStats
@@ -56,6 +57,7 @@ class Agreeing(Protocol):
     rank: int
     steps: int
     stats: HookStats
+    unsealed_decision: SwitchDecision | None  # codec="auto"'s, through the switch
 
     def reduce_max(self, t: torch.Tensor) -> None:
         """MAX over ranks in place."""
@@ -109,13 +111,24 @@ class FallbackAgreement:
 
     def agree(self, state: Agreeing, failure: int, stream: int = OK) -> Resolution:
         """One tiny MAX all_reduce of this rank's `GlooVerdict` (its bucket's failure kind,
-        what broke its switch stream, its health), read by `resolve`."""
+        what broke its switch stream, its health, whether it missed a decision's answer),
+        read by `resolve`; it seals the decision sent through the switch since the last
+        one, repaired first (a second all_reduce) when some rank missed its answer."""
         start = time.perf_counter()
         health, chunk = local_health(state.agent), next_chunk(state.agent)
-        t = GlooVerdict.local(self.done, failure, stream, health, chunk, state.steps).pack()
+        decision, state.unsealed_decision = state.unsealed_decision, None
+        missed = int(decision is not None and decision.missed)
+        mine = GlooVerdict.local(self.done, failure, stream, health, chunk, state.steps, missed)
+        t = mine.pack()
         state.reduce_max(t)
+        agreed = GlooVerdict.from_agreed(t)
+        if agreed.missed:
+            if decision is None:  # every rank sent it (its way is agreed): a protocol bug
+                raise RuntimeError(f"rank {state.rank}: a decision repair without a decision")
+            decision.repair(state.reduce_max)
+            state.stats.decision_repairs += 1
         state.stats.agreed(start)
-        resolution = resolve(GlooVerdict.from_agreed(t), self.done)
+        resolution = resolve(agreed, self.done)
         self.done, self.unsealed = resolution.done, 0
         return resolution
 

@@ -17,7 +17,6 @@ all_reduce among them. `switch_allreduce_hook` runs the one the state asks for."
 import logging
 import time
 from collections import deque
-from datetime import timedelta
 from typing import Any
 
 import torch
@@ -25,10 +24,12 @@ import torch.distributed as dist
 
 from homagg.worker.auto.control import AutoConfig, AutoController, auto_codecs
 from homagg.worker.auto.host_path import AutoHostPath
-from homagg.worker.auto.measurements import Taken
+from homagg.worker.auto.measurements import to_cells
 from homagg.worker.codecs import AUTO_CODEC, DEFAULT_CODEC, Codec, check_codec
 from homagg.worker.ddp import fallback
+from homagg.worker.ddp.agreement import SwitchDecision
 from homagg.worker.ddp.async_hook import asynchronous_hook
+from homagg.worker.ddp.auto_agreement import PendingDecision, start_decision
 from homagg.worker.ddp.codec_cache import CodecCache
 from homagg.worker.ddp.comm_thread import CommThread
 from homagg.worker.ddp.fallback import FallbackAgreement
@@ -42,7 +43,16 @@ log = logging.getLogger(__name__)
 CLOSE_AGREEMENT_S = 10.0
 
 # Not pickled: the live objects (an unpickled state is given an agent with `attach`).
-_UNPICKLED = ("agent", "process_group", "group", "comm", "auto_host", "_agreeing", "metrics")
+_UNPICKLED = (
+    "agent",
+    "process_group",
+    "group",
+    "comm",
+    "auto_host",
+    "_agreeing",
+    "metrics",
+    "unsealed_decision",
+)
 
 
 class SwitchHookState:
@@ -66,6 +76,7 @@ class SwitchHookState:
         rank: int | None = None,
         lane_ops: bool = False,
         switch_agreements: bool = True,
+        switch_decisions: bool = True,
     ) -> None:
         check_codec(codec, also=(AUTO_CODEC,))
         self.agent = agent
@@ -93,10 +104,15 @@ class SwitchHookState:
         self.fallback = FallbackAgreement(cooldown_steps)
         # buckets within a step agreed by a verdict packet through the switch (agreement.py)
         self.switch_agreements = switch_agreements
+        # codec="auto": its decision vector through the switch too (auto_agreement.py)
+        self.switch_decisions = switch_decisions
         self.warned = False
         self.steps = 0
-        # codec="auto": agreements started and not decided yet (indices, vector, taken, work)
-        self._agreeing: deque[tuple[list[int], torch.Tensor, Taken, dist.Work]] = deque()
+        # codec="auto": decisions started and not read yet (auto_agreement.py), and the one
+        # through the switch since the last agreement over the process group
+        self._agreeing: deque[PendingDecision] = deque()
+        self.unsealed_decision: SwitchDecision | None = None
+        self._released = False  # this step's end let the next step's choices be read
 
     def attach(self, agent: WorkerAgent) -> None:
         """Use this agent from the next agreement on (e.g. after unpickling)."""
@@ -113,6 +129,7 @@ class SwitchHookState:
         self.__dict__.update(state)
         self.agent, self.process_group = None, None
         self.group, self.comm, self._agreeing, self.metrics = None, None, deque(), None
+        self.unsealed_decision = None
         self.auto_host = AutoHostPath(self.controller) if self.controller is not None else None
         self.unavailable_reason = "state was unpickled without its agent"
         self.fallback.use = None
@@ -180,7 +197,7 @@ class SwitchHookState:
             self.comm = None
         while self._agreeing:
             try:
-                self._agreeing.popleft()[3].wait(timedelta(seconds=CLOSE_AGREEMENT_S))
+                self._agreeing.popleft().finish(CLOSE_AGREEMENT_S)
             except RuntimeError as exc:  # a peer is gone: nothing is left to decide
                 log.info("rank %d: an agreement in flight did not finish: %s", self.rank, exc)
 
@@ -215,6 +232,7 @@ class SwitchHookState:
         that fell back), then agree again; codec="auto" decides the next step's paths (a
         job of its own on the communication thread, after the last bucket's Future is
         complete: its agreement is not in the step's critical path)."""
+        self._released = False
         try:
             seal_step(self)
             self.fallback.count_down(self.steps)
@@ -228,26 +246,44 @@ class SwitchHookState:
                     self.auto_decide(budgets)
             self.steps += 1
         finally:
-            if self.auto_host is not None:
+            if self.auto_host is not None and not self._released:
                 self.auto_host.decided.set()  # the next step's choices may be read
 
     def auto_decide(self, budgets: dict[int, float]) -> dict[int, str]:
-        """Start one MAX all_reduce of this step's measurements (auto/measurements.py);
-        the controller decides from the one started `lag` steps ago (lag 1: done while
-        this step ran, so nothing waits for the network here), the same on every rank.
-        Empty while none is old enough."""
+        """Agree this step's measurements (auto/measurements.py) by MAX: one packet
+        through the switch, or one all_reduce started on the hook's group
+        (auto_agreement.py); the controller decides from the ones agreed `lag` steps ago
+        (lag 1: done while this step ran, so nothing waits for the network here), the same
+        on every rank. With lag 1 that decision comes first: the next step's choices say
+        which way this step's cells go, and the next step starts while they are on the
+        way (its host buckets issued from the hook). Empty while none is old enough."""
         ctl = self.controller
         assert ctl is not None
         indices = sorted(budgets)
-        t = torch.from_numpy(ctl.measurements(indices, budgets, self.iteration_seconds))
-        self._agreeing.append((indices, t, ctl.taken(), self.reduce_max_async(t)))
-        if len(self._agreeing) <= ctl.config.lag:
-            return {}
-        indices, t, taken, work = self._agreeing.popleft()
+        cells = to_cells(ctl.measurements(indices, budgets, self.iteration_seconds))
+        taken = ctl.taken()
+        out: dict[int, str] = {}
+        if ctl.config.lag:
+            if len(self._agreeing) >= ctl.config.lag:
+                out = self._decide_oldest()
+            if self.auto_host is not None:  # the next step may start: its choices are final
+                # (once only: that step's own end may clear it before this one is over)
+                self._released = True
+                self.auto_host.decided.set()
+        self._agreeing.append(start_decision(self, indices, cells, taken))
+        if not ctl.config.lag:
+            out = self._decide_oldest()
+        return out
+
+    def _decide_oldest(self) -> dict[int, str]:
+        """The controller's decision from the oldest agreement in flight."""
+        assert self.controller is not None
+        pending = self._agreeing.popleft()
         start = time.perf_counter()
-        work.wait()
-        self.stats.agreed(start)
-        return ctl.decide(indices, t.numpy(), taken)
+        vector = pending.vector()
+        if pending.work is not None:
+            self.stats.agreed(start)
+        return self.controller.decide(pending.indices, vector, pending.taken)
 
 
 def blocking_hook(

@@ -31,11 +31,21 @@ class HookStats:
     host_buckets: int = 0  # buckets codec="auto" sent to the host all_reduce on purpose
     auto_choices: Counter = field(default_factory=Counter)  # codec="auto": bucket-steps per choice
     leased_steps: int = 0  # codec="auto": steps that skipped the agreement (host lease)
+    switch_decisions: int = 0  # codec="auto": decisions agreed by one packet through the switch
+    decision_seconds: float = 0.0  # ... their time (also in agreement_seconds)
+    decision_repairs: int = 0  # codec="auto": decisions repaired over the process group
 
     def agreed(self, start: float) -> None:
         """Count one agreement that began at `start` (perf_counter) and ended now."""
         self.agreements += 1
         self.agreement_seconds += time.perf_counter() - start
+
+    def decided_by_switch(self, start: float) -> None:
+        """Count one decision the switch answered, begun at `start` (perf_counter)."""
+        seconds = time.perf_counter() - start
+        self.switch_decisions += 1
+        self.decision_seconds += seconds
+        self.agreement_seconds += seconds
 
     @contextmanager
     def switch_run(self, transport: SwitchTransport) -> Iterator[None]:

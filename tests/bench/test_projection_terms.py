@@ -1,0 +1,144 @@
+"""The projection's terms for a shared machine (no root, no switch): a ready process's share
+of a core, the ranks as processes of their own, a tree's leaves and what its switches
+absorb, the worker threads' per-thread term, the forwarding cost of a frame by its size,
+and the load sampled during a run summed up per phase."""
+
+from __future__ import annotations
+
+import json
+import struct
+
+import pytest
+from calibration_record import RECORD
+
+from bench.calibration import costs_of, threaded_costs
+from bench.forwarding_cost import frame_cost, udp_frame
+from bench.projection_model import Cluster, Costs, ModelError, ring_step, switch_step
+from bench.run_load import phase_load, share_of
+from homagg.wire.frame import ipv4_checksum
+
+N = 1 << 16  # 257 ADD packets and a MAX packet a worker
+
+
+def test_a_share_of_a_core_slows_every_cpu_and_latency_term() -> None:
+    costs = Costs(worker_packet_s=20e-6, switch_cpu_s=50e-6, rtt_s=100e-6, alpha_s=1e-3)
+    idle = Cluster(workers=4, link_gbps=1000, elements=N, switch_pps=2e4, cores=2.0)
+    busy = Cluster(workers=4, link_gbps=1000, elements=N, switch_pps=2e4, cores=2.0, share=0.25)
+    assert switch_step(busy, costs, "fixed_point").seconds == pytest.approx(
+        4 * switch_step(idle, costs, "fixed_point").seconds
+    )
+    # the link (1000 Gbit/s here) is no slower for the load: all but its bytes scale
+    assert ring_step(busy, costs).seconds == pytest.approx(4 * ring_step(idle, costs).seconds, 1e-3)
+    fast_link = Cluster(workers=4, link_gbps=0.001, elements=N, share=0.5)  # the link bounds
+    assert switch_step(fast_link, Costs(), "fixed_point").limit == "link"
+    for share in (0.0, 1.5):
+        with pytest.raises(ModelError, match="share"):
+            Cluster(workers=4, link_gbps=1, elements=N, share=share)
+
+
+def test_ranks_as_processes_share_the_cores_threads_take_one() -> None:
+    costs = Costs(worker_cpu_s=100e-6, switch_cpu_s=1e-6)
+    packets = 258
+    threads = Cluster(workers=4, link_gbps=1000, elements=N, cores=2.0)
+    ranks = Cluster(workers=4, link_gbps=1000, elements=N, cores=2.0, rank_processes=True)
+    got_threads = switch_step(threads, costs, "fixed_point")
+    got_ranks = switch_step(ranks, costs, "fixed_point")
+    assert got_threads.limit == "worker process"  # one process: one core at most
+    assert got_threads.seconds == pytest.approx(4 * packets * 100e-6 + 2 * 10e-6)
+    assert got_ranks.limit == "cpu"  # four processes on two cores
+    assert got_ranks.seconds == pytest.approx(4 * packets * 101e-6 / 2 + 2 * 10e-6)
+
+
+def test_a_trees_switches_absorb_partials_and_results_too() -> None:
+    tree = Cluster(workers=8, link_gbps=1000, elements=N, depth=2, workers_per_leaf=4)
+    assert (tree.leaves, tree.switch_processes) == (2, 3)
+    flat = Cluster(workers=8, link_gbps=1000, elements=N)
+    assert (flat.leaves, flat.switch_processes) == (0, 1)
+    costs = Costs(switch_cpu_s=10e-6)
+    # 8 contributions, 2 partials at the top, 2 results back at the leaves, a slot
+    assert switch_step(tree, costs, "fixed_point").cpu_seconds == pytest.approx(12 * 258 * 10e-6)
+    shared = Cluster(
+        workers=8,
+        link_gbps=1000,
+        elements=N,
+        depth=2,
+        workers_per_leaf=4,
+        cores=8.0,
+        rank_processes=True,
+    )
+    got = switch_step(shared, costs, "fixed_point")
+    assert got.limit == "switch process"  # a leaf: its 4 workers and the top's result
+    assert got.seconds == pytest.approx(5 * 258 * 10e-6 + 2 * 2 * 10e-6)
+    with pytest.raises(ModelError, match="workers_per_leaf"):
+        Cluster(workers=8, link_gbps=1, elements=N, workers_per_leaf=33)
+
+
+def test_worker_threads_add_a_calibrated_term_each() -> None:
+    one = threaded_costs(RECORD, "refswitch", 1)
+    assert one.worker_cpu_s == one.worker_packet_s == 30e-6
+    # 30 us alone, 36 with 4 threads: +2 us a thread more
+    assert threaded_costs(RECORD, "refswitch", 16).worker_cpu_s == pytest.approx(60e-6)
+    fewer = {**RECORD["targets"]["refswitch"], "worker_cpu_threads_s": 15e-6}
+    record = {**RECORD, "targets": {"refswitch": fewer}}
+    # cheaper with threads (a loaded W = 1 waits alone): never below the smaller one
+    assert threaded_costs(record, "refswitch", 32).worker_cpu_s == pytest.approx(15e-6)
+
+
+def test_wall_time_costs_are_taken_back_to_an_idle_machine() -> None:
+    loaded = {**RECORD, "share": 0.25}
+    assert costs_of(loaded, "refswitch").alpha_s == pytest.approx(50e-6 * 0.25)
+    assert costs_of(loaded, "refswitch").rtt_s == pytest.approx(200e-6 * 0.25)
+    # CPU per packet is what it is, loaded or not
+    assert costs_of(loaded, "refswitch").worker_cpu_s == costs_of(RECORD, "refswitch").worker_cpu_s
+
+
+def test_forwarding_costs_a_frame_by_its_size() -> None:
+    assert frame_cost(RECORD, "refswitch", 64) == pytest.approx(10e-6)
+    assert frame_cost(RECORD, "refswitch", 1514) == pytest.approx(10e-6 + 1450 * 10e-9)
+    assert frame_cost(RECORD, "ebpf", 1514) == 0.0  # not calibrated: in the hosts' time
+
+    class Host:
+        def __init__(self, mac: str, ip: str) -> None:
+            self.mac, self.ip = mac, ip
+
+    frame = udp_frame(
+        Host("02:00:00:00:00:01", "10.0.0.1"), Host("", "10.0.0.2"), "02:aa:00:00:00:fe", 1514
+    )
+    assert len(frame) == 1514 and frame[:6] == bytes.fromhex("02aa000000fe")
+    header = frame[14:34]
+    assert (
+        ipv4_checksum(header[:10] + b"\0\0" + header[12:]) == struct.unpack("!H", header[10:12])[0]
+    )
+    assert struct.unpack("!H", frame[16:18])[0] == 1500  # IPv4 total length
+
+
+def test_a_phase_load_spans_its_steps_after_the_warm_up() -> None:
+    def sample(t: float, switch: int, gloo: int, groups: int, cpu: float) -> str:
+        procs = {
+            "10": [cpu, "python -m homagg.refswitch -i 1@s1-eth1"],
+            "11": [cpu, "x --mode switch"],
+        }
+        return json.dumps(
+            {
+                "t": t,
+                "runnable": 9,
+                "groups": groups,
+                "steps": {"switch": switch, "gloo": gloo},
+                "procs": procs,
+            }
+        )
+
+    lines = [
+        sample(0.0, 0, 0, 50, 0.0),  # start-up: not the phase's
+        sample(1.0, 2, 0, 4, 1.0),
+        sample(2.0, 3, 0, 8, 1.5),
+        sample(3.0, 6, 0, 6, 3.0),
+        sample(4.0, 6, 1, 40, 9.0),  # the gloo run's start
+    ]
+    got = phase_load(lines, "switch", 2)
+    assert got is not None
+    assert (got.seconds, got.steps, got.groups) == (2.0, 4, 6.0)
+    assert (got.switch_cpu_s, got.ranks_cpu_s) == (2.0, 2.0)
+    assert got.share(2.0) == pytest.approx(1 / 3)
+    assert phase_load(lines, "gloo", 2) is None  # never past its warm-up
+    assert share_of(2.0, 1.0) == 1.0 and share_of(2.0, 0.0) == 1.0
