@@ -1,10 +1,11 @@
 /* Aggregation in TNA: the same checks, verdicts and combination as p4src/aggregation.p4,
  * two-level aggregation included, laid out for Tofino's stages (docs/tofino.md):
  *   stage 0   the header checks, job_table, worker_table and uplink, beside forwarding's
- *   stage 1   the admission (every check passed) and the round (slot_round, its twin)
+ *   stage 1   the admission (every check passed; round_table's keys: the port) and the
+ *             round (slot_round, its twin)
  *   stage 2   the verdict and the seen bitmap
- *   stage 3   the count and exponent; then the outcome
- *   stage 4+  the cell pairs, four a stage.
+ *   stage 3   the count and exponent, the refusals (refusal), harvest_send; then the outcome
+ *   stage 3+  the cell pairs, four a stage where nothing else has a stateful ALU.
  * A completed round, or a resend, is recirculated once (twice for a resend) through the
  * pipe's recirculation port to read the halves of the cell pairs the first pass did not
  * return; the last of those passes sends the result (at a leaf of a two-level job: the
@@ -36,7 +37,6 @@ control Aggregation(inout ingress_headers_t hdr, inout ingress_metadata_t meta,
         meta.base_high = pool_base[15:12];
         meta.room = pool_size - hdr.agg.slot;
         meta.num_workers = num_workers;
-        meta.final_count = num_workers | SLOT_FINAL;
         meta.mcast_grp = mcast_grp;
     }
 
@@ -180,6 +180,118 @@ control Aggregation(inout ingress_headers_t hdr, inout ingress_metadata_t meta,
         ig_tm_md.ucast_egress_port = meta.uplink_port;
     }
 
+    /* The aggregation's refusals, in v1model's order of precedence (the first entry that
+     * matches wins), as one table: as if-statements they cost a logical table a branch,
+     * and the stages beside the cells have few to spare. Entries with a field at 0 come
+     * before the one that takes it as anything, which so stands for "not 0". A packet
+     * that passes them all goes on to its outcome (go_on); only a header's own drop
+     * reaches the default. */
+    action refuse(bit<8> reason) {
+        meta.drop_reason = reason;
+    }
+
+    action refuse_header() {
+        meta.drop_reason = meta.hdr_drop;
+    }
+
+    action go_on() {
+    }
+
+    table refusal {
+        key = {
+            meta.hdr_drop: ternary;
+            meta.job_miss: ternary;
+            hdr.agg.flags: ternary;
+            meta.has_uplink: ternary;
+            meta.uplink_port_diff: ternary;
+            meta.uplink_rank_diff: ternary;
+            meta.rank_miss: ternary;
+            meta.port_diff: ternary;
+            meta.admitted: ternary;
+            meta.phase: ternary;
+        }
+        actions = { refuse; refuse_header; go_on; }
+        const entries = {
+            (DROP_NONE, 1, _, _, _, _, _, _, _, _): refuse(DROP_UNKNOWN_JOB);
+            /* A result: only a leaf takes one, and only its parent's. */
+            (DROP_NONE, 0, AGG_FLAG_RESULT &&& AGG_FLAG_RESULT, 0, _, _, _, _, _, _):
+                refuse(DROP_BAD_HEADER);
+            (DROP_NONE, 0, AGG_FLAG_RESULT &&& AGG_FLAG_RESULT, 1, 0, 0, _, _, 0, _):
+                refuse(DROP_SLOT_OUT_OF_POOL);
+            (DROP_NONE, 0, AGG_FLAG_RESULT &&& AGG_FLAG_RESULT, 1, 0, 0, _, _, 1, PARENT_RESULT):
+                go_on();
+            (DROP_NONE, 0, AGG_FLAG_RESULT &&& AGG_FLAG_RESULT, 1, 0, 0, _, _, 1, _):
+                refuse(DROP_STALE);
+            (DROP_NONE, 0, AGG_FLAG_RESULT &&& AGG_FLAG_RESULT, 1, 0, _, _, _, _, _):
+                refuse(DROP_BAD_RANK);
+            (DROP_NONE, 0, AGG_FLAG_RESULT &&& AGG_FLAG_RESULT, 1, _, _, _, _, _, _):
+                refuse(DROP_WRONG_PORT);
+            /* A contribution. */
+            (DROP_NONE, 0, 0 &&& AGG_FLAG_RESULT, _, _, _, 1, _, _, _): refuse(DROP_BAD_RANK);
+            (DROP_NONE, 0, 0 &&& AGG_FLAG_RESULT, _, _, _, 0, 0, 0, _):
+                refuse(DROP_SLOT_OUT_OF_POOL);
+            (DROP_NONE, 0, 0 &&& AGG_FLAG_RESULT, _, _, _, 0, 0, 1, VERDICT_STALE):
+                refuse(DROP_STALE);
+            (DROP_NONE, 0, 0 &&& AGG_FLAG_RESULT, _, _, _, 0, 0, 1, _): go_on();
+            (DROP_NONE, 0, 0 &&& AGG_FLAG_RESULT, _, _, _, 0, _, _, _): refuse(DROP_WRONG_PORT);
+        }
+        const default_action = refuse_header();
+        size = 12;
+    }
+
+    /* What the pass that has read a copy does with it (harvest_h.send_to), as one table
+     * for the same reason: read the hi words in one more pass, or send the result to the
+     * worker that asked, to the job's group or, at a leaf, the partial up to the parent
+     * (dropped when the job's uplink entry went away between the passes: the job is
+     * being removed, and the partial has nowhere to go). */
+    action harvest_more() {
+        hdr.harvest.step = HARVEST_HI_LAST;
+        ig_tm_md.ucast_egress_port = ig_intr_md.ingress_port;
+        ig_tm_md.bypass_egress = 1;
+    }
+
+    action send_to_sender() {
+        hdr.agg.flags = AGG_FLAG_RESULT | AGG_FLAG_RETX;
+        ig_tm_md.ucast_egress_port = hdr.harvest.port;
+        meta.to_delivery = 1;
+        count_event((bit<2>)EVENT_RESENT);
+        hdr.harvest.setInvalid();
+    }
+
+    action send_to_group() {
+        to_group(hdr.harvest.mcast_grp);
+        count_event((bit<2>)EVENT_RESULT);
+        hdr.harvest.setInvalid();
+    }
+
+    action partial_lost() {
+        meta.drop_reason = DROP_UNKNOWN_JOB;
+    }
+
+    action send_to_parent(bit<8> flags) {
+        to_parent(flags);
+        count_event((bit<2>)EVENT_PARTIAL);
+        hdr.harvest.setInvalid();
+    }
+
+    table harvest_send {
+        key = {
+            meta.phase: ternary;
+            hdr.harvest.send_to: ternary;
+            meta.has_uplink: ternary;
+        }
+        actions = { harvest_more; send_to_sender; send_to_group; partial_lost; send_to_parent; }
+        const entries = {
+            (HARVEST_LO_MORE, _, _): harvest_more();
+            (_, SEND_TO_SENDER, _): send_to_sender();
+            (_, SEND_TO_GROUP, _): send_to_group();
+            (_, _, 0): partial_lost();
+            (_, SEND_TO_PARENT, _): send_to_parent(0);
+        }
+        const default_action = send_to_parent(AGG_FLAG_RETX);
+        size = 5;
+    }
+
     apply {
         /* The header's own checks, then the lookups: stage 0, beside forwarding. A
          * recirculated pass does only the reads below (and the uplink's lookup, to send a
@@ -196,114 +308,67 @@ control Aggregation(inout ingress_headers_t hdr, inout ingress_metadata_t meta,
         }
 
         /* The admission: every check passed, the slot in the pool, the source address not
-         * condemned by service_source; a contribution from its worker's port, a result
-         * from the parent through the uplink. */
+         * condemned by service_source; then round_table admits a contribution from its
+         * worker's port and a result from the parent through the uplink (its keys: one
+         * more condition here would cost a stage before the round). */
         if (meta.to_aggregation == 1 && meta.hdr_drop == DROP_NONE && meta.job_miss == 0
                 && meta.source_port_diff == 0 && meta.slot_high == 0 && meta.base_high == 0
                 && meta.slot_sum[15:12] == 0 && meta.room != 0 && meta.room[15:15] == 0) {
-            if ((hdr.agg.flags & AGG_FLAG_RESULT) == 0) {
-                if (meta.port_diff == 0) {
-                    meta.admitted = 1;
-                }
-            } else if (meta.uplink_port_diff == 0 && meta.uplink_rank_diff == 0) {
-                meta.admitted = 1;
-            }
+            round_state.apply(hdr, meta);
         }
         if (meta.admitted == 1) {
-            round_state.apply(hdr, meta);
             seen_state.apply(hdr, meta);
         }
         count_state.apply(hdr, meta);
         cells.apply(hdr, meta);
 
         if (meta.to_aggregation == 1) {
-            if (meta.hdr_drop != DROP_NONE) {
-                meta.drop_reason = meta.hdr_drop;
-            } else if (meta.job_miss == 1) {
-                meta.drop_reason = DROP_UNKNOWN_JOB;
-            } else if ((hdr.agg.flags & AGG_FLAG_RESULT) != 0) {
-                /* Only a leaf takes results, and only its parent's. */
-                if (meta.has_uplink == 0) {
-                    meta.drop_reason = DROP_BAD_HEADER;
-                } else if (meta.uplink_port_diff != 0) {
-                    meta.drop_reason = DROP_WRONG_PORT;
-                } else if (meta.uplink_rank_diff != 0) {
-                    meta.drop_reason = DROP_BAD_RANK;
-                } else if (meta.admitted == 0) {
-                    meta.drop_reason = DROP_SLOT_OUT_OF_POOL;
-                } else if (meta.phase == PARENT_RESULT && meta.count == meta.num_workers) {
-                    recirculate(HARVEST_STORE, SEND_TO_GROUP);
-                } else if (meta.phase == PARENT_RESULT && meta.count == meta.final_count) {
-                    meta.drop_reason = DROP_DUPLICATE;
-                } else {
-                    meta.drop_reason = DROP_STALE;
-                }
-            } else if (meta.rank_miss == 1) {
-                meta.drop_reason = DROP_BAD_RANK;
-            } else if (meta.port_diff != 0) {
-                meta.drop_reason = DROP_WRONG_PORT;
-            } else if (meta.admitted == 0) {
-                meta.drop_reason = DROP_SLOT_OUT_OF_POOL;
-            } else if (meta.phase == VERDICT_STALE) {
-                meta.drop_reason = DROP_STALE;
-            } else if (meta.phase == VERDICT_FRESH
-                    || (meta.phase == VERDICT_COMBINE && meta.seen_before == 0)) {
-                count_event((bit<2>)EVENT_CONTRIBUTION);
-                if (meta.count != meta.num_workers) {
-                    meta.absorbed = 1;
-                } else if (meta.has_uplink == 1) {
-                    /* At a leaf: the partial goes up (VERDICT_* FRESH or COMBINE). */
-                    if (meta.phase == VERDICT_COMBINE && hdr.agg.op == AGG_OP_MAX) {
-                        recirculate(HARVEST_HI_LAST, SEND_TO_PARENT);
+            switch (refusal.apply().action_run) {
+                go_on: {
+                    if ((hdr.agg.flags & AGG_FLAG_RESULT) != 0) {
+                        /* The parent's result: accepted (recirculated to store it),
+                         * or a duplicate of one accepted, or stale. */
+                        if (meta.count == meta.num_workers) {
+                            recirculate(HARVEST_STORE, SEND_TO_GROUP);
+                        } else if (meta.count == meta.final_count) {
+                            meta.drop_reason = DROP_DUPLICATE;
+                        } else {
+                            meta.drop_reason = DROP_STALE;
+                        }
+                    } else if (meta.phase == VERDICT_FRESH
+                            || (meta.phase == VERDICT_COMBINE && meta.seen_before == 0)) {
+                        count_event((bit<2>)EVENT_CONTRIBUTION);
+                        if (meta.count != meta.num_workers) {
+                            meta.absorbed = 1;
+                        } else if (meta.has_uplink == 1) {
+                            /* At a leaf: the partial goes up (VERDICT_* FRESH or COMBINE). */
+                            if (meta.phase == VERDICT_COMBINE && hdr.agg.op == AGG_OP_MAX) {
+                                recirculate(HARVEST_HI_LAST, SEND_TO_PARENT);
+                            } else {
+                                recirculate(HARVEST_LO_LAST, SEND_TO_PARENT);
+                            }
+                        } else if (meta.phase == VERDICT_COMBINE && hdr.agg.op == AGG_OP_MAX) {
+                            recirculate(HARVEST_HI_LAST, SEND_TO_GROUP);
+                        } else {
+                            recirculate(HARVEST_LO_LAST, SEND_TO_GROUP);
+                        }
+                    } else if (meta.count == meta.num_workers) {
+                        /* Complete, not final: at a leaf the partial goes up again
+                         * (VERDICT_RESEND_UP), elsewhere the result back (VERDICT_RESEND). */
+                        if (meta.has_uplink == 1) {
+                            recirculate(HARVEST_LO_MORE, SEND_TO_PARENT_RETX);
+                        } else {
+                            recirculate(HARVEST_LO_MORE, SEND_TO_SENDER);
+                        }
+                    } else if (meta.count == meta.final_count) {
+                        recirculate(HARVEST_LO_MORE, SEND_TO_SENDER);
                     } else {
-                        recirculate(HARVEST_LO_LAST, SEND_TO_PARENT);
+                        meta.drop_reason = DROP_DUPLICATE;
                     }
-                } else if (meta.phase == VERDICT_COMBINE && hdr.agg.op == AGG_OP_MAX) {
-                    recirculate(HARVEST_HI_LAST, SEND_TO_GROUP);
-                } else {
-                    recirculate(HARVEST_LO_LAST, SEND_TO_GROUP);
                 }
-            } else if (meta.count == meta.num_workers) {
-                /* Complete, not final: at a leaf the partial goes up again
-                 * (VERDICT_RESEND_UP), elsewhere the result back (VERDICT_RESEND). */
-                if (meta.has_uplink == 1) {
-                    recirculate(HARVEST_LO_MORE, SEND_TO_PARENT_RETX);
-                } else {
-                    recirculate(HARVEST_LO_MORE, SEND_TO_SENDER);
-                }
-            } else if (meta.count == meta.final_count) {
-                recirculate(HARVEST_LO_MORE, SEND_TO_SENDER);
-            } else {
-                meta.drop_reason = DROP_DUPLICATE;
             }
         } else if (hdr.harvest.isValid()) {
-            if (meta.phase == HARVEST_LO_MORE) {
-                hdr.harvest.step = HARVEST_HI_LAST;
-                ig_tm_md.ucast_egress_port = ig_intr_md.ingress_port;
-                ig_tm_md.bypass_egress = 1;
-            } else if (hdr.harvest.send_to == SEND_TO_SENDER) {
-                hdr.agg.flags = AGG_FLAG_RESULT | AGG_FLAG_RETX;
-                ig_tm_md.ucast_egress_port = hdr.harvest.port;
-                meta.to_delivery = 1;
-                count_event((bit<2>)EVENT_RESENT);
-                hdr.harvest.setInvalid();
-            } else if (hdr.harvest.send_to == SEND_TO_GROUP) {
-                to_group(hdr.harvest.mcast_grp);
-                count_event((bit<2>)EVENT_RESULT);
-                hdr.harvest.setInvalid();
-            } else if (meta.has_uplink == 0) {
-                /* The job's uplink entry went away between the passes (the job is being
-                 * removed): the partial has nowhere to go. */
-                meta.drop_reason = DROP_UNKNOWN_JOB;
-            } else if (hdr.harvest.send_to == SEND_TO_PARENT) {
-                to_parent(0);
-                count_event((bit<2>)EVENT_PARTIAL);
-                hdr.harvest.setInvalid();
-            } else {
-                to_parent(AGG_FLAG_RETX);
-                count_event((bit<2>)EVENT_PARTIAL);
-                hdr.harvest.setInvalid();
-            }
+            harvest_send.apply();
         }
         if (meta.has_event == 1) {
             event_counter.count(meta.event);

@@ -104,7 +104,10 @@ struct ingress_metadata_t {
     bit<4>   base_high;     /* pool_base's bits above NUM_SLOTS: 0 when admitted */
     bit<16>  room;          /* pool_size - slot: 1..2^15-1 when the slot is in the pool */
     bit<8>   num_workers;
-    bit<8>   final_count;   /* num_workers | SLOT_FINAL: the count of a final copy */
+    bit<8>   final_count;   /* num_workers | SLOT_FINAL: the count of a final copy (set
+                             * by the admission: in set_job it costs a stage) */
+    bit<8>   accept_count;  /* num_workers for a result from the parent, else 0: the
+                             * count at which slot_count makes a copy final */
     bit<16>  mcast_grp;
     bit<9>   port_diff;     /* the worker's configured port XOR the ingress port (all
                              * ones for an unknown rank) */

@@ -11,6 +11,12 @@
 #endif
 
 #include "headers.p4"
+#if __TARGET_TOFINO__ == 2
+/* slot_count's one output word goes to the count (meta) and to the exponent (a 32-bit
+ * header container): Tofino 2's assembler cannot read a 32-bit action-bus slot for a
+ * 16-bit container, which is where bf-p4c puts the count unless told. */
+@pa_container_size("ingress", "meta.count", 32)
+#endif
 #include "parser.p4"
 #include "forwarding.p4"
 #include "aggregation.p4"

@@ -17,7 +17,7 @@ parser SwitchIngressParser(packet_in pkt, out ingress_headers_t hdr,
             to_aggregation = 0, job_miss = 0, rank_miss = 0, slot_high = 0, admitted = 0,
             absorbed = 0, to_delivery = 0, has_event = 0, event = 0, drop_reason = DROP_NONE,
             slot_sum = 0, base_high = 0, room = 0, num_workers = 0, final_count = 0,
-            mcast_grp = 0, port_diff = 0, worker_bit = 0, fresh = 0, stale = 0,
+            accept_count = 0, mcast_grp = 0, port_diff = 0, worker_bit = 0, fresh = 0, stale = 0,
             seen_before = 0, phase = 0, count = 0, has_uplink = 0, uplink_port = 0,
             uplink_port_diff = 0x1ff, uplink_rank = 0, uplink_rank_diff = 0, parent_ip = 0,
             parent_mac = 0

@@ -74,27 +74,51 @@ control RoundState(inout ingress_headers_t hdr, inout ingress_metadata_t meta) {
         }
     };
 
-    action take_round() { meta.fresh = check_fresh.execute(SLOT_COPY(round_index)); }
-    action take_result() { meta.fresh = check_same.execute(SLOT_COPY(round_index)); }
+    /* Admitted: the copy's state is this packet's to read and write from here on. */
+    action admit() {
+        meta.admitted = 1;
+        meta.final_count = meta.num_workers | SLOT_FINAL;
+    }
+
+    action take_round() {
+        meta.fresh = check_fresh.execute(SLOT_COPY(round_index));
+        admit();
+    }
+
+    action take_result() {
+        meta.fresh = check_same.execute(SLOT_COPY(round_index));
+        admit();
+    }
+
     action take_twin() { meta.stale = check_stale.execute(SLOT_COPY(twin_index)); }
 
-    /* A contribution (RESULT clear) takes the round, a result from the parent only reads
-     * it; the twin is a contribution's alone. */
+    /* The last step of the admission, as keys: a contribution (RESULT clear) from its
+     * worker's port takes the round, a result through the uplink from the parent's rank
+     * only reads it; anything else is not admitted. The twin is a contribution's alone. */
     table round_table {
-        key = { hdr.agg.flags: ternary; }
-        actions = { take_round; take_result; }
-        const entries = {
-            0 &&& AGG_FLAG_RESULT: take_round();
-            AGG_FLAG_RESULT &&& AGG_FLAG_RESULT: take_result();
+        key = {
+            hdr.agg.flags: ternary;
+            meta.port_diff: ternary;
+            meta.uplink_port_diff: ternary;
+            meta.uplink_rank_diff: ternary;
         }
+        actions = { take_round; take_result; NoAction; }
+        const entries = {
+            (0 &&& AGG_FLAG_RESULT, 0, _, _): take_round();
+            (AGG_FLAG_RESULT &&& AGG_FLAG_RESULT, _, 0, 0): take_result();
+        }
+        const default_action = NoAction();
         size = 2;
     }
 
     table twin_table {
-        key = { hdr.agg.flags: ternary; }
+        key = {
+            hdr.agg.flags: ternary;
+            meta.port_diff: ternary;
+        }
         actions = { take_twin; NoAction; }
         const entries = {
-            0 &&& AGG_FLAG_RESULT: take_twin();
+            (0 &&& AGG_FLAG_RESULT, 0): take_twin();
         }
         const default_action = NoAction();
         size = 1;
@@ -141,6 +165,7 @@ control SeenState(inout ingress_headers_t hdr, inout ingress_metadata_t meta) {
 
     action result_round() {
         meta.phase = PARENT_RESULT;
+        meta.accept_count = meta.num_workers;
     }
 
     table seen_table {
@@ -193,17 +218,19 @@ control CountState(inout ingress_headers_t hdr, inout ingress_metadata_t meta) {
             rv = v.count;
         }
     };
-    RegisterAction<count_exp_t, slot_copy_t, bit<8>>(slot_count) read_count = {
-        void apply(inout count_exp_t v, out bit<8> rv) { rv = v.count; }
-    };
     RegisterAction<count_exp_t, slot_copy_t, bit<8>>(slot_count) read_exp = {
         void apply(inout count_exp_t v, out bit<8> rv) { rv = v.exp; }
     };
 
-    RegisterAction<count_exp_t, slot_copy_t, bit<8>>(slot_count) make_final = {
+    /* A duplicate contribution's read of the count and a parent's result's accept_result
+     * in one register action (Tofino allows four per register): the copy becomes final
+     * only when its count is meta.accept_count, which is num_workers for a result and 0
+     * for a duplicate (whose own contribution is counted, so the count is never 0). The
+     * count before is returned either way. */
+    RegisterAction<count_exp_t, slot_copy_t, bit<8>>(slot_count) read_or_final = {
         void apply(inout count_exp_t v, out bit<8> rv) {
             rv = v.count;
-            if (v.count == meta.num_workers) {
+            if (v.count == meta.accept_count) {
                 v.count = v.count | SLOT_FINAL;
                 v.exp = hdr.agg.exp;
             }
@@ -212,9 +239,9 @@ control CountState(inout ingress_headers_t hdr, inout ingress_metadata_t meta) {
 
     action count_first() { meta.count = first_count.execute(SLOT_COPY(count_index)); }
     action count_more() { meta.count = add_count.execute(SLOT_COPY(count_index)); }
-    action count_seen() { meta.count = read_count.execute(SLOT_COPY(count_index)); }
+    action count_seen() { meta.count = read_or_final.execute(SLOT_COPY(count_index)); }
     action exp_result() { hdr.agg.exp = read_exp.execute(SLOT_COPY(count_index)); }
-    action accept_result() { meta.count = make_final.execute(SLOT_COPY(count_index)); }
+    action accept_result() { meta.count = read_or_final.execute(SLOT_COPY(count_index)); }
 
     table count_table {
         key = {
