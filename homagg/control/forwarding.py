@@ -9,7 +9,6 @@ from dataclasses import dataclass
 
 from homagg.control.entries import EntrySpec
 from homagg.p4rt.bytestrings import ipv4_to_int, mac_to_int
-from homagg.p4rt.p4info import P4InfoIndex
 from homagg.wire import p4names
 
 
@@ -120,10 +119,3 @@ def forwarding_entries(
         + service_entries(service_ip, switch_mac)
         + service_source_entries(service_ip, peers)
     )
-
-
-def on_program(entries: Iterable[EntrySpec], p4info: P4InfoIndex) -> list[EntrySpec]:
-    """The entries whose table the switch's program has: the TNA program has no
-    service_source table (docs/tofino.md), so a switch running it gets none of those."""
-    tables = p4info.tables.by_name
-    return [e for e in entries if e.table in tables]

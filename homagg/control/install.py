@@ -146,7 +146,7 @@ def remove_job(conn: SwitchConnection, job: JobEntries) -> list[SwitchError]:
 
 def held(conn: SwitchConnection) -> dict[tuple, Spec]:
     """What the switch holds: every entry of the program's tables and every multicast group
-    (a table its program lacks, e.g. the uplink of the Tofino program, holds nothing)."""
+    (a table its program lacks holds nothing)."""
     known = conn.p4info.tables.by_name
     specs: list[Spec] = [
         EntrySpec.read(e)

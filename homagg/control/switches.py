@@ -25,7 +25,7 @@ from homagg.control.aggregation import JobEntries
 from homagg.control.artifacts import BMV2_JSON_PATH, P4INFO_PATH
 from homagg.control.config import SwitchConfig
 from homagg.control.entries import EntrySpec, Spec
-from homagg.control.forwarding import forwarding_entries, on_program
+from homagg.control.forwarding import forwarding_entries
 from homagg.control.install import InstallError, install_job, job_specs, reconcile, remove_job
 from homagg.control.pools import SlotAllocator
 from homagg.control.switch_connection import SwitchConnection, SwitchError
@@ -323,11 +323,9 @@ class ManagedSwitch:
 
     def forwarding_entries(self) -> list[EntrySpec]:
         """Proxy ARP and routes for the configured hosts (also those behind the other switches
-        of its tree), the aggregation service address and the service source addresses (the
-        TNA program has no service_source table: docs/tofino.md)."""
+        of its tree), the aggregation service address and the service source addresses."""
         c = self.config
-        entries = forwarding_entries(c.hosts, c.service_ip, c.mac, self.transit, self.peers)
-        return on_program(entries, self.p4info)
+        return forwarding_entries(c.hosts, c.service_ip, c.mac, self.transit, self.peers)
 
     def reconcile(self, conn: SwitchConnection, jobs: Sequence[JobEntries]) -> str:
         """Make the switch hold exactly the forwarding entries and these jobs; returns a summary."""

@@ -10,8 +10,7 @@ IPV4_LPM = "SwitchIngress.forwarding.ipv4_lpm"
 ROUTE = "SwitchIngress.forwarding.route"
 AGGREGATE = "SwitchIngress.forwarding.aggregate"
 NO_ROUTE = "SwitchIngress.forwarding.no_route"
-# Service source addresses (docs/protocol.md, "Ordinary traffic"): in the v1model program,
-# not the TNA one (NOT_ON_TOFINO).
+# Service source addresses (docs/protocol.md, "Ordinary traffic").
 SERVICE_SOURCE = "SwitchIngress.forwarding.service_source"
 OWN_SERVICE = "SwitchIngress.forwarding.own_service"
 PEER_SERVICE = "SwitchIngress.forwarding.peer_service"
@@ -23,8 +22,7 @@ UNKNOWN_JOB = "SwitchIngress.aggregation.unknown_job"
 WORKER_TABLE = "SwitchIngress.aggregation.worker_table"
 SET_WORKER = "SwitchIngress.aggregation.set_worker"
 EVENT_COUNTER = "SwitchIngress.aggregation.event_counter"
-# A leaf of a two-level job (docs/protocol.md, Two-level aggregation): not in TABLES, which
-# lists the tables every pipeline has; the Tofino pipeline has no tree (NOT_ON_TOFINO).
+# A leaf of a two-level job (docs/protocol.md, Two-level aggregation).
 UPLINK = "SwitchIngress.aggregation.uplink"
 SET_UPLINK = "SwitchIngress.aggregation.set_uplink"
 
@@ -37,10 +35,9 @@ NO_RECIPIENT = "SwitchEgress.delivery.no_recipient"
 INGRESS_DROPS = "SwitchIngress.drop_counter"
 EGRESS_DROPS = "SwitchEgress.drop_counter"
 
+# The tables of every job and of every switch's forwarding.
 TABLES = (ARP_RESPONDER, IPV4_LPM, JOB_TABLE, WORKER_TABLE, RESULT_REWRITE)
-# Tables of the v1model program the TNA one lacks (docs/tofino.md): two-level aggregation's
-# uplink and the check of service source addresses.
+# The tables a switch gets entries in as part of a tree: two-level aggregation's uplink and
+# the check of service source addresses (the TNA program has them too: docs/tofino.md).
 TREE_TABLES = (UPLINK, SERVICE_SOURCE)
 COUNTERS = (INGRESS_DROPS, EGRESS_DROPS, EVENT_COUNTER)
-# The v1model program's names the TNA program (p4src/tofino) does not have.
-NOT_ON_TOFINO = (UPLINK, SET_UPLINK, SERVICE_SOURCE, OWN_SERVICE, PEER_SERVICE)

@@ -109,9 +109,7 @@ const bit<8> VERDICT_STALE     = 5;  /* an older round of the same job: drop */
 #define SLOT_STATE_COUNT 15:8
 #define SLOT_STATE_EXP   7:0
 
-#ifndef HOMAGG_TNA
-/* Two-level aggregation (docs/protocol.md): the v1model program's alone, the TNA program has
- * no uplink yet (its stage resources are checked only where bf-p4c runs). */
+/* Two-level aggregation (docs/protocol.md). */
 const bit<32> EVENT_PARTIAL = 3;  /* a leaf's partial sum sent up (first send or re-send) */
 /* Same round, worker seen, round complete at this leaf, the parent's result not in yet:
  * the partial goes up again. */
@@ -124,6 +122,7 @@ const bit<8> SLOT_COUNT_MASK = 0x7f;
  * switches of its tree (at most a parent and 32 leaves). */
 #define SERVICE_SOURCE_TABLE_SIZE 64
 
+#ifndef HOMAGG_TNA
 /* FOR_EACH_GROUP(M) expands M(i) for every 8-lane group of the cells. */
 #define GROUPS_0_7(M) M(0) M(1) M(2) M(3) M(4) M(5) M(6) M(7)
 #define GROUPS_8_15(M) M(8) M(9) M(10) M(11) M(12) M(13) M(14) M(15)

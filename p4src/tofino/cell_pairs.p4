@@ -9,7 +9,9 @@
  *   same round, new worker, ADD/OR  add/or   -> HARVEST_LO_LAST (max)
  *   same round, new worker, MAX     max      -> HARVEST_HI_LAST (or)
  *   same round, worker seen         none: both cells neutral for max -> HARVEST_LO_MORE
- *                                   (max, then or) when the round is complete (a resend). */
+ *                                   (max, then or) when the round is complete (a resend).
+ *   a parent's result, accepted     store in its second pass (HARVEST_STORE), the packet
+ *                                   keeps its cells: it is the result. */
 #include "headers.p4"
 
 struct cell_pair_t {
@@ -50,6 +52,7 @@ struct cell_pair_t {
     action max_pair##p() { \
         hdr.cells.c##a = max##p.execute(PAIR_INDEX(p)); hdr.cells.c##b = NEUTRAL_OR; } \
     action hold_pair##p() { hdr.cells.c##a = NEUTRAL_MAX; hdr.cells.c##b = NEUTRAL_MAX; } \
+    action keep_pair##p() { store##p.execute(PAIR_INDEX(p)); } \
     action read_lo##p() { hdr.cells.c##a = max##p.execute(PAIR_INDEX(p)); } \
     action read_lo_more##p() { \
         hdr.cells.c##a = max##p.execute(PAIR_INDEX(p)); hdr.cells.c##b = NEUTRAL_OR; } \
@@ -57,7 +60,7 @@ struct cell_pair_t {
     table pair##p##_table { \
         key = { meta.phase: ternary; meta.seen_before: ternary; hdr.agg.op[1:0]: ternary; } \
         actions = { store_pair##p; add_pair##p; or_pair##p; max_pair##p; hold_pair##p; \
-                    read_lo##p; read_lo_more##p; read_hi##p; NoAction; } \
+                    keep_pair##p; read_lo##p; read_lo_more##p; read_hi##p; NoAction; } \
         const entries = { \
             (VERDICT_FRESH, _, _): store_pair##p(); \
             (VERDICT_COMBINE, 0, (bit<2>)AGG_OP_ADD): add_pair##p(); \
@@ -67,9 +70,10 @@ struct cell_pair_t {
             (HARVEST_LO_LAST, _, _): read_lo##p(); \
             (HARVEST_LO_MORE, _, _): read_lo_more##p(); \
             (HARVEST_HI_LAST, _, _): read_hi##p(); \
+            (HARVEST_STORE, _, _): keep_pair##p(); \
         } \
         const default_action = NoAction(); \
-        size = 8; \
+        size = 9; \
     }
 #define APPLY_PAIR(p, a, b) pair##p##_table.apply();
 

@@ -1,7 +1,8 @@
 /* Forwarding in TNA: the same tables, keys and actions as p4src/forwarding.p4 (proxy
- * ARP, IPv4 LPM routing with static neighbor rewriting, the hand-off of aggregation
- * traffic). It writes only fields of its own (fwd_drop, to_aggregation), so its tables
- * share stage 0 with the aggregation's job and worker lookups. */
+ * ARP, the check of service source addresses, IPv4 LPM routing with static neighbor
+ * rewriting, the hand-off of aggregation traffic). It writes only fields of its own
+ * (fwd_drop, to_aggregation, source_port_diff), so its tables share stage 0
+ * with the aggregation's job and worker lookups. */
 #include "headers.p4"
 
 control Forwarding(inout ingress_headers_t hdr, inout ingress_metadata_t meta,
@@ -48,6 +49,26 @@ control Forwarding(inout ingress_headers_t hdr, inout ingress_metadata_t meta,
         size = IPV4_TABLE_SIZE;
     }
 
+    /* A frame from a service address that does not arrive from the switch owning it is
+     * forged: results and partials are only ever sent by the switches themselves. Looked
+     * up beside ipv4_lpm (not before it, as on v1model: that would cost a stage): a frame
+     * it condemns is dropped as WRONG_PORT whatever the route said, and the aggregation
+     * admits nothing from it (SwitchIngress, Aggregation). */
+    action own_service() {
+        meta.source_port_diff = 0x1ff;  /* from any port */
+    }
+
+    action peer_service(sdn_port_t port) {
+        meta.source_port_diff = (bit<9>)port ^ ig_intr_md.ingress_port;
+    }
+
+    table service_source {
+        key = { hdr.ipv4.src_addr: exact; }
+        actions = { own_service; peer_service; NoAction; }
+        const default_action = NoAction();
+        size = SERVICE_SOURCE_TABLE_SIZE;
+    }
+
     apply {
         if (hdr.arp.isValid()) {
             /* Two conditions: a gateway compares at most 4 bytes and 12 bits of PHV. */
@@ -66,6 +87,7 @@ control Forwarding(inout ingress_headers_t hdr, inout ingress_metadata_t meta,
             } else if (hdr.ipv4.ttl <= 1) {
                 meta.fwd_drop = DROP_TTL_EXPIRED;
             } else {
+                service_source.apply();
                 ipv4_lpm.apply();
             }
         } else {

@@ -97,18 +97,27 @@ def test_tree_mistakes_say_what_to_fix(case, tmp_path):
         parse_config(doc, tmp_path)
 
 
-def test_a_tree_refuses_the_tofino_program(tmp_path):
+def test_a_tree_takes_the_tofino_program_on_every_switch_only(tmp_path):
+    """The TNA program has the uplink and service_source tables; what a tree needs is one kind
+    of program on all its switches (64 cells and no lanes do not pass a v1model program's
+    checks, nor the reverse)."""
     (tmp_path / "tna.p4info.txtpb").write_text("")
     (tmp_path / "tna.bin").write_bytes(b"")
     program = {"p4info": "tna.p4info.txtpb", "device_config": "tna.bin", "cells_per_packet": 64}
-    with pytest.raises(ConfigError, match="the Tofino program has no uplink table"):
+    with pytest.raises(ConfigError, match=r"switch\[1\] \(leaf1\): its program \(256 cells"):
         tree_config(tmp_path, s0=program)
+    every = {f"s{i}": program for i in range(3)}
+    config = tree_config(tmp_path, **every)
+    assert all(s.p4info is not None for s in config.switches)
+    mixed = {**every, "s2": {**program, "cells_per_packet": 32}}
+    with pytest.raises(ConfigError, match=r"\(leaf2\): its program \(32 cells a packet"):
+        tree_config(tmp_path, **mixed)
     doc = tree_config_dict(ADDRESSES, tmp_path)
     for sw in doc["switch"][1:]:
         for key in ("parent", "parent_port", "port_on_parent"):
             del sw[key]
     doc["switch"][0].update(program)
-    parse_config(doc, tmp_path)  # outside a tree the Tofino program is fine
+    parse_config(doc, tmp_path)  # outside a tree any switch may run its own program
 
 
 def test_world_sizes_above_32_need_a_tree(config):

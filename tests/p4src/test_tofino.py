@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 from google.protobuf import text_format
 
-from homagg.control.aggregation import JobEntries, Worker
+from homagg.control.aggregation import JobEntries, Uplink, Worker
 from homagg.control.entries import EntrySpec
-from homagg.control.forwarding import Host, forwarding_entries, on_program
+from homagg.control.forwarding import Host, PeerService, forwarding_entries
 from homagg.control.install import job_specs
 from homagg.control.tofino_pipeline import PipelineConfig, from_compiler_output
 from homagg.control.write_batch import WriteBatch
@@ -107,7 +107,7 @@ def test_the_controllers_names_are_the_tna_p4infos(chip):
     }
     names = set().union(*kinds.values())
     used = {v for k, v in vars(p4names).items() if k.isupper() and isinstance(v, str)}
-    assert used - names == set(p4names.NOT_ON_TOFINO)  # two-level aggregation: v1model only
+    assert used <= names, used - names  # two-level aggregation and service sources included
     assert set(p4names.TABLES) <= kinds["table"]
     assert set(p4names.COUNTERS) <= kinds["counter"]
     assert V1MODEL_DIRECT_COUNTERS
@@ -115,7 +115,7 @@ def test_the_controllers_names_are_the_tna_p4infos(chip):
 
 
 def _largest_job() -> JobEntries:
-    """A job at the top of every range the controller writes."""
+    """A job at the top of every range the controller writes, at a leaf of a tree."""
     workers = tuple(
         Worker(
             rank=r,
@@ -132,6 +132,9 @@ def _largest_job() -> JobEntries:
         pool_size=1,
         mcast_grp=MAX_JOB_ID,
         workers=workers,
+        uplink=Uplink(
+            MAX_SWITCH_PORT, MAX_WORKERS_PER_JOB - 1, "10.255.255.254", "02:ff:ff:ff:ff:ff"
+        ),
     )
     job.validate()
     return job
@@ -143,9 +146,11 @@ def test_every_entry_the_controller_writes_encodes_and_reads_back(chip):
     hosts = [Host("10.0.0.1", "02:00:00:00:01:01", 1), Host("10.0.0.2", "02:00:00:00:01:02", 509)]
     specs = [
         *(s for s in job_specs(_largest_job()) if isinstance(s, EntrySpec)),
-        *on_program(forwarding_entries(hosts, "10.0.0.254", "02:00:00:00:00:fe"), index),
+        *forwarding_entries(
+            hosts, "10.0.0.254", "02:00:00:00:00:fe", peers=[PeerService("10.0.1.254", 509)]
+        ),
     ]
-    assert {s.table for s in specs} == set(p4names.TABLES)
+    assert {s.table for s in specs} == {*p4names.TABLES, *p4names.TREE_TABLES}
     for spec in specs:
         [update] = spec.insert(WriteBatch(index))
         assert EntrySpec.read(TableEntry.from_proto(update.entity.table_entry, index)) == spec
@@ -170,7 +175,7 @@ def test_ports_are_translated_for_stratum(chip):
     translated = p4info.type_info.new_types["sdn_port_t"].translated_type
     assert (translated.uri, translated.sdn_bitwidth) == ("tna/PortId_t", 32)
     index = P4InfoIndex(p4info)
-    for action in (p4names.ROUTE, p4names.SET_WORKER):
+    for action in (p4names.ROUTE, p4names.SET_WORKER, p4names.SET_UPLINK, p4names.PEER_SERVICE):
         params = next(a for a in p4info.actions if a.preamble.name == action).params
         param = next(p for p in params if p.name == "port")
         assert (param.type_name.name, param.bitwidth) == ("sdn_port_t", 32)
