@@ -58,8 +58,9 @@ def _prepare_out(args: argparse.Namespace, names: RunNames) -> None:
     out_dir.prepare(args.out, own=own)
 
 
-def _build(session: _Session, topo: Topology, target: str, out: Path) -> None:
-    """Mininet with the switch, the hosts prepared, the controller up and synced."""
+def _build(session: _Session, topo: Topology, target: str, out: Path, pool_size: int) -> None:
+    """Mininet with the switch, the hosts prepared, the controller up and synced (its
+    default pool `pool_size`: the run's job's, a --script's too)."""
     from run.net import build, prepare_hosts
 
     names = session.state.names
@@ -73,7 +74,7 @@ def _build(session: _Session, topo: Topology, target: str, out: Path) -> None:
         session.state.add("pgids", sw.process.proc.pid)
     prepare_hosts(net, sys.executable, names)
     session.creds = make_run_credentials(names.credentials_dir, names.controller_ip)
-    session.ctl = ctl = controller_process(net, topo, out, names, session.creds)
+    session.ctl = ctl = controller_process(net, topo, out, names, session.creds, pool_size)
     session.state.add("pgids", ctl.launch())
     ctl.wait_synced().close()
     print(
@@ -109,7 +110,8 @@ def _first_line(args: argparse.Namespace, topo: Topology, target: str, number: i
     )
     codec = f"codec {args.codec}{''.join(f' {kv}' for kv in args.codec_option)}"
     shape = f"overlap {args.overlap}, " if args.script is None else ""
-    steps = f", {args.steps} steps, pool {args.pool_size}" if args.script is None else ""
+    steps = f", {args.steps} steps" if args.script is None else ""
+    steps += f", pool {args.pool_size}"
     return (
         f"make run: run {number} on {options.describe_target(args.target, target)}, "
         f"{topo.hosts} hosts, {job}, {codec}, {shape}links {topo.describe_bw()}{steps} "
@@ -127,7 +129,7 @@ def run(args: argparse.Namespace) -> int:
     try:  # the claimed run number is released in _teardown, whatever fails
         _prepare_out(args, names)
         print(_first_line(args, topo, target, names.number), flush=True)
-        _build(session, topo, target, args.out)
+        _build(session, topo, target, args.out, args.pool_size)
         assert session.net is not None and session.creds is not None
         counters, traffic = jobs.run_all(session.net, args, session.state, session.creds)
         if args.script is not None:

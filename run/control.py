@@ -92,10 +92,15 @@ def switch_tables(
 
 
 def controller_toml(
-    switches: list[dict[str, Any]], out: Path, names: RunNames, creds: RunCredentials
+    switches: list[dict[str, Any]],
+    out: Path,
+    names: RunNames,
+    creds: RunCredentials,
+    pool_size: int = ControllerConfig.default_pool_size,
 ) -> str:
     """The controller's configuration: the run's `switches` ([[switch]] tables), its database
-    in `out`, TLS and the operator from `creds`."""
+    in `out`, TLS and the operator from `creds`, and `pool_size` as the pool of a job that
+    names none (a --script's: its homagg.attach asks for the controller's default)."""
     from homagg.lab.controller_process import config_toml
 
     return config_toml(
@@ -106,6 +111,7 @@ def controller_toml(
                 "heartbeat_interval": 1.0,
                 "lease": 10.0,
                 "join_timeout": 120.0,
+                "default_pool_size": pool_size,
                 "metrics_listen": f"127.0.0.1:{METRICS_PORT_BASE + names.number}",
                 **creds.controller_keys(),
             },
@@ -116,7 +122,12 @@ def controller_toml(
 
 
 def controller_process(
-    net: Mininet, topo: Topology, out: Path, names: RunNames, creds: RunCredentials
+    net: Mininet,
+    topo: Topology,
+    out: Path,
+    names: RunNames,
+    creds: RunCredentials,
+    pool_size: int,
 ) -> ControllerProcess:
     """`aggctl serve` for the controller's host (root namespace), on TLS with the run's
     tenant and admin credentials: its configuration written, not started yet."""
@@ -126,7 +137,8 @@ def controller_process(
     entries = [host_entry(i, names.number) for i in range(topo.hosts)]
     entries.append(host_entry(CONTROLLER_INDEX, names.number))  # reached through the switch
     cfg = out / "controller.toml"
-    cfg.write_text(controller_toml(switch_tables(net, topo, entries, names), out, names, creds))
+    tables = switch_tables(net, topo, entries, names)
+    cfg.write_text(controller_toml(tables, out, names, creds, pool_size))
     (out / "controller.db").unlink(missing_ok=True)
     return ControllerProcess(
         cfg,

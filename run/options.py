@@ -10,6 +10,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from homagg.api.credentials import TENANT_MAX_SLOTS
 from homagg.control.config import ControllerConfig
 from homagg.environment import BMV2_OPT_ENV
 from homagg.lab import REPO_ROOT
@@ -136,8 +137,9 @@ def _switch_options(g: argparse._ArgumentGroup) -> None:
         "--pool-size",
         type=int,
         default=None,
-        help="switch slots of the job's pool: packets in flight per rank (default "
-        f"{ControllerConfig.default_pool_size}, the controller's; less on a tree of many "
+        help="switch slots of the job's pool: packets in flight per rank, for make run's "
+        "model and a --script's job alike (the run's controller default; default "
+        f"{ControllerConfig.default_pool_size}, the controller's own; less on a tree of many "
         "leaves, where the job holds its pool on every switch and the tenant's quota must "
         "hold two such jobs)",
     )
@@ -302,6 +304,13 @@ def settle(args: argparse.Namespace) -> tuple[str, Topology]:
         if args.topo
         else Topology(hosts=args.hosts or DEFAULT_HOSTS, bw_mbit=args.bw or 0.0)
     )
+    room = TENANT_MAX_SLOTS // topo.switches  # one job, its pool on every switch
     if args.pool_size is None:
         args.pool_size = run_pool_size(topo.switches)
+    elif not 1 <= args.pool_size <= room:
+        raise ValueError(
+            f"--pool-size {args.pool_size}: expected 1 to {room} slots (the run's tenant holds "
+            f"{TENANT_MAX_SLOTS}, and a job holds its pool on each of its {topo.switches} "
+            "switch(es))"
+        )
     return target, topo

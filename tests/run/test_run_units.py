@@ -369,6 +369,9 @@ def test_the_runs_controller_serves_its_metrics_on_loopback(tmp_path):
     text = controller_toml([switch], tmp_path, names, creds)  # type: ignore[arg-type]
     config = parse_config(tomllib.loads(text), tmp_path)
     assert config.metrics_listen == "127.0.0.1:9703" and not config.metrics_non_loopback
+    # the run's pool is its controller's default: a --script's job, which names none, gets it
+    text = controller_toml([switch], tmp_path, names, creds, 8)  # type: ignore[arg-type]
+    assert parse_config(tomllib.loads(text), tmp_path).default_pool_size == 8
     assert metrics_url(names) == "http://127.0.0.1:9703/metrics"
 
 
@@ -471,6 +474,10 @@ def test_make_run_pool_is_the_controllers_default_where_the_tenant_quota_holds_t
     args = parser().parse_args(["--pool-size", "8"])
     settle(args)
     assert args.pool_size == 8  # asked for: kept
+    for bad, room in (("0", 1024), ("1025", 1024), ("342", 341)):
+        topo_argv = ["--topo", "two-level"] if room == 341 else []
+        with pytest.raises(ValueError, match=f"--pool-size {bad}: expected 1 to {room} slots"):
+            settle(parser().parse_args(["--pool-size", bad, *topo_argv]))
     for leaves in (0, *range(2, MAX_LEAVES + 1)):
         topo = tmp_path / f"leaves{leaves}.toml"
         topo.write_text(f"[topology]\nhosts = {leaves or 4}\nleaves = {leaves}\n")
