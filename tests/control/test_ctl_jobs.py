@@ -161,21 +161,18 @@ def test_pool_exhaustion_is_resource_exhausted(controller):
 
 
 def test_lease_expiry_reclaims_everything(switch, reader, tmp_path, start_controller):
+    # the lease outlasts join_all under load (a 1 s lease expired during it at load ~30)
     c = start_controller(
-        make_config(switch.address, tmp_path, lease=1.0, heartbeat_interval=0.2)
+        make_config(switch.address, tmp_path, lease=2.0, heartbeat_interval=0.4)
     ).client
-    t0 = time.monotonic()
     job = c.create_job("short", 2, "dense", pool_size=8)
-    t1 = time.monotonic()
     join_all(c, job, HOSTS[:2])
-    t2 = time.monotonic()
     assert job_state(reader())["jobs"]
-    print("TIMING", t1 - t0, t2 - t1, time.monotonic() - t2)
-    deadline = time.monotonic() + 0.9
+    deadline = time.monotonic() + 1.8
     while time.monotonic() < deadline:  # rank 1 keeps beating, rank 0 went silent after joining
         c.heartbeat(job.job_id, job.token, 1)
-        time.sleep(0.15)
-    wait_for(lambda: not c.list_jobs().jobs, 3, "the lease to expire")
+        time.sleep(0.3)
+    wait_for(lambda: not c.list_jobs().jobs, 5, "the lease to expire")
     ended = c.list_jobs(include_ended=True).jobs[0]
     assert ended.state == "ended" and re.search(r"lease of ranks? 0\b.* expired", ended.end_reason)
     # An ended job's entries are removed by its switch's writer, after the job ended:
