@@ -29,7 +29,7 @@ import numpy as np
 
 from bench import rawsend
 from bench.aggregation import GlooPool, SwitchGroup
-from bench.forwarding_cost import forwarding_costs
+from bench.forwarding_cost import forwarding_costs, forwarding_threads
 from bench.projection_model import BYTES_PER_ELEMENT, Costs, ModelError
 from bench.publish import RESULTS
 from bench.run_load import GroupSampler, share_of
@@ -183,14 +183,18 @@ def costs_of(record: dict[str, Any], target: str) -> Costs:
         worker_cpu_s=t["worker_cpu_s"],
         switch_cpu_s=t["switch_process_s"],
         peer_cpu_byte_s=g["peer_cpu_byte_s"],
+        switch_threads=forwarding_threads(record, target),
     )
 
 
 def switch_pps_of(record: dict[str, Any], target: str) -> float:
-    """The calibrated switch's packet rate: one core's worth of its process's work per
-    contribution (the reference switch); 0 (no bound of its own) for the eBPF program."""
+    """The calibrated switch's packet rate: its process's work per contribution over the
+    cores its threads spread it on (one for the reference switch, BMv2's measured by
+    forwarding: bench/forwarding_cost.py); 0 (no bound of its own) for the eBPF program."""
     per = record["targets"][target]["switch_process_s"]
-    return 1.0 / per if target in SOFTWARE_SWITCHES and per > 0 else 0.0
+    if target not in SOFTWARE_SWITCHES or per <= 0:
+        return 0.0
+    return forwarding_threads(record, target) / per
 
 
 def threaded_costs(record: dict[str, Any], target: str, w: int) -> Costs:
@@ -241,6 +245,42 @@ def calibrate(
     record["runnable_groups"] = round(groups.mean(), 2)
     record["share"] = share_of(float(os.cpu_count() or 1), groups.mean())
     return record
+
+
+def calibrate_passes(
+    passes: int, targets: list[str], n: int, reps: int, gloo: GlooPool, forwarding: list[str]
+) -> dict[str, Any]:
+    """`passes` whole calibrations, one after the other, merged number by number into their
+    medians: a pass measures each target in one fabric, and which cores its processes land
+    on moves a cost by 20-40% from one fabric to the next here (a switch's CPU a
+    contribution: 46, 66 and 54 us in three passes of an idle machine), more than the
+    repetitions inside a pass vary."""
+    if passes < 1:
+        raise ModelError(f"calibration passes must be >= 1, not {passes}")
+    records = []
+    for k in range(passes):
+        print(f"calibration: pass {k + 1}/{passes}", flush=True)
+        records.append(calibrate(targets, n, reps, gloo, forwarding))
+    merged = merge_medians(records)
+    merged["passes"] = passes
+    return merged
+
+
+def merge_medians(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """The records' numbers merged into their medians, key by key (nested dicts merged
+    alike); what is not a number (dates, the machine) from the first record."""
+    first = records[0]
+    out: dict[str, Any] = {}
+    for key, value in first.items():
+        values = [r[key] for r in records if key in r]
+        if isinstance(value, dict):
+            out[key] = merge_medians([v for v in values if isinstance(v, dict)])
+        elif isinstance(value, int | float) and not isinstance(value, bool):
+            median = statistics.median(float(v) for v in values)
+            out[key] = int(median) if isinstance(value, int) and median.is_integer() else median
+        else:
+            out[key] = value
+    return out
 
 
 def save(record: dict[str, Any], path: Path = CALIBRATION_PATH) -> None:

@@ -41,6 +41,7 @@ from typing import Any
 from bench import calibration
 from bench.projection_model import Cluster, Costs, ModelError, project
 from bench.projection_plot import PUBLISHED, plot
+from bench.projection_run_start import RunSpec, start_run
 from bench.publish import plot_path, publish
 
 PLOT_WORKERS = tuple(2**k for k in range(1, 11))  # 2 .. 1024
@@ -118,6 +119,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     a("--check-elements", type=int, default=CALIBRATE_ELEMENTS, help="elements of the check")
     a("--reps", type=int, default=3, help="repetitions of each measurement (3)")
+    a(
+        "--passes",
+        type=int,
+        default=3,
+        help="whole calibrations merged into their medians: one pass's costs move by "
+        "20-40%% with where its processes land",
+    )
     _run_options(p)
     return p
 
@@ -152,7 +160,19 @@ def _run_options(p: argparse.ArgumentParser) -> None:
         "--calibrate --targets ... bmv2, else give --switch-pps)",
     )
     a("--run-steps", type=int, default=12, help="the started runs' --steps")
-    a("--run-pool-size", type=int, default=8, help="the started runs' --pool-size")
+    a(
+        "--run-pool-size",
+        type=int,
+        default=RunSpec.pool_size,
+        help="the started runs' --pool-size (make run's default)",
+    )
+    a(
+        "--run-repeats",
+        type=int,
+        default=1,
+        help="runs of each topology, alternating (the check compares each configuration's "
+        "median run too: two identical runs here differ by 10-40%%)",
+    )
     a(
         "--run-cores",
         type=float,
@@ -318,7 +338,7 @@ def _measure(args: argparse.Namespace) -> None:
     worlds = tuple(sorted({2, 4, *args.check_workers}))
     gloo = GlooPool([calibration.GLOO_SMALL, n, LARGE_WORLDS_ELEMENTS], worlds=worlds)
     try:
-        record = calibration.calibrate(targets, n, args.reps, gloo, forwarding)
+        record = calibration.calibrate_passes(args.passes, targets, n, args.reps, gloo, forwarding)
         calibration.save(record)
         if not args.check:
             print("\n".join(calibration.describe(record)))
@@ -351,7 +371,6 @@ def _check_runs(args: argparse.Namespace) -> None:
     import os
 
     from bench import projection_runs as pr
-    from bench.projection_run_start import RunSpec, start_run
 
     dirs = list(args.check_runs)
     if args.start_runs:
@@ -359,10 +378,14 @@ def _check_runs(args: argparse.Namespace) -> None:
 
         if not have_privileges():
             raise ModelError("--start-runs needs root (Mininet); --check-runs alone does not")
+        if args.run_repeats < 1:
+            raise ModelError(f"--run-repeats must be >= 1, not {args.run_repeats}")
         base = dirs.pop(0)
-        for topo in args.run_topos:
-            spec = RunSpec(args.run_target, topo, args.run_steps, args.run_pool_size)
-            dirs.append(start_run(base / spec.name, spec))
+        for rep in range(args.run_repeats):  # the topologies alternate, repetition by repetition
+            for topo in args.run_topos:
+                spec = RunSpec(args.run_target, topo, args.run_steps, args.run_pool_size)
+                suffix = f"-{rep + 1}" if args.run_repeats > 1 else ""
+                dirs.append(start_run(base / f"{spec.name}{suffix}", spec))
     cores = args.run_cores or float(os.cpu_count() or 1)
     record = calibration.load()
     rows = [pr.row(pr.load_run(d), record, args.switch_pps or 0.0, cores) for d in dirs]

@@ -58,11 +58,14 @@ class Costs:
     call_cpu_s: float = 0.0  # a peer's CPU per all-reduce call ...
     step_cpu_s: float = 0.0  # ... and per step, in addition to its bytes'
     peer_cpu_byte_s: float = 0.0
+    switch_threads: float = 1.0  # cores a busy software switch spreads its CPU over (BMv2's)
 
     def __post_init__(self) -> None:
         for name, value in vars(self).items():
             if not math.isfinite(value) or value < 0:
                 raise ModelError(f"cost {name} must be a finite number >= 0, not {value}")
+        if self.switch_threads < 1:
+            raise ModelError(f"switch_threads must be >= 1, not {self.switch_threads}")
 
 
 @dataclass(frozen=True)
@@ -250,7 +253,7 @@ def switch_step(cluster: Cluster, costs: Costs, codec: str) -> Projection:
     switch_cpu = switch_absorbs(c) * total * costs.switch_cpu_s
     cpu_total = w * total * costs.worker_cpu_s + switch_cpu
     if c.cores:  # workers (and a software switch) share the cores: CPU is a bound too
-        top, cpu = _cpu_bound(c, w * total * costs.worker_cpu_s, switch_cpu)
+        top, cpu = _cpu_bound(c, w * total * costs.worker_cpu_s, switch_cpu, costs.switch_threads)
         if cpu > seconds:
             limit, seconds = top, cpu
     seconds += len(per_phase) * rtt
@@ -259,7 +262,9 @@ def switch_step(cluster: Cluster, costs: Costs, codec: str) -> Projection:
     )
 
 
-def _cpu_bound(c: Cluster, worker_cpu: float, switch_cpu: float) -> tuple[str, float]:
+def _cpu_bound(
+    c: Cluster, worker_cpu: float, switch_cpu: float, costs_threads: float = 1.0
+) -> tuple[str, float]:
     """The longest CPU bound of a step on shared cores: all the CPU over the cores the
     job's processes can get, the busiest worker process, the busiest switch process (each
     at the share of a core a ready process gets)."""
@@ -268,8 +273,12 @@ def _cpu_bound(c: Cluster, worker_cpu: float, switch_cpu: float) -> tuple[str, f
     cpu = {
         "cpu": (worker_cpu + switch_cpu) / min(c.cores, processes * c.share),
         "worker process": worker_cpu / ranks / c.share,
-        # the busiest switch's share of every switch's packets (all of it: one switch)
-        "switch process": switch_cpu * busiest_switch_absorbs(c) / switch_absorbs(c) / c.share,
+        # the busiest switch's share of every switch's packets (all of it: one switch), on
+        # the cores its threads spread it over
+        "switch process": switch_cpu
+        * busiest_switch_absorbs(c)
+        / switch_absorbs(c)
+        / (c.share * costs_threads),
     }
     top = max(cpu, key=lambda k: cpu[k])
     return top, cpu[top]

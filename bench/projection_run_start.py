@@ -11,8 +11,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.projection_model import ModelError
-from bench.projection_runs import DEFAULT_POOL, LOAD_LOG, RUN_LOG
+from bench.projection_runs import LOAD_LOG, RUN_LOG
 from bench.run_load import LoadSampler
+from homagg.control.config import ControllerConfig
 
 
 @dataclass(frozen=True)
@@ -23,7 +24,7 @@ class RunSpec:
     target: str = "refswitch"
     topo: str = "star"
     steps: int = 12
-    pool_size: int = DEFAULT_POOL
+    pool_size: int = ControllerConfig.default_pool_size  # make run's
 
     @property
     def name(self) -> str:

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.calibration import costs_of, switch_pps_of
-from bench.forwarding_cost import frame_cost
+from bench.forwarding_cost import crossing_latency, forwarding_threads, frame_cost
 from bench.projection_check import LOOPBACK_GBPS, TOLERANCE
 from bench.projection_model import (
     BYTES_PER_ELEMENT,
@@ -208,8 +208,8 @@ def costs_for(record: dict[str, Any], target: str, switch_pps: float) -> tuple[C
 
 
 def gloo_frames(ring_wire: float, workers: int) -> float:
-    """Frames of one ring all-reduce that the switch forwards: every rank's full TCP
-    frames and the ACKs of what it receives."""
+    """Frames of one ring all-reduce that a switch forwards (each frame once): every
+    rank's full TCP frames and the ACKs of what it receives."""
     return workers * ring_wire / PEER_FRAME_BYTES * (1 + ACKS_PER_FRAME)
 
 
@@ -238,34 +238,62 @@ def busiest_fraction(info: RunInfo) -> float:
 
 
 def gloo_through_switch(
-    ring: Projection, cluster: Cluster, costs: Costs, info: RunInfo, forward_s: float
+    ring: Projection,
+    cluster: Cluster,
+    costs: Costs,
+    info: RunInfo,
+    forward_s: float,
+    threads: float = 1.0,
+    latency_share: float = 1.0,
 ) -> tuple[float, str]:
     """gloo's ring in the run: in Mininet its TCP frames (and their ACKs) cross the
-    software switch, whose CPU on them (`forward_s`) is a bound beside the ring's own:
-    the busiest switch's share of it, and all the CPU (the ranks' and the switches') over
-    the cores the run's processes get. Seconds, and the bound."""
+    software switch, whose CPU on them (`forward_s`) is a bound beside the ring's own: the
+    busiest switch's share of it over the cores its `threads` spread it on (BMv2's
+    pipeline threads), and all the CPU (the ranks' and the switches') over the cores the
+    run's processes get. The ring's latency overlaps the forwarding (every step's frames
+    queue at the busy switch), so it bounds the step rather than adding to it. Seconds,
+    and the bound."""
     c, w = cluster, info.hosts
-    latency = (costs.call_s + 2 * (w - 1) * costs.alpha_s) / c.share
-    busiest = forward_s * busiest_fraction(info)
+    latency = (costs.call_s + 2 * (w - 1) * costs.alpha_s) / latency_share
+    # the busiest switch keeps a core while the ranks wait on its forwarding: it shares
+    # the cores with the machine's other load and with the other switches, all as busy
+    own = min(latency_share, c.cores / c.switch_processes) if c.cores else latency_share
+    busiest = forward_s * busiest_fraction(info) / (threads * own)
     cpu = ring.cpu_seconds + forward_s
     bounds = {
         ring.limit: ring.seconds,
-        "switch's forwarding": latency + busiest / c.share,
+        "switch's forwarding": max(latency, busiest),
         "cpu with forwarding": cpu / min(c.cores, (w + c.switch_processes) * c.share),
     }
     top = max(bounds, key=lambda k: bounds[k])
     return bounds[top], top
 
 
-def agreement(cluster: Cluster, costs: Costs, record: dict[str, Any], info: RunInfo) -> float:
+def path_crossings(info: RunInfo) -> int:
+    """Switches the longest hop of a ring step crosses: one on a star; in a tree a hop
+    from one leaf to another crosses the leaf, the top and the other leaf. Every step of a
+    ring has such a hop once the ranks span leaves, and a step lasts as long as its
+    slowest hop."""
+    return 3 if info.leaves > 1 else 1
+
+
+def agreement(
+    cluster: Cluster,
+    costs: Costs,
+    record: dict[str, Any],
+    info: RunInfo,
+    latency_share: float = 1.0,
+) -> float:
     """The step's last agreement (the bucket's, over gloo): a small all_reduce, 2(W-1)
     ring steps. On loopback a step is one hand-off between two processes (alpha); in
-    Mininet its frame also wakes each switch process it crosses (another such hand-off
-    each) and costs it the forwarding of a small frame and its ACK."""
+    Mininet its slowest hop also crosses the switches on its path, each an idle switch's
+    crossing latency (bench/forwarding_cost.py) and the forwarding of a small frame and its
+    ACK. The ranks wait on each other in turn, so each runs at the share of a core the
+    machine's other load leaves it, not the share of the ranks side by side."""
     w, target = info.hosts, info.target
-    hops = crossings(info)
-    step = costs.alpha_s * (1 + hops) + 2 * frame_cost(record, target, ACK_FRAME_BYTES) * hops
-    return (costs.call_s + 2 * (w - 1) * step) / cluster.share
+    per_switch = crossing_latency(record, target) + 2 * frame_cost(record, target, ACK_FRAME_BYTES)
+    step = costs.alpha_s + path_crossings(info) * per_switch
+    return (costs.call_s + 2 * (w - 1) * step) / latency_share
 
 
 def run_cluster(run: MeasuredRun, switch_pps: float, cores: float, phase: str) -> Cluster:
@@ -288,6 +316,13 @@ def run_cluster(run: MeasuredRun, switch_pps: float, cores: float, phase: str) -
     )
 
 
+def latency_share(run: MeasuredRun, cores: float, phase: str) -> float:
+    """The share of a core a process of the run got in `phase` when it ran alone (the
+    machine's other load only; 1 when the run was not sampled)."""
+    load = run.load.get(phase)
+    return load.latency_share(cores) if load else 1.0
+
+
 def row(run: MeasuredRun, record: dict[str, Any], switch_pps: float, cores: float) -> dict:
     """Predicted beside measured for one run: the switch's step, gloo's all-reduce, the
     step's agreement, and packets a rank sent per step (the model's phases against the
@@ -299,7 +334,10 @@ def row(run: MeasuredRun, record: dict[str, Any], switch_pps: float, cores: floa
     sw, ring = switch_step(cluster, costs, codec), ring_step(gloo_cluster, costs)
     w, s, g = run.info.hosts, run.switch, run.gloo
     forward_s = forwarding_cpu(record, run.info.target, ring.bytes_per_worker, run.info)
-    gloo_s, gloo_limit = gloo_through_switch(ring, gloo_cluster, costs, run.info, forward_s)
+    threads = forwarding_threads(record, run.info.target)
+    gloo_s, gloo_limit = gloo_through_switch(
+        ring, gloo_cluster, costs, run.info, forward_s, threads, latency_share(run, cores, "gloo")
+    )
     model_packets = sum(
         packets(phase_cells(codec, cluster.elements, 1.0, w), cluster.cells_per_packet)
     )
@@ -326,7 +364,9 @@ def row(run: MeasuredRun, record: dict[str, Any], switch_pps: float, cores: floa
         "encode_s": s["encode_seconds"],
         "wait_s": s["wait_seconds"],
         "decode_s": s["decode_seconds"],
-        "agreement_predicted_s": agreement(cluster, costs, record, run.info),
+        "agreement_predicted_s": agreement(
+            cluster, costs, record, run.info, latency_share(run, cores, "switch")
+        ),
         "agreement_measured_s": s["agreement_seconds"],
         "agreement_limit": "latency",
         "compute_s": s["compute_seconds"],
@@ -351,6 +391,15 @@ def row(run: MeasuredRun, record: dict[str, Any], switch_pps: float, cores: floa
         "contribution_model_s": costs.switch_cpu_s or (1.0 / pps if pps else 0.0),
         "forward_cpu_s": _per_step(load_g, "switch_cpu_s"),
         "forward_model_s": forward_s,
+        # frames the switches received a gloo step (every crossing), and their mean size:
+        # full 1,514-byte frames and ACKs, unless the hosts' TCP handed over larger ones
+        "gloo_frames_measured": _per_step(load_g, "switch_frames"),
+        "gloo_frame_bytes_measured": (
+            load_g.switch_frame_bytes / load_g.switch_frames
+            if load_g and load_g.switch_frames
+            else 0.0
+        ),
+        "gloo_frames_predicted": gloo_frames(ring.bytes_per_worker, w) * crossings(run.info),
         "round_trip_s": s["wait_seconds"]
         * run.info.pool_size
         / max(1.0, s["switch_packets"] / (2 * w)),
@@ -414,8 +463,9 @@ def report(rows_: list[dict]) -> list[str]:
         "",
         "| run | step | compute | encode | wait | decode | gloo step | packets measured / "
         "predicted | gloo kB measured / predicted | retx a step | switch CPU us a contribution "
-        "run / calibrated | forwarding CPU ms a ring run / calibrated |",
-        "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
+        "run / calibrated | forwarding CPU ms a ring run / calibrated | switch frames a gloo "
+        "step run / model (bytes a frame) |",
+        "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
     ]
     for r in rows_:
         step = r["compute_s"] + r["switch_measured_s"] + r["agreement_measured_s"]
@@ -427,13 +477,74 @@ def report(rows_: list[dict]) -> list[str]:
             f"{r['gloo_tx_measured'] / 1e3:.1f} / {r['gloo_tx_predicted'] / 1e3:.1f} | "
             f"{r['retx']:g} | {r['contribution_cpu_s'] * 1e6:.0f} / "
             f"{r['contribution_model_s'] * 1e6:.0f} | {r['forward_cpu_s'] * 1e3:.1f} / "
-            f"{r['forward_model_s'] * 1e3:.1f} |"
+            f"{r['forward_model_s'] * 1e3:.1f} | {_frames(r)} |"
         )
+    if len(configurations(rows_)) < len(rows_):
+        lines += ["", *configuration_report(configurations(rows_))]
     return [*lines, "", f"Summary: {summary(rows_)}.", ""]
 
 
+def _frames(r: dict) -> str:
+    """The frames column: measured (when sampled) / predicted, and the measured mean size."""
+    model = f"{r['gloo_frames_predicted']:,.0f}"
+    if not r["gloo_frames_measured"]:
+        return f"- / {model}"
+    got = r["gloo_frames_measured"]
+    return f"{got:,.0f} / {model} ({r['gloo_frame_bytes_measured']:,.0f})"
+
+
+CONFIG_KEYS = ("target", "workers", "levels", "pool_size", "codec", "link_mbit")
+
+
+def configurations(rows_: list[dict]) -> list[dict]:
+    """The runs grouped by what they ran (target, W, levels, pool, codec, links): per group
+    and method the median prediction and the median measurement, so that the check of a
+    configuration run several times is not one run's noise."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows_:
+        groups.setdefault(tuple(r[k] for k in CONFIG_KEYS), []).append(r)
+    out = []
+    for key, runs in groups.items():
+        c: dict[str, Any] = dict(zip(CONFIG_KEYS, key))
+        c["runs"] = len(runs)
+        for m, _ in METHODS:
+            for part in ("predicted", "measured"):
+                c[f"{m}_{part}_s"] = statistics.median(r[f"{m}_{part}_s"] for r in runs)
+        out.append(c)
+    return out
+
+
+def configuration_report(configs: list[dict]) -> list[str]:
+    """Markdown: each configuration's median prediction beside its median run."""
+    lines = [
+        "Per configuration, the median prediction beside the median run (ms):",
+        "",
+        "| target | W | levels | pool | runs | method | predicted ms | measured ms | error |",
+        "|---|--:|--:|--:|--:|---|--:|--:|--:|",
+    ]
+    for c in configs:
+        for m, name in METHODS:
+            p, got = c[f"{m}_predicted_s"], c[f"{m}_measured_s"]
+            lines.append(
+                f"| {c['target']} | {c['workers']} | {c['levels']} | {c['pool_size']} | "
+                f"{c['runs']} | {name.format(codec=c['codec'])} | {p * 1e3:.1f} | "
+                f"{got * 1e3:.1f} | {_err(p, got)} |"
+            )
+    return [*lines, ""]
+
+
 def summary(rows_: list[dict]) -> str:
-    """The one line: predictions within the tolerance, of all, per method."""
+    """The one line: predictions within the tolerance, of all, per method; per run, and
+    per configuration (its runs' medians) when a configuration ran more than once."""
+    line = _within(rows_, "runs")
+    configs = configurations(rows_)
+    if len(configs) < len(rows_):
+        line += f"; {_within(configs, 'configurations (median of their runs)')}"
+    return line
+
+
+def _within(rows_: list[dict], what: str) -> str:
+    """Predictions within the tolerance among `rows_` (runs or configurations)."""
 
     def within(m: str) -> int:
         return sum(
@@ -443,6 +554,6 @@ def summary(rows_: list[dict]) -> str:
     per = ", ".join(f"{m} {within(m)}/{len(rows_)}" for m, _ in METHODS)
     ok = sum(within(m) for m, _ in METHODS)
     return (
-        f"projection vs Mininet runs: within {TOLERANCE:.0%} of the measured communication "
+        f"projection vs Mininet {what}: within {TOLERANCE:.0%} of the measured communication "
         f"in {ok}/{len(METHODS) * len(rows_)} predictions ({per})"
     )

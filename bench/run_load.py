@@ -38,8 +38,14 @@ def runnable_groups() -> int:
     kernel shares the CPU between sessions first, and Mininet starts each host's processes
     in a session of its own, so a ready rank or switch competes with each busy session as
     one, whatever its threads."""
+    return len(ready_groups())
+
+
+def ready_groups() -> dict[str, set[int]]:
+    """The scheduling groups (autogroups) with a thread running or ready to run, each with
+    its ready processes, the reader's own group left out."""
     me = Path("/proc/self/autogroup").read_text().split()[0] if AUTOGROUP.exists() else ""
-    groups = set()
+    groups: dict[str, set[int]] = {}
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
             continue
@@ -49,14 +55,38 @@ def runnable_groups() -> int:
         except OSError:  # gone meanwhile, or no autogroups
             continue
         if group:  # empty while the process exits
-            groups.add(group[0])
-    groups.discard(me)
-    return len(groups)
+            groups.setdefault(group[0], set()).add(int(entry.name))
+    groups.pop(me, None)
+    return groups
 
 
 def _state(task: str) -> str:
     stat = Path(task, "stat").read_text()
     return stat[stat.rindex(")") + 2]
+
+
+def switch_frames(pids: list[int]) -> tuple[int, int]:
+    """Frames and bytes the switch processes `pids` have received so far on their ports:
+    each switch runs in a network namespace of its own, whose interfaces its
+    /proc/<pid>/net/dev lists (loopback left out; a namespace counted once, this one
+    never). A frame that crosses two switches of a tree counts twice, as the model does."""
+    frames = octets = 0
+    seen = {os.stat("/proc/self/ns/net").st_ino}  # a wrapper's in this namespace: not a switch's
+    for pid in pids:
+        try:
+            ns = os.stat(f"/proc/{pid}/ns/net").st_ino
+            lines = Path(f"/proc/{pid}/net/dev").read_text().splitlines()[2:]
+        except OSError:  # gone meanwhile
+            continue
+        if ns in seen:
+            continue
+        seen.add(ns)
+        for line in lines:
+            name, counters = line.split(":", 1)
+            if name.strip() != "lo":
+                fields = counters.split()
+                octets, frames = octets + int(fields[0]), frames + int(fields[1])
+    return frames, octets
 
 
 def processes() -> dict[int, tuple[int, float, str]]:
@@ -120,10 +150,16 @@ class LoadSampler:
     def _sample(self, out: IO[str]) -> None:
         procs = processes()
         mine = descendants(procs, self.root)
+        ready = ready_groups()
         row = {
             "t": time.time(),
             "runnable": runnable(),
-            "groups": runnable_groups(),
+            "groups": len(ready),
+            # of them, the run's own (its ranks and switches): the rest is the machine's load
+            "own_groups": sum(1 for pids in ready.values() if pids & mine),
+            "switch_frames": switch_frames(
+                [p for p in mine if p in procs and _is_switch(procs[p][2])]
+            ),
             "steps": steps_done(self.out),
             "procs": {str(p): [procs[p][1], procs[p][2]] for p in mine if p in procs},
         }
@@ -138,19 +174,40 @@ class LoadSampler:
 
 @dataclass(frozen=True)
 class PhaseLoad:
-    """A phase of a run: its wall seconds, the machine's mean runnable threads, the CPU
-    seconds its switch processes and its ranks used."""
+    """A phase of a run: its wall seconds, the machine's mean runnable threads and ready
+    scheduling groups (and how many of them were the run's own), the CPU seconds its switch
+    processes and its ranks used, the frames its switches received."""
 
     seconds: float
     runnable: float  # threads
-    groups: float  # scheduling groups with a ready thread: what a ready process competes with
+    groups: float  # scheduling groups with a ready thread, the run's own included
     switch_cpu_s: float
     ranks_cpu_s: float
     steps: int = 0  # steps the samples span
+    own_groups: float | None = None  # of `groups`, the run's own (None: not sampled)
+    switch_frames: int = 0  # frames the run's switches received (every crossing)
+    switch_frame_bytes: int = 0
+
+    @property
+    def other_groups(self) -> float:
+        """Ready groups that were not the run's: the machine's other load (all of them
+        when the run's own were not told apart)."""
+        return self.groups - (self.own_groups or 0.0)
 
     def share(self, cores: float) -> float:
-        """The share of a core a ready process got: cores / ready groups, at most 1."""
+        """The share of a core a ready process got while the run's processes worked side by
+        side: cores / ready groups (the run's own included), at most 1. What a process
+        that works while the others do gets (the switch step's CPU bounds)."""
         return share_of(cores, self.groups)
+
+    def latency_share(self, cores: float) -> float:
+        """The share of a core a process got when it ran alone in the run (a chain of
+        hand-offs, as a small all-reduce's, where each process waits for the one before):
+        cores / (the machine's other ready groups and itself). A record that did not tell
+        the run's own groups apart gives the side-by-side share."""
+        if self.own_groups is None:
+            return self.share(cores)
+        return share_of(cores, self.other_groups + 1)
 
 
 def phase_load(lines: list[str], phase: str, skip: int) -> PhaseLoad | None:
@@ -166,6 +223,9 @@ def phase_load(lines: list[str], phase: str, skip: int) -> PhaseLoad | None:
     if len(rows) < 2:
         return None
     first, last = rows[0]["procs"], rows[-1]["procs"]
+    own = [r["own_groups"] for r in rows if "own_groups" in r]
+    frames = [r["switch_frames"] for r in (rows[0], rows[-1]) if "switch_frames" in r]
+    frames_delta = [b - a for a, b in zip(*frames)] if len(frames) == 2 else [0, 0]
     return PhaseLoad(
         seconds=rows[-1]["t"] - rows[0]["t"],
         runnable=statistics.mean(r["runnable"] for r in rows),
@@ -173,6 +233,9 @@ def phase_load(lines: list[str], phase: str, skip: int) -> PhaseLoad | None:
         switch_cpu_s=_cpu(first, last, _is_switch),
         ranks_cpu_s=_cpu(first, last, lambda c: PHASE_MARK[phase] in c),
         steps=done[end] - done[start],
+        own_groups=statistics.mean(own) if len(own) == len(rows) else None,
+        switch_frames=frames_delta[0],
+        switch_frame_bytes=frames_delta[1],
     )
 
 

@@ -35,6 +35,7 @@ RECORD = {
             "forward_byte_s": 10e-9,
             "forward_wall_s": 40e-6,
             "forward_lost": 0.0,
+            "forward_latency_s": 30e-6,
         }
     },
     "share": 1.0,  # calibrated on an idle machine

@@ -100,12 +100,14 @@ def test_row_puts_the_model_beside_the_run(tmp_path: Path) -> None:
     data = 4 * wire / 1514
     forward = data * (10e-6 + 1450 * 10e-9) + 0.5 * data * (10e-6 + 2 * 10e-9)
     assert r["forward_model_s"] == pytest.approx(forward)
+    # the ring's latency overlaps the forwarding it waits on: the larger of the two
     latency = 100e-6 + 6 * 50e-6
-    assert r["gloo_predicted_s"] == pytest.approx(forward + latency)
+    assert r["gloo_predicted_s"] == pytest.approx(max(forward, latency))
     assert r["gloo_limit"] == "switch's forwarding"
-    # the agreement: a small all_reduce whose every step hands off to the switch process
-    # too (a second alpha) and costs it a 66-byte frame and its ACK
-    assert r["agreement_predicted_s"] == pytest.approx(100e-6 + 6 * (2 * 50e-6 + 2 * 10.02e-6))
+    # the agreement: a small all_reduce whose every step's hop also crosses the idle switch
+    # (its calibrated latency) and costs it a 66-byte frame and its ACK
+    step = 50e-6 + 30e-6 + 2 * 10.02e-6
+    assert r["agreement_predicted_s"] == pytest.approx(100e-6 + 6 * step)
     assert r["agreement_measured_s"] == 0.02
     assert r["contribution_model_s"] == pytest.approx(50e-6)
     lines = pr.report([r])
@@ -114,6 +116,51 @@ def test_row_puts_the_model_beside_the_run(tmp_path: Path) -> None:
     assert pr.summary([{**r, "gloo_predicted_s": r["gloo_measured_s"] * 1.2}]).endswith(
         "in 1/3 predictions (switch 0/1, gloo 1/1, agreement 0/1)"
     )
+
+
+def test_a_configuration_run_twice_is_checked_on_its_medians(tmp_path: Path) -> None:
+    r = pr.row(pr.load_run(_run_dir(tmp_path)), RECORD, 0.0, 2.0)
+    measured = r["switch_predicted_s"]
+    # one run 30% slower than predicted, one 10% faster, one 5% slower: each a run of its
+    # own, the configuration's median within the tolerance
+    runs = [{**r, "switch_measured_s": measured * f} for f in (1 / 0.7, 1 / 1.1, 1 / 0.95)]
+    configs = pr.configurations(runs)
+    assert len(configs) == 1 and configs[0]["runs"] == 3
+    assert configs[0]["switch_measured_s"] == pytest.approx(measured / 0.95)
+    line = pr.summary(runs)
+    assert "runs: within 25% of the measured communication in" in line
+    assert "(switch 2/3," in line and "configurations (median of their runs)" in line
+    assert "(switch 1/1," in line.split(";")[1]
+    other = {**r, "workers": 8}  # another configuration: no medians to report for one run each
+    assert ";" not in pr.summary([r, other])
+    assert any("| refswitch | 4 | 1 | 16 | 3 |" in x for x in pr.report(runs))
+
+
+def test_a_chain_of_hand_offs_gets_the_share_the_other_load_leaves(tmp_path: Path) -> None:
+    d = _run_dir(tmp_path)
+    # 6 ready groups on 2 cores, 5 of them the run's own: side by side a process gets a
+    # third of a core; alone (the agreement's ring) it competes with the one other group
+    samples = [
+        {
+            "t": t,
+            "runnable": 9,
+            "groups": 6,
+            "own_groups": 5,
+            "steps": {"switch": k, "gloo": 0},
+            "procs": {},
+        }
+        for t, k in ((0.0, 2), (1.0, 4), (2.0, 6))
+    ]
+    (d / pr.LOAD_LOG).write_text("\n".join(json.dumps(x) for x in samples) + "\n")
+    run = pr.load_run(d)
+    load = run.load["switch"]
+    assert load is not None and load.other_groups == 1.0
+    assert load.share(2.0) == pytest.approx(1 / 3) and load.latency_share(2.0) == 1.0
+    (tmp_path / "q").mkdir()
+    quiet = pr.row(pr.load_run(_run_dir(tmp_path / "q")), RECORD, 0.0, 2.0)
+    r = pr.row(run, RECORD, 0.0, 2.0)
+    assert r["agreement_predicted_s"] == pytest.approx(quiet["agreement_predicted_s"])
+    assert r["switch_predicted_s"] > 2.5 * quiet["switch_predicted_s"]
 
 
 def test_the_machines_load_slows_every_process_by_its_share(tmp_path: Path) -> None:
@@ -151,6 +198,10 @@ def test_a_tree_crosses_more_switches_and_its_leaves_share_the_work(tmp_path: Pa
     assert r["switch_limit"] == "cpu"
     cpu = (8 * 334 * 30e-6 + 12 * 334 * 50e-6) / 2
     assert r["switch_predicted_s"] == pytest.approx(cpu + 2 * 2 * 200e-6)
+    # every step of the ring has a hop from one leaf to another: three switches to cross
+    assert pr.path_crossings(star) == 1 and pr.path_crossings(run.info) == 3
+    step = 50e-6 + 3 * (30e-6 + 2 * 10.02e-6)
+    assert r["agreement_predicted_s"] == pytest.approx(100e-6 + 14 * step)
 
 
 def test_runs_the_model_does_not_describe_are_refused(tmp_path: Path) -> None:

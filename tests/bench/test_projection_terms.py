@@ -6,15 +6,16 @@ and the load sampled during a run summed up per phase."""
 from __future__ import annotations
 
 import json
+import os
 import struct
 
 import pytest
 from calibration_record import RECORD
 
-from bench.calibration import costs_of, threaded_costs
-from bench.forwarding_cost import frame_cost, udp_frame
+from bench.calibration import costs_of, merge_medians, switch_pps_of, threaded_costs
+from bench.forwarding_cost import crossing_latency, forwarding_threads, frame_cost, udp_frame
 from bench.projection_model import Cluster, Costs, ModelError, ring_step, switch_step
-from bench.run_load import phase_load, share_of
+from bench.run_load import phase_load, share_of, switch_frames
 from homagg.wire.frame import ipv4_checksum
 
 N = 1 << 16  # 257 ADD packets and a MAX packet a worker
@@ -92,6 +93,41 @@ def test_wall_time_costs_are_taken_back_to_an_idle_machine() -> None:
     assert costs_of(loaded, "refswitch").worker_cpu_s == costs_of(RECORD, "refswitch").worker_cpu_s
 
 
+def test_a_switch_whose_threads_share_its_work_gets_more_than_a_core() -> None:
+    # the reference switch: its CPU a frame above its wall time a frame is none of that
+    assert forwarding_threads(RECORD, "refswitch") == 1.0
+    assert forwarding_threads(RECORD, "ebpf") == 1.0  # not calibrated
+    bmv2 = {"forward_frame_s": 120e-6, "forward_wall_s": 80e-6, "forward_small_s": 100e-6}
+    record = {**RECORD, "forwarding": {**RECORD["forwarding"], "bmv2": bmv2}}
+    record["targets"] = {**RECORD["targets"], "bmv2": RECORD["targets"]["refswitch"]}
+    assert forwarding_threads(record, "bmv2") == pytest.approx(1.5)
+    # its packet rate and its process's CPU bound both spread over those 1.5 cores
+    assert switch_pps_of(record, "bmv2") == pytest.approx(1.5 / 50e-6)
+    assert costs_of(record, "bmv2").switch_threads == pytest.approx(1.5)
+    one = Costs(worker_cpu_s=1e-6, switch_cpu_s=50e-6)
+    many = Costs(worker_cpu_s=1e-6, switch_cpu_s=50e-6, switch_threads=1.5)
+    c = Cluster(workers=4, link_gbps=1000, elements=N, cores=2.0)
+    assert switch_step(c, one, "fixed_point").limit == "switch process"
+    assert switch_step(c, many, "fixed_point").seconds < switch_step(c, one, "fixed_point").seconds
+    with pytest.raises(ModelError, match="switch_threads"):
+        Costs(switch_threads=0.5)
+    # a frame's crossing of an idle switch: calibrated, or 0 (the eBPF program's is the
+    # sender's own send)
+    assert crossing_latency(RECORD, "refswitch") == 30e-6
+    assert crossing_latency(RECORD, "ebpf") == 0.0
+
+
+def test_calibration_passes_merge_into_medians_number_by_number() -> None:
+    passes = [
+        {"date": d, "reps": 3, "targets": {"a": {"cpu": c, "threads": 4}}, "share": s}
+        for d, c, s in (("x", 46e-6, 1.0), ("y", 66e-6, 0.5), ("z", 54e-6, 1.0))
+    ]
+    got = merge_medians(passes)
+    assert got["date"] == "x" and got["reps"] == 3 and isinstance(got["reps"], int)
+    assert got["targets"]["a"] == {"cpu": 54e-6, "threads": 4}
+    assert got["share"] == 1.0
+
+
 def test_forwarding_costs_a_frame_by_its_size() -> None:
     assert frame_cost(RECORD, "refswitch", 64) == pytest.approx(10e-6)
     assert frame_cost(RECORD, "refswitch", 1514) == pytest.approx(10e-6 + 1450 * 10e-9)
@@ -110,6 +146,20 @@ def test_forwarding_costs_a_frame_by_its_size() -> None:
         ipv4_checksum(header[:10] + b"\0\0" + header[12:]) == struct.unpack("!H", header[10:12])[0]
     )
     assert struct.unpack("!H", frame[16:18])[0] == 1500  # IPv4 total length
+
+
+def test_a_phase_load_counts_the_frames_its_switches_received() -> None:
+    def sample(t: float, gloo: int, frames: int) -> str:
+        row = {"t": t, "runnable": 3, "groups": 3, "own_groups": 2}
+        row |= {"switch_frames": [frames, frames * 1000], "procs": {}}
+        return json.dumps(row | {"steps": {"switch": 12, "gloo": gloo}})
+
+    lines = [sample(0.0, 1, 0), sample(1.0, 2, 500), sample(2.0, 4, 4500)]
+    got = phase_load(lines, "gloo", 2)
+    assert got is not None and (got.switch_frames, got.switch_frame_bytes) == (4000, 4_000_000)
+    assert got.own_groups == 2.0 and got.other_groups == 1.0
+    # a switch's ports are counted in its own namespace, this process's never
+    assert switch_frames([os.getpid()]) == (0, 0)
 
 
 def test_a_phase_load_spans_its_steps_after_the_warm_up() -> None:
