@@ -51,6 +51,9 @@ def switch_costs(target: str, n: int, reps: int) -> dict[str, float]:
     out["rtt_s"] = rtt
     threaded, _ = _group_costs(target, THREADS, n // THREADS, reps)
     out["worker_cpu_threads_s"] = threaded["worker_cpu_s"]
+    # the switch's CPU a contribution with THREADS workers' traffic interleaved (a software
+    # switch's: its per-packet cost is not constant under contention)
+    out["switch_process_threads_s"] = threaded["switch_process_s"]
     out["threads"] = THREADS
     return out
 
@@ -187,11 +190,26 @@ def costs_of(record: dict[str, Any], target: str) -> Costs:
     )
 
 
-def switch_pps_of(record: dict[str, Any], target: str) -> float:
-    """The calibrated switch's packet rate: its process's work per contribution over the
-    cores its threads spread it on (one for the reference switch, BMv2's measured by
-    forwarding: bench/forwarding_cost.py); 0 (no bound of its own) for the eBPF program."""
-    per = record["targets"][target]["switch_process_s"]
+def switch_cpu_at(record: dict[str, Any], target: str, members: int = 1) -> float:
+    """A calibrated software switch's CPU a contribution with `members` workers' traffic
+    interleaved at it: between its costs at 1 and THREADS workers, linearly, held at the
+    measured ends (BMv2's grows by about a third from 1 to 4 workers here, the reference
+    switch's does not)."""
+    t = record["targets"][target]
+    one = float(t["switch_process_s"])
+    many, threads = t.get("switch_process_threads_s"), t.get("threads", 1)
+    if many is None or threads <= 1 or one <= 0:
+        return one
+    at = min(max(members, 1), threads)
+    return one + (float(many) - one) * (at - 1) / (threads - 1)
+
+
+def switch_pps_of(record: dict[str, Any], target: str, members: int = 1) -> float:
+    """The calibrated switch's packet rate with `members` workers at it: its process's work
+    per contribution over the cores its threads spread it on (one for the reference
+    switch, BMv2's measured by forwarding: bench/forwarding_cost.py); 0 (no bound of its
+    own) for the eBPF program."""
+    per = switch_cpu_at(record, target, members)
     if target not in SOFTWARE_SWITCHES or per <= 0:
         return 0.0
     return forwarding_threads(record, target) / per
@@ -209,7 +227,8 @@ def threaded_costs(record: dict[str, Any], target: str, w: int) -> Costs:
     # never below the smaller measurement: fewer wake-ups a packet with more threads
     # (a loaded machine's W = 1 waits alone) make the term negative, not unbounded
     per = max(min(one, many), one * (1 + growth * (w - 1)))
-    return replace(costs, worker_packet_s=per, worker_cpu_s=per)
+    switch = switch_cpu_at(record, target, w) if costs.switch_cpu_s else 0.0
+    return replace(costs, worker_packet_s=per, worker_cpu_s=per, switch_cpu_s=switch)
 
 
 def cluster_costs(record: dict[str, Any], target: str) -> tuple[Costs, float]:

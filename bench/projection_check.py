@@ -118,7 +118,7 @@ def rows(record: dict, measured: dict[str, dict], n: int) -> list[dict]:
     for target, per_w in measured.items():
         for w, rec in per_w.items():
             costs = threaded_costs(record, target, w)
-            cluster = this_machine(w, n, switch_pps_of(record, target), rec["cores"])
+            cluster = this_machine(w, n, switch_pps_of(record, target, w), rec["cores"])
             sw = switch_step(cluster, costs, "fixed_point")
             ring = ring_step(cluster, costs)
             packets = statistics.median(r["packets"] for r in rec["reps"]) / w

@@ -20,11 +20,11 @@ import json
 import math
 import re
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from bench.calibration import costs_of, switch_pps_of
+from bench.calibration import costs_of, switch_cpu_at, switch_pps_of
 from bench.forwarding_cost import crossing_latency, forwarding_threads, frame_cost
 from bench.projection_check import LOOPBACK_GBPS, TOLERANCE
 from bench.projection_model import (
@@ -45,6 +45,10 @@ RUN_LOG = "run.log"  # the run's printed output, as `python -m run ... | tee run
 LOAD_LOG = "load.jsonl"  # the machine's load during the run (bench/run_load.py)
 PEER_FRAME_BYTES = 1514  # a full TCP frame of gloo's stream on the wire (Ethernet included)
 ACK_FRAME_BYTES = 66  # Ethernet, IPv4, TCP with timestamps, no payload
+# a small message's ring step over gloo's TCP pairs: the receiver's NOTIFY_RECV_READY, then
+# the data (gloo/transport/tcp/pair.cc: a send waits for it), each with its ACK
+GLOO_MESSAGES_A_STEP = 2
+GLOO_FRAMES_A_HOP = 4
 ACKS_PER_FRAME = 0.5  # delayed ACKs: one a second full segment (RFC 1122), back the same way
 DEFAULT_POOL = 8  # a run's pool when its controller's log is missing: make run's until 11-28
 PHASES = ("switch", "gloo")  # a run trains through the switch, then over gloo
@@ -187,13 +191,19 @@ def load_run(path: Path) -> MeasuredRun:
     )
 
 
-def costs_for(record: dict[str, Any], target: str, switch_pps: float) -> tuple[Costs, float]:
+def costs_for(
+    record: dict[str, Any], target: str, switch_pps: float, members: int = 1
+) -> tuple[Costs, float]:
     """The calibrated costs for a run's target and the switch's packet rate (a software
-    switch's CPU a contribution: the reference switch's, BMv2's when calibrated). BMv2 not
-    calibrated takes the reference switch's worker costs and the packet rate given
+    switch's CPU a contribution: the reference switch's, BMv2's when calibrated, with the
+    busiest switch's `members` workers interleaved at it). BMv2 not calibrated takes the
+    reference switch's worker costs and the packet rate given
     (bench/results/switch_rate.md measures it)."""
     if target in record.get("targets", {}):
-        return costs_of(record, target), switch_pps_of(record, target)
+        costs = costs_of(record, target)
+        if costs.switch_cpu_s:
+            costs = replace(costs, switch_cpu_s=switch_cpu_at(record, target, members))
+        return costs, switch_pps_of(record, target, members)
     if target.startswith("bmv2"):
         if not switch_pps:
             raise ModelError(
@@ -228,13 +238,20 @@ def forwarding_cpu(record: dict[str, Any], target: str, ring_wire: float, info: 
     return per_ring * crossings(info)
 
 
+def busiest_hops(info: RunInfo) -> int:
+    """Hops of a ring step that the busiest switch forwards: all W on a star; in a tree a
+    leaf's own ranks' hops and the one that enters it from another leaf (W / leaves + 1)."""
+    if not info.leaves:
+        return info.hosts
+    return math.ceil(info.hosts / info.leaves) + 1
+
+
 def busiest_fraction(info: RunInfo) -> float:
     """The busiest switch's part of the ring's forwarding: all of it on a star; in a tree
-    a leaf forwards its ranks' frames and the one hop that enters it from another leaf,
-    (W / leaves + 1) of the W hops, out of the crossings all switches make."""
+    its hops (busiest_hops) of the W, out of the crossings all switches make."""
     if not info.leaves:
         return 1.0
-    return (info.hosts / info.leaves + 1) / info.hosts / crossings(info)
+    return busiest_hops(info) / info.hosts / crossings(info)
 
 
 def gloo_through_switch(
@@ -285,14 +302,18 @@ def agreement(
     latency_share: float = 1.0,
 ) -> float:
     """The step's last agreement (the bucket's, over gloo): a small all_reduce, 2(W-1)
-    ring steps. On loopback a step is one hand-off between two processes (alpha); in
-    Mininet its slowest hop also crosses the switches on its path, each an idle switch's
-    crossing latency (bench/forwarding_cost.py) and the forwarding of a small frame and its
-    ACK. The ranks wait on each other in turn, so each runs at the share of a core the
+    ring steps. On loopback a step is alpha: gloo's TCP pairs send a message only once
+    its receiver has announced the receive (NOTIFY_RECV_READY), two hand-offs a step. In
+    Mininet both messages also cross the switches on the step's slowest hop, each an idle
+    switch's crossing latency (bench/forwarding_cost.py), and the busiest switch forwards
+    the step's frames of all its hops one after another (the announcement, the data and
+    an ACK of each: small frames at its calibrated cost, over the cores its threads use).
+    The ranks wait on each other in turn, so each runs at the share of a core the
     machine's other load leaves it, not the share of the ranks side by side."""
     w, target = info.hosts, info.target
-    per_switch = crossing_latency(record, target) + 2 * frame_cost(record, target, ACK_FRAME_BYTES)
-    step = costs.alpha_s + path_crossings(info) * per_switch
+    crossing = GLOO_MESSAGES_A_STEP * path_crossings(info) * crossing_latency(record, target)
+    frames = busiest_hops(info) * GLOO_FRAMES_A_HOP * frame_cost(record, target, ACK_FRAME_BYTES)
+    step = costs.alpha_s + crossing + frames / forwarding_threads(record, target)
     return (costs.call_s + 2 * (w - 1) * step) / latency_share
 
 
@@ -327,7 +348,10 @@ def row(run: MeasuredRun, record: dict[str, Any], switch_pps: float, cores: floa
     """Predicted beside measured for one run: the switch's step, gloo's all-reduce, the
     step's agreement, and packets a rank sent per step (the model's phases against the
     transport's count)."""
-    costs, pps = costs_for(record, run.info.target, switch_pps)
+    # the busiest switch's workers: all of them on a star, a leaf's in a tree
+    i = run.info
+    members = math.ceil(i.hosts / i.leaves) if i.leaves else i.hosts
+    costs, pps = costs_for(record, run.info.target, switch_pps, members)
     cluster = run_cluster(run, pps, cores, "switch")
     gloo_cluster = run_cluster(run, pps, cores, "gloo")
     codec = run.info.codec

@@ -104,9 +104,10 @@ def test_row_puts_the_model_beside_the_run(tmp_path: Path) -> None:
     latency = 100e-6 + 6 * 50e-6
     assert r["gloo_predicted_s"] == pytest.approx(max(forward, latency))
     assert r["gloo_limit"] == "switch's forwarding"
-    # the agreement: a small all_reduce whose every step's hop also crosses the idle switch
-    # (its calibrated latency) and costs it a 66-byte frame and its ACK
-    step = 50e-6 + 30e-6 + 2 * 10.02e-6
+    # the agreement: a small all_reduce whose every step's two messages (gloo's receive
+    # announcement, then the data) cross the idle switch (its calibrated latency), and
+    # whose 4 hops' frames (two messages and their ACKs, 66 bytes each) it forwards in turn
+    step = 50e-6 + 2 * 30e-6 + 4 * 4 * 10.02e-6
     assert r["agreement_predicted_s"] == pytest.approx(100e-6 + 6 * step)
     assert r["agreement_measured_s"] == 0.02
     assert r["contribution_model_s"] == pytest.approx(50e-6)
@@ -200,7 +201,9 @@ def test_a_tree_crosses_more_switches_and_its_leaves_share_the_work(tmp_path: Pa
     assert r["switch_predicted_s"] == pytest.approx(cpu + 2 * 2 * 200e-6)
     # every step of the ring has a hop from one leaf to another: three switches to cross
     assert pr.path_crossings(star) == 1 and pr.path_crossings(run.info) == 3
-    step = 50e-6 + 3 * (30e-6 + 2 * 10.02e-6)
+    # and the busiest leaf forwards its 4 ranks' hops and the one entering it
+    assert pr.busiest_hops(star) == 8 and pr.busiest_hops(run.info) == 5
+    step = 50e-6 + 2 * 3 * 30e-6 + 5 * 4 * 10.02e-6
     assert r["agreement_predicted_s"] == pytest.approx(100e-6 + 14 * step)
 
 

@@ -12,7 +12,13 @@ import struct
 import pytest
 from calibration_record import RECORD
 
-from bench.calibration import costs_of, merge_medians, switch_pps_of, threaded_costs
+from bench.calibration import (
+    costs_of,
+    merge_medians,
+    switch_cpu_at,
+    switch_pps_of,
+    threaded_costs,
+)
 from bench.forwarding_cost import crossing_latency, forwarding_threads, frame_cost, udp_frame
 from bench.projection_model import Cluster, Costs, ModelError, ring_step, switch_step
 from bench.run_load import phase_load, share_of, switch_frames
@@ -115,6 +121,20 @@ def test_a_switch_whose_threads_share_its_work_gets_more_than_a_core() -> None:
     # sender's own send)
     assert crossing_latency(RECORD, "refswitch") == 30e-6
     assert crossing_latency(RECORD, "ebpf") == 0.0
+
+
+def test_a_switchs_cpu_a_contribution_follows_the_workers_at_it() -> None:
+    t = {**RECORD["targets"]["refswitch"], "switch_process_threads_s": 80e-6}
+    record = {**RECORD, "targets": {"refswitch": t}}
+    # 50 us with one worker, 80 with 4: 10 us more a worker, held at the measured ends
+    assert switch_cpu_at(record, "refswitch", 1) == pytest.approx(50e-6)
+    assert switch_cpu_at(record, "refswitch", 3) == pytest.approx(70e-6)
+    assert switch_cpu_at(record, "refswitch", 16) == pytest.approx(80e-6)
+    assert switch_cpu_at(record, "refswitch", 0) == pytest.approx(50e-6)
+    assert switch_pps_of(record, "refswitch", 4) == pytest.approx(1 / 80e-6)
+    assert threaded_costs(record, "refswitch", 4).switch_cpu_s == pytest.approx(80e-6)
+    # a calibration from before the field: the one-worker cost at every W
+    assert switch_cpu_at(RECORD, "refswitch", 4) == pytest.approx(50e-6)
 
 
 def test_calibration_passes_merge_into_medians_number_by_number() -> None:
