@@ -324,16 +324,20 @@ def describe(record: dict[str, Any]) -> list[str]:
     lines = [
         f"Calibrated {record['date']} on {record['machine']} (load average "
         f"{record['load_average']}), {record['elements']:,} elements, median of "
-        f"{record['reps']}:",
+        f"{record['reps']}{_passes(record)}:",
         "",
-        "| target | worker CPU us/packet (user part) | switch process us/contribution "
-        "| eBPF program us/packet | wall us/packet at W = 1 | round trip us |",
+        "| target | worker CPU us/packet (user part) | switch process us/contribution, 1 "
+        f"worker (and {THREADS}) | eBPF program us/packet | wall us/packet at W = 1 | round "
+        "trip us |",
         "|---|---:|---:|---:|---:|---:|",
     ]
     for name, t in record["targets"].items():
+        many = t.get("switch_process_threads_s")
         lines.append(
             f"| {name} | {t['worker_cpu_s'] * 1e6:.1f} ({t['worker_user_s'] * 1e6:.1f}) | "
-            f"{t['switch_process_s'] * 1e6:.1f} | {t['bpf_program_s'] * 1e6:.2f} | "
+            f"{t['switch_process_s'] * 1e6:.1f}"
+            + (f" ({many * 1e6:.1f})" if many is not None else "")
+            + f" | {t['bpf_program_s'] * 1e6:.2f} | "
             f"{t['wall_per_packet_s'] * 1e6:.1f} | {t['rtt_s'] * 1e6:.0f} |"
         )
     g = record["gloo"]
@@ -352,13 +356,24 @@ def describe(record: dict[str, Any]) -> list[str]:
             + "; ".join(
                 f"{name} {f['forward_small_s'] * 1e6:.1f} us CPU a 64-byte frame, "
                 f"{f['forward_frame_s'] * 1e6:.1f} a 1514-byte one "
-                f"({f['forward_wall_s'] * 1e6:.0f} us wall a frame)"
+                f"({f['forward_wall_s'] * 1e6:.0f} us wall a frame"
+                + (
+                    f"; one frame crosses it idle in {f['forward_latency_s'] * 1e6:.0f} us)"
+                    if "forward_latency_s" in f
+                    else ")"
+                )
                 for name, f in record["forwarding"].items()
             )
             + ".",
             "",
         ]
     return lines
+
+
+def _passes(record: dict[str, Any]) -> str:
+    """How a calibration of several passes was merged, for its first line (else nothing)."""
+    passes = record.get("passes", 1)
+    return f" in each of {passes} passes, merged into their medians" if passes > 1 else ""
 
 
 def as_json(costs: Costs) -> dict[str, float]:
