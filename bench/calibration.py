@@ -33,7 +33,6 @@ from bench.forwarding_cost import forwarding_costs, forwarding_threads
 from bench.projection_model import BYTES_PER_ELEMENT, Costs, ModelError
 from bench.publish import RESULTS
 from bench.run_load import GroupSampler, share_of
-from homagg.control.config import ControllerConfig
 
 CALIBRATION_PATH = RESULTS / "projection_calibration.json"
 RTT_STEPS = 40  # tiny steps (one packet a phase) whose chunk latencies give the round trip
@@ -56,38 +55,7 @@ def switch_costs(target: str, n: int, reps: int) -> dict[str, float]:
     # switch's: its per-packet cost is not constant under contention)
     out["switch_process_threads_s"] = threaded["switch_process_s"]
     out["threads"] = THREADS
-    if target in SOFTWARE_SWITCHES:
-        out["switch_process_ranks_s"] = _rank_process_costs(target, n // THREADS, reps)
     return out
-
-
-def _rank_process_costs(target: str, n: int, reps: int) -> float:
-    """A software switch's CPU a contribution with THREADS rank processes, each in its
-    host's namespace (bench/shaped_links.py's ranks), streaming dense fixed-point steps
-    through a pool of make run's size: the Mininet runs' ranks are processes, whose
-    packets reach the switch spread out where threads of one process send in bursts."""
-    from bench.shaped_links import SWITCH, RankPool
-    from homagg.lab.aggjob import Job
-    from homagg.lab.fabric import Fabric
-
-    fabric = Fabric(target, THREADS)
-    pool = None
-    try:
-        for h in fabric.hosts:
-            h.enable_ip_stack()
-        slots = ControllerConfig.default_pool_size
-        pool = RankPool(fabric, Job(fabric, fabric.hosts, pool_size=slots).job_id, slots, (n,))
-        pool.run(SWITCH, n)  # warm-up: connections, the window, the codec's state
-        pid, per = fabric.switch.proc.pid, []
-        for _ in range(reps):
-            cpu0 = rawsend.process_cpu(pid)
-            got = pool.run(SWITCH, n)
-            per.append((rawsend.process_cpu(pid) - cpu0) / (THREADS * got["packets"]))
-    finally:
-        if pool is not None:
-            pool.close()
-        fabric.close()
-    return statistics.median(per)
 
 
 def _group_costs(target: str, w: int, n: int, reps: int) -> tuple[dict[str, float], float]:
@@ -222,34 +190,26 @@ def costs_of(record: dict[str, Any], target: str) -> Costs:
     )
 
 
-def switch_cpu_at(
-    record: dict[str, Any], target: str, members: int = 1, processes: bool = False
-) -> float:
+def switch_cpu_at(record: dict[str, Any], target: str, members: int = 1) -> float:
     """A calibrated software switch's CPU a contribution with `members` workers' traffic
     interleaved at it: between its costs at 1 and THREADS workers, linearly, held at the
-    measured ends (BMv2's grows by about a third from 1 to 4 workers here). `processes`:
-    the workers are processes of their own (the Mininet runs' ranks), measured so where
-    the calibration has it, else as threads of one process."""
+    measured ends (BMv2's grows by about a third from 1 to 4 workers here, the reference
+    switch's does not)."""
     t = record["targets"][target]
     one = float(t["switch_process_s"])
     many, threads = t.get("switch_process_threads_s"), t.get("threads", 1)
-    if processes and "switch_process_ranks_s" in t:
-        many = t["switch_process_ranks_s"]
     if many is None or threads <= 1 or one <= 0:
         return one
     at = min(max(members, 1), threads)
     return one + (float(many) - one) * (at - 1) / (threads - 1)
 
 
-def switch_pps_of(
-    record: dict[str, Any], target: str, members: int = 1, processes: bool = False
-) -> float:
-    """The calibrated switch's packet rate with `members` workers at it (`processes`: as in
-    switch_cpu_at): its process's work
+def switch_pps_of(record: dict[str, Any], target: str, members: int = 1) -> float:
+    """The calibrated switch's packet rate with `members` workers at it: its process's work
     per contribution over the cores its threads spread it on (one for the reference
     switch, BMv2's measured by forwarding: bench/forwarding_cost.py); 0 (no bound of its
     own) for the eBPF program."""
-    per = switch_cpu_at(record, target, members, processes)
+    per = switch_cpu_at(record, target, members)
     if target not in SOFTWARE_SWITCHES or per <= 0:
         return 0.0
     return forwarding_threads(record, target) / per

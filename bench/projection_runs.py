@@ -201,10 +201,9 @@ def costs_for(
     (bench/results/switch_rate.md measures it)."""
     if target in record.get("targets", {}):
         costs = costs_of(record, target)
-        if costs.switch_cpu_s:  # the runs' ranks are processes of their own
-            cpu = switch_cpu_at(record, target, members, processes=True)
-            costs = replace(costs, switch_cpu_s=cpu)
-        return costs, switch_pps_of(record, target, members, processes=True)
+        if costs.switch_cpu_s:
+            costs = replace(costs, switch_cpu_s=switch_cpu_at(record, target, members))
+        return costs, switch_pps_of(record, target, members)
     if target.startswith("bmv2"):
         if not switch_pps:
             raise ModelError(

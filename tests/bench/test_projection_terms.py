@@ -135,11 +135,6 @@ def test_a_switchs_cpu_a_contribution_follows_the_workers_at_it() -> None:
     assert threaded_costs(record, "refswitch", 4).switch_cpu_s == pytest.approx(80e-6)
     # a calibration from before the field: the one-worker cost at every W
     assert switch_cpu_at(RECORD, "refswitch", 4) == pytest.approx(50e-6)
-    # workers that are processes of their own, where the calibration measured them so
-    ranks = {**record, "targets": {"refswitch": {**t, "switch_process_ranks_s": 110e-6}}}
-    assert switch_cpu_at(ranks, "refswitch", 4, processes=True) == pytest.approx(110e-6)
-    assert switch_cpu_at(ranks, "refswitch", 4) == pytest.approx(80e-6)  # threads
-    assert switch_cpu_at(record, "refswitch", 4, processes=True) == pytest.approx(80e-6)
 
 
 def test_calibration_passes_merge_into_medians_number_by_number() -> None:
