@@ -263,7 +263,7 @@ def switch_step(cluster: Cluster, costs: Costs, codec: str) -> Projection:
 
 
 def _cpu_bound(
-    c: Cluster, worker_cpu: float, switch_cpu: float, costs_threads: float = 1.0
+    c: Cluster, worker_cpu: float, switch_cpu: float, switch_threads: float = 1.0
 ) -> tuple[str, float]:
     """The longest CPU bound of a step on shared cores: all the CPU over the cores the
     job's processes can get, the busiest worker process, the busiest switch process (each
@@ -278,7 +278,7 @@ def _cpu_bound(
         "switch process": switch_cpu
         * busiest_switch_absorbs(c)
         / switch_absorbs(c)
-        / (c.share * costs_threads),
+        / (c.share * switch_threads),
     }
     top = max(cpu, key=lambda k: cpu[k])
     return top, cpu[top]

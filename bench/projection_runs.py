@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.calibration import costs_of, switch_cpu_at, switch_pps_of
-from bench.forwarding_cost import crossing_latency, forwarding_threads, frame_cost
+from bench.forwarding_cost import crossing_latency, frame_cost
 from bench.projection_check import LOOPBACK_GBPS, TOLERANCE
 from bench.projection_model import (
     BYTES_PER_ELEMENT,
@@ -260,22 +260,21 @@ def gloo_through_switch(
     costs: Costs,
     info: RunInfo,
     forward_s: float,
-    threads: float = 1.0,
     latency_share: float = 1.0,
 ) -> tuple[float, str]:
     """gloo's ring in the run: in Mininet its TCP frames (and their ACKs) cross the
     software switch, whose CPU on them (`forward_s`) is a bound beside the ring's own: the
-    busiest switch's share of it over the cores its `threads` spread it on (BMv2's
-    pipeline threads), and all the CPU (the ranks' and the switches') over the cores the
-    run's processes get. The ring's latency overlaps the forwarding (every step's frames
-    queue at the busy switch), so it bounds the step rather than adding to it. Seconds,
-    and the bound."""
+    busiest switch's share of it over the cores its threads spread it on
+    (costs.switch_threads: BMv2's pipeline threads), and all the CPU (the ranks' and the
+    switches') over the cores the run's processes get. The ring's latency overlaps the
+    forwarding (every step's frames queue at the busy switch), so it bounds the step
+    rather than adding to it. Seconds, and the bound."""
     c, w = cluster, info.hosts
     latency = (costs.call_s + 2 * (w - 1) * costs.alpha_s) / latency_share
     # the busiest switch keeps a core while the ranks wait on its forwarding: it shares
     # the cores with the machine's other load and with the other switches, all as busy
     own = min(latency_share, c.cores / c.switch_processes) if c.cores else latency_share
-    busiest = forward_s * busiest_fraction(info) / (threads * own)
+    busiest = forward_s * busiest_fraction(info) / (costs.switch_threads * own)
     cpu = ring.cpu_seconds + forward_s
     bounds = {
         ring.limit: ring.seconds,
@@ -313,7 +312,7 @@ def agreement(
     w, target = info.hosts, info.target
     crossing = GLOO_MESSAGES_A_STEP * path_crossings(info) * crossing_latency(record, target)
     frames = busiest_hops(info) * GLOO_FRAMES_A_HOP * frame_cost(record, target, ACK_FRAME_BYTES)
-    step = costs.alpha_s + crossing + frames / forwarding_threads(record, target)
+    step = costs.alpha_s + crossing + frames / costs.switch_threads
     return (costs.call_s + 2 * (w - 1) * step) / latency_share
 
 
@@ -358,9 +357,8 @@ def row(run: MeasuredRun, record: dict[str, Any], switch_pps: float, cores: floa
     sw, ring = switch_step(cluster, costs, codec), ring_step(gloo_cluster, costs)
     w, s, g = run.info.hosts, run.switch, run.gloo
     forward_s = forwarding_cpu(record, run.info.target, ring.bytes_per_worker, run.info)
-    threads = forwarding_threads(record, run.info.target)
     gloo_s, gloo_limit = gloo_through_switch(
-        ring, gloo_cluster, costs, run.info, forward_s, threads, latency_share(run, cores, "gloo")
+        ring, gloo_cluster, costs, run.info, forward_s, latency_share(run, cores, "gloo")
     )
     model_packets = sum(
         packets(phase_cells(codec, cluster.elements, 1.0, w), cluster.cells_per_packet)
