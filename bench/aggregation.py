@@ -171,7 +171,7 @@ class SwitchGroup:
                 initial_timeout=initial_timeout,
                 io_path=io_path,
             )
-            self.transports.append(SwitchTransport(cfg, self.job.channel(r, rcvbuf=4 << 20)))
+            self.transports.append(SwitchTransport(cfg, self.job.channel(r)))
 
     def step(self, codecs: list, xs: list[np.ndarray]) -> tuple[float, list[np.ndarray], int]:
         """One aggregation of xs[r] by codecs[r] on every worker: (wall s, results, retx)."""

@@ -55,7 +55,7 @@ class Group:
         self.job = Job(fabric, fabric.hosts[offset : offset + w], pool_size=POOL_SIZE)
         self.transports = []
         for r in range(w):
-            channel: Channel = self.job.channel(r, rcvbuf=4 << 20)
+            channel: Channel = self.job.channel(r)
             if loss:
                 channel = FaultyChannel(channel, loss=loss, seed=seed + r)
             cfg = TransportConfig(

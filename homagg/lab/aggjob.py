@@ -29,6 +29,7 @@ from homagg.wire.constants import (
     DropReason,
     Event,
     Op,
+    agg_udp_length,
 )
 from homagg.wire.frame import (
     ETH_STRUCT,
@@ -66,6 +67,7 @@ class RankTraffic:
     job_id: int
     hosts: list[FabricHost]
     templates: list[FrameTemplate]
+    pool_size: int  # slots per switch (a rank's channel holds this many results)
 
     @property
     def world_size(self) -> int:
@@ -99,18 +101,18 @@ class RankTraffic:
         )
         return self.templates[sender].frame(pack_payload(header, np.asarray(cells, np.int32)))
 
-    def channel(self, rank: int, rcvbuf: int = 0) -> UdpChannel:
+    def channel(self, rank: int) -> UdpChannel:
         """Rank `rank`'s UDP channel to the switch: a socket made in its host's namespace
-        (which needs enable_ip_stack), bound to the rank's address and port; `rcvbuf`: its
-        receive buffer in bytes (0: the system's default). It sends to its own switch
-        (the job's, or its leaf in a tree)."""
+        (which needs enable_ip_stack), bound to the rank's address and port, its receive
+        buffer sized for the job's pool as a worker's agent sizes it. It sends to its own
+        switch (the job's, or its leaf in a tree)."""
         h = self.hosts[rank]
         with in_namespace(h.namespace):
             sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        if rcvbuf:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
         sock.bind((h.ip, WORKER_UDP_BASE + rank))
-        return UdpChannel(sock, (self.fabric_of(rank).service_ip, AGG_UDP_PORT))
+        channel = UdpChannel(sock, (self.fabric_of(rank).service_ip, AGG_UDP_PORT))
+        channel.hold_results(self.pool_size, agg_udp_length(CELLS_PER_PKT))
+        return channel
 
     def send(self, rank: int, cells: np.ndarray, via: FabricHost | None = None, **kw: int) -> bytes:
         """Send rank's contribution (from its own host unless via is given)."""
@@ -139,6 +141,7 @@ class Job(RankTraffic):
     def __init__(self, fabric: Fabric, hosts: list[FabricHost], pool_size: int = 16) -> None:
         self.fabric = fabric
         self.hosts = hosts
+        self.pool_size = pool_size
         self.job_id = next_job_id()
         self.entries = JobEntries(
             job_id=self.job_id,

@@ -33,6 +33,7 @@ class TreeJob(RankTraffic):
         if len(hosts_per_leaf) > len(tree.leaves):
             raise ValueError(f"{len(hosts_per_leaf)} leaves asked, the tree has {len(tree.leaves)}")
         self.tree = tree
+        self.pool_size = pool_size
         self.job_id = next_job_id()
         self.leaves: list[TreeLeaf] = [tree.leaves[k] for k, n in enumerate(hosts_per_leaf) if n]
         self.hosts: list[FabricHost] = []

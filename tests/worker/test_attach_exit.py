@@ -53,16 +53,22 @@ def test_a_script_that_exits_without_destroy_ends_its_job_at_exit(tmp_path):
 
 
 def test_a_killed_rank_leaves_the_job_to_its_lease_and_the_other_stops(tmp_path):
-    """Rank 1 is SIGKILLed before its backward: rank 0's bucket waits on the switch while the
-    controller holds rank 1's lease, the lease ends the job, and rank 0's step raises (the
-    agreement cannot reach rank 1 over gloo either) within a bound of lease + margin,
-    measured by the ranks (a wall-clock bound would count their start-up under load)."""
+    """Rank 1 is SIGKILLed before its backward: rank 0's step raises within a bound of lease
+    + margin, measured by the ranks (a wall-clock bound would count their start-up under
+    load). Either its bucket waits on the switch while the controller holds rank 1's lease,
+    the lease ends the job, and gloo's agreement cannot reach rank 1 either; or the previous
+    step's seal, still in flight over gloo when rank 1 died, reports the peer gone first,
+    and rank 0's exit ends the job."""
     texts, job = run(tmp_path, "killed", 29683)
-    assert "lease of rank 1 expired" in job.end_reason, job.end_reason
     report = json.loads((tmp_path / "r0.json").read_text())
     killed = float((tmp_path / "r1.json.killed").read_text())
     assert report["step"] == 3 and report["switch_buckets"] >= 3 * 2, report
     assert report["at"] - killed < 10 * TIMING["lease"], report  # not the 120 s straggler wait
-    assert "Connection closed by peer" in report["error"], report  # gloo's agreement
-    assert f"job {job.job_id} has ended: lease of rank 1 expired" in report["reason"], report
+    if "seal over the process group failed" in report["error"]:
+        assert "Connection" in report["error"], report  # gloo's: closed, or reset, by peer
+        assert job.end_reason in ("released by the operator", "every rank left"), job
+    else:
+        assert "lease of rank 1 expired" in job.end_reason, job.end_reason
+        assert "Connection closed by peer" in report["error"], report  # gloo's agreement
+        assert f"job {job.job_id} has ended: lease of rank 1 expired" in report["reason"]
     assert "Traceback" not in texts[0] and "not released" not in texts[0], texts[0][-3000:]

@@ -120,7 +120,12 @@ def test_switch_path_returns_the_sum_divided_by_world(codec, mode):
     assert out.shape == g.shape and out.dtype == g.dtype
     assert_codec_result(codec, out, g, 1)
     assert state.stats.switch_buckets == 1 and state.stats.fallback_buckets == 0
-    assert state.stats.agreements == 2  # the first agreement, then the bucket's outcome
+    # the first agreement; the bucket's outcome by its verdict packet, the step's seal
+    # started over the process group and read by close() (or the next bucket)
+    state.wait_idle(10)
+    assert state.stats.agreements == 1 and state.stats.switch_agreements == 1
+    state.close()
+    assert state.stats.agreements == 2 and state.fallback.pending is None
 
 
 @pytest.mark.parametrize("codec", HOOK_CODECS)

@@ -146,6 +146,28 @@ class Group:
         t.copy_(top)
 
 
+class ThreadWork:
+    """A collective started on a thread of its own, as gloo runs an asynchronous one."""
+
+    def __init__(self, run) -> None:
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, args=(run,), daemon=True)
+        self.thread.start()
+
+    def _run(self, run) -> None:
+        try:
+            run()
+        except BaseException as exc:  # the waiter re-raises it
+            self.error = exc
+
+    def wait(self, timeout=None) -> None:
+        self.thread.join(BOUND if timeout is None else timeout.total_seconds())
+        if self.thread.is_alive():
+            raise RuntimeError("the collective did not finish in time")
+        if self.error is not None:
+            raise RuntimeError(f"the collective failed: {self.error!r}")
+
+
 class ThreadHook(SwitchHookState):
     """One rank's hook state, its collectives over `Group`."""
 
@@ -155,6 +177,19 @@ class ThreadHook(SwitchHookState):
 
     def reduce_max(self, t: torch.Tensor) -> None:
         self.pg.reduce(self.rank, t, "max")
+
+    started = 0  # MAX all_reduces started without waiting (the steps' seals)
+    gate: threading.Event | None = None  # set: such an all_reduce waits for it first
+
+    def reduce_max_async(self, t: torch.Tensor) -> ThreadWork:
+        self.started += 1
+
+        def run() -> None:
+            if self.gate is not None:
+                assert self.gate.wait(BOUND)
+            self.pg.reduce(self.rank, t, "max")
+
+        return ThreadWork(run)
 
     def host_all_reduce(self, buf: torch.Tensor) -> None:
         self.pg.reduce(self.rank, buf, "sum")
@@ -206,12 +241,49 @@ def assert_same_path_and_exact(seen: list[list[tuple]], buckets: int) -> list[st
 
 
 def test_buckets_in_a_step_are_agreed_by_the_switch_and_the_step_sealed_once(ranks):
-    _, _, hooks = ranks
+    _, group, hooks = ranks
     seen = run_steps(hooks, steps=2, buckets=3)
     assert assert_same_path_and_exact(seen, 3) == ["switch"] * 6
-    for h in hooks:  # two buckets per step by a verdict packet; the health check, two seals
-        assert h.stats.switch_agreements == 4 and h.stats.agreements == 3
-        assert h.fallback.unsealed == 0 and h.stats.fallbacks == 0
+    for h in hooks:  # every bucket by a verdict packet; the health check and the first
+        # step's seal read (by the second step's first bucket), the second one in flight
+        assert h.stats.switch_agreements == 6 and h.stats.agreements == 2
+        assert h.fallback.unsealed == 0 and h.fallback.pending is not None
+        assert h.stats.fallbacks == 0
+    assert group.calls[0] == ["max"] * 3 and all(h.started == 2 for h in hooks)
+    run_threads([h.close for h in hooks], BOUND)  # close() reads the last one
+    assert all(h.stats.agreements == 3 and h.fallback.pending is None for h in hooks)
+
+
+def test_the_steps_last_bucket_does_not_wait_on_the_process_group(ranks):
+    _, group, hooks = ranks
+    gate = threading.Event()  # the steps' seals wait until it is set
+    for h in hooks:
+        h.gate = gate
+    run_threads([h.use_switch for h in hooks], BOUND)  # the health check: no seal
+    seen = run_steps(hooks, steps=1, buckets=2)  # the seal is started, and still waiting
+    assert assert_same_path_and_exact(seen, 2) == ["switch"] * 2
+    assert all(h.fallback.pending is not None for h in hooks)
+    gate.set()
+    run_threads([h.close for h in hooks], BOUND)
+    assert all(h.fallback.pending is None and h.fallback.use for h in hooks)
+
+
+def test_a_switch_that_dies_between_its_copies_of_the_last_verdict_ends_in_one_path(ranks):
+    switch, group, hooks = ranks
+    run_steps(hooks, steps=1, buckets=3)  # chunks 0-9: health check, 3 x (MAX, ADD, verdict)
+    last_verdict = hooks[0].agent.transport.next_chunk + 8  # bucket 2's, the next step's
+    switch.dies_at, switch.answers = last_verdict, {0, 2}
+    start = time.monotonic()
+    seen = run_steps(hooks, steps=3, buckets=3)
+    # the step is kept everywhere (ranks 0 and 2 decided it, rank 1 learnt from their seal
+    # that every rank had sent it); then every rank falls back together
+    paths = assert_same_path_and_exact(seen, 3)
+    assert paths[:3] == ["switch"] * 3, paths
+    assert all(p == "host" for p in paths[3:]), paths
+    assert [h.stats.fallbacks for h in hooks] == [hooks[0].stats.fallbacks] * WORLD
+    run_threads([h.close for h in hooks], BOUND)
+    assert [len(c) for c in group.calls] == [len(group.calls[0])] * WORLD
+    assert time.monotonic() - start < 10 * WAIT
 
 
 def test_a_switch_that_dies_between_its_copies_of_a_verdict_still_ends_in_one_path(ranks):

@@ -104,9 +104,12 @@ class _State(SwitchHookState):
         self.gloo = gloo
 
     def reduce_max(self, t: torch.Tensor) -> None:
+        self.reduce_max_async(t).wait()
+
+    def reduce_max_async(self, t: torch.Tensor) -> Any:
         opts = dist.AllreduceOptions()
         opts.reduceOp = dist.ReduceOp(dist.ReduceOp.MAX)
-        self.gloo.allreduce([t], opts).wait()
+        return self.gloo.allreduce([t], opts)
 
 
 def _done(tensors: list[torch.Tensor]) -> Any:
@@ -150,7 +153,9 @@ class SwitchProcessGroup(dist.ProcessGroup):
         return BACKEND_NAME
 
     def shutdown(self) -> None:
-        """Leave the job (rank 0 releases it) and shut gloo down: destroy_process_group."""
+        """Read the last call's seal, leave the job (rank 0 releases it) and shut gloo
+        down: destroy_process_group."""
+        self.state.close()
         if self.setup.session is not None:
             self.setup.session.close()
         self.state.agent = None

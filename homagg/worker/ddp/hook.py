@@ -40,7 +40,8 @@ from homagg.worker.job.agent import WorkerAgent
 
 log = logging.getLogger(__name__)
 
-# close(): how long codec="auto"'s last agreement may take (a gone peer's never finishes)
+# close(): how long the last seal or codec="auto"'s last agreement may take (a gone peer's
+# never finishes)
 CLOSE_AGREEMENT_S = 10.0
 
 # Not pickled: the live objects (an unpickled state is given an agent with `attach`).
@@ -192,13 +193,17 @@ class SwitchHookState:
 
     def close(self) -> None:
         """Stop the communication thread (after its queued buckets and the last decision's
-        seal) and finish codec="auto"'s agreements still in flight (every rank started them;
-        a dead peer's is dropped)."""
+        seal), read the last step's seal and finish codec="auto"'s agreements still in
+        flight (every rank started them; a dead peer's is dropped)."""
         if self.comm is not None:
             with contextlib.suppress(RuntimeError):  # closed already: nothing more to queue
                 self.comm.submit(self.seal_last_decision)
             self.comm.close()
             self.comm = None
+        try:  # the last step's seal: a rank that missed a switch answer is waiting on it
+            self.fallback.settle(self, CLOSE_AGREEMENT_S)
+        except RuntimeError as exc:
+            log.info("rank %d: the last step's seal did not finish: %s", self.rank, exc)
         while self._agreeing:
             try:
                 self._agreeing.popleft().finish(CLOSE_AGREEMENT_S)

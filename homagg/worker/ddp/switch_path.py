@@ -101,10 +101,12 @@ def agreed_sum(
     state: SwitchHookState, index: int, payload: Payload, length: int, last: bool = True
 ) -> np.ndarray | None:
     """The switch's sum of `payload` (`length` dense cells; bucket `index`'s codec) when
-    every rank's succeeded, else None after the agreed fall-back. A bucket that is not the
-    step's `last` is agreed by a verdict packet through the switch (when the state agrees
-    through the switch), the last one through the process group, which seals the step."""
-    rnd = SwitchRound() if not last and state.switch_agreements else None
+    every rank's succeeded, else None after the agreed fall-back. A bucket is agreed by a
+    verdict packet through the switch (when the state agrees through the switch); the
+    step's `last` one, where codec="auto"'s decision rides on the seal, through the process
+    group, which seals the step (elsewhere the step's end starts the seal: `seal_step`)."""
+    verdict = state.switch_agreements and (not last or state.controller is None)
+    rnd = SwitchRound() if verdict else None
     out, failure, reason = _through_switch(state, index, payload, length, rnd)
     fallback = state.fallback
     if rnd is not None and rnd.verdict is not None:  # decided by the switch
@@ -132,10 +134,14 @@ def agreed_sum(
 
 def seal_step(state: SwitchHookState) -> None:
     """At a step's end: when agreements since the last one through the process group were
-    decided through the switch only (a codec="auto" step whose last bucket went to the
-    host), one through the process group, where a rank that missed a switch answer meets
-    the others."""
-    if state.fallback.unsealed:
+    decided through the switch only, one through the process group, where a rank that
+    missed a switch answer meets the others. Started and read before the next bucket, or,
+    where codec="auto"'s decision rides on it (its repair comes first), awaited here."""
+    if not state.fallback.unsealed:
+        return
+    if state.controller is None:
+        state.fallback.start_seal(state)
+    else:
         agreed = state.fallback.agree(state, OK)
         if agreed.kind != OK:
             state.fallback.fall_back(state, agreed, local_reason(state))

@@ -33,7 +33,7 @@ from homagg.api.validation import (
     span,
 )
 from homagg.control.job_record import GaveUp
-from homagg.wire.constants import CELLS_CHOICES
+from homagg.wire.constants import CELLS_CHOICES, agg_udp_length
 from homagg.worker.transport.channel import Channel, UdpChannel
 from homagg.worker.transport.switch_transport import SwitchTransport, TransportConfig
 
@@ -281,7 +281,9 @@ class WorkerAgent:
         cfg, a, sock = self.config, self.assignment, self._sock
         assert a is not None and sock is not None
         self._sock = None  # the channel owns it now
-        channel: Channel = UdpChannel(sock, (a.service_ip, a.udp_port))
+        udp = UdpChannel(sock, (a.service_ip, a.udp_port))
+        udp.hold_results(a.pool_size, agg_udp_length(a.cells_per_packet))
+        channel: Channel = udp
         try:
             tcfg = TransportConfig(
                 job_id=a.job_id,

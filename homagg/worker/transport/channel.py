@@ -27,6 +27,13 @@ from homagg.worker.transport.mmsg import MmsgSocket, mmsg_problem
 log = logging.getLogger(__name__)
 MMSG_BATCH = 256  # datagrams per sendmmsg / recvmmsg call
 SEND_ONLY_ROW_BYTES = 2048  # the receive rows of a channel that has only sent yet
+# The kernel charges a datagram's whole buffer (its `truesize`) to the socket: a 1,100-byte
+# datagram costs ~2,300 bytes, a power of two of data and its sk_buff (measured on
+# loopback), and SO_RCVBUF's value is doubled for that overhead. Asking for the next power
+# of two above the datagram and this much per datagram leaves ~1.8x room.
+SKB_OVERHEAD_BYTES = 320
+MAX_RECEIVE_BUFFER = 64 << 20  # bytes asked at most (a pool of 16k one-KB results)
+SO_RCVBUFFORCE = 33  # Linux (asm-generic/socket.h); Python's socket module does not name it
 
 
 class Channel(Protocol):
@@ -85,6 +92,35 @@ class UdpChannel:
         if not from_peer.all():  # anything from elsewhere is not ours: ignored
             return rows[from_peer], lengths[from_peer]
         return rows, lengths
+
+    def hold_results(self, datagrams: int, datagram_bytes: int) -> int:
+        """Size the socket's receive buffer to hold `datagrams` results of `datagram_bytes`
+        bytes unread (a whole pool: a rank descheduled for 10 ms at 100 Mbit/s meets ~120
+        results, past the system default's ~90, and each loss halves its window); never
+        below what the system gave. SO_RCVBUFFORCE (root) where net.core.rmem_max caps
+        SO_RCVBUF. Returns the buffer the kernel set (bytes, doubled as it reports it)."""
+        per = 1 << max(0, datagram_bytes + SKB_OVERHEAD_BYTES - 1).bit_length()
+        want = min(MAX_RECEIVE_BUFFER, datagrams * per)
+        have = self.sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
+        if have >= 2 * want:
+            return have
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, want)
+        have = self.sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
+        if have < 2 * want:
+            try:  # capped by net.core.rmem_max: root may go past it
+                self.sock.setsockopt(socket.SOL_SOCKET, SO_RCVBUFFORCE, want)
+                have = self.sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
+            except PermissionError:
+                log.warning(
+                    "the UDP receive buffer holds %d bytes, %d wanted for %d results: "
+                    "results may be dropped at the socket (raise net.core.rmem_max to "
+                    "%d, or run as root)",
+                    have,
+                    2 * want,
+                    datagrams,
+                    want,
+                )
+        return have
 
     def send(self, payload: bytes) -> None:
         """Send one datagram; a full socket buffer is waited out briefly, like a wire would
