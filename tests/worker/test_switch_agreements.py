@@ -255,7 +255,7 @@ def test_buckets_in_a_step_are_agreed_by_the_switch_and_the_step_sealed_once(ran
 
 
 def test_the_steps_last_bucket_does_not_wait_on_the_process_group(ranks):
-    _, group, hooks = ranks
+    _, _, hooks = ranks
     gate = threading.Event()  # the steps' seals wait until it is set
     for h in hooks:
         h.gate = gate
