@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Iterator
 
 import pytest
 
@@ -18,13 +19,17 @@ POOL = 1024
 DATAGRAM = agg_udp_length(256)  # a result of 256 cells (the default packet)
 
 
-def loopback_pair() -> tuple[UdpChannel, socket.socket]:
+@pytest.fixture
+def pair() -> Iterator[tuple[UdpChannel, socket.socket]]:
     """A channel bound on loopback, and a socket that plays the switch's service."""
     service = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     service.bind(("127.0.0.1", 0))
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     sock.bind(("127.0.0.1", 0))
-    return UdpChannel(sock, service.getsockname()), service
+    channel = UdpChannel(sock, service.getsockname())
+    yield channel, service
+    channel.close()
+    service.close()
 
 
 def unread_after(channel: UdpChannel, service: socket.socket, count: int) -> int:
@@ -38,35 +43,23 @@ def unread_after(channel: UdpChannel, service: socket.socket, count: int) -> int
     return got
 
 
-def test_a_channel_holds_its_pool_of_results_unread():
-    channel, service = loopback_pair()
-    try:
-        have = channel.hold_results(POOL, DATAGRAM)
-        if have < 2 * POOL * DATAGRAM and os.geteuid() != 0:
-            pytest.skip(f"net.core.rmem_max caps the buffer at {have} bytes and this is not root")
-        assert unread_after(channel, service, POOL) == POOL
-    finally:
-        channel.close()
-        service.close()
+def test_a_channel_holds_its_pool_of_results_unread(pair):
+    channel, service = pair
+    have = channel.hold_results(POOL, DATAGRAM)
+    if have < 2 * POOL * DATAGRAM and os.geteuid() != 0:
+        pytest.skip(f"net.core.rmem_max caps the buffer at {have} bytes and this is not root")
+    assert unread_after(channel, service, POOL) == POOL
 
 
-def test_the_default_buffer_loses_a_pool_so_the_test_can_fail():
-    channel, service = loopback_pair()
-    try:
-        if channel.sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF) >= POOL * 2 * DATAGRAM:
-            pytest.skip("this system's default receive buffer already holds a pool")
-        assert unread_after(channel, service, POOL) < POOL
-    finally:
-        channel.close()
-        service.close()
+def test_the_default_buffer_loses_a_pool_so_the_test_can_fail(pair):
+    channel, service = pair
+    if channel.sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF) >= POOL * 2 * DATAGRAM:
+        pytest.skip("this system's default receive buffer already holds a pool")
+    assert unread_after(channel, service, POOL) < POOL
 
 
-def test_holding_never_shrinks_a_larger_buffer():
-    channel, service = loopback_pair()
-    try:
-        channel.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
-        before = channel.sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
-        assert channel.hold_results(4, DATAGRAM) == before
-    finally:
-        channel.close()
-        service.close()
+def test_holding_never_shrinks_a_larger_buffer(pair):
+    channel, _ = pair
+    channel.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
+    before = channel.sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
+    assert channel.hold_results(4, DATAGRAM) == before
