@@ -26,6 +26,7 @@ import numpy as np
 
 from bench.agreement import (
     POOL_SIZE,
+    gloo_hook_class,
     gloo_max,
     ncf_steps,
     open_agents,
@@ -79,25 +80,10 @@ def gloo_call(pg, cells: np.ndarray) -> None:
 def auto_hooks(agents: list, groups: list, through_switch: bool) -> list:
     """Every rank's codec="auto" hook state, held on the exact switch codec (lossless),
     agreeing over its gloo group; its decision through the switch or not."""
-    import torch
-    import torch.distributed as dist
-
-    from homagg.worker.ddp.hook import SwitchHookState
-
-    class Hook(SwitchHookState):
-        pg: object = None  # the rank's gloo process group
-
-        def reduce_max(self, t: torch.Tensor) -> None:
-            gloo_max(self.pg, t)
-
-        def reduce_max_async(self, t: torch.Tensor) -> dist.Work:
-            opts = dist.AllreduceOptions()
-            opts.reduceOp = dist.ReduceOp(dist.ReduceOp.MAX)
-            return self.pg.allreduce([t], opts)  # type: ignore[attr-defined]
-
+    hook = gloo_hook_class()
     hooks = []
     for r, (a, g) in enumerate(zip(agents, groups, strict=True)):
-        h = Hook(
+        h = hook(
             a,
             "auto",
             world_size=len(agents),

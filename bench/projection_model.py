@@ -161,9 +161,22 @@ def union_fraction(density: float, workers: int) -> float:
     return 1.0 - (1.0 - density) ** workers
 
 
-def phase_cells(codec: str, elements: int, density: float, workers: int) -> list[int]:
-    """Cells each worker sends per phase of one step (closed forms of the codecs' phases:
-    homagg/worker/codecs/fixed_point.py and lossless.py)."""
+VERDICT_CELLS = 1  # the hook's verdict packet after a bucket's phases (SwitchVerdict)
+
+
+def phase_cells(
+    codec: str, elements: int, density: float, workers: int, verdict: bool = True
+) -> list[int]:
+    """Cells each worker sends per phase of one step: the codec's phases (closed forms of
+    homagg/worker/codecs/fixed_point.py and lossless.py), then, in training (`verdict`),
+    the DDP hook's verdict packet (homagg/worker/ddp/agreement.py: one cell a bucket; the
+    aggregation benchmark's transports send none)."""
+    phases = codec_phase_cells(codec, elements, density, workers)
+    return [*phases, VERDICT_CELLS] if phases and verdict else phases
+
+
+def codec_phase_cells(codec: str, elements: int, density: float, workers: int) -> list[int]:
+    """Cells each worker sends per phase of the codec (none for an empty gradient)."""
     n = elements
     if n == 0:
         return []
@@ -232,11 +245,13 @@ def busiest_switch_absorbs(cluster: Cluster) -> int:
     return max(level.absorbs for level in switch_levels(cluster))
 
 
-def switch_step(cluster: Cluster, costs: Costs, codec: str) -> Projection:
+def switch_step(cluster: Cluster, costs: Costs, codec: str, verdict: bool = True) -> Projection:
     """One step through the switch with `codec`: steady-state packets at the slowest
-    per-packet cost, plus one round trip per phase and per extra switch level."""
+    per-packet cost, plus one round trip per phase and per extra switch level (`verdict`:
+    a training step's, with the hook's verdict packet; phase_cells)."""
     c, w = cluster, cluster.workers
-    per_phase = packets(phase_cells(codec, c.elements, c.density, w), c.cells_per_packet)
+    cells = phase_cells(codec, c.elements, c.density, w, verdict)
+    per_phase = packets(cells, c.cells_per_packet)
     total = sum(per_phase)
     frame = frame_bytes(c.cells_per_packet)
     rtt = costs.rtt_s * c.levels / c.share  # the tree adds one switch round trip per level

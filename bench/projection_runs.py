@@ -11,8 +11,10 @@ process, against the transport's time per step (encode + wait + decode, mean ove
 ranks). gloo: the ring and the software switch's forwarding of its frames and ACKs (at the
 calibrated cost of each frame's size: bench/forwarding_cost.py) against the gloo run's step
 time less the step's computation, which the switch run measures as its step time less its
-switch and agreement time (both runs compute the same batches). The step's agreement: a
-small all_reduce through the switch against the switch run's agreement time."""
+switch and agreement time (both runs compute the same batches). The step's agreement: its
+seal, a small all_reduce through the switch started after the step's last bucket, of which
+the step pays what the next step's computation does not cover, against the switch run's
+agreement time."""
 
 from __future__ import annotations
 
@@ -300,8 +302,8 @@ def agreement(
     info: RunInfo,
     latency_share: float = 1.0,
 ) -> float:
-    """The step's last agreement (the bucket's, over gloo): a small all_reduce, 2(W-1)
-    ring steps. On loopback a step is alpha: gloo's TCP pairs send a message only once
+    """The step's seal over gloo (homagg/worker/ddp/fallback.py): a small all_reduce,
+    2(W-1) ring steps. On loopback a step is alpha: gloo's TCP pairs send a message only once
     its receiver has announced the receive (NOTIFY_RECV_READY), two hand-offs a step. In
     Mininet both messages also cross the switches on the step's slowest hop, each an idle
     switch's crossing latency (bench/forwarding_cost.py), and the busiest switch forwards
@@ -314,6 +316,13 @@ def agreement(
     frames = busiest_hops(info) * GLOO_FRAMES_A_HOP * frame_cost(record, target, ACK_FRAME_BYTES)
     step = costs.alpha_s + crossing + frames / costs.switch_threads
     return (costs.call_s + 2 * (w - 1) * step) / latency_share
+
+
+def exposed_seal(seal_s: float, compute_s: float) -> float:
+    """What a step pays of its seal: it starts after the step's last bucket and is read
+    before the next step's first, so the next step's computation (the optimizer, forward
+    and backward up to that bucket: all of it with one bucket) covers that much of it."""
+    return max(0.0, seal_s - compute_s)
 
 
 def run_cluster(run: MeasuredRun, switch_pps: float, cores: float, phase: str) -> Cluster:
@@ -386,9 +395,10 @@ def row(run: MeasuredRun, record: dict[str, Any], switch_pps: float, cores: floa
         "encode_s": s["encode_seconds"],
         "wait_s": s["wait_seconds"],
         "decode_s": s["decode_seconds"],
-        "agreement_predicted_s": agreement(
-            cluster, costs, record, run.info, latency_share(run, cores, "switch")
+        "seal_s": (
+            seal := agreement(cluster, costs, record, run.info, latency_share(run, cores, "switch"))
         ),
+        "agreement_predicted_s": exposed_seal(seal, s["compute_seconds"]),
         "agreement_measured_s": s["agreement_seconds"],
         "agreement_limit": "latency",
         "compute_s": s["compute_seconds"],
@@ -460,7 +470,8 @@ def report(rows_: list[dict]) -> list[str]:
         "machine's load left it (cores / ready scheduling groups, sampled during the phase: "
         "bench/run_load.py). Switch measured: the transport's encode + wait + decode (mean over "
         "the ranks); gloo measured: the gloo run's step less the switch run's computation; "
-        "agreement: the step's last (over gloo), measured by the switch run.",
+        "agreement: the part of the step's seal (over gloo, started after its last bucket) "
+        "that the next step's computation does not cover, measured by the switch run.",
         "",
         "| run | target | W | levels | method | ready threads / groups | share | predicted ms | "
         "measured ms | error | bound by |",

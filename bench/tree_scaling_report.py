@@ -99,7 +99,7 @@ def predicted(
     cluster = this_machine(lay.workers, n, switch_pps, cores, lay.levels, per_leaf)
     if lay.kind == "gloo":
         return ring_step(cluster, costs).seconds
-    return switch_step(cluster, costs, "fixed_point").seconds
+    return switch_step(cluster, costs, "fixed_point", verdict=False).seconds
 
 
 def _find(measured: dict[Layout, dict[str, Any]], w: int, kind: str) -> dict[str, Any] | None:

@@ -52,7 +52,8 @@ def test_switch_dense_is_packets_at_the_link_plus_a_round_trip_a_phase() -> None
     costs = Costs(rtt_s=1e-5)
     got = switch_step(Cluster(workers=8, link_gbps=GBPS_8, elements=N), costs, "fixed_point")
     packets = math.ceil(math.ceil(N / 16384) / CELLS_PER_PKT) + math.ceil((N + 1) / CELLS_PER_PKT)
-    assert got.seconds == pytest.approx(packets * frame_bytes(CELLS_PER_PKT) / 1e9 + 2 * 1e-5)
+    packets += 1  # the hook's verdict: a third phase of one packet
+    assert got.seconds == pytest.approx(packets * frame_bytes(CELLS_PER_PKT) / 1e9 + 3 * 1e-5)
     assert got.limit == "link"
 
 
@@ -76,7 +77,8 @@ def test_one_worker_has_nothing_to_reduce() -> None:
 
 
 def test_density_zero_sends_only_the_first_lossless_phase() -> None:
-    assert len(phase_cells("lossless", N, 0.0, 4)) == 1
+    assert len(phase_cells("lossless", N, 0.0, 4, verdict=False)) == 1
+    assert phase_cells("lossless", N, 0.0, 4)[-1] == 1  # and the hook's verdict packet
     cluster = Cluster(workers=4, link_gbps=100, elements=N, density=0.0)
     assert best_switch_step(cluster, Costs()).method == "switch, lossless"
 
@@ -108,7 +110,7 @@ def test_lossless_cells_match_the_codec() -> None:
             sent = [g.send(result) for g in gens]
         except StopIteration:
             break
-    model = phase_cells("lossless", n, d, w)
+    model = phase_cells("lossless", n, d, w, verdict=False)
     assert len(model) == len(cells)
     assert np.asarray(model) == pytest.approx(np.asarray(cells), rel=0.03)
 
@@ -126,7 +128,7 @@ def test_tree_adds_one_round_trip_per_level() -> None:
     costs = Costs(rtt_s=1e-4)
     flat = switch_step(Cluster(workers=32, link_gbps=100, elements=N), costs, "fixed_point")
     tree = switch_step(Cluster(workers=33, link_gbps=100, elements=N), costs, "fixed_point")
-    assert tree.seconds - flat.seconds == pytest.approx(2 * 1e-4)  # two phases
+    assert tree.seconds - flat.seconds == pytest.approx(3 * 1e-4)  # two phases and the verdict
     with pytest.raises(ModelError, match="switch level"):
         Cluster(workers=33, link_gbps=100, elements=N, depth=1)
 
@@ -135,7 +137,7 @@ def test_shared_cores_make_cpu_the_bound() -> None:
     costs = Costs(worker_packet_s=1e-5, worker_cpu_s=1e-5, switch_cpu_s=1e-5)
     got = switch_step(Cluster(workers=4, link_gbps=100, elements=N, cores=2), costs, "fixed_point")
     assert got.limit == "cpu"
-    assert got.cpu_seconds == pytest.approx(4 * 4098 * 2e-5)
+    assert got.cpu_seconds == pytest.approx(4 * 4099 * 2e-5)  # 4,098 packets and the verdict
 
 
 @pytest.mark.parametrize("link", [0.0, -1.0, math.nan])
@@ -218,7 +220,7 @@ def test_a_trees_packet_rate_and_cpu_bounds_count_the_same_switch(
     assert (by_rate.limit, by_cpu.limit) == ("switch", "switch process")
     assert by_rate.seconds == pytest.approx(by_cpu.seconds)
     busiest = busiest_switch_absorbs(shared)
-    assert by_rate.seconds == pytest.approx(busiest * 4098 * 1e-4 + 2 * 2 * 10e-6)
+    assert by_rate.seconds == pytest.approx(busiest * 4099 * 1e-4 + 3 * 2 * 10e-6)
 
 
 def test_a_top_switch_beyond_32_members_is_refused() -> None:

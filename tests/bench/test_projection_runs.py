@@ -32,7 +32,7 @@ def _step(i: int, switch: bool) -> dict:
             "encode_seconds": 0.001,
             "wait_seconds": 0.248,
             "decode_seconds": 0.001,
-            "switch_packets": 2 * 4 * 334,
+            "switch_packets": 2 * 4 * 335,  # the codec's 334 and the verdict
             "retransmissions": 1,
         }
     return rec
@@ -88,10 +88,10 @@ def test_row_puts_the_model_beside_the_run(tmp_path: Path) -> None:
     assert run.info.pool_size == 16 and run.info.levels == 1
     assert run.load == {"switch": None, "gloo": None}  # not sampled: a share of 1
     r = pr.row(run, RECORD, 0.0, 2.0)
-    assert r["packets_predicted"] == 334 and r["packets_measured"] == 334
-    # the reference switch's process: W contributions a packet at 50 us, and 2 round trips
+    assert r["packets_predicted"] == 335 and r["packets_measured"] == 335
+    # the reference switch's process: W contributions a packet at 50 us, and 3 round trips
     assert r["switch_limit"] == "switch"  # its packet rate: one core a contribution
-    assert r["switch_predicted_s"] == pytest.approx(4 * 334 * 50e-6 + 2 * 200e-6)
+    assert r["switch_predicted_s"] == pytest.approx(4 * 335 * 50e-6 + 3 * 200e-6)
     assert r["switch_measured_s"] == 0.25
     assert r["gloo_measured_s"] == pytest.approx(0.13 - (0.3 - 0.25 - 0.02))
     # gloo's ring: 2(W-1)/W of 340 kB a rank, its frames and ACKs through the switch, each
@@ -108,7 +108,10 @@ def test_row_puts_the_model_beside_the_run(tmp_path: Path) -> None:
     # announcement, then the data) cross the idle switch (its calibrated latency), and
     # whose 4 hops' frames (two messages and their ACKs, 66 bytes each) it forwards in turn
     step = 50e-6 + 2 * 30e-6 + 4 * 4 * 10.02e-6
-    assert r["agreement_predicted_s"] == pytest.approx(100e-6 + 6 * step)
+    assert r["seal_s"] == pytest.approx(100e-6 + 6 * step)
+    # started after the step's last bucket: the next step's 30 ms of compute cover it
+    assert r["agreement_predicted_s"] == 0.0
+    assert pr.exposed_seal(0.05, 0.03) == pytest.approx(0.02)
     assert r["agreement_measured_s"] == 0.02
     assert r["contribution_model_s"] == pytest.approx(50e-6)
     lines = pr.report([r])
@@ -160,7 +163,7 @@ def test_a_chain_of_hand_offs_gets_the_share_the_other_load_leaves(tmp_path: Pat
     (tmp_path / "q").mkdir()
     quiet = pr.row(pr.load_run(_run_dir(tmp_path / "q")), RECORD, 0.0, 2.0)
     r = pr.row(run, RECORD, 0.0, 2.0)
-    assert r["agreement_predicted_s"] == pytest.approx(quiet["agreement_predicted_s"])
+    assert r["seal_s"] == pytest.approx(quiet["seal_s"])
     assert r["switch_predicted_s"] > 2.5 * quiet["switch_predicted_s"]
 
 
@@ -197,14 +200,14 @@ def test_a_tree_crosses_more_switches_and_its_leaves_share_the_work(tmp_path: Pa
     # the switches absorb 8 contributions, 2 partials at the top, 2 results at the leaves
     # a slot (a leaf 4 + 1 of them); with the 8 ranks' CPU, on 2 cores: the CPU bounds it
     assert r["switch_limit"] == "cpu"
-    cpu = (8 * 334 * 30e-6 + 12 * 334 * 50e-6) / 2
-    assert r["switch_predicted_s"] == pytest.approx(cpu + 2 * 2 * 200e-6)
+    cpu = (8 * 335 * 30e-6 + 12 * 335 * 50e-6) / 2
+    assert r["switch_predicted_s"] == pytest.approx(cpu + 3 * 2 * 200e-6)
     # every step of the ring has a hop from one leaf to another: three switches to cross
     assert pr.path_crossings(star) == 1 and pr.path_crossings(run.info) == 3
     # and the busiest leaf forwards its 4 ranks' hops and the one entering it
     assert pr.busiest_hops(star) == 8 and pr.busiest_hops(run.info) == 5
     step = 50e-6 + 2 * 3 * 30e-6 + 5 * 4 * 10.02e-6
-    assert r["agreement_predicted_s"] == pytest.approx(100e-6 + 14 * step)
+    assert r["seal_s"] == pytest.approx(100e-6 + 14 * step)
 
 
 def test_runs_the_model_does_not_describe_are_refused(tmp_path: Path) -> None:

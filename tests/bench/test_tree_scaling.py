@@ -129,7 +129,7 @@ def test_prediction_adds_one_round_trip_per_level() -> None:
     tree = predicted(Layout(8, "tree", 2), N, costs, 0.0, 0.0)
     assert flat is not None and tree is not None
     # the same packets; each phase waits one round trip more, the parent's
-    phases = len(phase_cells("fixed_point", N, 1.0, 8))
+    phases = len(phase_cells("fixed_point", N, 1.0, 8, verdict=False))  # no hook
     assert tree - flat == pytest.approx(phases * costs.rtt_s)
     assert predicted(Layout(8, "flat"), N, None, 0.0, 0.0) is None
     assert predicted(Layout(8, "gloo"), N, costs, 0.0, 0.0) is not None

@@ -45,6 +45,7 @@ def _rank(rank: int, port: int, out: str) -> None:
     try:
         for mode, model in RUNS:
             _train_one(rank, mode, model, Path(out) / f"{mode}-{model}.pt")
+        dist.barrier()  # as run/train.py: no rank tears gloo down while its peer still talks
     finally:
         # DDP and its hooks' states sit in reference cycles that hold the world group: freed
         # here, destroy_process_group is the group's last reference and gloo's threads stop
