@@ -156,6 +156,13 @@ class SwitchHookState:
         """The agreed path for the next bucket (agreeing first when it is not known)."""
         return self.fallback.use_switch(self)
 
+    @property
+    def seal_later(self) -> bool:
+        """Whether the step's seal is started at its end and read before the next bucket
+        (its last bucket then agreed by a verdict packet): not where codec="auto"'s
+        decision rides on it, whose repair must come before anything else is issued."""
+        return self.controller is None
+
     # -- asynchronous mode -------------------------------------------------------------
 
     def start_comm(self) -> CommThread:

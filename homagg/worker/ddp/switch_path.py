@@ -105,7 +105,7 @@ def agreed_sum(
     verdict packet through the switch (when the state agrees through the switch); the
     step's `last` one, where codec="auto"'s decision rides on the seal, through the process
     group, which seals the step (elsewhere the step's end starts the seal: `seal_step`)."""
-    verdict = state.switch_agreements and (not last or state.controller is None)
+    verdict = state.switch_agreements and (not last or state.seal_later)
     rnd = SwitchRound() if verdict else None
     out, failure, reason = _through_switch(state, index, payload, length, rnd)
     fallback = state.fallback
@@ -139,7 +139,7 @@ def seal_step(state: SwitchHookState) -> None:
     where codec="auto"'s decision rides on it (its repair comes first), awaited here."""
     if not state.fallback.unsealed:
         return
-    if state.controller is None:
+    if state.seal_later:
         state.fallback.start_seal(state)
     else:
         agreed = state.fallback.agree(state, OK)
