@@ -297,40 +297,49 @@ def test_sparse_bucket_falls_back_to_gloo_sparse():
     torch.testing.assert_close(out.to_dense(), g.to_dense())
 
 
+class SparseNet(torch.nn.Module):
+    """nn.Embedding(sparse=True), nn.EmbeddingBag(sparse=True) and a dense layer: DDP gives
+    it three buckets, two of them sparse."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.emb = torch.nn.Embedding(300, 6, sparse=True)
+        self.bag = torch.nn.EmbeddingBag(200, 6, sparse=True, mode="sum")
+        self.out = torch.nn.Linear(6, 1)
+
+    def forward(self, ids: torch.Tensor, bag: torch.Tensor) -> torch.Tensor:
+        return self.out(self.emb(ids) + self.bag(bag))
+
+
+def train_sparse_net(state: SwitchHookState | None, steps: int = 3) -> list[torch.Tensor]:
+    """SparseNet's parameters after `steps` SGD steps under DDP (through DDP's forward, so
+    that its reducer calls the hook), with the hook of `state`, or over gloo."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    m = SparseNet()
+    ddp = DDP(m)
+    if state is not None:
+        ddp.register_comm_hook(state, switch_allreduce_hook)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    for step in range(steps):
+        g = torch.Generator().manual_seed(step)
+        ids = torch.randint(0, 300, (16,), generator=g)
+        bag = torch.randint(0, 200, (16, 3), generator=g)
+        opt.zero_grad()
+        ddp(ids, bag).sum().backward()
+        opt.step()
+    return [p.detach().clone() for p in m.parameters()]
+
+
 def test_ddp_with_sparse_embeddings_matches_gloo():
     """A real DDP model with nn.Embedding(sparse=True) and nn.EmbeddingBag(sparse=True): the
     hook's parameters after three SGD steps equal those of DDP over gloo."""
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
-    def model() -> torch.nn.Module:
-        torch.manual_seed(0)
-        return torch.nn.ModuleDict(
-            {
-                "emb": torch.nn.Embedding(300, 6, sparse=True),
-                "bag": torch.nn.EmbeddingBag(200, 6, sparse=True, mode="sum"),
-                "out": torch.nn.Linear(6, 1),
-            }
-        )
-
-    def train(hooked: bool) -> list[torch.Tensor]:
-        m = model()
-        ddp = DDP(m)
-        if hooked:
-            ddp.register_comm_hook(
-                SwitchHookState(FakeAgent(), world_size=1), switch_allreduce_hook
-            )
-        opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
-        for step in range(3):
-            g = torch.Generator().manual_seed(step)
-            ids, bag = torch.randint(0, 300, (16,), generator=g), torch.randint(0, 200, (16, 3))
-            y = ddp.module["out"](ddp.module["emb"](ids) + ddp.module["bag"](bag)).sum()
-            opt.zero_grad()
-            y.backward()
-            opt.step()
-        return [p.detach().clone() for p in m.parameters()]
-
-    for a, b in zip(train(True), train(False), strict=True):
+    agent = FakeAgent()
+    state = SwitchHookState(agent, world_size=1, coalesce_cells=0)
+    for a, b in zip(train_sparse_net(state), train_sparse_net(None), strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    assert state.stats.switch_buckets == 9 and agent.transport.runs == 9  # DDP used the hook
 
 
 class GatedTransport(FakeTransport):

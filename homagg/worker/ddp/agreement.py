@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Generator
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -56,13 +56,16 @@ class SwitchVerdict(NamedTuple):
 
 @dataclass
 class SwitchRound:
-    """One bucket's phases followed by its verdict packet, in one transport run: what the
-    rank learnt (`summed`: its phases succeeded; `verdict`: the switch answered it)."""
+    """One round's phases (a bucket's, or several buckets' coalesced) followed by its verdict
+    packet, in one transport run: what the rank learnt (`summed`: what its phases returned,
+    once they succeeded; `verdict`: the switch answered it)."""
 
-    summed: np.ndarray | None = None
+    summed: Any = None
     verdict: SwitchVerdict | None = None
 
-    def phases(self, inner: Phases, health: Callable[[], int]) -> Phases:
+    def phases(
+        self, inner: Generator[Phase, np.ndarray, Any], health: Callable[[], int]
+    ) -> Generator[Phase, np.ndarray, Any]:
         """`inner`'s phases, then the verdict (this rank's health once they succeeded)."""
         out = yield from inner
         self.summed = out

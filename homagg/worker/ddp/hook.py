@@ -31,11 +31,12 @@ from homagg.worker.ddp import fallback
 from homagg.worker.ddp.agreement import SwitchDecision
 from homagg.worker.ddp.async_hook import asynchronous_hook
 from homagg.worker.ddp.auto_agreement import PendingDecision, start_decision
+from homagg.worker.ddp.blocking_hook import COALESCE_CELLS, HeldBucket, blocking_hook
 from homagg.worker.ddp.codec_cache import CodecCache
 from homagg.worker.ddp.comm_thread import CommThread
 from homagg.worker.ddp.fallback import FallbackAgreement
 from homagg.worker.ddp.stats import HookStats
-from homagg.worker.ddp.switch_path import seal_step, switch_or_none
+from homagg.worker.ddp.switch_path import seal_step
 from homagg.worker.job.agent import WorkerAgent
 
 log = logging.getLogger(__name__)
@@ -54,6 +55,7 @@ _UNPICKLED = (
     "_agreeing",
     "metrics",
     "unsealed_decision",
+    "held",
 )
 
 
@@ -79,6 +81,7 @@ class SwitchHookState:
         lane_ops: bool = False,
         switch_agreements: bool = True,
         switch_decisions: bool = True,
+        coalesce_cells: int = COALESCE_CELLS,
     ) -> None:
         check_codec(codec, also=(AUTO_CODEC,))
         self.agent = agent
@@ -115,6 +118,10 @@ class SwitchHookState:
         self._agreeing: deque[PendingDecision] = deque()
         self.unsealed_decision: SwitchDecision | None = None
         self._released = False  # this step's end let the next step's choices be read
+        # the blocking hook: buckets held for one switch round with later ones, up to this
+        # many dense cells a round (blocking_hook.py; 0: every bucket alone)
+        self.coalesce_cells = coalesce_cells
+        self.held: list[HeldBucket] = []
 
     def attach(self, agent: WorkerAgent) -> None:
         """Use this agent from the next agreement on (e.g. after unpickling)."""
@@ -131,7 +138,7 @@ class SwitchHookState:
         self.__dict__.update(state)
         self.agent, self.process_group = None, None
         self.group, self.comm, self._agreeing, self.metrics = None, None, deque(), None
-        self.unsealed_decision = None
+        self.unsealed_decision, self.held = None, []
         self.auto_host = AutoHostPath(self.controller) if self.controller is not None else None
         self.unavailable_reason = "state was unpickled without its agent"
         self.fallback.use = None
@@ -309,26 +316,6 @@ class SwitchHookState:
         if pending.work is not None:
             self.stats.agreed(start)
         return self.controller.decide(pending.indices, vector, pending.taken)
-
-
-def blocking_hook(
-    state: SwitchHookState, bucket: dist.GradBucket
-) -> torch.futures.Future[torch.Tensor]:
-    """DDP comm hook: the bucket's gradients summed through the switch inside the hook (or,
-    agreed by every rank, by the process group's all_reduce) and divided by the world size."""
-    buf = bucket.buffer()
-    last = bucket.is_last()
-    result = switch_or_none(state, bucket.index(), buf, last) if state.use_switch() else None
-    if last:
-        state.end_step()
-    if result is not None:
-        fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
-        fut.set_result(result.div_(state.world_size))
-        return fut
-    state.stats.fallback_buckets += 1
-    work = dist.all_reduce(buf, group=state.process_group, async_op=True)
-    world_size = state.world_size
-    return work.get_future().then(lambda fut: fut.value()[0].div_(world_size))
 
 
 def switch_allreduce_hook(

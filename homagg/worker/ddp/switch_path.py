@@ -5,11 +5,12 @@ by either path (`aggregate_bucket`: the communication thread's job, and DeAR's).
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -17,6 +18,7 @@ import torch
 from homagg.worker.auto.control import HOST, Choice
 from homagg.worker.auto.host_path import nonzero_share
 from homagg.worker.codecs import Codec, CodecError, GradInput, Phase
+from homagg.worker.codecs.coalesce import coalesced_phases
 from homagg.worker.ddp import sparse_bucket
 from homagg.worker.ddp.agreement import SwitchRound
 from homagg.worker.ddp.fallback import (
@@ -37,6 +39,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 Phases = Generator[Phase, np.ndarray, np.ndarray]
+RoundPhases = Generator[Phase, np.ndarray, list[np.ndarray]]
 
 
 @dataclass(frozen=True)
@@ -64,25 +67,48 @@ class RawPhases:
 Payload = Gradient | Via | RawPhases
 
 
-def _phases(state: SwitchHookState, index: int, length: int, payload: Payload) -> Phases:
-    """The phases the transport runs for `payload` (bucket `index`'s codec unless raw)."""
+@dataclass(frozen=True)
+class Part:
+    """One bucket of a switch round: bucket `index`'s `payload`, `length` dense cells."""
+
+    index: int
+    payload: Payload
+    length: int
+
+
+def _phases(state: SwitchHookState, part: Part) -> Phases:
+    """The phases the transport runs for one part (its bucket's codec unless raw)."""
+    payload = part.payload
     if isinstance(payload, RawPhases):
         return payload.phases
-    codec = state.codec_for(index, length)
+    codec = state.codec_for(part.index, part.length)
     return payload.drive(codec) if isinstance(payload, Via) else codec.aggregate(payload.grad)
 
 
+def _round_phases(state: SwitchHookState, parts: Sequence[Part]) -> RoundPhases:
+    """The round's phases: one part's as they are, several coalesced (codecs/coalesce.py); either
+    way returning the list of the parts' sums."""
+    if len(parts) == 1:
+        return _listed(_phases(state, parts[0]))
+    return coalesced_phases([_phases(state, part) for part in parts])
+
+
+def _listed(inner: Phases) -> RoundPhases:
+    """`inner`'s phases, its sum returned as a list of one."""
+    return [(yield from inner)]
+
+
 def _through_switch(
-    state: SwitchHookState, index: int, payload: Payload, length: int, rnd: SwitchRound | None
-) -> tuple[np.ndarray | None, int, str]:
-    """(decoded sum, OK, "") or (None, failure kind, reason) for one bucket on this rank;
-    with `rnd`, the bucket's phases are followed by its verdict packet (what the rank
-    learnt is in `rnd`, whatever failed)."""
+    state: SwitchHookState, parts: Sequence[Part], rnd: SwitchRound | None
+) -> tuple[list[np.ndarray] | None, int, str]:
+    """(the parts' decoded sums, OK, "") or (None, failure kind, reason) for one round on
+    this rank; with `rnd`, the round's phases are followed by its verdict packet (what the
+    rank learnt is in `rnd`, whatever failed)."""
     agent = state.agent
     if agent is None or agent.transport is None or not agent.healthy:
         return None, UNHEALTHY, local_reason(state)
     transport = agent.transport
-    phases = _phases(state, index, length, payload)
+    phases: Generator[Phase, np.ndarray, Any] = _round_phases(state, parts)
     if rnd is not None:
         phases = rnd.phases(phases, lambda: local_health(state.agent))
     with state.stats.switch_run(transport):
@@ -101,18 +127,27 @@ def agreed_sum(
     state: SwitchHookState, index: int, payload: Payload, length: int, last: bool = True
 ) -> np.ndarray | None:
     """The switch's sum of `payload` (`length` dense cells; bucket `index`'s codec) when
-    every rank's succeeded, else None after the agreed fall-back. A bucket is agreed by a
-    verdict packet through the switch (when the state agrees through the switch); the
-    step's `last` one, where codec="auto"'s decision rides on the seal, through the process
+    every rank's succeeded, else None after the agreed fall-back (see agreed_sums)."""
+    sums = agreed_sums(state, [Part(index, payload, length)], last)
+    return None if sums is None else sums[0]
+
+
+def agreed_sums(
+    state: SwitchHookState, parts: Sequence[Part], last: bool = True
+) -> list[np.ndarray] | None:
+    """The switch's sums of the parts, in one round (their phases coalesced), when every rank's
+    round succeeded, else None after the agreed fall-back. A round is agreed by a verdict
+    packet through the switch (when the state agrees through the switch); the step's
+    `last` one, where codec="auto"'s decision rides on the seal, through the process
     group, which seals the step (elsewhere the step's end starts the seal: `seal_step`)."""
     verdict = state.switch_agreements and (not last or state.seal_later)
     rnd = SwitchRound() if verdict else None
-    out, failure, reason = _through_switch(state, index, payload, length, rnd)
+    out, failure, reason = _through_switch(state, parts, rnd)
     fallback = state.fallback
     if rnd is not None and rnd.verdict is not None:  # decided by the switch
         fallback.decided_by_switch()
         state.stats.switch_agreements += 1
-        _count_switch_bucket(state, length)
+        _count_switch_buckets(state, parts)
         if rnd.verdict.health != OK:  # kept; the next bucket falls back, sealed on gloo
             fallback.fall_back(state, fallback.agree(state, OK, rnd.verdict.health), "")
         return out
@@ -126,7 +161,7 @@ def agreed_sum(
         fallback.fall_back(state, agreed, reason)
         return None
     assert out is not None
-    _count_switch_bucket(state, length)
+    _count_switch_buckets(state, parts)
     if agreed.kind != OK:  # this result is good; the next bucket takes the fallback
         fallback.fall_back(state, agreed, reason or local_reason(state))
     return out
@@ -147,24 +182,40 @@ def seal_step(state: SwitchHookState) -> None:
             state.fallback.fall_back(state, agreed, local_reason(state))
 
 
-def _count_switch_bucket(state: SwitchHookState, length: int) -> None:
-    """One bucket summed by the switch: `length` float32 cells."""
-    state.stats.switch_buckets += 1
-    state.stats.dense_bytes += length * 4
+def _count_switch_buckets(state: SwitchHookState, parts: Sequence[Part]) -> None:
+    """The round's buckets summed by the switch (each `length` float32 cells)."""
+    state.stats.switch_buckets += len(parts)
+    state.stats.dense_bytes += sum(part.length for part in parts) * 4
 
 
 def switch_or_none(
     state: SwitchHookState, index: int, buf: torch.Tensor, last: bool = True
 ) -> torch.Tensor | None:
     """The bucket summed by the switch into `buf`, or None when the ranks agreed to fall
-    back (agreed on every rank either way; `last`: the step's last bucket, see agreed_sum)."""
-    if buf.is_sparse:  # a sparse parameter's bucket: its rows, never densified
-        sparse = sparse_bucket.SparseBucket(buf)
-        summed = agreed_sum(state, index, Via(sparse.phases), buf.numel(), last)
-        return None if summed is None else sparse.result(summed)
-    grad = buf.detach().reshape(-1).to("cpu", torch.float32).numpy()
-    out = agreed_sum(state, index, Gradient(grad), grad.size, last)
-    return None if out is None else _into_bucket(buf, out)
+    back (agreed on every rank either way; `last`: the step's last bucket, see agreed_sums)."""
+    sums = switch_sums(state, [(index, buf)], last)
+    return None if sums is None else sums[0]
+
+
+def switch_sums(
+    state: SwitchHookState, buckets: Sequence[tuple[int, torch.Tensor]], last: bool = True
+) -> list[torch.Tensor] | None:
+    """The buckets (index, buffer) summed by the switch in one round, each into its own
+    buffer (a sparse one as COO), or None when the ranks agreed that all of them fall back
+    (agreed on every rank either way; `last`: the round holds the step's last bucket)."""
+    parts: list[Part] = []
+    finish: list[Callable[[np.ndarray], torch.Tensor]] = []
+    for index, buf in buckets:
+        if buf.is_sparse:  # a sparse parameter's bucket: its rows, never densified
+            sparse = sparse_bucket.SparseBucket(buf)
+            parts.append(Part(index, Via(sparse.phases), buf.numel()))
+            finish.append(sparse.result)
+        else:
+            grad = buf.detach().reshape(-1).to("cpu", torch.float32).numpy()
+            parts.append(Part(index, Gradient(grad), grad.size))
+            finish.append(functools.partial(_into_bucket, buf))
+    sums = agreed_sums(state, parts, last)
+    return None if sums is None else [f(summed) for f, summed in zip(finish, sums)]
 
 
 def _into_bucket(buf: torch.Tensor, out: np.ndarray) -> torch.Tensor:

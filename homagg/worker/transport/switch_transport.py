@@ -36,6 +36,7 @@ import errno
 import time
 from collections.abc import Generator
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import numpy as np
 
@@ -68,6 +69,8 @@ from homagg.worker.transport.flight import MAX_DRAIN, Flight
 from homagg.worker.transport.io_path import BATCHED, resolve_io_path
 from homagg.worker.transport.retransmission_timer import RetransmissionTimer
 from homagg.worker.transport.straggler_wait import PeersProblem, StragglerWait, Tell, Told
+
+Returned = TypeVar("Returned")  # what a phase generator returns (a sum, a list of sums)
 
 
 class TransportError(RuntimeError):
@@ -226,7 +229,7 @@ class SwitchTransport:
         self.stats.chunks += count
         return out[:n]
 
-    def run(self, gen: Generator[Phase, np.ndarray, np.ndarray]) -> np.ndarray:
+    def run(self, gen: Generator[Phase, np.ndarray, Returned]) -> Returned:
         """Drive a codec's phase generator through the switch; returns what it returns."""
         stats, mark = self.stats, time.perf_counter()
         try:
