@@ -1,6 +1,7 @@
 """The hook's agreement, measured both ways side by side: a verdict packet through the switch
 (one MAX cell per rank, what a bucket within a step costs now) against the process group's
-MAX all_reduce of the `GlooVerdict` (what every bucket cost before, and what seals a step).
+MAX of the `GlooVerdict` (what every bucket cost before, and what seals a step; one
+all_gather, as the hook agrees: homagg/worker/ddp/gathered_max.py).
 
 W ranks as threads of this process, each with its agent (its UDP socket in its host's
 namespace, through the target's switch) and its own gloo process group over loopback (the
@@ -9,9 +10,10 @@ starts each agreement together (a thread barrier) and times its own call. Prints
 p99 of those times per way and target. Then whole NCF steps through the same switch and
 groups (make run's NCF's three buckets, lossless, each with its verdict, the step sealed
 after), "before" (the exponents in a MAX phase, every bucket agreed over gloo) against
-"now", alternating round by round. Writes bench/results/agreement.md. Beside it, counted
-in this process: the round trips and process-group agreements of such a step, before and
-now.
+"now" and "one round" (the three buckets in one round, their phases coalesced, as the
+blocking hook sends them), alternating round by round. Writes bench/results/agreement.md.
+Beside it, counted in this process: the round trips and process-group agreements of such a
+step, each way.
 
     python -m bench.agreement [--world 4] [--rounds 10] [--per-round 50] [--targets refswitch ebpf]
 """
@@ -29,9 +31,10 @@ from pathlib import Path
 import numpy as np
 
 from bench.publish import publish
+from run.control import run_pool_size
 
-POOL_SIZE = 8
-WAYS = ("switch verdict", "gloo all_reduce")
+POOL_SIZE = run_pool_size(1)  # make run's job's, on its one switch
+WAYS = ("switch verdict", "gloo MAX")  # gloo: the hook's MAX (one all_gather)
 CELLS = 256  # per packet
 
 
@@ -70,15 +73,10 @@ def switch_call(agent) -> None:
 
 
 def gloo_call(pg) -> None:
-    """One MAX all_reduce of a GlooVerdict through the process group."""
-    import torch.distributed as dist
-
+    """One MAX of a GlooVerdict over the process group, as the hook agrees (gloo_max)."""
     from homagg.worker.ddp.agreement import OK, GlooVerdict
 
-    t = GlooVerdict.local(0, OK, OK, OK, 0, 0).pack()
-    opts = dist.AllreduceOptions()
-    opts.reduceOp = dist.ReduceOp(dist.ReduceOp.MAX)
-    pg.allreduce([t], opts).wait()
+    gloo_max(pg, GlooVerdict.local(0, OK, OK, OK, 0, 0).pack())
 
 
 def timed(calls: list, count: int) -> list[float]:
@@ -121,10 +119,10 @@ def measure(target: str, world: int, rounds: int, per_round: int) -> dict[str, l
                 out[way] += timed(calls[way], per_round)
         hooks = {v: step_hooks(agents, groups, v) for v in VARIANTS}
         for v in VARIANTS:  # warm up: the codecs, the first agreements
-            ncf_steps(hooks[v], 2)
+            ncf_steps(hooks[v], 2, one_round=VARIANTS[v][2])
         for i in range(rounds):
             for v in VARIANTS if i % 2 == 0 else list(VARIANTS)[::-1]:
-                out[v] += ncf_steps(hooks[v], max(1, per_round // 10))
+                out[v] += ncf_steps(hooks[v], max(1, per_round // 10), one_round=VARIANTS[v][2])
         out["fallbacks"] = [float(sum(h.stats.fallbacks for h in hooks[v])) for v in VARIANTS]
         return out
     finally:
@@ -149,9 +147,23 @@ def ncf_buckets(world: int, seed: int = 0) -> list[list]:
     return out
 
 
+def _bucket_phases(codec, x):
+    """One rank's phases of one NCF bucket through the lossless codec (rows or flat)."""
+    from homagg.worker.codecs import SparseRows
+
+    return codec.aggregate_rows(x) if isinstance(x, SparseRows) else codec.aggregate(x)
+
+
+def _trips(log: list) -> int:
+    """Switch round trips of the logged phases (each once): a phase of more packets than
+    the pool takes one per pool's worth."""
+    packets = [-(-p.cells.size // CELLS) for p in log]
+    return sum(-(-n // POOL_SIZE) for n in packets)
+
+
 def round_trips(world: int, exponents: str) -> list[int]:
-    """Switch round trips of each bucket's phases (a phase of more packets than the pool
-    takes one per pool's worth), the lossless codec's exponents as `exponents` says."""
+    """Switch round trips of each bucket's phases alone, the lossless codec's exponents as
+    `exponents` says."""
     from homagg.worker.codecs import LosslessSparse
     from homagg.worker.codecs.simulate import drive
 
@@ -160,19 +172,31 @@ def round_trips(world: int, exponents: str) -> list[int]:
         log: list = []
         codecs = [LosslessSparse(world, exponents=exponents, support_block=16) for _ in buckets]
         drive(
-            [
-                c.aggregate_rows(x[b]) if b < 2 else c.aggregate(x[b])
-                for c, x in zip(codecs, buckets, strict=True)
-            ],
-            phases_log=log,
+            [_bucket_phases(c, x[b]) for c, x in zip(codecs, buckets, strict=True)], phases_log=log
         )
-        packets = [-(-p.cells.size // CELLS) for p in log]  # the log has each phase once
-        trips.append(sum(-(-n // POOL_SIZE) for n in packets))
+        trips.append(_trips(log))
     return trips
 
 
+def coalesced_round_trips(world: int) -> int:
+    """Switch round trips of the three buckets' phases coalesced into one round, as the
+    blocking hook sends a step's small buckets (homagg/worker/codecs/coalesce.py)."""
+    from homagg.worker.codecs import LosslessSparse
+    from homagg.worker.codecs.coalesce import coalesced_phases
+    from homagg.worker.codecs.simulate import drive
+
+    log: list = []
+    ranks = [
+        coalesced_phases([_bucket_phases(LosslessSparse(world, support_block=16), x) for x in xs])
+        for xs in ncf_buckets(world)
+    ]
+    drive(ranks, phases_log=log)
+    return _trips(log)
+
+
 def trips_report(world: int) -> list[str]:
-    """Round trips and agreements per NCF step, before and now."""
+    """Round trips and agreements per NCF step, before, with a verdict a bucket, and with
+    the buckets in one round."""
     before, now = round_trips(world, "max"), round_trips(world, "or")
     lines = [
         "",
@@ -185,15 +209,22 @@ def trips_report(world: int) -> list[str]:
     ]
     verdicts = [t + 1 for t in now]
     lines.append(
-        f"| now (OR, ADD; a verdict packet in every bucket; the seal started after the "
+        f"| a verdict (OR, ADD; a verdict packet in every bucket; the seal started after the "
         f"last) | {verdicts} | {sum(verdicts)} | 1 |"
+    )
+    one = coalesced_round_trips(world) + 1
+    lines.append(
+        f"| now, the blocking hook (the three buckets in one round: their phases coalesced, "
+        f"one verdict; the seal started after it) | [{one}] | {one} | 1 |"
     )
     return lines
 
 
-VARIANTS = {  # name: (verdicts through the switch, the lossless codec's exponents)
-    "before": (False, "max"),
-    "now": (True, "or"),
+VARIANTS = {  # name: (verdicts through the switch, the lossless codec's exponents, a step
+    # in one round: its buckets' phases coalesced, as the blocking hook sends them)
+    "before": (False, "max", False),
+    "now": (True, "or", False),
+    "one round": (True, "or", True),
 }
 
 
@@ -201,8 +232,8 @@ def gloo_hook_class() -> type:
     """A hook state whose agreements go over its own gloo process group (`pg`), as the
     threads of one process that play the ranks here need (no default group)."""
     import torch
-    import torch.distributed as dist
 
+    from homagg.worker.ddp.gathered_max import GatheredMax
     from homagg.worker.ddp.hook import SwitchHookState
 
     class Hook(SwitchHookState):
@@ -211,17 +242,15 @@ def gloo_hook_class() -> type:
         def reduce_max(self, t: torch.Tensor) -> None:
             gloo_max(self.pg, t)
 
-        def reduce_max_async(self, t: torch.Tensor) -> dist.Work:
-            opts = dist.AllreduceOptions()
-            opts.reduceOp = dist.ReduceOp(dist.ReduceOp.MAX)
-            return self.pg.allreduce([t], opts)  # type: ignore[attr-defined]
+        def reduce_max_async(self, t: torch.Tensor) -> GatheredMax:
+            return start_gloo_max(self.pg, t)
 
     return Hook
 
 
 def step_hooks(agents: list, groups: list, variant: str) -> list:
     """Every rank's hook state for `variant`, agreeing over its gloo group."""
-    through_switch, exponents = VARIANTS[variant]
+    through_switch, exponents, _ = VARIANTS[variant]
     hook = gloo_hook_class()
     hooks = []
     for r, (a, g) in enumerate(zip(agents, groups, strict=True)):
@@ -243,20 +272,27 @@ def _rows_of(codec, x):
     return codec.aggregate_rows(x)
 
 
+def start_gloo_max(pg, t):
+    """MAX over the ranks of `t` in place, started through a gloo process group as the
+    hook's agreements are (homagg/worker/ddp/gathered_max.py: one all_gather)."""
+    from homagg.worker.ddp.gathered_max import start_gathered_max
+
+    return start_gathered_max(t, pg.size(), lambda parts, x: pg.allgather([parts], [x]))
+
+
 def gloo_max(pg, t) -> None:
-    """MAX over the ranks of `t` in place, through a gloo process group."""
-    import torch.distributed as dist
-
-    opts = dist.AllreduceOptions()
-    opts.reduceOp = dist.ReduceOp(dist.ReduceOp.MAX)
-    pg.allreduce([t], opts).wait()
+    """MAX over the ranks of `t` in place, through a gloo process group (start_gloo_max)."""
+    start_gloo_max(pg, t).wait()
 
 
-def ncf_steps(hooks: list, steps: int, budgets: dict[int, float] | None = None) -> list[float]:
-    """`steps` NCF steps (three buckets, the last one sealing the step) on every rank at
-    once, each step ended with `budgets` (codec="auto"'s decision; None: no auto);
-    every rank's seconds per step."""
-    from homagg.worker.ddp.switch_path import Gradient, Via, agreed_sum
+def ncf_steps(
+    hooks: list, steps: int, budgets: dict[int, float] | None = None, one_round: bool = False
+) -> list[float]:
+    """`steps` NCF steps (three buckets, the last one sealing the step; `one_round`: the
+    three in one round, as the blocking hook sends them) on every rank at once, each step
+    ended with `budgets` (codec="auto"'s decision; None: no auto); every rank's seconds per
+    step."""
+    from homagg.worker.ddp.switch_path import Gradient, Part, Via, agreed_sums
 
     buckets = ncf_buckets(len(hooks), seed=1)
     barrier = threading.Barrier(len(hooks), timeout=60)
@@ -267,10 +303,14 @@ def ncf_steps(hooks: list, steps: int, budgets: dict[int, float] | None = None) 
             barrier.wait()
             start = time.perf_counter()
             h.use_switch()
-            for b, x in enumerate(buckets[r]):
-                payload = Gradient(x) if b == 2 else Via(partial(_rows_of, x=x))
-                n = x.size if b == 2 else x.nrows * x.values.shape[1]
-                agreed_sum(h, b, payload, n, last=b == 2)
+            parts = [
+                Part(b, Gradient(x), x.size)
+                if b == 2
+                else Part(b, Via(partial(_rows_of, x=x)), x.nrows * x.values.shape[1])
+                for b, x in enumerate(buckets[r])
+            ]
+            for group in [parts] if one_round else [[p] for p in parts]:
+                agreed_sums(h, group, last=group[-1] is parts[-1])
             h.end_step(budgets)
             times.append(time.perf_counter() - start)
         h.fallback.settle(h)  # the last step's seal (the next step's start read the others)
@@ -320,7 +360,8 @@ def report(results: dict[str, dict[str, list[float]]], world: int, rounds: int) 
         "exponents in a MAX phase, every bucket agreed over gloo; now: the exponents in the "
         "OR phase, a verdict packet per bucket, the step's seal over gloo started after the "
         "last and read at the next step's start (here steps follow each other without "
-        "computation, so it is waited for in full). ms per step:",
+        "computation, so it is waited for in full); one round: as now, the three buckets in "
+        "one round, their phases coalesced, one verdict (the blocking hook). ms per step:",
         "",
         "| target | variant | p50 | p99 | before / variant (p50) | steps | fallbacks |",
         "|---|---|---:|---:|---:|---:|---:|",

@@ -1,7 +1,7 @@
 """codec="auto"'s per-step decision, measured both ways side by side: its measurement cells
 (make run's NCF: three buckets, 13 int32 cells) in one MAX packet through the switch against
-the MAX all_reduce of the same cells over the process group (what every decision cost
-before). Then whole auto steps of NCF's three buckets through the switch (every bucket on
+the MAX of the same cells over the process group (what every decision cost before; one
+all_gather, as the hook agrees). Then whole auto steps of NCF's three buckets through the switch (every bucket on
 its exact codec: the controller held there, deciding every step), "gloo" (the decision's
 all_reduce on the hook's group, pipelined one step) against "switch" (its packet), counting
 the process-group all_reduces per step.
@@ -38,7 +38,7 @@ from bench.agreement import (
 )
 from bench.publish import publish
 
-WAYS = ("switch packet", "gloo all_reduce")
+WAYS = ("switch packet", "gloo MAX")  # gloo: the hook's MAX (one all_gather)
 VARIANTS = {"gloo": False, "switch": True}  # name: the decision through the switch
 BUCKETS = 3
 BUDGETS = {0: 0.004, 1: 0.003, 2: 0.002}  # s: any; the held controller learns nothing
@@ -71,7 +71,7 @@ def switch_call(agent, cells: np.ndarray) -> None:
 
 
 def gloo_call(pg, cells: np.ndarray) -> None:
-    """The decision's MAX all_reduce through the process group (int64, as the hook's)."""
+    """The decision's MAX through the process group (int64, as the hook's: gloo_max)."""
     import torch
 
     gloo_max(pg, torch.from_numpy(cells.astype(np.int64)))

@@ -18,7 +18,7 @@ def test_the_report_gives_percentiles_ratios_and_counts_per_step():
     }
     rows = [x for x in report({"ebpf": times}, world=4, rounds=2) if x.startswith("| ebpf")]
     assert rows[0] == "| ebpf | switch packet | 0.50 | 0.50 | 4.00x | 100 |"
-    assert rows[1] == "| ebpf | gloo all_reduce | 2.00 | 2.00 | 1.00x | 100 |"
+    assert rows[1] == "| ebpf | gloo MAX | 2.00 | 2.00 | 1.00x | 100 |"
     assert rows[2] == "| ebpf | gloo | 40.0 | 40.0 | 1.00x | 10 | 2.00 | 0.00 | 2.00 | 0 |"
     assert rows[3] == "| ebpf | switch | 32.0 | 32.0 | 1.25x | 10 | 1.00 | 1.00 | 2.00 | 0 |"
 

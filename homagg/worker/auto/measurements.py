@@ -1,5 +1,5 @@
 """codec="auto"'s measured step: what each bucket ran (`Taken`) and its numbers by name
-(`Measurements`), with their one vector layout for the MAX all_reduce that agrees them:
+(`Measurements`), with their one vector layout for the MAX over the ranks that agrees them:
 [-cost_i..., -budget_i..., nonzero_i..., wire_i..., iteration]. Costs and budgets travel
 negated, so the MAX over ranks is their MIN. On the wire (`to_cells`) the vector is int32
 cells in millionths (microseconds, or parts per million of a share), the switch's MAX and
@@ -37,7 +37,7 @@ class Measurements:
     iteration: float
 
     def pack(self) -> np.ndarray:
-        """The float64 vector the MAX all_reduce takes."""
+        """The float64 vector the MAX over the ranks takes."""
         parts = [sign * np.asarray(getattr(self, name), np.float64) for name, sign in _PER_BUCKET]
         return np.concatenate([*parts, [self.iteration]]).astype(np.float64)
 

@@ -107,7 +107,7 @@ class GlooVerdict(NamedTuple):
         return cls(done, -done, failure, stream, health, chunk, step, missed)
 
     def pack(self) -> torch.Tensor:
-        """The vector the MAX all_reduce takes (int64, in field order)."""
+        """The vector the MAX over the ranks takes (int64, in field order)."""
         return torch.tensor(list(self), dtype=torch.int64)
 
     @classmethod

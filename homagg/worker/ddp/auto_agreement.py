@@ -1,6 +1,6 @@
 """codec="auto"'s per-step decision agreed through the switch (docs/worker.md: the decision
 through the switch): its measurement cells (auto/measurements.py, `to_cells`) in one MAX
-packet, or, where the switch is not the agreed path, one MAX all_reduce over the hook's
+packet, or, where the switch is not the agreed path, one MAX (gathered_max.py) over the hook's
 process group as before. Both ways agree the same int32 cells, so the same decisions.
 
 The way is chosen from agreed state only (the agreed path is the switch, and the next
@@ -24,12 +24,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
-import torch.distributed as dist
 
 from homagg.worker.auto.control import HOST
 from homagg.worker.auto.measurements import Taken, from_cells
 from homagg.worker.ddp.agreement import OK, SWITCH_TIMEOUT, SwitchDecision
 from homagg.worker.ddp.fallback import local_health, local_reason, tell_gave_up
+from homagg.worker.ddp.gathered_max import GatheredMax
 from homagg.worker.transport.switch_transport import TransportError
 
 if TYPE_CHECKING:
@@ -46,7 +46,7 @@ class PendingDecision:
     indices: list[int]
     taken: Taken
     switch: SwitchDecision | None = None
-    work: dist.Work | None = None
+    work: GatheredMax | None = None  # the all_reduce way: its MAX started
     reduced: torch.Tensor | None = None  # the all_reduce's tensor (int64 cells)
 
     def vector(self) -> np.ndarray:

@@ -1,7 +1,7 @@
 """The collective fallback agreement: for every bucket all ranks take the same path, the
 switch or the process group's all_reduce (docs/worker.md: the decision protocol and its
 cost). A bucket is agreed by one MAX packet through the switch (agreement.py); the step's
-seal, and each agreement after a failure, by one tiny MAX all_reduce of a `GlooVerdict`.
+seal, and each agreement after a failure, by one tiny MAX of a `GlooVerdict` (gathered_max.py).
 The seal is started at the step's end and read before the next bucket's path is chosen
 (`PendingSeal`), so the step's last bucket does not wait on the process group; where
 codec="auto"'s decision rides on the seal it is awaited at once, and the step's last bucket
@@ -141,7 +141,7 @@ class FallbackAgreement:
         return {**self.__dict__, "pending": None}
 
     def agree(self, state: Agreeing, failure: int, stream: int = OK) -> Resolution:
-        """One tiny MAX all_reduce of this rank's `GlooVerdict` (its bucket's failure kind,
+        """One tiny MAX over the ranks of this rank's `GlooVerdict` (its bucket's failure kind,
         what broke its switch stream, its health, whether it missed a decision's answer),
         read by `resolve`; it seals the decision sent through the switch since the last
         one, repaired first (a second all_reduce) when some rank missed its answer. A seal

@@ -35,6 +35,7 @@ from homagg.worker.ddp.blocking_hook import COALESCE_CELLS, HeldBucket, blocking
 from homagg.worker.ddp.codec_cache import CodecCache
 from homagg.worker.ddp.comm_thread import CommThread
 from homagg.worker.ddp.fallback import FallbackAgreement
+from homagg.worker.ddp.gathered_max import GatheredMax, start_gathered_max
 from homagg.worker.ddp.stats import HookStats
 from homagg.worker.ddp.switch_path import seal_step
 from homagg.worker.job.agent import WorkerAgent
@@ -237,14 +238,19 @@ class SwitchHookState:
 
     def reduce_max(self, t: torch.Tensor) -> None:
         """MAX over ranks in place, through the hook's group (a backend overrides it)."""
-        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group)
+        self.reduce_max_async(t).wait()
 
-    def reduce_max_async(self, t: torch.Tensor) -> dist.Work:
-        """MAX over ranks in place, started now through the hook's group (codec="auto"'s
-        agreement: issued from the communication thread only, so in one order everywhere)."""
-        work = dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group, async_op=True)
-        assert work is not None
-        return work
+    def reduce_max_async(self, t: torch.Tensor) -> GatheredMax:
+        """MAX over ranks in place, started now through the hook's group by one all_gather
+        (gathered_max.py: half the hops of gloo's all_reduce); `wait()` writes it. Issued
+        in one order everywhere (the hook's thread, or the communication thread)."""
+
+        def gather(parts: list[torch.Tensor], x: torch.Tensor) -> dist.Work:
+            work = dist.all_gather(parts, x, group=self.group, async_op=True)
+            assert work is not None
+            return work
+
+        return start_gathered_max(t, dist.get_world_size(self.group), gather)
 
     def host_all_reduce(self, buf: torch.Tensor) -> None:
         """The host path's SUM over ranks in place, through the hook's group."""
