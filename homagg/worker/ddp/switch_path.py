@@ -1,7 +1,9 @@
-"""One bucket through the switch, agreed by every rank: what goes to the switch (`Payload`:
-a gradient for the bucket's codec, a bucket that drives its codec itself, or raw phases),
-the agreed sum or the agreed fall-back (`agreed_sum`), and a whole bucket averaged in place
-by either path (`aggregate_bucket`: the communication thread's job, and DeAR's)."""
+"""A round through the switch, agreed by every rank: one bucket, or several whose phases are
+coalesced (the blocking hook's small buckets). What goes to the switch (`Part`: a bucket's
+`Payload`, a gradient for its codec, a bucket that drives its codec itself, or raw phases),
+the agreed sums or the agreed fall-back (`agreed_sums`; `switch_sums` for DDP's buckets),
+and a whole bucket averaged in place by either path (`aggregate_bucket`: the communication
+thread's job, and DeAR's)."""
 
 from __future__ import annotations
 
