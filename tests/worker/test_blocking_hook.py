@@ -107,6 +107,21 @@ def test_a_round_that_falls_back_completes_every_held_bucket():
     state.close()
 
 
+def test_while_falling_back_no_bucket_is_held():
+    state = SwitchHookState(
+        None, unavailable_reason="pool exhausted", world_size=1, cooldown_steps=3
+    )
+    grads = step_buckets()
+    with pytest.warns(RuntimeWarning, match="pool exhausted"):
+        futs = hand_over(state, grads)  # the first step agrees, at its round: fall back
+    assert_sums(futs, grads)
+    for i, g in enumerate(grads):  # the cool-down: each all_reduce starts at once
+        fut = switch_allreduce_hook(state, Bucket(g.clone(), i, i == 2))
+        assert state.held == []  # (held, its wait would never end before the last bucket)
+        fut.wait()
+    assert state.stats.fallback_buckets == 6
+
+
 def test_an_error_in_the_round_reaches_every_held_future(monkeypatch):
     state = SwitchHookState(FakeAgent(), codec="lossless", world_size=1)
 

@@ -50,7 +50,10 @@ def blocking_hook(
     if state.held and sum(h.cells for h in state.held) + held.cells > state.coalesce_cells:
         _send_held(state, last=False)
     state.held.append(held)
-    if last or sum(h.cells for h in state.held) >= state.coalesce_cells:
+    # agreed to fall back (the same on every rank; nothing is held then): each bucket's
+    # all_reduce starts at once and overlaps the rest of backward, as DDP's own does
+    falling_back = state.fallback.use is False
+    if last or falling_back or sum(h.cells for h in state.held) >= state.coalesce_cells:
         _send_held(state, last)
     if last:
         state.end_step()
