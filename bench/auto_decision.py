@@ -1,10 +1,10 @@
 """codec="auto"'s per-step decision, measured both ways side by side: its measurement cells
 (make run's NCF: three buckets, 13 int32 cells) in one MAX packet through the switch against
 the MAX of the same cells over the process group (what every decision cost before; one
-all_gather, as the hook agrees). Then whole auto steps of NCF's three buckets through the switch (every bucket on
-its exact codec: the controller held there, deciding every step), "gloo" (the decision's
-all_reduce on the hook's group, pipelined one step) against "switch" (its packet), counting
-the process-group all_reduces per step.
+all_gather, as the hook agrees). Then whole auto steps of NCF's three buckets through the
+switch (every bucket on its exact codec: the controller held there, deciding every step),
+"gloo" (the decision's MAX on the hook's group, pipelined one step) against "switch" (its
+packet), counting the process-group all_reduces per step.
 
 W ranks as threads of this process, each with its agent (its UDP socket in its host's
 namespace, through the target's switch) and its own gloo process group over loopback (the

@@ -12,7 +12,7 @@ ranks). gloo: the ring and the software switch's forwarding of its frames and AC
 calibrated cost of each frame's size: bench/forwarding_cost.py) against the gloo run's step
 time less the step's computation, which the switch run measures as its step time less its
 switch and agreement time (both runs compute the same batches). The step's agreement: its
-seal, a small all_reduce through the switch started after the step's last bucket, of which
+seal, a small all_gather through the switch started after the step's last bucket, of which
 the step pays what the next step's computation does not cover, against the switch run's
 agreement time."""
 
@@ -302,9 +302,10 @@ def agreement(
     info: RunInfo,
     latency_share: float = 1.0,
 ) -> float:
-    """The step's seal over gloo (homagg/worker/ddp/fallback.py): a small all_reduce,
-    2(W-1) ring steps. On loopback a step is alpha: gloo's TCP pairs send a message only once
-    its receiver has announced the receive (NOTIFY_RECV_READY), two hand-offs a step. In
+    """The step's seal over gloo (homagg/worker/ddp/fallback.py): a small MAX by one
+    all_gather (homagg/worker/ddp/gathered_max.py), W-1 ring steps. On loopback a step is
+    alpha: gloo's TCP pairs send a message only once its receiver has announced the
+    receive (NOTIFY_RECV_READY), two hand-offs a step. In
     Mininet both messages also cross the switches on the step's slowest hop, each an idle
     switch's crossing latency (bench/forwarding_cost.py), and the busiest switch forwards
     the step's frames of all its hops one after another (the announcement, the data and
@@ -315,7 +316,7 @@ def agreement(
     crossing = GLOO_MESSAGES_A_STEP * path_crossings(info) * crossing_latency(record, target)
     frames = busiest_hops(info) * GLOO_FRAMES_A_HOP * frame_cost(record, target, ACK_FRAME_BYTES)
     step = costs.alpha_s + crossing + frames / costs.switch_threads
-    return (costs.call_s + 2 * (w - 1) * step) / latency_share
+    return (costs.call_s + (w - 1) * step) / latency_share
 
 
 def exposed_seal(seal_s: float, compute_s: float) -> float:

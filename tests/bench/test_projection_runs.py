@@ -104,11 +104,12 @@ def test_row_puts_the_model_beside_the_run(tmp_path: Path) -> None:
     latency = 100e-6 + 6 * 50e-6
     assert r["gloo_predicted_s"] == pytest.approx(max(forward, latency))
     assert r["gloo_limit"] == "switch's forwarding"
-    # the agreement: a small all_reduce whose every step's two messages (gloo's receive
-    # announcement, then the data) cross the idle switch (its calibrated latency), and
+    # the agreement: a small all_gather (W - 1 ring steps) whose every step's two messages
+    # (gloo's receive announcement, then the data) cross the idle switch (its calibrated
+    # latency), and
     # whose 4 hops' frames (two messages and their ACKs, 66 bytes each) it forwards in turn
     step = 50e-6 + 2 * 30e-6 + 4 * 4 * 10.02e-6
-    assert r["seal_s"] == pytest.approx(100e-6 + 6 * step)
+    assert r["seal_s"] == pytest.approx(100e-6 + 3 * step)
     # started after the step's last bucket: the next step's 30 ms of compute cover it
     assert r["agreement_predicted_s"] == 0.0
     assert pr.exposed_seal(0.05, 0.03) == pytest.approx(0.02)
@@ -207,7 +208,7 @@ def test_a_tree_crosses_more_switches_and_its_leaves_share_the_work(tmp_path: Pa
     # and the busiest leaf forwards its 4 ranks' hops and the one entering it
     assert pr.busiest_hops(star) == 8 and pr.busiest_hops(run.info) == 5
     step = 50e-6 + 2 * 3 * 30e-6 + 5 * 4 * 10.02e-6
-    assert r["seal_s"] == pytest.approx(100e-6 + 14 * step)
+    assert r["seal_s"] == pytest.approx(100e-6 + 7 * step)
 
 
 def test_runs_the_model_does_not_describe_are_refused(tmp_path: Path) -> None:
