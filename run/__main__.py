@@ -51,10 +51,10 @@ class _Session:
 
 
 def _prepare_out(args: argparse.Namespace, names: RunNames) -> None:
-    """The output directory (by default the run's own), emptied of an earlier run's files."""
+    """The output directory (by default the run's own), emptied of an earlier run's files;
+    absolute, since the ranks start in their hosts' own working directories."""
     own = args.out is None
-    if own:
-        args.out = names.directory / "out"
+    args.out = names.directory / "out" if own else args.out.resolve()
     out_dir.prepare(args.out, own=own)
 
 

@@ -1,10 +1,12 @@
 """run/out_dir.py: a run empties only a new, empty or earlier run's output directory."""
 
+import argparse
 from pathlib import Path
 
 import pytest
 
 from run import out_dir
+from run.__main__ import _prepare_out
 
 
 def test_a_new_directory_is_made_and_marked(tmp_path: Path) -> None:
@@ -56,3 +58,13 @@ def test_the_runs_own_directory_is_emptied_whatever_it_holds(tmp_path: Path) -> 
     (tmp_path / "switch.jsonl").write_text("{} from a run before the marker existed")
     out_dir.prepare(tmp_path, own=True)
     assert [p.name for p in tmp_path.iterdir()] == [out_dir.MARKER]
+
+
+def test_a_relative_out_is_made_absolute(tmp_path: Path, monkeypatch) -> None:
+    """The ranks start in their hosts' own working directories: a relative --out would be
+    another directory to them (the run's step records lost)."""
+    monkeypatch.chdir(tmp_path)
+    args = argparse.Namespace(out=Path("runs/one"))
+    _prepare_out(args, names=None)  # type: ignore[arg-type]  # not read: --out given
+    assert args.out == tmp_path.resolve() / "runs" / "one"
+    assert (args.out / out_dir.MARKER).is_file()
