@@ -233,17 +233,14 @@ def gloo_hook_class() -> type:
     threads of one process that play the ranks here need (no default group)."""
     import torch
 
-    from homagg.worker.ddp.gathered_max import GatheredMax
+    from homagg.worker.ddp.gathered_max import GatheredMax, start_max_over
     from homagg.worker.ddp.hook import SwitchHookState
 
     class Hook(SwitchHookState):
         pg: object = None  # the rank's gloo process group
 
-        def reduce_max(self, t: torch.Tensor) -> None:
-            gloo_max(self.pg, t)
-
         def reduce_max_async(self, t: torch.Tensor) -> GatheredMax:
-            return start_gloo_max(self.pg, t)
+            return start_max_over(self.pg, t)
 
     return Hook
 
@@ -272,17 +269,12 @@ def _rows_of(codec, x):
     return codec.aggregate_rows(x)
 
 
-def start_gloo_max(pg, t):
-    """MAX over the ranks of `t` in place, started through a gloo process group as the
-    hook's agreements are (homagg/worker/ddp/gathered_max.py: one all_gather)."""
-    from homagg.worker.ddp.gathered_max import start_gathered_max
-
-    return start_gathered_max(t, pg.size(), lambda parts, x: pg.allgather([parts], [x]))
-
-
 def gloo_max(pg, t) -> None:
-    """MAX over the ranks of `t` in place, through a gloo process group (start_gloo_max)."""
-    start_gloo_max(pg, t).wait()
+    """MAX over the ranks of `t` in place, through a gloo process group, as the hook's
+    agreements are (homagg/worker/ddp/gathered_max.py: one all_gather)."""
+    from homagg.worker.ddp.gathered_max import start_max_over
+
+    start_max_over(pg, t).wait()
 
 
 def ncf_steps(

@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 
 from homagg.lab.threads import run_threads
-from homagg.worker.ddp.gathered_max import start_gathered_max
+from homagg.worker.ddp.gathered_max import start_gathered_max, start_max_over
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
@@ -60,7 +60,7 @@ def test_it_agrees_with_gloos_max_all_reduce(tmp_path):
         g = torch.Generator().manual_seed(r)
         vec = torch.randint(-1000, 1000, (8,), generator=g, dtype=torch.int64)
         gathered = vec.clone()
-        start_gathered_max(gathered, world, lambda p, x: pg.allgather([p], [x])).wait()
+        start_max_over(pg, gathered).wait()
         reduced = vec.clone()
         opts = dist.AllreduceOptions()
         opts.reduceOp = dist.ReduceOp(dist.ReduceOp.MAX)

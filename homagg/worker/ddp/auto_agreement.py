@@ -41,13 +41,13 @@ log = logging.getLogger(__name__)
 @dataclass
 class PendingDecision:
     """One step's decision in flight: its buckets, what they ran, and either the switch's
-    (or the repair's) agreed cells or the process group's all_reduce still running."""
+    (or the repair's) agreed cells or the process group's MAX still running."""
 
     indices: list[int]
     taken: Taken
     switch: SwitchDecision | None = None
-    work: GatheredMax | None = None  # the all_reduce way: its MAX started
-    reduced: torch.Tensor | None = None  # the all_reduce's tensor (int64 cells)
+    work: GatheredMax | None = None  # the process group's way: its MAX started
+    reduced: torch.Tensor | None = None  # the tensor that MAX writes (int64 cells)
 
     def vector(self) -> np.ndarray:
         """The agreed packed vector (`Measurements.pack` layout), waiting for the process

@@ -29,7 +29,7 @@ from homagg import BACKEND_NAME, register_backend
 from homagg.wire.constants import Op
 from homagg.worker.codecs import DEFAULT_CODEC, CorruptResultError, Phase
 from homagg.worker.ddp import sparse_bucket
-from homagg.worker.ddp.gathered_max import start_gathered_max
+from homagg.worker.ddp.gathered_max import start_max_over
 from homagg.worker.ddp.hook import SwitchHookState
 from homagg.worker.ddp.metrics import expose, local_rank, metrics_request
 from homagg.worker.ddp.switch_path import Gradient, RawPhases, Via, agreed_sum
@@ -104,13 +104,8 @@ class _State(SwitchHookState):
         super().__init__(**kw)
         self.gloo = gloo
 
-    def reduce_max(self, t: torch.Tensor) -> None:
-        self.reduce_max_async(t).wait()
-
     def reduce_max_async(self, t: torch.Tensor) -> Any:
-        return start_gathered_max(
-            t, self.gloo.size(), lambda parts, x: self.gloo.allgather([parts], [x])
-        )
+        return start_max_over(self.gloo, t)
 
 
 def _done(tensors: list[torch.Tensor]) -> Any:

@@ -38,3 +38,9 @@ def start_gathered_max(t: torch.Tensor, world_size: int, all_gather: AllGather) 
     `wait()` on the result writes it into `t`."""
     parts = [torch.empty_like(t) for _ in range(world_size)]
     return GatheredMax(t, parts, all_gather(parts, t))
+
+
+def start_max_over(pg: Any, t: torch.Tensor) -> GatheredMax:
+    """`start_gathered_max` through a process group object of its own (a backend's gloo
+    group, a benchmark's rank: not registered with torch.distributed)."""
+    return start_gathered_max(t, pg.size(), lambda parts, x: pg.allgather([parts], [x]))
