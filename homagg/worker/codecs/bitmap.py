@@ -8,6 +8,7 @@ import numpy as np
 from .base import CorruptResultError
 
 BITS_PER_WORD = 32
+DENSE_BITS = 8  # positions for at least 1/8 of the bits: pack a mask instead of runs
 
 
 def bitmap_words(length: int) -> int:
@@ -18,6 +19,10 @@ def bitmap_words(length: int) -> int:
 def pack(positions: np.ndarray, length: int) -> np.ndarray:
     """The int32 bitmap of sorted unique positions in [0, length); touches only the
     positions plus the O(length/32) zeroed words."""
+    if positions.size * DENSE_BITS >= length:  # dense: a byte a position, packed
+        mask = np.zeros(bitmap_words(length) * BITS_PER_WORD, dtype=bool)
+        mask[positions] = True
+        return np.packbits(mask, bitorder="little").view("<i4").astype(np.int32, copy=False)
     words = np.zeros(bitmap_words(length), dtype=np.uint32)
     if positions.size:
         pos = positions.astype(np.int64, copy=False)

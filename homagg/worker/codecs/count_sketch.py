@@ -34,12 +34,13 @@ MAX_KEYS = 1 << 25  # keeps the packed peeling counters exact (see plan_peeling)
 
 def mix64(keys: np.ndarray, seed: int) -> np.ndarray:
     """A well-mixed 64-bit hash of non-negative int keys (vectorized, seed-dependent)."""
-    h = keys.astype(np.uint64) + np.uint64((seed * _GOLDEN + 1) & 0xFFFFFFFFFFFFFFFF)
-    h ^= h >> np.uint64(30)
-    h *= _M1
-    h ^= h >> np.uint64(27)
-    h *= _M2
-    h ^= h >> np.uint64(31)
+    h = keys.astype(np.uint64)
+    h += np.uint64((seed * _GOLDEN + 1) & 0xFFFFFFFFFFFFFFFF)
+    t = np.empty_like(h)  # one temporary for the three shifts
+    for shift, factor in ((30, _M1), (27, _M2), (31, None)):
+        h ^= np.right_shift(h, np.uint64(shift), out=t)
+        if factor is not None:
+            h *= factor
     return h
 
 
@@ -210,8 +211,12 @@ def fingerprint(elements: np.ndarray, q: np.ndarray) -> np.ndarray:
         return np.zeros(FINGERPRINT_CELLS, dtype=np.int32)
     # odd halves: a change of one cell by d * 2^k (d odd, k < 32) moves both sums, so no
     # single flipped bit goes unseen (even multipliers lost the top bits' flips)
-    c = mix64(elements, _FINGERPRINT_SEED) | np.uint64(0x0000000100000001)
-    qu = q.astype(np.int64).astype(np.uint64)  # two's complement: products agree mod 2^64
-    lo = np.sum((c & np.uint64(0xFFFFFFFF)) * qu, dtype=np.uint64)
-    hi = np.sum((c >> np.uint64(32)) * qu, dtype=np.uint64)
-    return np.array([lo, hi], dtype=np.uint64).astype(np.uint32).view(np.int32)
+    c = mix64(elements, _FINGERPRINT_SEED)
+    c |= np.uint64(0x0000000100000001)
+    # Each sum is taken mod 2^32, so 32-bit products suffice: q's two's complement bits
+    # against c's low and high halves (little-endian words 0 and 1), wrapping as the switch.
+    halves = c.astype("<u8", copy=False).view("<u4").reshape(-1, 2)
+    qu = np.asarray(q, np.int32).view(np.uint32)
+    lo = np.sum(qu * halves[:, 0], dtype=np.uint32)
+    hi = np.sum(qu * halves[:, 1], dtype=np.uint32)
+    return np.array([lo, hi], dtype=np.uint32).view(np.int32)

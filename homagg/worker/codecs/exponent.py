@@ -58,12 +58,19 @@ def dense_exponents(flat: np.ndarray, block: int) -> np.ndarray:
 
 def sparse_exponents(idx: np.ndarray, vals: np.ndarray, length: int, block: int) -> np.ndarray:
     """The same per-block exponents computed from the nonzeros only (O(nnz + blocks))."""
-    out = np.full(num_blocks(length, block), EXP_ZERO, dtype=np.int32)
+    # A block's exponent is its largest |x|'s (frexp's exponent grows with |x|; a NaN or
+    # an inf makes the largest non-finite), as dense_exponents takes it.
+    amax = np.zeros(num_blocks(length, block), dtype=np.float32)
     if idx.size:
-        _, e = np.frexp(vals)
-        e = np.where(np.isfinite(vals), e, EXP_NONFINITE).astype(np.int32)
-        np.maximum.at(out, idx // block, e)
-    return out
+        mags = np.abs(np.asarray(vals, np.float32))
+        blocks = idx // block
+        runs = np.flatnonzero(blocks[1:] != blocks[:-1]) + 1 if idx.size > 4096 else None
+        if runs is not None and np.all(blocks[runs] > blocks[runs - 1]):  # sorted: a run a block
+            starts = np.r_[0, runs]
+            amax[blocks[starts]] = np.maximum.reduceat(mags, starts)
+        else:
+            np.maximum.at(amax, blocks, mags)
+    return _encode_exponents(amax)
 
 
 # Exponents as bits, so that OR agrees their MAX (the highest bit set) in a phase that also
@@ -150,6 +157,30 @@ def quantize(vals: np.ndarray, shift: np.ndarray, p: int) -> np.ndarray:
     if p < 24:
         np.clip(scaled, -(2**p - 1), 2**p - 1, out=scaled)
     return scaled.astype(np.int32)
+
+
+def quantize_at(vals: np.ndarray, exps: np.ndarray, blocks: np.ndarray, p: int) -> np.ndarray:
+    """quantize(vals, p - exps[blocks], p), bit for bit, with the powers of two computed
+    once per block and gathered (a sparse tensor's nonzeros: `blocks` their blocks)."""
+    shift = np.minimum(p - np.asarray(exps, np.int64), 253)
+    first = np.minimum(shift, 126)
+    scaled = vals * np.take(_pow2_f32(first), blocks)
+    # As quantize, a second exact factor for tiny blocks (1.0, exact, for the others); an
+    # all-zero block holds no nonzero unless the agreement failed, which every worker sees.
+    if np.any((shift > 126) & (np.asarray(exps) != EXP_ZERO)):
+        scaled *= np.take(_pow2_f32(shift - first), blocks)
+    np.rint(scaled, out=scaled)
+    if p < 24:
+        np.clip(scaled, -(2**p - 1), 2**p - 1, out=scaled)
+    return scaled.astype(np.int32)
+
+
+def dequantize_at(sums: np.ndarray, shifts: np.ndarray, blocks: np.ndarray) -> np.ndarray:
+    """dequantize(sums, shifts[blocks]), bit for bit, the power of two computed once per
+    block and gathered; the per-element path where a block decodes into subnormals."""
+    if np.any(shifts < -126) and np.any(np.take(shifts, blocks) < -126):
+        return dequantize(sums, np.take(shifts, blocks))
+    return sums.astype(np.float32) * np.take(_pow2_f32(np.clip(shifts, -126, 127)), blocks)
 
 
 def dequantize(sums: np.ndarray, shift: np.ndarray) -> np.ndarray:

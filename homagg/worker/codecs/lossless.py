@@ -41,11 +41,11 @@ from .exponent import (
     DEFAULT_BLOCK,
     check_agreed,
     decode_shifts,
-    dequantize,
+    dequantize_at,
     exponents_as_bits,
     exponents_from_bits,
     headroom_bits,
-    quantize,
+    quantize_at,
     raise_on_status,
     sparse_exponents,
 )
@@ -203,7 +203,7 @@ class LosslessSparse:
             return union, union, np.zeros(0, dtype=np.float32)
 
         keys = idx // d
-        q = quantize(vals, self.p - np.take(exps, idx // self.exp_block), self.p)
+        q = quantize_at(vals, exps, idx // self.exp_block, self.p)
         elements = (union[:, None] * d + np.arange(d)).ravel() if d > 1 else union
         values = self._ranked if self.values == "ranked" else self._sketched
         witness = (own == exps).astype(np.int32) if self.exponents == "or" else own[:0]
@@ -220,8 +220,8 @@ class LosslessSparse:
         limit = self.world_size * (2**self.p - 1)
         if np.any(np.abs(sums.astype(np.int64)) > limit):
             raise CorruptResultError("a decoded sum exceeds what the workers can send")
-        shifts = np.take(decode_shifts(exps, self.p), elements // self.exp_block)
-        return union, elements, dequantize(sums, shifts)
+        shifts = decode_shifts(exps, self.p)
+        return union, elements, dequantize_at(sums, shifts, elements // self.exp_block)
 
     def _output(self, n: int) -> np.ndarray:
         """The reused output buffer of n zeros (cleared where the last step wrote)."""
@@ -276,14 +276,17 @@ class LosslessSparse:
         extra: np.ndarray,
         at: int,
     ):
-        ranks = np.minimum(np.searchsorted(union, keys), union.size - 1)
+        ranks = _ranks(union, keys, -(-at // d))
         # A nonzero missing from the union is left out here and caught by the fingerprint
         # on every worker, rather than raised on this one alone.
         there = np.take(union, ranks) == keys
         size = union.size * d
         cells = np.zeros(size + extra.size + FINGERPRINT_CELLS, dtype=np.int32)
         cells[size : size + extra.size] = extra
-        cells[np.compress(there, ranks * d + cols)] = np.compress(there, q)
+        if there.all():  # the usual case: every nonzero is in the union
+            cells[ranks * d + cols] = q
+        else:
+            cells[np.compress(there, ranks * d + cols)] = np.compress(there, q)
         cells[-FINGERPRINT_CELLS:] = _marked(_fingerprint(idx, q, extra, at), fault)
         summed = yield Phase(Op.ADD, cells)
         if summed.size != cells.size:
@@ -327,13 +330,29 @@ class LosslessSparse:
         return sums, seen
 
 
+DENSE_UNION = 8  # a union of at least 1/8 of the keys: ranks by a table of every key
+
+
+def _ranks(union: np.ndarray, keys: np.ndarray, nkeys: int) -> np.ndarray:
+    """Each key's rank in the sorted `union` of keys below `nkeys` where it is there (any
+    index below union.size where it is not: the caller checks). A dense union's ranks come
+    from a table over every key, O(nkeys); a sparse one's by binary search."""
+    if union.size * DENSE_UNION < nkeys or keys.size < DENSE_UNION:
+        return np.minimum(np.searchsorted(union, keys), union.size - 1)
+    table = np.zeros(nkeys, np.int64)
+    table[union] = np.arange(union.size)
+    return np.take(table, keys)
+
+
 def _fingerprint(elements: np.ndarray, q: np.ndarray, extra: np.ndarray, at: int) -> np.ndarray:
     """The fingerprint of the values and of the `extra` cells sent beside them (taken as
     the values of elements `at`, `at` + 1, ...: past the tensor's), so both are checked."""
+    fp = fingerprint(elements, q)
     if not extra.size:
-        return fingerprint(elements, q)
-    keys = np.r_[elements.astype(np.int64), at + np.arange(extra.size, dtype=np.int64)]
-    return fingerprint(keys, np.r_[q.astype(np.int32), extra.astype(np.int32)])
+        return fp
+    # The fingerprint is a sum over its keys: the extra cells' part adds on (mod 2^32).
+    past = fingerprint(at + np.arange(extra.size, dtype=np.int64), extra)
+    return (fp.view(np.uint32) + past.view(np.uint32)).view(np.int32)
 
 
 def _marked(fp: np.ndarray, fault: bool) -> np.ndarray:
