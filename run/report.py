@@ -24,7 +24,8 @@ if TYPE_CHECKING:
 SUMMARY_HEAD = (
     "\nsummary: means over the ranks (the step lines above are rank 0's own), RETX and "
     "FALLBACK BUCKETS summed over the ranks; wire = bytes each host sent per step, "
-    "everything included; dense = the model's float32 gradients"
+    "everything included; dense = the model's float32 gradients; CPU = every rank's process "
+    "(all its threads) per step, summed: on one machine a step lasts at least CPU / its cores"
 )
 
 
@@ -73,6 +74,7 @@ def compare(switch_pt: Path, gloo_pt: Path) -> float:
 
 def _row(name: str, steps: list[dict[str, Any]]) -> list[str]:
     secs = [s["seconds"] for s in steps[1:]] or [steps[0]["seconds"]]
+    cpu = [s["cpu_seconds"] for s in steps[1:] or steps[:1] if "cpu_seconds" in s]
     wire = statistics.mean(s["tx_bytes"] for s in steps)
     dense = steps[0]["dense_bytes"]
     retx = sum(s.get("retransmissions", 0) for s in steps)
@@ -84,6 +86,7 @@ def _row(name: str, steps: list[dict[str, Any]]) -> list[str]:
         f"{steps[-1]['loss']:.4f}",
         f"{statistics.median(secs) * 1e3:.1f}",
         f"{sum(s['seconds'] for s in steps):.1f}",
+        f"{statistics.median(cpu) * 1e3:.1f}" if cpu else "-",
         f"{wire / 1e3:.1f}",
         f"{wire / dense:.2f}x",
         str(retx),
@@ -138,6 +141,7 @@ def summary_table(runs: dict[str, list[dict[str, Any]]]) -> str:
         "LOSS LAST",
         "MEDIAN ITER ms",
         "TOTAL s",
+        "CPU ms/STEP",
         "WIRE kB/RANK/STEP",
         "VS DENSE",
         "RETX",

@@ -188,8 +188,10 @@ def _timed_step(
 ) -> list[float]:
     """One training step, timed: this rank's loss, seconds, bytes sent, largest |local
     gradient|, the hook's counters during the step and the seconds of DDP's timed
-    all_reduces (the numbers _agreed sums)."""
+    all_reduces and of the rank's CPU, every thread of its process (the numbers _agreed
+    sums)."""
     start, sent, reduced = time.perf_counter(), tx_bytes(a.iface), timer.seconds
+    cpu = time.process_time()
     before = _stats(state)
     *inputs, labels = task.batch(dist.get_rank(), step)
     opt.zero_grad()
@@ -211,6 +213,7 @@ def _timed_step(
         local_max,
         *(float(x - y) for x, y in zip(after, before)),
         timer.seconds - reduced,
+        time.process_time() - cpu,
     ]
 
 
@@ -251,6 +254,9 @@ def _record(
         "switch_packets": int(t[13] + t[14]),
         # DDP over gloo's all_reduces in flight (dense models' gloo runs; 0 elsewhere)
         "allreduce_seconds": float(t[15]) / world_size,
+        # CPU of every rank's process in the step, summed: with more ranks than cores on
+        # one machine, the step lasts at least this over the cores
+        "cpu_seconds": float(t[16]),
         "grad_max": grad_max,
         **snap,
     }

@@ -62,6 +62,10 @@ def _steps(n: int) -> list[dict]:
 def test_summary_bound_and_plot(tmp_path):
     table = report.summary_table({"switch": _steps(5), "gloo": _steps(5)})
     assert "0.10x" in table and table.splitlines()[1].startswith("switch")
+    assert "CPU ms/STEP" in table.splitlines()[0] and " - " in table.splitlines()[1]
+    # every rank's CPU a step, summed (the records' cpu_seconds): the median after step 0
+    cpu = [{**s, "cpu_seconds": c} for s, c in zip(_steps(4), (9.0, 0.03, 0.05, 0.04))]
+    assert "  40.0  " in report.summary_table({"switch": cpu}).splitlines()[1]
     # W = 2: P = 30; E(0.01) = -6: lr * (2^-37 + 2^-30) + 2^-23 (param 1.0 -> E = 1) per step
     one = 0.5 * (2.0**-37 + 2.0**-30) + 2.0**-23
     assert report.fixed_point_bound(_steps(3), 2, 0.5) == pytest.approx(3 * one)
@@ -488,3 +492,13 @@ def test_make_run_pool_is_the_controllers_default_where_the_tenant_quota_holds_t
         assert 8 <= args.pool_size <= 64, leaves
         assert TENANT_MAX_RUN_JOBS * args.pool_size * switches <= TENANT_MAX_SLOTS, leaves
     assert args.pool_size == 30  # 16 leaves and the spine: 1,024 slots // (2 x 17)
+
+
+def test_a_step_record_sums_the_ranks_cpu() -> None:
+    """A step's record averages the times over the ranks but sums their CPU (what the
+    cores of one machine spent on the step), from _timed_step's 17 columns."""
+    from run.train import _record
+
+    t = torch.tensor([0.5 * 4, 0.02 * 4, *([0.0] * 14), 0.07], dtype=torch.float64)
+    rec = _record(3, t, 4, 100, 0.1, {})
+    assert rec["seconds"] == pytest.approx(0.02) and rec["cpu_seconds"] == pytest.approx(0.07)
