@@ -151,7 +151,8 @@ def _run_options(p: argparse.ArgumentParser) -> None:
         "--run-topos",
         nargs="+",
         default=["star", "two-level"],
-        help="star: --hosts 4, unshaped; else a --topo of python -m run (two-level)",
+        help="star: --hosts 4, unshaped (star<N>: N hosts, e.g. star2: a core a rank on 2 "
+        "cores); else a --topo of python -m run (two-level)",
     )
     a(
         "--run-target",

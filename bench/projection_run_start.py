@@ -18,8 +18,8 @@ from homagg.control.config import ControllerConfig
 
 @dataclass(frozen=True)
 class RunSpec:
-    """A run to start: switch target, topology ('star': 4 unshaped hosts, else a --topo of
-    python -m run), steps, pool slots a rank."""
+    """A run to start: switch target, topology ('star': 4 unshaped hosts, 'star<N>': N of
+    them, else a --topo of python -m run), steps, pool slots a rank."""
 
     target: str = "refswitch"
     topo: str = "star"
@@ -35,8 +35,17 @@ class RunSpec:
         """The `python -m run` arguments: the dense MLP, fixed point, blocking."""
         cmd = ["-m", "run", "--target", self.target, "--model", "mlp", "--codec", "fixed_point"]
         cmd += ["--steps", str(self.steps), "--pool-size", str(self.pool_size)]
-        cmd += ["--hosts", "4"] if self.topo == "star" else ["--topo", self.topo]
+        hosts = star_hosts(self.topo)
+        cmd += ["--hosts", str(hosts)] if hosts else ["--topo", self.topo]
         return [*cmd, "--no-plot", "--out", str(out)]
+
+
+def star_hosts(topo: str) -> int:
+    """The hosts of a star topology name ('star': 4, 'star<N>': N); 0 for any other name."""
+    if topo == "star":
+        return 4
+    rest = topo.removeprefix("star")
+    return int(rest) if rest != topo and rest.isdigit() and int(rest) > 0 else 0
 
 
 def start_run(out: Path, spec: RunSpec) -> Path:

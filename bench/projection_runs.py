@@ -319,10 +319,15 @@ def agreement(
     return (costs.call_s + (w - 1) * step) / latency_share
 
 
-def exposed_seal(seal_s: float, compute_s: float) -> float:
+def exposed_seal(seal_s: float, compute_s: float, ranks: int = 1, cores: float = 0.0) -> float:
     """What a step pays of its seal: it starts after the step's last bucket and is read
     before the next step's first, so the next step's computation (the optimizer, forward
-    and backward up to that bucket: all of it with one bucket) covers that much of it."""
+    and backward up to that bucket: all of it with one bucket) covers that much of it,
+    where each rank has a core of its own. With more ranks than `cores` on the machine
+    (0: a machine per rank) nothing is covered: each hop of the seal's ring waits for its
+    rank's gloo thread to get a core, and the ranks computing hold them."""
+    if cores and ranks > cores:
+        return seal_s
     return max(0.0, seal_s - compute_s)
 
 
@@ -399,7 +404,7 @@ def row(run: MeasuredRun, record: dict[str, Any], switch_pps: float, cores: floa
         "seal_s": (
             seal := agreement(cluster, costs, record, run.info, latency_share(run, cores, "switch"))
         ),
-        "agreement_predicted_s": exposed_seal(seal, s["compute_seconds"]),
+        "agreement_predicted_s": exposed_seal(seal, s["compute_seconds"], w, cores),
         "agreement_measured_s": s["agreement_seconds"],
         "agreement_limit": "latency",
         "compute_s": s["compute_seconds"],

@@ -12,7 +12,7 @@ from calibration_record import RECORD
 
 from bench import projection_runs as pr
 from bench.projection_model import ModelError
-from bench.projection_run_start import RunSpec
+from bench.projection_run_start import RunSpec, star_hosts
 
 FIRST = (
     "make run: run 4 on switch target refswitch (the reference switch, embedded in Python), "
@@ -110,9 +110,14 @@ def test_row_puts_the_model_beside_the_run(tmp_path: Path) -> None:
     # whose 4 hops' frames (two messages and their ACKs, 66 bytes each) it forwards in turn
     step = 50e-6 + 2 * 30e-6 + 4 * 4 * 10.02e-6
     assert r["seal_s"] == pytest.approx(100e-6 + 3 * step)
-    # started after the step's last bucket: the next step's 30 ms of compute cover it
-    assert r["agreement_predicted_s"] == 0.0
+    # started after the step's last bucket, but 4 ranks on 2 cores: the next step's 30 ms
+    # of compute cover none of it; with a core a rank they cover all of it
+    assert r["agreement_predicted_s"] == pytest.approx(r["seal_s"])
+    assert pr.row(run, RECORD, 0.0, 4.0)["agreement_predicted_s"] == 0.0
     assert pr.exposed_seal(0.05, 0.03) == pytest.approx(0.02)
+    assert pr.exposed_seal(0.05, 0.03, ranks=2, cores=2.0) == pytest.approx(0.02)
+    assert pr.exposed_seal(0.05, 0.03, ranks=4, cores=2.0) == pytest.approx(0.05)
+    assert pr.exposed_seal(0.05, 0.06, ranks=8, cores=0.0) == 0.0  # a machine a rank
     assert r["agreement_measured_s"] == 0.02
     assert r["contribution_model_s"] == pytest.approx(50e-6)
     lines = pr.report([r])
@@ -236,4 +241,16 @@ def test_started_runs_command() -> None:
     cmd = spec.command(Path("/o") / spec.name)
     assert cmd[:2] == ["-m", "run"] and "--topo" in cmd and "--hosts" not in cmd
     assert cmd[cmd.index("--pool-size") + 1] == "32" and cmd[-1].endswith("two-level-pool32")
-    assert "--hosts" in RunSpec().command(Path("o"))
+    star = RunSpec().command(Path("o"))
+    assert star[star.index("--hosts") + 1] == "4" and "--topo" not in star
+    two = RunSpec(topo="star2").command(Path("o"))
+    assert two[two.index("--hosts") + 1] == "2" and RunSpec(topo="star2").name.startswith(
+        "refswitch-star2-"
+    )
+    assert [star_hosts(t) for t in ("star", "star8", "star0", "starx", "two-level")] == [
+        4,
+        8,
+        0,
+        0,
+        0,
+    ]
