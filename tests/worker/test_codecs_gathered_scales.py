@@ -72,8 +72,8 @@ def test_sparse_exponents_sorted_unsorted_and_dense_agree() -> None:
         x[nz] = (rng.standard_normal(nz.size) * 10.0 ** rng.integers(-40, 38, nz.size)).astype(
             np.float32
         )
-        if n > 50:
-            x[nz[0]] = np.inf  # a non-finite block's marker
+        if n > 50:  # a non-finite block's marker, from an inf and from a NaN
+            x[nz[0]], x[nz[-1]] = np.inf, np.nan
         idx = np.flatnonzero(x)
         want = dense_exponents(x, block)
         assert np.array_equal(sparse_exponents(idx, x[idx], n, block), want)
