@@ -231,3 +231,40 @@ def test_the_fault_wrapper_passes_batches_through_with_per_datagram_faults(pair)
     lossy = FaultyChannel(a, loss=1.0)
     lossy.send_many(rows)
     assert len(recv_many(b, 0.05, 41)[1]) == 0 and lossy.injected["lost"] == 3
+
+
+class CountingEcho:
+    """A one-worker switch answering every batch at once, counting the looks at its
+    socket that found nothing."""
+
+    def __init__(self) -> None:
+        self.pending: list[np.ndarray] = []
+        self.empty_looks = 0
+
+    def send_many(self, rows: np.ndarray) -> None:
+        out = np.zeros((rows.shape[0], rows.shape[1] + 1), np.uint8)
+        out[:, :-1] = rows
+        header_view(out)["flags"] = int(Flag.RESULT)
+        self.pending.append(out)
+
+    def recv_many(self, timeout: float, row_bytes: int) -> tuple[np.ndarray, np.ndarray]:
+        if not self.pending:
+            self.empty_looks += 1
+            return np.zeros((0, row_bytes), np.uint8), np.zeros(0, np.int64)
+        out = self.pending.pop(0)
+        return out, np.full(out.shape[0], out.shape[1] - 1)
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_short_batch_of_results_is_not_followed_by_an_empty_look():
+    """Each batch of results short of a full receive left the socket empty: the exchange
+    goes on to its next send or wait, where a wait's poll finds what comes next, rather
+    than receiving again for nothing (two per round trip before, ~10 us each in Python)."""
+    echo = CountingEcho()
+    cfg = TransportConfig(job_id=7, rank=0, world_size=1, pool_size=8, io_path=BATCHED)
+    t = SwitchTransport(cfg, echo)
+    cells = np.arange(20 * CELLS_PER_PKT, dtype=np.int32) - 5
+    np.testing.assert_array_equal(t.allreduce(Op.ADD, cells), cells)
+    assert t.stats.results == 20 and echo.empty_looks == 0

@@ -22,7 +22,7 @@ import numpy as np
 from homagg.wire.constants import AGG_HEADER_BYTES, Flag
 from homagg.wire.header import HEADER_DTYPE, header_view
 from homagg.wire.packer import CELLS_DTYPE
-from homagg.worker.transport.channel import recv_many, send_many
+from homagg.worker.transport.channel import MMSG_BATCH, recv_many, send_many
 from homagg.worker.transport.flight import MAX_DRAIN, Flight
 
 if TYPE_CHECKING:
@@ -55,12 +55,12 @@ class BatchedExchange:
                 start = flight.next_to_send
                 self._send(self.payloads[start : start + ready])
                 flight.sent_many(start, start + ready, t.clock())
-            # Results that came meanwhile first: a late look at the socket is not a loss.
-            if self._drain(0.0):
-                continue
             now = t.clock()
             inflight, _, deadline = flight.deadlines(t.timer)
             if inflight.size and deadline.min() <= now:  # else nothing to judge: no expiry
+                # Results that came meanwhile first: a late look at the socket is not a loss.
+                if self._drain(0.0):
+                    continue
                 expired = t._expired(self.first, flight, now)
                 if expired:
                     self._resend(np.asarray(expired, np.int64), now)
@@ -93,7 +93,9 @@ class BatchedExchange:
         while lengths.size:
             seen += lengths.size
             taken += self._receive(rows, lengths)
-            if seen >= MAX_DRAIN or not self.flight.remaining:
+            # A batch short of a full one left the socket empty (strays aside): the next
+            # look, a poll, finds what comes next without an empty receive before it.
+            if seen >= MAX_DRAIN or not self.flight.remaining or lengths.size < MMSG_BATCH:
                 break
             rows, lengths = recv_many(self.t.channel, 0.0, self.row_bytes)
         return taken

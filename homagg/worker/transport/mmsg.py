@@ -23,6 +23,9 @@ import numpy as np
 
 MSG_DONTWAIT = 0x40
 SOCKADDR_IN_BYTES = 16
+_NO_LENGTHS = np.zeros(0, np.int64)  # an empty receive's (read-only: shared)
+_NO_PEERS = np.zeros(0, bool)
+_NO_LENGTHS.flags.writeable = _NO_PEERS.flags.writeable = False
 
 
 class _IoVec(ctypes.Structure):
@@ -144,6 +147,8 @@ class MmsgSocket:
         n = self._recv_now()
         if n == 0 and timeout > 0 and self._poll.poll(max(1, int(np.ceil(timeout * 1e3)))):
             n = self._recv_now()
+        if n == 0:
+            return 0, _NO_LENGTHS, _NO_PEERS
         view = self._rx.view[:n]
         lengths = view["msg_len"].astype(np.int64)
         from_peer = (self._names[:n, :8] == self._peer_row).all(axis=1)
