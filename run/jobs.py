@@ -101,6 +101,9 @@ def run_job(
             "GLOO_SOCKET_IFNAME": iface,
             "OMP_NUM_THREADS": "1",
             "PYTHONUNBUFFERED": "1",
+            # a rank killed by a signal (SIGSEGV, SIGABRT) prints its threads' Python
+            # stacks into its log: where a crash in native code was called from
+            "PYTHONFAULTHANDLER": "1",
             **extra,
         }
         logs.append(args.out / f"{mode}-rank{i}.log")
