@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -29,6 +31,17 @@ if TYPE_CHECKING:
 # after it for the others (each job its own, so a late socket of one never meets the next).
 SWITCH_RENDEZVOUS_PORT = 29500
 LOG_TAIL_CHARS = 2500  # of a failed rank's log, in the error
+# torchrun's report of a worker killed by a signal: "exitcode  : -6 (pid: 123)"
+_SIGNALLED = re.compile(r"exitcode\s*:\s*-(\d+)\b")
+
+
+class RankSignalled(RuntimeError):
+    """A run failed because a rank's process was killed by a signal (SIGSEGV, SIGABRT, ...):
+    a crash in native code, not an error the training raised."""
+
+    def __init__(self, message: str, signals: list[str]) -> None:
+        super().__init__(message)
+        self.signals = signals
 
 
 def rank_command(
@@ -159,11 +172,42 @@ def follow(
         time.sleep(0.2)
     bad = [i for i, p in enumerate(procs) if p.wait(30) != 0]
     if bad:
-        tails = "\n".join(
-            f"--- rank {i} ({logs[i]}):\n" + logs[i].read_text(errors="replace")[-LOG_TAIL_CHARS:]
-            for i in bad
+        texts = {i: logs[i].read_text(errors="replace") for i in bad}
+        tails = "\n".join(f"--- rank {i} ({logs[i]}):\n{texts[i][-LOG_TAIL_CHARS:]}" for i in bad)
+        message = f"the {mode} run failed on rank(s) {bad}:\n{tails}"
+        signals = [_signal_name(int(n)) for t in texts.values() for n in _SIGNALLED.findall(t)]
+        raise RankSignalled(message, signals) if signals else RuntimeError(message)
+
+
+def _signal_name(number: int) -> str:
+    """SIGSEGV for 11, and so on (the number where the system has no name for it)."""
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def run_reference(
+    mode: str, job: Callable[[int], Traffic], ports: tuple[int, int], out: Path
+) -> Traffic:
+    """A run beside the switch's (DDP over gloo, a peer method) on rendezvous port
+    `ports[0]`, run once more on `ports[1]` when a rank was killed by a signal: torch's
+    gloo crashes now and then without any homagg code in the process (docs/run.md). The
+    crashed attempt's rank logs stay in `out` as <mode>-rank<i>-crashed.log. A second
+    crash, or any other failure, is the run's error. The switch's own run is never
+    repeated: its crashes are this project's to see."""
+    try:
+        return job(ports[0])
+    except RankSignalled as exc:
+        for log in out.glob(f"{mode}-rank*.log"):
+            log.rename(log.with_name(f"{log.stem}-crashed.log"))
+        print(
+            f"make run: a rank of the {mode} run was killed by {', '.join(exc.signals)} "
+            f"(a crash inside torch, not homagg's: docs/run.md; its logs: "
+            f"{mode}-rank*-crashed.log); running the {mode} run again",
+            flush=True,
         )
-        raise RuntimeError(f"the {mode} run failed on rank(s) {bad}:\n{tails}")
+        return job(ports[1])
 
 
 def run_all(
@@ -173,15 +217,21 @@ def run_all(
     that order or (--peers-first) the other way round; returns the counters and what each
     run sent."""
     others = ([] if args.no_gloo else ["gloo"]) + args.peer_list
-    ports = {mode: SWITCH_RENDEZVOUS_PORT + 1 + i for i, mode in enumerate(others)}
+    # a port each, and one more each for a run repeated after a crash
+    ports = {
+        mode: (SWITCH_RENDEZVOUS_PORT + 1 + i, SWITCH_RENDEZVOUS_PORT + 1 + len(others) + i)
+        for i, mode in enumerate(others)
+    }
     traffic: dict[str, Traffic] = {}
     if args.peers_first:
         for mode in others:
-            traffic[mode] = run_job(mode, net, args, state, ports[mode])
+            job = partial(run_job, mode, net, args, state)
+            traffic[mode] = run_reference(mode, job, ports[mode], args.out)
     # rank 0 creates the job
     traffic["switch"] = run_job("switch", net, args, state, SWITCH_RENDEZVOUS_PORT, creds)
     switch_counters = counters(state.names, creds, args.counters_timeout)
     if not args.peers_first:
         for mode in others:
-            traffic[mode] = run_job(mode, net, args, state, ports[mode])
+            job = partial(run_job, mode, net, args, state)
+            traffic[mode] = run_reference(mode, job, ports[mode], args.out)
     return switch_counters, traffic

@@ -502,3 +502,73 @@ def test_a_step_record_sums_the_ranks_cpu() -> None:
     t = torch.tensor([0.5 * 4, 0.02 * 4, *([0.0] * 14), 0.07], dtype=torch.float64)
     rec = _record(3, t, 4, 100, 0.1, {})
     assert rec["seconds"] == pytest.approx(0.02) and rec["cpu_seconds"] == pytest.approx(0.07)
+
+
+class _Exited:
+    """A finished rank process (follow's view of it)."""
+
+    def __init__(self, code: int) -> None:
+        self.code = code
+
+    def poll(self) -> int:
+        return self.code
+
+    def wait(self, timeout: float | None = None) -> int:
+        return self.code
+
+
+TORCHRUN_SIGNALLED = """Root Cause (first observed failure):
+[0]:
+  rank      : 3 (local_rank: 0)
+  exitcode  : -6 (pid: 14182)  (SIGABRT)
+  traceback : Signal 6 (SIGABRT) received by PID 14182
+"""
+
+
+def test_a_rank_killed_by_a_signal_is_told_from_a_failing_rank(tmp_path: Path) -> None:
+    from run.jobs import RankSignalled, follow
+
+    logs = [tmp_path / f"gloo-rank{i}.log" for i in range(2)]
+    logs[0].write_text("[gloo] step 1/2\n")
+    logs[1].write_text("malloc(): unaligned tcache chunk detected\n" + TORCHRUN_SIGNALLED)
+    with pytest.raises(RankSignalled, match=r"rank\(s\) \[1\]") as got:
+        follow("gloo", [_Exited(0), _Exited(1)], logs, 5.0)  # type: ignore[list-item]
+    assert got.value.signals == ["SIGABRT"]
+    logs[1].write_text("ValueError: bad input\n  exitcode  : 1 (pid: 3)\n")
+    with pytest.raises(RuntimeError, match="bad input") as plain:
+        follow("gloo", [_Exited(0), _Exited(1)], logs, 5.0)  # type: ignore[list-item]
+    assert not isinstance(plain.value, RankSignalled)
+
+
+def test_a_reference_run_killed_by_a_signal_runs_once_more(tmp_path: Path, capsys) -> None:
+    from run.jobs import RankSignalled, run_reference
+    from run.script import Traffic
+
+    calls: list[int] = []
+
+    def crashes(times: int):
+        def job(port: int) -> Traffic:
+            calls.append(port)
+            if len(calls) <= times:
+                (tmp_path / "gloo-rank0.log").write_text(f"attempt {len(calls)}\n")
+                raise RankSignalled("the gloo run failed on rank(s) [0]", ["SIGSEGV"])
+            return Traffic(seconds=1.0)
+
+        return job
+
+    assert run_reference("gloo", crashes(1), (29501, 29503), tmp_path).seconds == 1.0
+    assert calls == [29501, 29503]  # the second attempt on a port of its own
+    assert (tmp_path / "gloo-rank0-crashed.log").read_text() == "attempt 1\n"
+    assert "killed by SIGSEGV" in capsys.readouterr().out
+    calls.clear()
+    with pytest.raises(RankSignalled):  # a second crash is the run's error
+        run_reference("gloo", crashes(2), (29501, 29503), tmp_path)
+    calls.clear()
+
+    def fails(port: int) -> Traffic:
+        calls.append(port)
+        raise RuntimeError("the gloo run failed on rank(s) [1]: ValueError")
+
+    with pytest.raises(RuntimeError, match="ValueError"):  # not a crash: no second run
+        run_reference("gloo", fails, (29501, 29503), tmp_path)
+    assert calls == [29501]
