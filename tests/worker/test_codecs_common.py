@@ -120,8 +120,9 @@ def test_codecs_pickle_with_their_state():
 
 def test_bitmap_roundtrip():
     rng = np.random.default_rng(3)
+    # every way pack takes: a few positions (ufunc.at), runs of words, a packed mask
     for n in (1, 31, 32, 33, 1000, 100_000):
-        for density in (0.0, 0.001, 0.3, 1.0):
+        for density in (0.0, 0.001, 0.06, 0.3, 1.0):
             pos = np.flatnonzero(rng.random(n) < density)
             words = bitmap.pack(pos, n)
             assert words.dtype == np.int32 and words.size == -(-n // 32)

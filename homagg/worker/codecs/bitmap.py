@@ -9,6 +9,7 @@ from .base import CorruptResultError
 
 BITS_PER_WORD = 32
 DENSE_BITS = 8  # positions for at least 1/8 of the bits: pack a mask instead of runs
+SMALL_BITS = 4096  # up to this many positions: ufunc.at beats finding the words' runs
 
 
 def bitmap_words(length: int) -> int:
@@ -24,7 +25,11 @@ def pack(positions: np.ndarray, length: int) -> np.ndarray:
         mask[positions] = True
         return np.packbits(mask, bitorder="little").view("<i4").astype(np.int32, copy=False)
     words = np.zeros(bitmap_words(length), dtype=np.uint32)
-    if positions.size:
+    if 0 < positions.size <= SMALL_BITS:  # a few positions: OR them in place
+        pos = positions.astype(np.int64, copy=False)
+        bits = np.left_shift(np.uint32(1), (pos & 31).astype(np.uint32))
+        np.bitwise_or.at(words, pos >> 5, bits)
+    elif positions.size:
         pos = positions.astype(np.int64, copy=False)
         word = pos >> 5
         bits = np.left_shift(np.uint32(1), (pos & 31).astype(np.uint32))

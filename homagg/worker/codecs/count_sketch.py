@@ -216,7 +216,4 @@ def fingerprint(elements: np.ndarray, q: np.ndarray) -> np.ndarray:
     # Each sum is taken mod 2^32, so 32-bit products suffice: q's two's complement bits
     # against c's low and high halves (little-endian words 0 and 1), wrapping as the switch.
     halves = c.astype("<u8", copy=False).view("<u4").reshape(-1, 2)
-    qu = np.asarray(q, np.int32).view(np.uint32)
-    lo = np.sum(qu * halves[:, 0], dtype=np.uint32)
-    hi = np.sum(qu * halves[:, 1], dtype=np.uint32)
-    return np.array([lo, hi], dtype=np.uint32).view(np.int32)
+    return np.dot(np.asarray(q, np.int32).view(np.uint32), halves).view(np.int32)

@@ -347,12 +347,11 @@ def _ranks(union: np.ndarray, keys: np.ndarray, nkeys: int) -> np.ndarray:
 def _fingerprint(elements: np.ndarray, q: np.ndarray, extra: np.ndarray, at: int) -> np.ndarray:
     """The fingerprint of the values and of the `extra` cells sent beside them (taken as
     the values of elements `at`, `at` + 1, ...: past the tensor's), so both are checked."""
-    fp = fingerprint(elements, q)
     if not extra.size:
-        return fp
-    # The fingerprint is a sum over its keys: the extra cells' part adds on (mod 2^32).
-    past = fingerprint(at + np.arange(extra.size, dtype=np.int64), extra)
-    return (fp.view(np.uint32) + past.view(np.uint32)).view(np.int32)
+        return fingerprint(elements, q)
+    past = at + np.arange(extra.size, dtype=np.int64)
+    keys = np.concatenate([elements.astype(np.int64, copy=False), past])
+    return fingerprint(keys, np.concatenate([q.astype(np.int32), extra.astype(np.int32)]))
 
 
 def _marked(fp: np.ndarray, fault: bool) -> np.ndarray:
