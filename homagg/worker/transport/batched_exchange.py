@@ -49,6 +49,7 @@ class BatchedExchange:
         switch path or a peer fails, as on the per-datagram path)."""
         t, flight = self.t, self.flight
         t._exchanging = self.first
+        t.coalescing.started()
         while flight.remaining:
             ready = flight.sendable(t.config.pool_size, t.window.limit)
             if ready:
@@ -66,6 +67,10 @@ class BatchedExchange:
                     self._resend(np.asarray(expired, np.int64), now)
                 inflight, _, deadline = flight.deadlines(t.timer)
             wait = max(0.0, float(deadline.min()) - t.clock()) if inflight.size else 0.0
+            nap = t.coalescing.nap(flight.in_flight, wait)
+            if nap > 0:  # results trickle in: let a batch gather (result_coalescing.py)
+                t.coalescing.sleep(nap)
+                wait = max(0.0, wait - nap)
             self._drain(wait)
         t.wait.keep_probe()
 
@@ -107,6 +112,7 @@ class BatchedExchange:
         now = t.clock()
         t.wait.heard(now)
         idx, pos = self._accepted(rows, lengths)
+        t.coalescing.found(int(idx.size), now)
         t.stats.ignored += lengths.size - idx.size
         if not idx.size:
             return 0

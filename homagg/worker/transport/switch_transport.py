@@ -67,6 +67,7 @@ from homagg.worker.transport.congestion_window import (
 )
 from homagg.worker.transport.flight import MAX_DRAIN, Flight
 from homagg.worker.transport.io_path import BATCHED, resolve_io_path
+from homagg.worker.transport.result_coalescing import ResultCoalescing
 from homagg.worker.transport.retransmission_timer import RetransmissionTimer
 from homagg.worker.transport.straggler_wait import PeersProblem, StragglerWait, Tell, Told
 
@@ -181,6 +182,7 @@ class SwitchTransport:
             config.pool_size, enabled=resolve_congestion_window(config.congestion_window)
         )
         self.stats = TransportStats(cwnd=self.window.limit)
+        self.coalescing = ResultCoalescing()  # the batched path's looks at the socket
         self.timer = RetransmissionTimer(
             initial=config.initial_timeout,
             minimum=min(config.min_timeout, config.initial_timeout),
