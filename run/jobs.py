@@ -200,7 +200,8 @@ def run_reference(
         return job(ports[0])
     except RankSignalled as exc:
         for log in out.glob(f"{mode}-rank*.log"):
-            log.rename(log.with_name(f"{log.stem}-crashed.log"))
+            if not log.stem.endswith("-crashed"):
+                log.rename(log.with_name(f"{log.stem}-crashed.log"))
         print(
             f"make run: a rank of the {mode} run was killed by {', '.join(exc.signals)} "
             f"(a crash inside torch, not homagg's: docs/run.md; its logs: "
