@@ -126,9 +126,10 @@ class DropTailSwitch(QueuedSwitch):
 
 
 def _transport(switch: QueuedSwitch, pool: int, window: bool) -> SwitchTransport:
+    # both I/O paths step by step alike on the virtual clock: no waits for results to gather
     cfg = TransportConfig(
         job_id=1, rank=0, world_size=2, pool_size=pool, initial_timeout=0.02,
-        min_timeout=0.01, congestion_window=window,
+        min_timeout=0.01, congestion_window=window, coalesce_results=False,
     )  # fmt: skip
     return SwitchTransport(cfg, switch)
 

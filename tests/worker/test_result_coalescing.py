@@ -83,12 +83,13 @@ class TrickleSwitch:
 def test_a_trickle_of_results_is_taken_in_fuller_batches_and_summed_exactly() -> None:
     def run(coalescing: bool) -> tuple[int, float]:
         switch = TrickleSwitch(spacing=0.0002)
-        cfg = TransportConfig(job_id=7, rank=0, world_size=1, pool_size=64, io_path=BATCHED)
+        cfg = TransportConfig(
+            job_id=7, rank=0, world_size=1, pool_size=64, io_path=BATCHED,
+            coalesce_results=coalescing,
+        )  # fmt: skip
         t = SwitchTransport(cfg, switch)
         t.clock = lambda: switch.now  # type: ignore[method-assign]
         t.coalescing.sleep = switch.sleep
-        if not coalescing:
-            t.coalescing.batch = 0  # never short of a batch: no nap
         cells = np.arange(60 * CELLS_PER_PKT, dtype=np.int32) - 7
         np.testing.assert_array_equal(t.allreduce(Op.ADD, cells), cells)
         assert t.stats.retransmissions == 0

@@ -122,6 +122,7 @@ def primed(switch, pool_size: int, timeout: float) -> SwitchTransport:
         pool_size=pool_size,
         initial_timeout=timeout,
         min_timeout=timeout,
+        coalesce_results=False,  # the timers on the virtual clock, look by look
     )
     t = SwitchTransport(cfg, switch)
     for _ in range(PRIMING):
@@ -223,7 +224,14 @@ def test_a_pool_lost_whole_is_resent_at_once_after_the_first_answer(clock: Virtu
     its resent result (the switch answers in order) proves the other 15 lost: they go at
     once, not one per doubling timeout (which would take seconds)."""
     transport = SwitchTransport(
-        TransportConfig(job_id=1, rank=0, world_size=1, pool_size=16, initial_timeout=0.05),
+        TransportConfig(
+            job_id=1,
+            rank=0,
+            world_size=1,
+            pool_size=16,
+            initial_timeout=0.05,
+            coalesce_results=False,
+        ),
         LoseFirstSendOnClock(clock),
     )
     start = clock()

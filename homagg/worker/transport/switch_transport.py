@@ -111,6 +111,10 @@ class TransportConfig:
     # the congestion window below the pool (homagg/worker/transport/congestion_window.py);
     # None: HOMAGG_CONGESTION_WINDOW, else on
     congestion_window: bool | None = None
+    # the batched path waits for results that trickle in to gather into batches
+    # (homagg/worker/transport/result_coalescing.py); False: it looks at every one at once
+    # (as the per-datagram path does: the tests that compare the two paths step by step)
+    coalesce_results: bool = True
 
     @property
     def frame_bytes(self) -> int:
@@ -182,7 +186,8 @@ class SwitchTransport:
             config.pool_size, enabled=resolve_congestion_window(config.congestion_window)
         )
         self.stats = TransportStats(cwnd=self.window.limit)
-        self.coalescing = ResultCoalescing()  # the batched path's looks at the socket
+        # the batched path's looks at the socket (a batch of 0: never a wait)
+        self.coalescing = ResultCoalescing() if config.coalesce_results else ResultCoalescing(0)
         self.timer = RetransmissionTimer(
             initial=config.initial_timeout,
             minimum=min(config.min_timeout, config.initial_timeout),
