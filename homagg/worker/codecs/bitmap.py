@@ -25,15 +25,14 @@ def pack(positions: np.ndarray, length: int) -> np.ndarray:
         mask[positions] = True
         return np.packbits(mask, bitorder="little").view("<i4").astype(np.int32, copy=False)
     words = np.zeros(bitmap_words(length), dtype=np.uint32)
-    if 0 < positions.size <= SMALL_BITS:  # a few positions: OR them in place
-        pos = positions.astype(np.int64, copy=False)
-        bits = np.left_shift(np.uint32(1), (pos & 31).astype(np.uint32))
-        np.bitwise_or.at(words, pos >> 5, bits)
-    elif positions.size:
-        pos = positions.astype(np.int64, copy=False)
-        word = pos >> 5
-        bits = np.left_shift(np.uint32(1), (pos & 31).astype(np.uint32))
-        # Positions are sorted, so each word's bits form one run: OR-reduce the runs.
+    if not positions.size:
+        return words.view(np.int32)
+    pos = positions.astype(np.int64, copy=False)
+    word = pos >> 5
+    bits = np.left_shift(np.uint32(1), (pos & 31).astype(np.uint32))
+    if pos.size <= SMALL_BITS:  # a few positions: OR them in place
+        np.bitwise_or.at(words, word, bits)
+    else:  # sorted positions: each word's bits form one run, OR-reduced
         starts = np.flatnonzero(np.r_[True, word[1:] != word[:-1]])
         words[word[starts]] = np.bitwise_or.reduceat(bits, starts)
     return words.view(np.int32)

@@ -151,6 +151,11 @@ def quantize(vals: np.ndarray, shift: np.ndarray, p: int) -> np.ndarray:
     scaled = vals * _pow2_f32(first)
     if np.any(shift > 126):  # tiny blocks: split the power so each factor is a float32
         scaled *= _pow2_f32(shift - first)
+    return _rounded(scaled, p)
+
+
+def _rounded(scaled: np.ndarray, p: int) -> np.ndarray:
+    """The scaled values rounded to the nearest int32 (in place), |q| <= 2^p - 1."""
     np.rint(scaled, out=scaled)
     # For p >= 24 clipping is a no-op: |x| < 2^E with a 24-bit mantissa gives
     # |x * 2^(p-E)| <= 2^p - 2^(p-24), an integer, so rint cannot reach 2^p.
@@ -169,10 +174,7 @@ def quantize_at(vals: np.ndarray, exps: np.ndarray, blocks: np.ndarray, p: int) 
     # all-zero block holds no nonzero unless the agreement failed, which every worker sees.
     if np.any((shift > 126) & (np.asarray(exps) != EXP_ZERO)):
         scaled *= np.take(_pow2_f32(shift - first), blocks)
-    np.rint(scaled, out=scaled)
-    if p < 24:
-        np.clip(scaled, -(2**p - 1), 2**p - 1, out=scaled)
-    return scaled.astype(np.int32)
+    return _rounded(scaled, p)
 
 
 def dequantize_at(sums: np.ndarray, shifts: np.ndarray, blocks: np.ndarray) -> np.ndarray:
