@@ -20,6 +20,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import homagg  # registers "homagg"
 from homagg.worker.ddp.backend import switch_group
+from tests.worker.backend_collectives_worker import torch_collectives
 
 ATOL = 1e-5  # lossless fixed point: far below this at these magnitudes (W = 2)
 STEPS = 4
@@ -128,7 +129,7 @@ def collectives(rank: int, world: int) -> dict[str, bool]:
     b = torch.tensor([rank])
     dist.broadcast(b, src=world - 1)
     c["broadcast delegated"] = int(b) == world - 1
-    return c
+    return c | torch_collectives(rank, world)
 
 
 def hand_loop(rank: int, world: int, ref: nn.Module) -> bool:

@@ -4,11 +4,13 @@ training loop and DDP without a hook (tests/worker/backend_worker.py); every res
 right, the switch carried what it can, the rest (float64 MIN, integers beyond the int32
 cells, all_gather) went to gloo, and destroy_process_group released the job. Without a
 controller, or with a refused token, each rank warns once and gets the same results over
-gloo. In process: the order-preserving float key and which all_reduces the switch takes."""
+gloo. On loopback without a controller: every collective other than all_reduce, by its
+result. In process: the order-preserving float key and which all_reduces the switch takes."""
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -29,6 +31,7 @@ from homagg.lab.namespace import have_privileges
 from homagg.lab.poll import wait_for
 from homagg.lab.switch_process import bmv2_available
 from homagg.wire.constants import WORKER_UDP_BASE
+from homagg.worker.ddp import backend
 from homagg.worker.ddp.backend import (
     SwitchProcessGroup,
     float_from_key,
@@ -293,6 +296,71 @@ def test_backend_falls_back_when_the_job_ends_mid_run(tmp_path):
         assert rep["switch"] >= 9 and rep["fallbacks"] >= 1, rep
         assert rep["gloo_calls"]["fallback"] >= 4 * 5, rep
         assert rep["log"].count("falls back to the process group") == WORLD, rep["log"]
+
+
+# torch's ProcessGroup methods that are no collective (names, state, set-up, hooks)
+NOT_COLLECTIVES = {
+    "BackendType", "CUSTOM", "GLOO", "MPI", "NCCL", "UCC", "UNDEFINED", "XCCL", "abort",
+    "bound_device_id", "boxed", "get_group_store", "group_desc", "group_name",
+    "merge_remote_group", "name", "rank", "set_timeout", "shutdown", "size", "split_group",
+    "unbox", "use_pg_for_symm_mem_rendezvous", "_backend_id", "_device_types",
+    "_enable_collectives_timing", "_end_coalescing", "_get_backend", "_get_backend_name",
+    "_get_sequence_number_for_group", "_has_hooks", "_id", "_pybind11_conduit_v1_",
+    "_register_backend", "_register_on_completion_hook", "_set_default_backend",
+    "_set_group_desc", "_set_group_name", "_set_sequence_number_for_group",
+    "_start_coalescing", "_wait_for_pending_works",
+}  # fmt: skip
+
+
+def test_every_collective_of_torchs_process_group_is_the_backends():
+    """Each collective torch's ProcessGroup has is all_reduce (the switch) or handed to
+    gloo: a torch release that adds one fails here, not in a user's script with c10d's
+    "No backend type associated with device type cpu"."""
+    names = {n for n in dir(dist.ProcessGroup) if not n.startswith("__")}
+    collectives = names - NOT_COLLECTIVES
+    assert collectives == set(backend.DELEGATED) | {"allreduce"}, collectives ^ (
+        set(backend.DELEGATED) | {"allreduce"}
+    )
+    assert all(
+        getattr(SwitchProcessGroup, n) is not getattr(dist.ProcessGroup, n) for n in collectives
+    )
+
+
+def test_every_collective_other_than_all_reduce_goes_to_gloo(tmp_path):
+    """torch's collectives that the backend does not override (torch's newer names among
+    them: reduce_scatter_single, all_gather_single) reach the gloo backend it registers for
+    the CPU, not c10d's "No backend type associated with device type cpu". Two ranks on
+    loopback without a controller: every call over gloo, each result checked."""
+    worker = Path(__file__).with_name("backend_collectives_worker.py")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HOMAGG_")}
+    env["PYTHONPATH"] = str(ROOT)
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                str(worker),
+                str(tmp_path / f"r{r}.json"),
+                str(tmp_path / "rdv"),
+                str(r),
+                str(WORLD),
+            ],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for r in range(WORLD)
+    ]
+    try:
+        logs = [p.communicate(timeout=120)[0] for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    assert all(p.returncode == 0 for p in procs), logs
+    for r in range(WORLD):
+        rep = json.loads((tmp_path / f"r{r}.json").read_text())
+        assert rep["backend"] == rep["package"] == "homagg"
+        assert rep["checks"] and all(rep["checks"].values()), (rep, logs[r])
 
 
 def test_switch_group_names_a_foreign_group():

@@ -39,28 +39,48 @@ _FLOATS = (torch.float32, torch.float16, torch.bfloat16)  # exact in float32
 _INTS = (torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64)
 _INT32_MAX = 2**31 - 1
 _QUIET_NAN = np.int32(0x7FC00000)  # float32 NaN's bits, sign clear
-# Collectives the backend hands to gloo unchanged.
+
+
+# Every collective of torch's ProcessGroup but allreduce: handed to gloo unchanged, through a
+# plain ProcessGroup over the same gloo backend (it has every name torch's functions call,
+# the newer all_gather_single and reduce_scatter_single among them). Not left to the
+# ProcessGroup base class: through this Python subclass its call into gloo can wait for a
+# lock that a gloo thread holds while it waits for the GIL (a hang, seen).
 DELEGATED = (
-    "broadcast",
-    "allgather",
     "_allgather_base",
+    "_reduce_scatter_base",
+    "all_gather_single",
+    "all_gather_single_coalesced",
+    "all_to_all_single",
+    "allgather",
     "allgather_coalesced",
     "allgather_into_tensor_coalesced",
     "allreduce_coalesced",
-    "reduce",
-    "gather",
-    "scatter",
-    "reduce_scatter",
-    "_reduce_scatter_base",
-    "reduce_scatter_tensor_coalesced",
     "alltoall",
     "alltoall_base",
     "barrier",
+    "broadcast",
+    "gather",
     "monitored_barrier",
-    "send",
     "recv",
     "recv_anysource",
+    "reduce",
+    "reduce_scatter",
+    "reduce_scatter_single",
+    "reduce_scatter_single_coalesced",
+    "reduce_scatter_tensor_coalesced",
+    "scatter",
+    "send",
 )
+
+
+def _plain_group(gloo: Any, store: dist.Store, rank: int, world_size: int) -> Any:
+    """A ProcessGroup of torch's own whose CPU backend is `gloo` (as init_process_group
+    builds one), for the collectives the backend hands over."""
+    pg = dist.ProcessGroup(dist.PrefixStore("homagg/plain", store), rank, world_size)
+    pg._set_default_backend(dist.ProcessGroup.BackendType.GLOO)
+    pg._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.GLOO, gloo)
+    return pg
 
 
 def float_order_key(x: np.ndarray) -> np.ndarray:
@@ -126,6 +146,7 @@ class SwitchProcessGroup(dist.ProcessGroup):
         self.gloo: Any = dist.ProcessGroupGloo(  # Any: its stub lacks the collectives
             dist.PrefixStore("homagg/gloo", store), rank, world_size, timeout
         )
+        self.plain = _plain_group(self.gloo, store, rank, world_size)
         self.gloo_calls: Counter[str] = Counter()  # all_reduces sent to gloo, by reason
         request = Request(refusal_note=_NO_AUTO)
         metrics = metrics_request(None, None)  # $HOMAGG_METRICS_PORT: a bad one fails here
@@ -245,7 +266,7 @@ def _raw_phase(op: Op, cells: np.ndarray) -> Generator[Phase, np.ndarray, np.nda
 
 def _delegate(name: str) -> Callable[..., Any]:
     def call(self: SwitchProcessGroup, *args: Any, **kwargs: Any) -> Any:
-        return getattr(self.gloo, name)(*args, **kwargs)
+        return getattr(self.plain, name)(*args, **kwargs)
 
     call.__name__ = name
     call.__doc__ = f"gloo's {name}."
