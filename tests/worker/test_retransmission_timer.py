@@ -58,6 +58,14 @@ def test_backoff_doubles_and_is_bounded():
     assert t.rto == 0.5
 
 
+def test_one_chunks_timeout_is_the_many_chunks_rule():
+    """`timeout` (one chunk, plain floats) and `timeouts` (numpy) are the same rule."""
+    tries = np.arange(0, 40)
+    for backoff, srtt in [(0, None), (0, 0.001), (3, 0.004), (12, 0.03), (35, 0.2)]:
+        t = RetransmissionTimer(srtt=srtt, rttvar=0.001, backoff=min(backoff, 30))
+        np.testing.assert_array_equal([t.timeout(int(k)) for k in tries], t.timeouts(tries))
+
+
 def test_fixed_mode_is_the_former_behaviour():
     t = RetransmissionTimer(initial=0.02, adaptive=False)
     t.sample(0.3)

@@ -20,6 +20,7 @@ from homagg.worker.transport.channel import FaultyChannel, UdpChannel, recv_many
 from homagg.worker.transport.flight import Flight
 from homagg.worker.transport.io_path import BATCHED, PYTHON, resolve_io_path
 from homagg.worker.transport.mmsg import mmsg_problem
+from homagg.worker.transport.retransmission_timer import RetransmissionTimer
 from homagg.worker.transport.switch_transport import SwitchTransport, TransportConfig
 
 pytestmark = pytest.mark.skipif(bool(mmsg_problem()), reason=mmsg_problem() or "-")
@@ -117,6 +118,38 @@ def test_flight_batches_equal_chunk_by_chunk():
             many.remaining,
             many.answered_before_oldest,
         )
+
+
+@pytest.mark.parametrize("restarts", [True, False])
+def test_the_deadline_bound_never_passes_the_first_deadline(restarts):
+    """The exchange looks at its timers only once `deadline_bound` has passed: it must be
+    at most `next_deadline` whatever was sent, resent, answered, restarted or backed off,
+    and equal to it when nothing was answered or restarted since the oldest chunk's send."""
+    rng = np.random.default_rng(7)
+    for _ in range(30):
+        flight, timer = Flight(24, restarts=restarts), RetransmissionTimer()
+        now, exact_seen = 0.0, 0
+        while flight.remaining:
+            now += float(rng.exponential(0.004))
+            k = flight.sendable(8, int(rng.integers(1, 10)))
+            flight.sent_many(flight.next_to_send, flight.next_to_send + k, now)
+            open_ = np.flatnonzero(~flight.done[: flight.next_to_send])
+            if open_.size and rng.random() < 0.3:
+                flight.resent_many(rng.choice(open_, 1), now)
+            if open_.size and rng.random() < 0.2:  # a silent expiry: timers restart
+                flight.restarted_at[open_] = now
+            if rng.random() < 0.3:
+                timer.timed_out(now - 1.0, now)
+            if rng.random() < 0.3:
+                timer.sample(float(rng.uniform(0.0005, 0.02)))
+            bound, exact = flight.deadline_bound(timer), flight.next_deadline(timer)
+            assert bound <= exact
+            assert (bound == np.inf) == (flight.in_flight == 0) == (exact == np.inf)
+            exact_seen += bound == exact and flight.in_flight > 0
+            take = min(open_.size, int(rng.integers(0, 4)))
+            if take:
+                flight.answered_many(np.sort(rng.choice(open_, take, replace=False)), now)
+        assert exact_seen, "the bound was never exact: the test checks nothing tight"
 
 
 def test_the_path_is_the_config_then_the_environment_then_batched(monkeypatch, pair):

@@ -3,7 +3,9 @@
 Every chunk the pool rule and the congestion window let go leaves in one `send_many` (one
 sendmmsg on a UDP channel); every look at the socket takes what is waiting in one
 `recv_many` (one recvmmsg) and parses, checks and places the whole batch with numpy; the
-clock is read and the retransmission timer sampled once per batch, not per datagram. The
+clock is read and the retransmission timer sampled once per batch, not per datagram, and
+the chunks' own timers are worked out only once a cheap bound (the earliest last send plus a
+first try's timeout) says that one may have run out. The
 rules are the per-datagram path's (homagg/worker/transport/switch_transport.py, the
 reference): the pool rule, the congestion window (grown by a batch's answers at once), the
 timers and their expiry (`SwitchTransport._expired`, shared), Karn's rule, the resends
@@ -57,16 +59,16 @@ class BatchedExchange:
                 self._send(self.payloads[start : start + ready])
                 flight.sent_many(start, start + ready, t.clock())
             now = t.clock()
-            inflight, _, deadline = flight.deadlines(t.timer)
-            if inflight.size and deadline.min() <= now:  # else nothing to judge: no expiry
+            deadline = flight.deadline_bound(t.timer)  # the timers themselves only near it
+            if deadline <= now and (deadline := flight.next_deadline(t.timer)) <= now:
                 # Results that came meanwhile first: a late look at the socket is not a loss.
                 if self._drain(0.0):
                     continue
                 expired = t._expired(self.first, flight, now)
                 if expired:
                     self._resend(np.asarray(expired, np.int64), now)
-                inflight, _, deadline = flight.deadlines(t.timer)
-            wait = max(0.0, float(deadline.min()) - t.clock()) if inflight.size else 0.0
+                deadline = flight.next_deadline(t.timer)
+            wait = max(0.0, deadline - t.clock()) if flight.in_flight else 0.0
             nap = t.coalescing.nap(flight.in_flight, wait)
             if nap > 0:  # results trickle in: let a batch gather (result_coalescing.py)
                 t.coalescing.sleep(nap)

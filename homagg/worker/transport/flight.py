@@ -5,6 +5,8 @@ a batch of chunks at once with the same rules."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from homagg.worker.transport.retransmission_timer import RetransmissionTimer
@@ -138,6 +140,18 @@ class Flight:
         start = self.starts()[open_]
         inflight = window[open_]
         return inflight, start, start + timer.timeouts(self.tries[inflight])
+
+    def next_deadline(self, timer: RetransmissionTimer) -> float:
+        """When the first timer of the chunks in flight runs out (inf: none in flight)."""
+        inflight, _, deadline = self.deadlines(timer)
+        return float(deadline.min()) if inflight.size else math.inf
+
+    def deadline_bound(self, timer: RetransmissionTimer) -> float:
+        """A lower bound of `next_deadline` at a fraction of its cost: a chunk's timer starts
+        at or after its last send, and no chunk's timeout is below a first try's."""
+        if self.oldest >= self.next_to_send:  # every chunk sent is answered
+            return math.inf
+        return float(self.last_sent[self.oldest : self.next_to_send].min()) + timer.timeout(0)
 
     def probe_if_silent(
         self, expired: np.ndarray, inflight: np.ndarray, start: np.ndarray, now: float

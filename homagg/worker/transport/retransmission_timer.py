@@ -59,7 +59,7 @@ class RetransmissionTimer:
     def timeout(self, tries: int) -> float:
         """The timeout after `tries` retransmissions of a chunk: rto * 2^max(tries, backoff),
         bounded."""
-        return float(self.timeouts(np.array([tries]))[0])
+        return min(self.maximum, self.rto * 2.0 ** min(max(tries, self.backoff), MAX_DOUBLINGS))
 
     def timeouts(self, tries: np.ndarray) -> np.ndarray:
         """`timeout` of many chunks at once."""
