@@ -8,6 +8,8 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -134,6 +136,12 @@ def main() -> None:
     with open(a.out, "w") as f:
         json.dump(out, f)
     dist.destroy_process_group()
+    # torch's gloo now and then aborts in the interpreter's teardown, after all of the
+    # above ("terminate called without an active exception", no Python frame left; plain
+    # torch DDP scripts do it too): the rank's work is done and written, leave without it.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":

@@ -194,6 +194,7 @@ def density(label: str) -> float:
 @pytest.mark.slow
 def test_two_ranks_raise_compression_with_injected_delay_and_lower_it_after(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT), "GLOO_SOCKET_IFNAME": "lo"}
+    env["PYTHONFAULTHANDLER"] = "1"  # a crash leaves its Python stacks in the output
     cmds = [
         [
             *(sys.executable, str(WORKER), "--rank", str(r), "--store", str(tmp_path / "s")),
