@@ -327,9 +327,9 @@ def test_every_collective_of_torchs_process_group_is_the_backends():
 
 
 def test_every_collective_other_than_all_reduce_goes_to_gloo(tmp_path):
-    """torch's collectives that the backend does not override (torch's newer names among
-    them: reduce_scatter_single, all_gather_single) reach the gloo backend it registers for
-    the CPU, not c10d's "No backend type associated with device type cpu". Two ranks on
+    """torch's collectives other than all_reduce (its newer names among them:
+    reduce_scatter_single, all_gather_single, and the coalesced forms) reach the backend's
+    gloo, not c10d's "No backend type associated with device type cpu". Two ranks on
     loopback without a controller: every call over gloo, each result checked."""
     worker = Path(__file__).with_name("backend_collectives_worker.py")
     env = {k: v for k, v in os.environ.items() if not k.startswith("HOMAGG_")}
@@ -421,8 +421,8 @@ def test_a_rank_that_never_joins(tmp_path):
         c.close()
     # Exit codes are not asserted: the rank whose JoinJob failed aborts now and then in the
     # interpreter's teardown, after its work ("terminate called without an active
-    # exception", 3 in 8 runs here, the code of 2026-11-28 too). The saved parameters below
-    # need every rank's every step; any other failure leaves a traceback.
+    # exception"; 3 in 8 runs here, with the code before this test changed too). The saved
+    # parameters below need every rank's every step; any other failure leaves a traceback.
     for t in done:
         assert "Traceback" not in t and "Error:" not in t, t[-3000:]
         teardown = "terminate called without an active exception"
