@@ -7,6 +7,7 @@ of hanging (a dead rank leaves no process group to fall back to)."""
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 
@@ -69,6 +70,7 @@ def test_a_killed_rank_leaves_the_job_to_its_lease_and_the_other_stops(tmp_path)
         assert job.end_reason in ("released by the operator", "every rank left"), job
     else:
         assert "lease of rank 1 expired" in job.end_reason, job.end_reason
-        assert "Connection closed by peer" in report["error"], report  # gloo's agreement
+        # gloo's agreement: a killed peer's connection is closed, or reset, as it happens
+        assert re.search("Connection (closed|reset) by peer", report["error"]), report
         assert f"job {job.job_id} has ended: lease of rank 1 expired" in report["reason"]
     assert "Traceback" not in texts[0] and "not released" not in texts[0], texts[0][-3000:]
